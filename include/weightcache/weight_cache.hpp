@@ -1,0 +1,186 @@
+// weightcache C++ API. See weightcache.h for the caveats (filesystems, fork, locks); they apply
+// here unchanged. No function in this header throws: failures come back as Result / Error.
+#pragma once
+
+#include <weightcache/weightcache.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace weightcache {
+
+inline constexpr std::size_t kNotFound = WC_NOT_FOUND;
+inline constexpr std::size_t kMaxKeySize = WC_MAX_KEY_SIZE;
+inline constexpr std::size_t kMaxAlignment = WC_MAX_ALIGNMENT;
+
+/// Error codes; the numeric values equal the C ABI's wc_status.
+enum class Errc : int {
+  ok = 0,
+  invalid_argument = 1,
+  io = 2,
+  no_space = 3,
+  corrupt = 4,
+  incompatible = 5,
+  busy = 6,
+  unsupported = 7,
+  no_memory = 8,
+  read_only = 9,
+};
+
+WC_API const char* to_string(Errc code) noexcept;
+
+/// What failed: a code, the OS errno (0 if none) and a message that says what to do next.
+struct Error {
+  Errc code = Errc::ok;
+  int sys_errno = 0;
+  std::string message;
+};
+
+/// expected-like result. Check with `ok()` / `operator bool` before `value()`.
+template <class T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
+  bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+  T& value() & noexcept { return *std::get_if<0>(&v_); }
+  T&& value() && noexcept { return std::move(*std::get_if<0>(&v_)); }
+  const T& value() const& noexcept { return *std::get_if<0>(&v_); }
+  T& operator*() & noexcept { return value(); }
+  T* operator->() noexcept { return &value(); }
+  const Error& error() const noexcept { return *std::get_if<1>(&v_); }
+
+ private:
+  std::variant<T, Error> v_;
+};
+
+template <>
+class [[nodiscard]] Result<void> {
+ public:
+  Result() = default;
+  Result(Error error) : error_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
+  bool ok() const noexcept { return error_.code == Errc::ok; }
+  explicit operator bool() const noexcept { return ok(); }
+  const Error& error() const noexcept { return error_; }
+
+ private:
+  Error error_;
+};
+
+enum class Backing : int { automatic = WC_BACKING_AUTO, file = WC_BACKING_FILE, heap = WC_BACKING_HEAP };
+enum class Durability : int { none = WC_DURABILITY_NONE, async = WC_DURABILITY_ASYNC, full = WC_DURABILITY_FULL };
+enum class Verify : int { first_use = WC_VERIFY_FIRST_USE, on_open = WC_VERIFY_ON_OPEN, none = WC_VERIFY_NONE };
+
+struct Options {
+  /// Cache file. Empty: a heap-only cache (nothing persisted).
+  std::string path;
+  /// Bytes naming what the packed bytes depend on: model identity, packer version, CPU features.
+  /// A file written under another key is not used (it is replaced).
+  std::string compat_key;
+  /// Start-address alignment of every region, in this process and every later one mapping the
+  /// file. Power of two, 1 .. kMaxAlignment.
+  std::size_t alignment = 64;
+  /// Region sizes are rounded up to this power of two.
+  std::size_t size_alignment = 1;
+  Backing backing = Backing::automatic;
+  Durability durability = Durability::full;
+  /// Never write the file; entries inserted go to the heap.
+  bool read_only = false;
+  Verify verify = Verify::first_use;
+  /// Opt out of the process-wide registry: get a cache of one's own (heap-only if the file is
+  /// already open elsewhere in this process, because one process must hold one mapping per file).
+  bool private_cache = false;
+  /// Follow a symlink at `path` (refused by default).
+  bool allow_symlink = false;
+  /// Permission bits of a newly created cache file.
+  unsigned file_mode = 0644;
+  /// How long a would-be writer waits for another process's writer lease before packing to heap.
+  std::chrono::milliseconds lease_timeout{120000};
+  /// A look-up miss first checks for entries other processes committed since the last refresh.
+  bool refresh_on_miss = false;
+  /// Address space reserved for the file mapping (the file can never grow past it).
+  std::uint64_t max_file_bytes = std::uint64_t{256} << 30;
+};
+
+struct Stats {
+  std::uint64_t entries = 0;
+  std::uint64_t file_bytes = 0;
+  std::uint64_t mapped_bytes = 0;
+  std::uint64_t heap_bytes = 0;
+  std::uint64_t mappings = 0;
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  Backing backing = Backing::heap;
+  std::uint64_t dead_bytes = 0;
+  std::uint64_t verify_failures = 0;
+  std::uint64_t heap_fallbacks = 0;
+  std::uint64_t commits = 0;
+};
+
+class Core;
+
+/// A handle on a cache. Movable, not copyable; open the same path again for another handle on
+/// the same underlying cache. All member functions are thread-safe.
+class WC_API WeightCache {
+ public:
+  /// Opens or creates the cache. See wc_open for the policy on bad files and fallback.
+  static Result<WeightCache> open(const Options& options) noexcept;
+
+  WeightCache() noexcept;
+  ~WeightCache();
+  WeightCache(WeightCache&&) noexcept;
+  WeightCache& operator=(WeightCache&&) noexcept;
+  WeightCache(const WeightCache&) = delete;
+  WeightCache& operator=(const WeightCache&) = delete;
+
+  /// True for a handle returned by open (not moved-from, not default-constructed).
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+
+  /// Offset of the entry under `key`, or kNotFound. Keys are arbitrary bytes.
+  std::size_t look_up(std::string_view key) noexcept;
+  /// Writable, aligned memory of at least `size` bytes; nullptr on failure (last_error()).
+  void* reserve(std::size_t size) noexcept;
+  /// Commits bytes under `key`; see wc_look_up_or_insert for the exact semantics.
+  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
+  /// Copies `bytes` in under `key` (a convenience over look_up_or_insert).
+  std::size_t insert(std::string_view key, std::string_view bytes) noexcept;
+  /// Entry address for an offset, or nullptr when the offset is not an entry's.
+  void* offset_to_addr(std::size_t offset) const noexcept;
+  /// Makes inserted entries durable; see wc_finalize.
+  Result<void> finalize() noexcept;
+  bool is_finalized() const noexcept;
+  /// Maps entries other processes finalized since open or the last refresh.
+  Result<void> refresh() noexcept;
+  Stats stats() const noexcept;
+  /// Effective alignment of region start addresses.
+  std::size_t alignment() const noexcept;
+
+ private:
+  explicit WeightCache(std::shared_ptr<Core> core) noexcept;
+  std::shared_ptr<Core> core_;
+};
+
+enum class LogLevel : int {
+  trace = WC_LOG_TRACE,
+  debug = WC_LOG_DEBUG,
+  info = WC_LOG_INFO,
+  warn = WC_LOG_WARN,
+  error = WC_LOG_ERROR,
+  off = WC_LOG_OFF,
+};
+/// Process-wide level of the "weightcache" logger (default warn, or $WEIGHTCACHE_LOG_LEVEL).
+WC_API void set_log_level(LogLevel level) noexcept;
+/// Routes messages to a callback (nullptr restores stderr).
+WC_API void set_log_callback(wc_log_callback callback, void* user) noexcept;
+
+/// This thread's last error (what the last failing call said).
+WC_API const Error& last_error() noexcept;
+
+}  // namespace weightcache

@@ -1,0 +1,241 @@
+/*
+ * weightcache: a file-mapped, shareable cache for packed inference weights.
+ *
+ * C ABI. Every function is noexcept in spirit: none throws, none aborts the host.
+ *
+ * Typical use by a backend that packs weights:
+ *
+ *   wc_options o; wc_options_init(&o); o.path = "/var/cache/app/model.wcache";
+ *   o.compat_key = "model-sha256|packer-v7|avx512"; o.compat_key_size = strlen(o.compat_key);
+ *   wc_cache* c; if (wc_open(&o, &c) != WC_OK) { ... wc_last_error() ... }
+ *   size_t off = wc_look_up(c, key, key_size);
+ *   if (off == WC_NOT_FOUND) {
+ *     void* p = wc_reserve_space(c, packed_size);      // inside the file mapping
+ *     pack_into(p);
+ *     off = wc_look_up_or_insert(c, key, key_size, p, packed_size);
+ *   }
+ *   const void* packed = wc_offset_to_addr(c, off);
+ *   ...
+ *   wc_finalize(c);                                    // durable index + footer
+ *   wc_close(c);
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Caveats (read these before deploying)
+ * ---------------------------------------------------------------------------------------------
+ * - Local filesystems only. The cache relies on MAP_SHARED coherence between processes and on
+ *   flock(2)-style advisory locks on a sidecar file "<path>.lock". NFS, SMB and FUSE filesystems
+ *   may provide neither; use a local cache directory.
+ * - Advisory locks guard only against other weightcache users. A program that truncates or
+ *   rewrites the cache file in place while it is mapped can still make the OS deliver SIGBUS to
+ *   any process reading those pages; weightcache itself never truncates below committed data and
+ *   replaces files only by writing a new file and renaming it into place.
+ * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
+ *   wc_cache across fork(); open a new one in the child.
+ * - Pointers returned by wc_reserve_space / wc_offset_to_addr stay valid, and never move, until
+ *   the last wc_close of that cache in this process.
+ * - Entries are durable only after wc_finalize returns WC_OK (with WC_DURABILITY_FULL: durable
+ *   against power loss; otherwise against a crash of the process). Closing without finalize
+ *   discards entries inserted since the last finalize.
+ * - Keys are arbitrary bytes of at most WC_MAX_KEY_SIZE bytes.
+ */
+#ifndef WEIGHTCACHE_WEIGHTCACHE_H
+#define WEIGHTCACHE_WEIGHTCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32) && defined(WEIGHTCACHE_SHARED)
+#if defined(WEIGHTCACHE_BUILDING)
+#define WC_API __declspec(dllexport)
+#else
+#define WC_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define WC_API __attribute__((visibility("default")))
+#else
+#define WC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Returned by look-ups that miss, and by inserts that fail. Never a valid offset. */
+#define WC_NOT_FOUND SIZE_MAX
+/** Longest key accepted, in bytes. Longer keys are rejected with WC_ERR_INVALID_ARGUMENT. */
+#define WC_MAX_KEY_SIZE 4096
+/** Largest supported alignment (start address of each region), in bytes. */
+#define WC_MAX_ALIGNMENT (1u << 24)
+
+/** Opaque cache handle. Every wc_open returns a distinct handle; handles on the same file (same
+ * inode and compatibility key) share one underlying cache in this process. */
+typedef struct wc_cache wc_cache;
+
+typedef enum wc_status {
+  WC_OK = 0,
+  WC_ERR_INVALID_ARGUMENT = 1, /* a caller error: see wc_last_error() */
+  WC_ERR_IO = 2,               /* the OS refused an I/O call; errno is in the message */
+  WC_ERR_NO_SPACE = 3,         /* disk full, file size limit, or address space exhausted */
+  WC_ERR_CORRUPT = 4,          /* the file fails a structural or checksum check */
+  WC_ERR_INCOMPATIBLE = 5,     /* a sound file of another version, byte order or compat key */
+  WC_ERR_BUSY = 6,             /* another process holds the writer lease past the timeout */
+  WC_ERR_UNSUPPORTED = 7,      /* not available on this platform or filesystem */
+  WC_ERR_NO_MEMORY = 8,        /* heap or address space allocation failed */
+  WC_ERR_READ_ONLY = 9         /* a write was asked of a read-only cache */
+} wc_status;
+
+typedef enum wc_backing {
+  WC_BACKING_AUTO = 0, /* file if possible, else heap with one warning */
+  WC_BACKING_FILE = 1, /* file or an error */
+  WC_BACKING_HEAP = 2  /* private heap memory only; nothing persisted */
+} wc_backing;
+
+typedef enum wc_durability {
+  WC_DURABILITY_NONE = 0,  /* no flushes: survives a process crash, not a power loss */
+  WC_DURABILITY_ASYNC = 1, /* write-back is started at finalize but not waited for */
+  WC_DURABILITY_FULL = 2   /* data, then index, then commit slot, each flushed to disk */
+} wc_durability;
+
+typedef enum wc_verify {
+  WC_VERIFY_FIRST_USE = 0, /* checksum each entry the first time it is looked up (default) */
+  WC_VERIFY_ON_OPEN = 1,   /* checksum every entry during wc_open / wc_refresh */
+  WC_VERIFY_NONE = 2       /* trust the data region (the index is always verified) */
+} wc_verify;
+
+typedef struct wc_options {
+  size_t struct_size; /* set by wc_options_init; lets the struct grow */
+  const char* path;   /* NULL or "" = heap-only cache */
+  const void* compat_key;
+  size_t compat_key_size;
+  size_t alignment;      /* 0 = default 64; power of two up to WC_MAX_ALIGNMENT */
+  size_t size_alignment; /* 0 = default 1; power of two: region sizes are rounded up to it */
+  wc_backing backing;
+  wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
+  int read_only;            /* nonzero: never write the file; new entries go to the heap */
+  /* ---- fields below were added after the first release; wc_options_init sets them ---- */
+  wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
+  int private_cache;          /* nonzero: do not share the underlying cache with other handles */
+  int allow_symlink;          /* nonzero: follow a symlink at path (refused by default) */
+  unsigned file_mode;         /* mode of a newly created cache file; default 0644 */
+  uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */
+  int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
+                                 committed since the last refresh (cheap when none) */
+  uint64_t max_file_bytes;    /* address space reserved for the file; default 256 GiB */
+} wc_options;
+
+typedef struct wc_stats {
+  size_t struct_size;
+  uint64_t entries;      /* live keys */
+  uint64_t file_bytes;   /* size of the cache file on disk (0 when heap-only) */
+  uint64_t mapped_bytes; /* bytes of entries that live in the file mapping */
+  uint64_t heap_bytes;   /* bytes of entries that live in private heap memory */
+  uint64_t mappings;     /* live OS file mappings held by this cache */
+  uint64_t hits, misses; /* look-up outcomes (look_up and look_up_or_insert with ptr == NULL) */
+  wc_backing backing;    /* FILE or HEAP: what is actually in use */
+  /* ---- fields below were added after the first release ---- */
+  uint64_t dead_bytes;       /* bytes in the file no live entry or trailer uses */
+  uint64_t verify_failures;  /* entries whose checksum failed (served as misses) */
+  uint64_t heap_fallbacks;   /* reservations that had to be served from the heap */
+  uint64_t commits;          /* finalizes that wrote the file */
+} wc_stats;
+
+typedef enum wc_log_level {
+  WC_LOG_TRACE = 0,
+  WC_LOG_DEBUG = 1,
+  WC_LOG_INFO = 2,
+  WC_LOG_WARN = 3,
+  WC_LOG_ERROR = 4,
+  WC_LOG_OFF = 6
+} wc_log_level;
+
+/** Receives every log message at or above the level set. `message` is not NUL-terminated
+ * beyond `size`; it is valid only during the call. Called from any thread. */
+typedef void (*wc_log_callback)(void* user, wc_log_level level, const char* message, size_t size);
+
+/** Fills *options with the defaults. Always call it before setting fields. */
+WC_API void wc_options_init(wc_options* options);
+/** Sets stats->struct_size; call before wc_get_stats. */
+WC_API void wc_stats_init(wc_stats* stats);
+
+/**
+ * Opens (creating if needed) the cache described by *options and stores a new handle in *out.
+ * A missing, corrupt or incompatible file is replaced by a fresh one (written under a new name
+ * and renamed into place, never truncated in place). With WC_BACKING_AUTO any failure to use the
+ * file falls back to a heap cache with one warning; with WC_BACKING_FILE it is an error.
+ * Thread-safe. Errors: INVALID_ARGUMENT, IO, NO_SPACE, CORRUPT / INCOMPATIBLE (read-only with
+ * WC_BACKING_FILE), BUSY (lease timeout while creating), UNSUPPORTED, NO_MEMORY.
+ */
+WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
+
+/** Releases the handle. The last handle of a cache unmaps it; pointers from it become invalid.
+ * Entries inserted since the last successful wc_finalize are not persisted. NULL is ignored. */
+WC_API void wc_close(wc_cache* cache);
+
+/** Returns the offset of the entry stored under the key, or WC_NOT_FOUND. An entry whose checksum
+ * fails is a miss (logged). Thread-safe; takes no exclusive lock. */
+WC_API size_t wc_look_up(wc_cache* cache, const void* key, size_t key_size);
+
+/**
+ * Returns at least `size` writable bytes aligned to the cache's alignment, inside the file
+ * mapping when file-backed (in heap memory after a fallback), or NULL on failure (see
+ * wc_last_error). Several reservations may be outstanding; a reservation that is never inserted
+ * is simply wasted space. The memory stays valid until wc_close. Thread-safe.
+ */
+WC_API void* wc_reserve_space(wc_cache* cache, size_t size);
+
+/**
+ * Commits `size` bytes at `ptr` under the key and returns the entry's offset.
+ * - ptr == NULL: behaves as wc_look_up.
+ * - key present with the same bytes: returns the existing offset; a reservation passed in is
+ *   released.
+ * - key present with different bytes: the new bytes replace the old (a stale entry is never
+ *   served again).
+ * - ptr is the start of a reservation (size <= reserved size): committed in place, no copy.
+ * - otherwise the bytes are copied into the cache.
+ * Returns WC_NOT_FOUND only on invalid arguments or when no memory at all can be had.
+ * Not durable until wc_finalize. Thread-safe: a key raced by two threads ends with one entry.
+ */
+WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_size, void* ptr,
+                                   size_t size);
+
+/** Address of the entry at `offset` (from look_up / look_up_or_insert), or NULL for an offset that
+ * is not an entry's (WC_NOT_FOUND included). O(1); valid until wc_close. Thread-safe. */
+WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
+
+/**
+ * Makes every inserted entry durable: flushes the new data, appends the index and the "XPWC"
+ * footer, then publishes them through a commit slot in the header (see docs/FORMAT.md).
+ * With nothing new since the last finalize it does not touch the file. On failure the previous
+ * durable state stays loadable and the error says what failed. Thread-safe.
+ */
+WC_API wc_status wc_finalize(wc_cache* cache);
+
+/** Nonzero when nothing was inserted since the last finalize (or open). */
+WC_API int wc_is_finalized(wc_cache* cache);
+
+/** Maps entries other processes finalized since this cache was opened or last refreshed. */
+WC_API wc_status wc_refresh(wc_cache* cache);
+
+/** Fills *out (struct_size set by wc_stats_init). */
+WC_API wc_status wc_get_stats(wc_cache* cache, wc_stats* out);
+
+/** Static English name of a status. Never NULL. */
+WC_API const char* wc_status_string(wc_status status);
+
+/** This thread's message for its last failure (what failed and what to do). Never NULL. */
+WC_API const char* wc_last_error(void);
+
+/** Process-wide log level of the "weightcache" logger (default WC_LOG_WARN). */
+WC_API void wc_set_log_level(wc_log_level level);
+
+/** Routes log messages to `callback` (NULL restores the default stderr sink). */
+WC_API void wc_set_log_callback(wc_log_callback callback, void* user);
+
+/** Library version as "MAJOR.MINOR.PATCH". */
+WC_API const char* wc_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* WEIGHTCACHE_WEIGHTCACHE_H */

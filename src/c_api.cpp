@@ -1,0 +1,178 @@
+// The C ABI: handles, struct-size versioning, status codes. No exception crosses it.
+#include "registry.hpp"
+
+#include <weightcache/weightcache.h>
+
+#include <cstring>
+
+struct wc_cache {
+  std::shared_ptr<weightcache::Core> core;
+};
+
+using namespace weightcache;
+
+namespace {
+
+wc_status status_of(const Error& e) { return static_cast<wc_status>(e.code); }
+
+wc_status invalid(const char* what) {
+  set_last_error({Errc::invalid_argument, 0, what});
+  return WC_ERR_INVALID_ARGUMENT;
+}
+
+// Reads a field only if the caller's struct is big enough to have it (older callers).
+template <class T>
+bool has_field(const wc_options* o, const T wc_options::*field) {
+  const auto offset = reinterpret_cast<std::size_t>(&(static_cast<const wc_options*>(nullptr)->*field));
+  return o->struct_size >= offset + sizeof(T);
+}
+
+}  // namespace
+
+extern "C" {
+
+void wc_options_init(wc_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof(*o));
+  o->struct_size = sizeof(wc_options);
+  o->alignment = 64;
+  o->size_alignment = 1;
+  o->backing = WC_BACKING_AUTO;
+  o->durability = WC_DURABILITY_FULL;
+  o->verify = WC_VERIFY_FIRST_USE;
+  o->file_mode = 0644;
+  o->lease_timeout_ms = 120000;
+  o->max_file_bytes = std::uint64_t{256} << 30;
+}
+
+void wc_stats_init(wc_stats* s) {
+  if (s == nullptr) return;
+  std::memset(s, 0, sizeof(*s));
+  s->struct_size = sizeof(wc_stats);
+}
+
+wc_status wc_open(const wc_options* o, wc_cache** out) {
+  if (out != nullptr) *out = nullptr;
+  if (o == nullptr || out == nullptr) return invalid("wc_open: options and out must not be NULL");
+  if (o->struct_size < offsetof(wc_options, read_only) + sizeof(int) || o->struct_size > (1u << 16))
+    return invalid("wc_open: options.struct_size is not set; call wc_options_init first");
+  try {
+    Options opt;
+    if (o->path != nullptr) opt.path = o->path;
+    if (o->compat_key_size != 0) {
+      if (o->compat_key == nullptr) return invalid("wc_open: compat_key is NULL but compat_key_size is not 0");
+      opt.compat_key.assign(static_cast<const char*>(o->compat_key), o->compat_key_size);
+    }
+    opt.alignment = o->alignment == 0 ? 64 : o->alignment;
+    opt.size_alignment = o->size_alignment == 0 ? 1 : o->size_alignment;
+    if (o->backing < WC_BACKING_AUTO || o->backing > WC_BACKING_HEAP) return invalid("wc_open: unknown backing");
+    if (o->durability < WC_DURABILITY_NONE || o->durability > WC_DURABILITY_FULL)
+      return invalid("wc_open: unknown durability");
+    opt.backing = static_cast<Backing>(o->backing);
+    opt.durability = static_cast<Durability>(o->durability);
+    opt.read_only = o->read_only != 0;
+    if (has_field(o, &wc_options::verify)) {
+      if (o->verify < WC_VERIFY_FIRST_USE || o->verify > WC_VERIFY_NONE) return invalid("wc_open: unknown verify mode");
+      opt.verify = static_cast<Verify>(o->verify);
+    }
+    if (has_field(o, &wc_options::private_cache)) opt.private_cache = o->private_cache != 0;
+    if (has_field(o, &wc_options::allow_symlink)) opt.allow_symlink = o->allow_symlink != 0;
+    if (has_field(o, &wc_options::file_mode) && o->file_mode != 0) opt.file_mode = o->file_mode;
+    if (has_field(o, &wc_options::lease_timeout_ms)) opt.lease_timeout = std::chrono::milliseconds(o->lease_timeout_ms);
+    if (has_field(o, &wc_options::refresh_on_miss)) opt.refresh_on_miss = o->refresh_on_miss != 0;
+    if (has_field(o, &wc_options::max_file_bytes) && o->max_file_bytes != 0) opt.max_file_bytes = o->max_file_bytes;
+    auto core = registry::open(opt);
+    if (!core) return status_of(core.error());
+    *out = new wc_cache{std::move(core.value())};
+    return WC_OK;
+  } catch (...) {
+    set_last_error({Errc::no_memory, 0, "wc_open: out of memory"});
+    return WC_ERR_NO_MEMORY;
+  }
+}
+
+void wc_close(wc_cache* c) { delete c; }
+
+size_t wc_look_up(wc_cache* c, const void* key, size_t key_size) {
+  if (c == nullptr || (key == nullptr && key_size != 0)) return (invalid("wc_look_up: NULL cache or key"), WC_NOT_FOUND);
+  return c->core->look_up(std::string_view(static_cast<const char*>(key), key_size));
+}
+
+void* wc_reserve_space(wc_cache* c, size_t size) {
+  if (c == nullptr) return (invalid("wc_reserve_space: NULL cache"), nullptr);
+  return c->core->reserve(size);
+}
+
+size_t wc_look_up_or_insert(wc_cache* c, const void* key, size_t key_size, void* ptr, size_t size) {
+  if (c == nullptr || (key == nullptr && key_size != 0))
+    return (invalid("wc_look_up_or_insert: NULL cache or key"), WC_NOT_FOUND);
+  return c->core->look_up_or_insert(std::string_view(static_cast<const char*>(key), key_size), ptr, size);
+}
+
+void* wc_offset_to_addr(wc_cache* c, size_t offset) {
+  if (c == nullptr) return nullptr;
+  return c->core->offset_to_addr(offset);
+}
+
+wc_status wc_finalize(wc_cache* c) {
+  if (c == nullptr) return invalid("wc_finalize: NULL cache");
+  auto r = c->core->finalize();
+  return r ? WC_OK : status_of(r.error());
+}
+
+int wc_is_finalized(wc_cache* c) { return c != nullptr && c->core->is_finalized() ? 1 : 0; }
+
+wc_status wc_refresh(wc_cache* c) {
+  if (c == nullptr) return invalid("wc_refresh: NULL cache");
+  auto r = c->core->refresh();
+  return r ? WC_OK : status_of(r.error());
+}
+
+wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
+  if (c == nullptr || out == nullptr) return invalid("wc_get_stats: NULL cache or stats");
+  if (out->struct_size < offsetof(wc_stats, backing) + sizeof(wc_backing))
+    return invalid("wc_get_stats: stats.struct_size is not set; call wc_stats_init first");
+  const Stats s = c->core->stats();
+  wc_stats full{};
+  full.struct_size = out->struct_size;
+  full.entries = s.entries;
+  full.file_bytes = s.file_bytes;
+  full.mapped_bytes = s.mapped_bytes;
+  full.heap_bytes = s.heap_bytes;
+  full.mappings = s.mappings;
+  full.hits = s.hits;
+  full.misses = s.misses;
+  full.backing = static_cast<wc_backing>(s.backing);
+  full.dead_bytes = s.dead_bytes;
+  full.verify_failures = s.verify_failures;
+  full.heap_fallbacks = s.heap_fallbacks;
+  full.commits = s.commits;
+  std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
+  return WC_OK;
+}
+
+const char* wc_status_string(wc_status s) {
+  switch (s) {
+    case WC_OK: return "ok";
+    case WC_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case WC_ERR_IO: return "I/O error";
+    case WC_ERR_NO_SPACE: return "no space";
+    case WC_ERR_CORRUPT: return "corrupt cache file";
+    case WC_ERR_INCOMPATIBLE: return "incompatible cache file";
+    case WC_ERR_BUSY: return "busy";
+    case WC_ERR_UNSUPPORTED: return "unsupported";
+    case WC_ERR_NO_MEMORY: return "out of memory";
+    case WC_ERR_READ_ONLY: return "read-only";
+  }
+  return "unknown status";
+}
+
+const char* wc_last_error(void) { return last_error().message.c_str(); }
+
+void wc_set_log_level(wc_log_level level) { set_log_level(static_cast<LogLevel>(level)); }
+
+void wc_set_log_callback(wc_log_callback callback, void* user) { set_log_callback(callback, user); }
+
+const char* wc_version(void) { return WEIGHTCACHE_VERSION_STRING; }
+
+}  // extern "C"

@@ -1,0 +1,735 @@
+#include "core.hpp"
+
+#include "log.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+namespace weightcache {
+namespace {
+
+constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2;
+constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
+constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
+                                                       // multiple of every page size we know
+constexpr std::uint64_t kMinAddressSpace = 1ull << 30;
+
+thread_local Error t_last_error;
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
+bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+void set_last_error(const Error& e) {
+  try {
+    t_last_error = e;
+  } catch (...) {
+  }
+}
+
+Error fail(Error e) {
+  set_last_error(e);
+  return e;
+}
+
+const Error& last_error() noexcept { return t_last_error; }
+
+Core::Core(const Options& options, platform::Platform& pf) : pf_(pf), opts_(options) {
+  compat_hash_ = format::hash_bytes(opts_.compat_key);
+  align_ = opts_.alignment;
+  gran_ = std::max<std::size_t>(kMapGranularity, pf_.map_granularity());
+}
+
+Core::~Core() {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (has_lease_) {
+    // Drop what was grown but never committed so the file ends at its footer again. Only this
+    // process (holding the lease) may have touched bytes past the committed size.
+    if (file_size_ > committed_.committed_size && committed_.committed_size >= format::kHeaderSize) {
+      if (auto r = pf_.truncate(fd_, committed_.committed_size); !r)
+        log::debug("could not trim uncommitted tail of '{}': {}", opts_.path, r.error().message);
+    }
+    release_lease_locked();
+  }
+  pf_.release_address_space(base_, va_size_);
+  pf_.close_file(fd_);
+  pf_.close_file(lock_fd_);
+}
+
+std::uint64_t Core::round_size(std::uint64_t size) const noexcept {
+  return align_up(std::max<std::uint64_t>(size, 1), opts_.size_alignment);
+}
+
+// ---------------------------------------------------------------------------------------------
+// open
+// ---------------------------------------------------------------------------------------------
+
+Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platform& pf) noexcept {
+  try {
+    if (!is_pow2(options.alignment) || options.alignment > kMaxAlignment)
+      return fail({Errc::invalid_argument, 0,
+                   "alignment must be a power of two between 1 and 16 MiB (got " +
+                       std::to_string(options.alignment) + ")"});
+    if (!is_pow2(options.size_alignment) || options.size_alignment > kMaxAlignment)
+      return fail({Errc::invalid_argument, 0,
+                   "size_alignment must be a power of two between 1 and 16 MiB (got " +
+                       std::to_string(options.size_alignment) + ")"});
+    if (options.max_file_bytes < (1u << 20))
+      return fail({Errc::invalid_argument, 0, "max_file_bytes must be at least 1 MiB"});
+
+    const bool want_file = !options.path.empty() && options.backing != Backing::heap && !options.private_cache;
+    if (want_file) {
+      auto core = std::make_shared<Core>(options, pf);
+      auto r = core->init_file();
+      if (r) return core;
+      if (options.backing == Backing::file) return fail(r.error());
+      log::warn("cannot use cache file '{}' ({}); falling back to a heap cache for this process",
+                options.path, r.error().message);
+    }
+    Options heap_opts = options;
+    auto core = std::make_shared<Core>(heap_opts, pf);
+    if (auto r = core->init_heap_only(); !r) return fail(r.error());
+    return core;
+  } catch (const std::bad_alloc&) {
+    return fail({Errc::no_memory, 0, "out of memory while opening the cache"});
+  } catch (...) {
+    return fail({Errc::io, 0, "unexpected failure while opening the cache"});
+  }
+}
+
+Result<void> Core::reserve_address_space(std::uint64_t file_span) noexcept {
+  const std::size_t va_align = std::max<std::size_t>(align_, gran_);
+  std::uint64_t heap_span = std::max<std::uint64_t>(opts_.max_file_bytes, kMinAddressSpace);
+  file_span = align_up(file_span, gran_);
+  // Try the full range first; an address-space limit (RLIMIT_AS, 32-bit) gets halving retries.
+  for (;;) {
+    auto r = pf_.reserve_address_space(static_cast<std::size_t>(file_span + heap_span), va_align);
+    if (r) {
+      base_ = static_cast<std::byte*>(r.value());
+      file_span_ = file_span;
+      va_size_ = file_span + heap_span;
+      return {};
+    }
+    if (file_span + heap_span <= 2 * kMinAddressSpace) return r.error();
+    if (file_span > kMinAddressSpace) file_span = align_up(file_span / 2, gran_);
+    if (heap_span > kMinAddressSpace) heap_span /= 2;
+  }
+}
+
+Result<void> Core::init_heap_only() noexcept {
+  file_backed_ = false;
+  file_disabled_ = true;
+  return reserve_address_space(0);
+}
+
+Result<void> Core::init_file() noexcept {
+  file_backed_ = true;
+  lock_path_ = opts_.path + ".lock";
+  if (auto r = reserve_address_space(opts_.max_file_bytes); !r) return r.error();
+
+  if (!opts_.read_only) {
+    auto lk = pf_.open_file(lock_path_, platform::OpenMode::lock_file, opts_.file_mode, opts_.allow_symlink);
+    if (!lk) return lk.error();
+    lock_fd_ = lk.value();
+  }
+
+  auto try_load = [&]() -> Result<void> {
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
+    auto fd = pf_.open_file(opts_.path, opts_.read_only ? platform::OpenMode::read : platform::OpenMode::read_write,
+                            opts_.file_mode, opts_.allow_symlink);
+    if (!fd) return fd.error();
+    fd_ = fd.value();
+    return load_file();
+  };
+
+  auto first = try_load();
+  if (first) return {};
+  const Error& why = first.error();
+  const bool missing = why.sys_errno == ENOENT;
+  const bool rebuildable = missing || why.code == Errc::corrupt || why.code == Errc::incompatible;
+  if (!rebuildable || opts_.read_only) return why;
+  if (!missing) log::warn("cache file '{}' is not usable ({}); building a fresh one", opts_.path, why.message);
+
+  // Build under the lease so concurrent openers build once; re-check first: another process may
+  // have put a good file in place while we waited.
+  pf_.close_file(fd_);
+  fd_ = platform::kInvalidHandle;
+  if (auto r = acquire_lease_locked(); !r) return r.error();
+  auto second = try_load();
+  if (!second) {
+    if (auto r = create_fresh_file(); !r) {
+      release_lease_locked();
+      return r.error();
+    }
+    second = try_load();
+  }
+  release_lease_locked();
+  return second;
+}
+
+Result<void> Core::create_fresh_file() noexcept {
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp = opts_.path + ".tmp." + std::to_string(pf_.process_id()) + "." +
+                          std::to_string(counter.fetch_add(1));
+  pf_.remove(tmp);
+  auto h = pf_.open_file(tmp, platform::OpenMode::create_new, opts_.file_mode, false);
+  if (!h) return h.error();
+  format::HeaderFixed fixed;
+  fixed.alignment = align_;
+  fixed.size_alignment = opts_.size_alignment;
+  fixed.compat_hash = compat_hash_;
+  format::CommitSlot slot;
+  slot.sequence = 1;
+  const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
+  const auto header = format::encode_header(fixed, {}, slot);
+  Result<void> r = pf_.write_at(h.value(), header.data(), header.size(), 0);
+  if (r) r = pf_.write_at(h.value(), trailer.data(), trailer.size(), format::kHeaderSize);
+  if (r && opts_.durability != Durability::none) r = pf_.sync(h.value());
+  pf_.close_file(h.value());
+  if (r) r = pf_.rename(tmp, opts_.path);
+  if (!r) {
+    pf_.remove(tmp);
+    return r.error();
+  }
+  if (opts_.durability == Durability::full) (void)pf_.sync_parent_dir(opts_.path);
+  log::info("created cache file '{}'", opts_.path);
+  return {};
+}
+
+Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
+                                                  std::vector<format::IndexRecord>* records,
+                                                  std::uint64_t file_size) noexcept {
+  std::vector<std::byte> hb(format::kHeaderSize);
+  if (auto r = pf_.read_at(fd_, hb.data(), hb.size(), 0); !r) return r.error();
+  format::DecodedHeader h;
+  const auto problem = format::decode_header(hb, &h);
+  if (problem != format::Problem::none) {
+    const bool incompatible = problem == format::Problem::version || problem == format::Problem::byte_order;
+    return Error{incompatible ? Errc::incompatible : Errc::corrupt, 0,
+                 std::string("header: ") + format::to_string(problem)};
+  }
+  if (h.fixed.compat_hash != compat_hash_)
+    return Error{Errc::incompatible, 0, "written for another compatibility key"};
+  if (h.fixed.alignment % align_ != 0)
+    return Error{Errc::incompatible, 0,
+                 "written with alignment " + std::to_string(h.fixed.alignment) + ", below the " +
+                     std::to_string(align_) + " asked for"};
+  // Newest verifying slot first; fall back to the older one (its index is never overwritten).
+  int order[2] = {0, 1};
+  if (h.slot[1].sequence > h.slot[0].sequence) std::swap(order[0], order[1]);
+  std::string detail = "no commit slot verifies";
+  for (int i : order) {
+    if (!h.slot_valid[i]) continue;
+    const auto& s = h.slot[i];
+    if (s.sequence <= newer_than) return s;  // nothing newer than what we hold
+    if (!format::slot_in_bounds(s, file_size)) {
+      detail = "commit slot points outside the file";
+      continue;
+    }
+    std::vector<std::byte> t(s.index_size + format::kFooterSize);
+    if (auto r = pf_.read_at(fd_, t.data(), t.size(), s.index_offset); !r) return r.error();
+    std::string why;
+    const auto p = format::decode_trailer(t, s, h.fixed.alignment, records, &why);
+    if (p == format::Problem::none) {
+      if (i != order[0]) log::warn("'{}': newest commit slot is damaged; using the previous one", opts_.path);
+      return s;
+    }
+    detail = std::string("index: ") + format::to_string(p) + (why.empty() ? "" : " (" + why + ")");
+  }
+  return Error{Errc::corrupt, 0, detail};
+}
+
+Result<void> Core::load_file() noexcept {
+  auto info = pf_.stat_file(fd_);
+  if (!info) return info.error();
+  if (info->size < format::kHeaderSize)
+    return Error{Errc::corrupt, 0, "file is shorter than its header (" + std::to_string(info->size) + " bytes)"};
+  std::vector<format::IndexRecord> records;
+  auto slot = read_latest_slot(0, &records, info->size);
+  if (!slot) return slot.error();
+  if (slot->committed_size > file_span_)
+    return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
+  identity_ = {info->device, info->inode};
+  file_size_ = info->size;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (auto r = ensure_mapped_locked(slot->committed_size); !r) return r.error();
+    committed_ = slot.value();
+    merge_records_locked(records);
+  }
+  log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, records.size(), committed_.committed_size);
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// index
+// ---------------------------------------------------------------------------------------------
+
+void Core::merge_records_locked(const std::vector<format::IndexRecord>& records) noexcept {
+  try {
+    std::vector<std::unique_ptr<Entry>> fresh;
+    for (const auto& r : records) {
+      Entry* old = find_entry(r.key);
+      if (old != nullptr && (old->offset == r.offset || !old->durable)) continue;  // ours wins
+      auto e = std::make_unique<Entry>();
+      e->key = r.key;
+      e->offset = r.offset;
+      e->size = r.size;
+      e->checksum = r.checksum;
+      e->in_file = true;
+      e->durable = true;
+      fresh.push_back(std::move(e));
+    }
+    if (opts_.verify == Verify::on_open) {
+      for (auto& e : fresh) verify_entry(e.get());
+    }
+    std::unique_lock<std::shared_mutex> lock(index_mu_);
+    for (auto& e : fresh) {
+      auto it = by_key_.find(e->key);
+      if (it != by_key_.end()) {
+        if (it->second->in_file) mapped_bytes_ -= it->second->size;
+        else heap_bytes_ -= it->second->size;
+        it->second = e.get();
+      } else {
+        by_key_.emplace(e->key, e.get());
+      }
+      mapped_bytes_ += e->size;
+      by_offset_[e->offset] = e.get();
+      entries_.push_back(std::move(e));
+    }
+  } catch (...) {
+    log::error("out of memory while loading the index of '{}'", opts_.path);
+  }
+}
+
+Entry* Core::find_entry(std::string_view key) const noexcept {
+  std::shared_lock<std::shared_mutex> lock(index_mu_);
+  auto it = by_key_.find(key);
+  return it == by_key_.end() ? nullptr : it->second;
+}
+
+bool Core::verify_entry(Entry* e) noexcept {
+  const std::uint8_t s = e->state.load(std::memory_order_acquire);
+  if (s != kUnverified) return s == kGood;
+  if (opts_.verify == Verify::none) return true;
+  const bool ok = format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  std::uint8_t expected = kUnverified;
+  if (e->state.compare_exchange_strong(expected, ok ? kGood : kBad) && !ok) {
+    ++verify_failures_;
+    log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path,
+              e->offset, e->size);
+  }
+  return e->state.load(std::memory_order_acquire) == kGood;
+}
+
+// ---------------------------------------------------------------------------------------------
+// reader API
+// ---------------------------------------------------------------------------------------------
+
+std::size_t Core::look_up(std::string_view key) noexcept {
+  Entry* e = find_entry(key);
+  if (e == nullptr && opts_.refresh_on_miss && file_backed_) {
+    std::unique_lock<std::mutex> lock(write_mu_, std::try_to_lock);
+    if (lock.owns_lock() && refresh_locked()) e = find_entry(key);
+  }
+  if (e == nullptr || !verify_entry(e)) {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return kNotFound;
+  }
+  hits_.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<std::size_t>(e->offset);
+}
+
+void* Core::offset_to_addr(std::size_t offset) const noexcept {
+  if (offset == kNotFound) return nullptr;
+  std::shared_lock<std::shared_mutex> lock(index_mu_);
+  return by_offset_.count(offset) != 0 ? addr(offset) : nullptr;
+}
+
+Result<void> Core::refresh() noexcept {
+  if (!file_backed_) return {};
+  std::lock_guard<std::mutex> lock(write_mu_);
+  auto r = refresh_locked();
+  if (!r) return fail(r.error());
+  return {};
+}
+
+Result<void> Core::refresh_locked() noexcept {
+  if (!file_backed_ || fd_ == platform::kInvalidHandle) return {};
+  auto info = pf_.stat_file(fd_);
+  if (!info) return info.error();
+  std::vector<format::IndexRecord> records;
+  auto slot = read_latest_slot(committed_.sequence, &records, info->size);
+  if (!slot) {
+    log::warn("'{}': cannot read entries committed by other processes: {}", opts_.path, slot.error().message);
+    return slot.error();
+  }
+  if (slot->sequence <= committed_.sequence) return {};
+  if (slot->committed_size > file_span_)
+    return Error{Errc::no_space, 0, "file grew past max_file_bytes; reopen with a larger max_file_bytes"};
+  file_size_ = std::max(file_size_, info->size);
+  if (auto r = ensure_mapped_locked(slot->committed_size); !r) return r.error();
+  committed_ = slot.value();
+  merge_records_locked(records);
+  return {};
+}
+
+Stats Core::stats() const noexcept {
+  Stats s;
+  std::uint64_t committed = 0, index_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    s.file_bytes = file_backed_ ? file_size_ : 0;
+    committed = committed_.committed_size;
+    index_bytes = committed_.index_size + format::kFooterSize;
+  }
+  std::uint64_t durable_live = 0;
+  {
+    std::shared_lock<std::shared_mutex> lock(index_mu_);
+    s.entries = by_key_.size();
+    for (const auto& [k, e] : by_key_)
+      if (e->durable) durable_live += round_size(e->size);
+  }
+  s.mapped_bytes = mapped_bytes_.load();
+  s.heap_bytes = heap_bytes_.load();
+  s.mappings = mappings_.load();
+  s.hits = hits_.load();
+  s.misses = misses_.load();
+  s.backing = file_backed_ ? Backing::file : Backing::heap;
+  if (committed > format::kHeaderSize + index_bytes + durable_live)
+    s.dead_bytes = committed - format::kHeaderSize - index_bytes - durable_live;
+  s.verify_failures = verify_failures_.load();
+  s.heap_fallbacks = heap_fallbacks_.load();
+  s.commits = commits_.load();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// writer side
+// ---------------------------------------------------------------------------------------------
+
+Result<void> Core::acquire_lease_locked() noexcept {
+  if (has_lease_) return {};
+  if (lock_fd_ == platform::kInvalidHandle)
+    return Error{Errc::read_only, 0, "cache is open read-only"};
+  const auto deadline = std::chrono::steady_clock::now() + opts_.lease_timeout;
+  auto backoff = std::chrono::microseconds(200);
+  for (;;) {
+    auto got = pf_.try_lock(lock_fd_);
+    if (!got) return got.error();
+    if (got.value()) break;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Error{Errc::busy, 0,
+                   "another process held the writer lease on '" + lock_path_ + "' for longer than lease_timeout"};
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+  }
+  has_lease_ = true;
+  if (fd_ == platform::kInvalidHandle) return {};  // creating the file: nothing to catch up on
+  // The path may now name another file (a rebuild or compaction elsewhere): never append to an
+  // inode others no longer read.
+  auto at_path = pf_.stat_path(opts_.path, opts_.allow_symlink);
+  auto ours = pf_.stat_file(fd_);
+  if (!at_path || !ours || at_path->inode != ours->inode || at_path->device != ours->device) {
+    release_lease_locked();
+    file_disabled_ = true;
+    return Error{Errc::busy, 0,
+                 "'" + opts_.path + "' was replaced by another process; new entries stay in memory until reopened"};
+  }
+  if (auto r = refresh_locked(); !r) {
+    release_lease_locked();
+    return r.error();
+  }
+  file_size_ = ours->size;
+  // Bytes past the committed size are either free or garbage of a writer that died: ours to
+  // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe).
+  cursor_ = align_up(committed_.committed_size, align_);
+  flush_from_ = cursor_;
+  return {};
+}
+
+void Core::release_lease_locked() noexcept {
+  if (!has_lease_) return;
+  pf_.unlock(lock_fd_);
+  has_lease_ = false;
+}
+
+void Core::release_lease_if_safe_locked() noexcept {
+  // A reservation past the committed size would be handed to the next writer as free space:
+  // keep the lease until a finalize writes a trailer after it (or until close).
+  for (const auto& [off, r] : reservations_)
+    if (!r.heap && off + r.capacity > committed_.committed_size) return;
+  release_lease_locked();
+}
+
+Result<void> Core::ensure_mapped_locked(std::uint64_t end) noexcept {
+  if (end <= mapped_end_) return {};
+  const std::uint64_t new_end = std::min(align_up(std::max(end, file_size_), gran_), file_span_);
+  if (new_end < end) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it"};
+  auto r = pf_.map_file(fd_, mapped_end_, static_cast<std::size_t>(new_end - mapped_end_), addr(mapped_end_),
+                        !opts_.read_only);
+  if (!r) return r.error();
+  mapped_end_ = new_end;
+  mappings_.fetch_add(1, std::memory_order_relaxed);
+  return {};
+}
+
+Result<void> Core::grow_file_locked(std::uint64_t end) noexcept {
+  if (end > file_span_) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
+  if (end > file_size_) {
+    // Geometric growth keeps the number of mappings logarithmic; on a full disk retry with just
+    // what is needed before giving up.
+    const std::uint64_t doubled = std::max({align_up(end, gran_), file_size_ * 2, kMinChunk});
+    std::uint64_t target = std::min(doubled, file_span_);
+    auto r = pf_.allocate(fd_, file_size_, target - file_size_);
+    if (!r && target > align_up(end, gran_)) {
+      target = std::min(align_up(end, gran_), file_span_);
+      r = pf_.allocate(fd_, file_size_, target - file_size_);
+    }
+    if (!r) return r.error();
+    file_size_ = target;
+  }
+  return ensure_mapped_locked(end);
+}
+
+Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
+  const std::uint64_t off = align_up(heap_cursor_, align_);
+  const std::uint64_t end = off + size;
+  const std::uint64_t heap_span = va_size_ - file_span_;
+  if (end > heap_span || end < off) return Error{Errc::no_memory, 0, "heap arena exhausted"};
+  if (end > heap_committed_) {
+    const std::uint64_t target = std::min(std::max({align_up(end, gran_), heap_committed_ * 2, kMinChunk}), heap_span);
+    auto r = pf_.commit_memory(addr(file_span_ + heap_committed_), static_cast<std::size_t>(target - heap_committed_));
+    if (!r) return r.error();
+    heap_committed_ = target;
+  }
+  heap_cursor_ = end;
+  return file_span_ + off;
+}
+
+Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back) noexcept {
+  *fell_back = false;
+  if (!file_disabled_ && !opts_.read_only) {
+    auto lease = acquire_lease_locked();
+    if (lease) {
+      const std::uint64_t off = align_up(cursor_, align_);
+      auto r = grow_file_locked(off + size);
+      if (r) {
+        cursor_ = off + size;
+        return Region{off, false};
+      }
+      lease = r.error();
+    }
+    *fell_back = true;
+    heap_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+    if (!warned_fallback_) {
+      warned_fallback_ = true;
+      log::warn("'{}': cannot place new entries in the file ({}: {}); packing to heap memory instead",
+                opts_.path, to_string(lease.error().code), lease.error().message);
+    }
+  }
+  auto h = allocate_heap_locked(size);
+  if (!h) return h.error();
+  return Region{h.value(), true};
+}
+
+void* Core::reserve(std::size_t size) noexcept {
+  try {
+    if (size > (std::uint64_t{1} << 48)) {
+      set_last_error({Errc::invalid_argument, 0, "reservation size is implausibly large"});
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(write_mu_);
+    const std::uint64_t cap = round_size(size);
+    bool fell_back = false;
+    auto region = allocate_locked(cap, &fell_back);
+    if (!region) {
+      set_last_error(region.error());
+      return nullptr;
+    }
+    reservations_[region->offset] = Reservation{cap, region->heap};
+    return addr(region->offset);
+  } catch (...) {
+    set_last_error({Errc::no_memory, 0, "out of memory while reserving"});
+    return nullptr;
+  }
+}
+
+void Core::release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept {
+  // Give the space back when it is the last thing allocated (the common re-insert case), so
+  // re-inserting identical bytes does not grow the file.
+  if (r.heap) {
+    if (offset - file_span_ + r.capacity == heap_cursor_) heap_cursor_ = offset - file_span_;
+  } else if (has_lease_ && offset + r.capacity == cursor_) {
+    cursor_ = offset;
+  }
+}
+
+std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept {
+  if (ptr == nullptr) return look_up(key);
+  if (key.empty() || key.size() > kMaxKeySize) {
+    set_last_error({Errc::invalid_argument, 0,
+                    "key size " + std::to_string(key.size()) + " is outside 1.." + std::to_string(kMaxKeySize)});
+    return kNotFound;
+  }
+  try {
+    const std::uint64_t checksum = format::hash_bytes(ptr, size);
+    const auto* p = static_cast<std::byte*>(ptr);
+    std::lock_guard<std::mutex> lock(write_mu_);
+    std::optional<std::pair<std::uint64_t, Reservation>> res;
+    if (p >= base_ && p < base_ + va_size_) {
+      auto it = reservations_.find(static_cast<std::uint64_t>(p - base_));
+      if (it != reservations_.end() && size <= it->second.capacity) {
+        res.emplace(it->first, it->second);
+        reservations_.erase(it);
+      }
+    }
+    if (Entry* old = find_entry(key); old != nullptr && old->size == size && old->checksum == checksum &&
+                                      old->state.load() != kBad && std::memcmp(addr(old->offset), ptr, size) == 0) {
+      old->state.store(kGood, std::memory_order_release);  // matches fresh packer output
+      if (res) release_reservation_locked(res->first, res->second);
+      hits_.fetch_add(1, std::memory_order_relaxed);
+      return static_cast<std::size_t>(old->offset);
+    }
+    Region region;
+    if (res) {
+      region = Region{res->first, res->second.heap};
+    } else {
+      bool fell_back = false;
+      auto r = allocate_locked(round_size(size), &fell_back);
+      if (!r) {
+        set_last_error(r.error());
+        return kNotFound;
+      }
+      region = r.value();
+      std::memcpy(addr(region.offset), ptr, size);
+    }
+    auto e = std::make_unique<Entry>();
+    e->key.assign(key);
+    e->offset = region.offset;
+    e->size = size;
+    e->checksum = checksum;
+    e->in_file = !region.heap;
+    e->state.store(kGood);
+    Entry* raw = e.get();
+    {
+      std::unique_lock<std::shared_mutex> ilock(index_mu_);
+      auto it = by_key_.find(key);
+      if (it != by_key_.end()) {
+        if (it->second->in_file) mapped_bytes_ -= it->second->size;
+        else heap_bytes_ -= it->second->size;
+        it->second = raw;
+        log::debug("'{}': replacing a stale entry", opts_.path);
+      } else {
+        by_key_.emplace(raw->key, raw);
+      }
+      by_offset_[raw->offset] = raw;
+      entries_.push_back(std::move(e));
+    }
+    if (raw->in_file) {
+      mapped_bytes_ += size;
+      pending_.push_back(raw);
+    } else {
+      heap_bytes_ += size;
+    }
+    finalized_.store(false, std::memory_order_release);
+    return static_cast<std::size_t>(raw->offset);
+  } catch (...) {
+    set_last_error({Errc::no_memory, 0, "out of memory while inserting"});
+    return kNotFound;
+  }
+}
+
+Result<void> Core::persist_locked() noexcept {
+  if (auto r = acquire_lease_locked(); !r) return r.error();
+  std::vector<format::IndexRecord> records;
+  try {
+    std::shared_lock<std::shared_mutex> lock(index_mu_);
+    records.reserve(by_key_.size());
+    for (const auto& [k, e] : by_key_)
+      if (e->in_file) records.push_back({e->key, e->offset, e->size, e->checksum});
+  } catch (...) {
+    return Error{Errc::no_memory, 0, "out of memory while building the index"};
+  }
+  std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+
+  // Commit protocol (docs/FORMAT.md): data, flush, index + footer, flush, slot, flush.
+  const bool full = opts_.durability == Durability::full;
+  if (opts_.durability != Durability::none && cursor_ > flush_from_) {
+    if (auto r = pf_.flush_mapping(addr(flush_from_), static_cast<std::size_t>(cursor_ - flush_from_), full); !r)
+      return r.error();
+  }
+  format::CommitSlot slot;
+  slot.sequence = committed_.sequence + 1;
+  const std::uint64_t index_offset = align_up(cursor_, 8);
+  std::vector<std::byte> trailer;
+  try {
+    trailer = format::encode_trailer(records, index_offset, &slot);
+  } catch (...) {
+    return Error{Errc::no_memory, 0, "out of memory while encoding the index"};
+  }
+  if (auto r = grow_file_locked(slot.committed_size); !r) return r.error();
+  if (auto r = pf_.write_at(fd_, trailer.data(), trailer.size(), index_offset); !r) return r.error();
+  if (full)
+    if (auto r = pf_.sync(fd_); !r) return r.error();
+  const auto sb = format::encode_slot(slot);
+  if (auto r = pf_.write_at(fd_, sb.data(), sb.size(), format::kSlotOffset[slot.sequence % 2]); !r) return r.error();
+  if (full)
+    if (auto r = pf_.sync(fd_); !r) return r.error();
+
+  committed_ = slot;
+  for (Entry* e : pending_) e->durable = true;
+  pending_.clear();
+  cursor_ = slot.committed_size;
+  flush_from_ = cursor_;
+  commits_.fetch_add(1, std::memory_order_relaxed);
+  maybe_trim_locked();
+  release_lease_if_safe_locked();
+  return {};
+}
+
+void Core::maybe_trim_locked() noexcept {
+  // Put the footer back at EOF: cut the preallocated tail, unless a reservation still lives there.
+  if (!has_lease_ || file_size_ <= committed_.committed_size) return;
+  for (const auto& [off, r] : reservations_)
+    if (!r.heap && off + r.capacity > committed_.committed_size) return;
+  if (auto r = pf_.truncate(fd_, committed_.committed_size); r) {
+    file_size_ = committed_.committed_size;
+    cursor_ = committed_.committed_size;
+  }
+}
+
+Result<void> Core::finalize() noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
+    // persisting fails: the entries are still served from memory, and the error says why.
+    finalized_.store(true, std::memory_order_release);
+    if (!file_backed_ || opts_.read_only) return {};
+    if (pending_.empty()) {
+      // Nothing new: leave the file's bytes and mtime alone (only undo growth we made ourselves).
+      maybe_trim_locked();
+      release_lease_if_safe_locked();
+      return {};
+    }
+    if (file_disabled_)
+      return fail({Errc::busy, 0,
+                   std::to_string(pending_.size()) + " entries of '" + opts_.path +
+                       "' cannot be persisted: the file was replaced by another process. Reopen the cache."});
+    auto r = persist_locked();
+    if (!r) {
+      log::error("finalize of '{}' failed: {}; the previous committed state stays loadable", opts_.path,
+                 r.error().message);
+      return fail(r.error());
+    }
+    return {};
+  } catch (...) {
+    return fail({Errc::no_memory, 0, "out of memory during finalize"});
+  }
+}
+
+}  // namespace weightcache

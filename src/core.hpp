@@ -1,0 +1,155 @@
+// The cache itself. One Core per (file, compatibility key) per process (see registry.cpp);
+// WeightCache handles and wc_cache handles point at it.
+#pragma once
+
+#include "format/format.hpp"
+#include "platform/platform.hpp"
+
+#include <weightcache/weight_cache.hpp>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace weightcache {
+
+/// Sets this thread's last error and returns it (for `return fail(...)`).
+Error fail(Error e);
+void set_last_error(const Error& e);
+
+struct Entry {
+  std::string key;
+  std::uint64_t offset = 0;  // file offset, or heap_base_offset_ + arena offset for heap entries
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+  bool in_file = false;
+  bool durable = false;  // named by a committed index
+  std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
+class Core {
+ public:
+  struct Identity {
+    std::uint64_t device = 0, inode = 0;
+  };
+
+  /// Opens a cache per `options` (file-backed, or heap-only). Applies the fallback policy.
+  static Result<std::shared_ptr<Core>> open(const Options& options, platform::Platform& pf) noexcept;
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  std::size_t look_up(std::string_view key) noexcept;
+  void* reserve(std::size_t size) noexcept;
+  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
+  void* offset_to_addr(std::size_t offset) const noexcept;
+  Result<void> finalize() noexcept;
+  bool is_finalized() const noexcept { return finalized_.load(std::memory_order_acquire); }
+  Result<void> refresh() noexcept;
+  Stats stats() const noexcept;
+  std::size_t alignment() const noexcept { return align_; }
+
+  bool file_backed() const noexcept { return file_backed_; }
+  Identity identity() const noexcept { return identity_; }
+  std::uint64_t compat_hash() const noexcept { return compat_hash_; }
+  bool read_only() const noexcept { return opts_.read_only; }
+
+  Core(const Options& options, platform::Platform& pf);  // use open()
+
+ private:
+  struct Reservation {
+    std::uint64_t capacity = 0;
+    bool heap = false;
+  };
+  struct Region {
+    std::uint64_t offset = 0;
+    bool heap = false;
+  };
+
+  // set-up
+  Result<void> init_heap_only() noexcept;
+  Result<void> reserve_address_space(std::uint64_t file_span) noexcept;
+  Result<void> init_file() noexcept;
+  Result<void> load_file() noexcept;            // validate + map + index; fd_ open
+  Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
+  Result<format::CommitSlot> read_latest_slot(std::uint64_t newer_than, std::vector<format::IndexRecord>* records,
+                                              std::uint64_t file_size) noexcept;
+
+  // writer side (write_mu_ held)
+  Result<void> acquire_lease_locked() noexcept;
+  void release_lease_locked() noexcept;
+  void release_lease_if_safe_locked() noexcept;
+  Result<void> refresh_locked() noexcept;
+  Result<void> ensure_mapped_locked(std::uint64_t end) noexcept;
+  Result<void> grow_file_locked(std::uint64_t end) noexcept;
+  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back) noexcept;
+  Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) noexcept;
+  void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
+  void merge_records_locked(const std::vector<format::IndexRecord>& records) noexcept;
+  Result<void> persist_locked() noexcept;
+  void maybe_trim_locked() noexcept;
+
+  bool verify_entry(Entry* e) noexcept;
+  Entry* find_entry(std::string_view key) const noexcept;
+  std::byte* addr(std::uint64_t offset) const noexcept { return base_ + offset; }
+  std::uint64_t round_size(std::uint64_t size) const noexcept;
+
+  platform::Platform& pf_;
+  Options opts_;
+  std::string lock_path_;
+  std::uint64_t compat_hash_ = 0;
+  std::size_t align_ = 64;
+  std::size_t gran_ = 4096;
+  bool file_backed_ = false;
+  bool file_disabled_ = false;  // new entries go to the heap (replaced file, read-only, ...)
+  Identity identity_;
+
+  platform::Handle fd_ = platform::kInvalidHandle;
+  platform::Handle lock_fd_ = platform::kInvalidHandle;
+
+  // Address space: [base_, base_ + file_span_) mirrors the file (address = base_ + offset);
+  // [base_ + file_span_, base_ + va_size_) is the heap arena.
+  std::byte* base_ = nullptr;
+  std::uint64_t va_size_ = 0;
+  std::uint64_t file_span_ = 0;
+
+  // Guarded by write_mu_.
+  mutable std::mutex write_mu_;
+  bool has_lease_ = false;
+  std::uint64_t file_size_ = 0;     // current size of the file
+  std::uint64_t mapped_end_ = 0;    // file bytes [0, mapped_end_) are mapped
+  std::uint64_t cursor_ = 0;        // next free file offset (valid with the lease)
+  std::uint64_t flush_from_ = 0;    // start of data not yet flushed
+  std::uint64_t heap_cursor_ = 0;   // arena offset
+  std::uint64_t heap_committed_ = 0;
+  format::CommitSlot committed_{};  // latest slot we wrote or read
+  std::map<std::uint64_t, Reservation> reservations_;
+  std::vector<Entry*> pending_;     // file entries not yet in a committed index
+  bool warned_fallback_ = false;
+
+  // Guarded by index_mu_ (writes also hold write_mu_).
+  mutable std::shared_mutex index_mu_;
+  std::deque<std::unique_ptr<Entry>> entries_;
+  std::unordered_map<std::string, Entry*, StringHash, std::equal_to<>> by_key_;
+  std::unordered_map<std::uint64_t, Entry*> by_offset_;
+
+  std::atomic<bool> finalized_{true};
+  mutable std::atomic<std::uint64_t> hits_{0}, misses_{0}, verify_failures_{0};
+  std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
+  std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};
+};
+
+}  // namespace weightcache

@@ -1,0 +1,163 @@
+// On-disk format of a weightcache file. docs/FORMAT.md is the prose version of this header;
+// the golden-file test parses a hand-written hex image against these definitions.
+//
+// All integers are little-endian, whatever the host. Structs below are the in-memory mirror; the
+// encode/decode functions move them to and from bytes field by field, so no host padding or byte
+// order ever reaches the file.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcache::format {
+
+// ---- constants -------------------------------------------------------------------------------
+inline constexpr std::array<char, 8> kHeaderMagic = {'W', 'G', 'T', 'C', 'A', 'C', 'H', 'E'};
+inline constexpr std::uint32_t kEndianMark = 0x01020304;      // reads 0x04030201 if swapped
+inline constexpr std::uint32_t kFormatVersion = 1;
+inline constexpr std::uint32_t kHeaderSize = 4096;            // header occupies the first page
+inline constexpr std::uint32_t kFooterMagic = 0x58505743;     // "CWPX" in LE bytes, as ExecuTorch
+inline constexpr std::uint32_t kFooterVersion = 0x57430001;   // ExecuTorch uses 1 and 2
+inline constexpr std::uint32_t kIndexMagic = 0x58494357;      // "WCIX"
+inline constexpr std::uint32_t kIndexVersion = 1;
+inline constexpr std::uint32_t kMaxKeySize = 4096;
+
+// ---- header (offset 0) ----------------------------------------------------------------------
+// Byte layout of the fixed part:
+//   0  magic[8]         "WGTCACHE"
+//   8  endian_mark u32  0x01020304
+//  12  format_version u32
+//  16  feature_flags u32 (0; a reader refuses unknown bits)
+//  20  header_size u32 (4096)
+//  24  alignment u64    every entry offset is a multiple of it
+//  32  size_alignment u64
+//  40  compat_hash u64  XXH3-64 of the compatibility key
+//  48  reserved[9] u64  zero, checked
+// 120  fixed_checksum u64  XXH3-64 of bytes 0..119
+// 128  slot[0] (64 bytes)
+// 192  slot[1] (64 bytes)
+// 256..4095 zero
+inline constexpr std::size_t kFixedChecksumOffset = 120;
+inline constexpr std::size_t kSlotOffset[2] = {128, 192};
+inline constexpr std::size_t kSlotSize = 64;
+
+struct HeaderFixed {
+  std::uint32_t format_version = kFormatVersion;
+  std::uint32_t feature_flags = 0;
+  std::uint32_t header_size = kHeaderSize;
+  std::uint64_t alignment = 0;
+  std::uint64_t size_alignment = 0;
+  std::uint64_t compat_hash = 0;
+};
+
+// A commit slot names the latest index. Slots are written alternately (slot = sequence % 2);
+// a reader takes the highest sequence whose checksum, bounds and index all verify.
+//   0 sequence u64        (0 = never written)
+//   8 index_offset u64    where the index block starts
+//  16 index_size u64      bytes of the index block (header + records), footer excluded
+//  24 committed_size u64  index_offset + index_size + 20: end of the footer
+//  32 entry_count u64
+//  40 index_checksum u64  XXH3-64 of the whole index block
+//  48 reserved u64        zero
+//  56 slot_checksum u64   XXH3-64 of bytes 0..55 of the slot
+struct CommitSlot {
+  std::uint64_t sequence = 0;
+  std::uint64_t index_offset = 0;
+  std::uint64_t index_size = 0;
+  std::uint64_t committed_size = 0;
+  std::uint64_t entry_count = 0;
+  std::uint64_t index_checksum = 0;
+};
+
+// Index block header, 32 bytes, at slot.index_offset:
+//   0 magic u32 "WCIX"   4 version u32   8 entry_count u64   16 body_size u64
+//  24 body_checksum u64 (XXH3-64 of the records that follow)
+inline constexpr std::size_t kIndexHeaderSize = 32;
+// Each record: key_size u32 | flags u32 (0) | offset u64 | size u64 | checksum u64 | key bytes
+inline constexpr std::size_t kRecordFixedSize = 32;
+
+// Footer, 20 bytes, right after the index block (at EOF after a finalize):
+//   0 index_start u64   8 entry_count u32   12 magic u32 0x58505743   16 version u32
+inline constexpr std::size_t kFooterSize = 20;
+
+struct IndexRecord {
+  std::string key;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;  // XXH3-64 of the entry's bytes
+};
+
+struct Footer {
+  std::uint64_t index_start = 0;
+  std::uint32_t entry_count = 0;
+  std::uint32_t magic = kFooterMagic;
+  std::uint32_t version = kFooterVersion;
+};
+
+// ---- little-endian byte helpers ---------------------------------------------------------------
+inline void put_u32(std::byte* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline void put_u64(std::byte* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+inline std::uint32_t get_u32(const std::byte* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<std::uint32_t>(p[i]);
+  return v;
+}
+inline std::uint64_t get_u64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint64_t>(p[i]);
+  return v;
+}
+
+std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept;
+inline std::uint64_t hash_bytes(std::string_view s) noexcept { return hash_bytes(s.data(), s.size()); }
+
+// ---- encode ---------------------------------------------------------------------------------
+/// A whole kHeaderSize header with both slots (either may be zero).
+std::vector<std::byte> encode_header(const HeaderFixed& fixed, const CommitSlot& slot0,
+                                     const CommitSlot& slot1);
+/// The 64 bytes of one slot, checksum included.
+std::array<std::byte, kSlotSize> encode_slot(const CommitSlot& slot);
+/// Index block followed by the footer. Fills index_size / checksum / count into *slot (the
+/// caller sets sequence, index_offset; committed_size is computed from them).
+std::vector<std::byte> encode_trailer(std::span<const IndexRecord> records, std::uint64_t index_offset,
+                                      CommitSlot* slot);
+
+// ---- decode ---------------------------------------------------------------------------------
+enum class Problem { none, truncated, bad_magic, byte_order, version, bad_checksum, bad_bounds, bad_value };
+const char* to_string(Problem p) noexcept;
+
+struct DecodedHeader {
+  HeaderFixed fixed;
+  CommitSlot slot[2];
+  bool slot_valid[2] = {false, false};  // checksum verified and sequence != 0
+};
+
+/// Parses the first kHeaderSize bytes. Slot validity is checked only by checksum here; bounds
+/// against the file size are the caller's (see choose_slots).
+Problem decode_header(std::span<const std::byte> bytes, DecodedHeader* out) noexcept;
+
+/// Slot self-consistency against the file size and alignment rules.
+bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept;
+
+/// Verifies and parses an index block of exactly slot.index_size bytes followed by the footer.
+/// Bounds-checks every record against [kHeaderSize, slot.index_offset), the alignment, overlaps
+/// and duplicate keys. `trailer` holds index block + footer (index_size + 20 bytes).
+Problem decode_trailer(std::span<const std::byte> trailer, const CommitSlot& slot,
+                       std::uint64_t alignment, std::vector<IndexRecord>* out,
+                       std::string* detail) noexcept;
+
+/// Parses the 20 footer bytes.
+Footer decode_footer(const std::byte* p) noexcept;
+
+}  // namespace weightcache::format

@@ -1,0 +1,96 @@
+// The platform seam: every OS call the cache makes goes through this interface, so tests can
+// wrap it (fault injection, crash simulation) and each OS has one small implementation.
+// Nothing OS-specific leaks past this header: handles are opaque integers.
+#pragma once
+
+#include <weightcache/weight_cache.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace weightcache::platform {
+
+using Handle = std::intptr_t;
+inline constexpr Handle kInvalidHandle = -1;
+
+struct FileInfo {
+  std::uint64_t size = 0;
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  bool regular = false;
+  bool symlink = false;  // only from stat_path(follow = false)
+};
+
+enum class OpenMode {
+  read,        // existing file, read-only
+  read_write,  // existing file
+  create_new,  // fails with EEXIST if present
+  lock_file,   // create if missing, read-write; used for the sidecar lease file
+};
+
+/// Abstract OS layer. All functions are thread-safe; none throws.
+class Platform {
+ public:
+  virtual ~Platform() = default;
+
+  // ---- files ----
+  virtual Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
+                                   bool follow_symlink) noexcept = 0;
+  virtual void close_file(Handle h) noexcept = 0;
+  virtual Result<FileInfo> stat_file(Handle h) noexcept = 0;
+  virtual Result<FileInfo> stat_path(const std::string& path, bool follow_symlink) noexcept = 0;
+  /// Reads exactly `size` bytes or fails (a short read past EOF is Errc::corrupt).
+  virtual Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept = 0;
+  /// Writes exactly `size` bytes (retrying short writes and EINTR) or fails.
+  virtual Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept = 0;
+  /// Allocates disk blocks for [offset, offset+len) and extends the file to cover it, so later
+  /// stores through a mapping can never fault for lack of space. ENOSPC/EFBIG -> Errc::no_space.
+  virtual Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept = 0;
+  virtual Result<void> truncate(Handle h, std::uint64_t size) noexcept = 0;
+  /// Makes the file's data and size durable (fdatasync / FlushFileBuffers).
+  virtual Result<void> sync(Handle h) noexcept = 0;
+  virtual Result<void> rename(const std::string& from, const std::string& to) noexcept = 0;
+  /// Makes a rename in the directory of `path` durable (no-op where the OS has no such call).
+  virtual Result<void> sync_parent_dir(const std::string& path) noexcept = 0;
+  virtual void remove(const std::string& path) noexcept = 0;
+
+  // ---- address space ----
+  /// Reserves (does not commit) `size` bytes of address space aligned to `align`.
+  virtual Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept = 0;
+  /// Releases a reservation and everything mapped or committed inside it.
+  virtual void release_address_space(void* base, std::size_t size) noexcept = 0;
+  /// Maps [offset, offset+len) of the file at exactly `at` (inside a reservation). `offset`,
+  /// `len` and `at` are multiples of map_granularity().
+  virtual Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
+                                bool writable) noexcept = 0;
+  /// Makes [at, at+len) of a reservation usable as private zeroed memory (the heap arena).
+  virtual Result<void> commit_memory(void* at, std::size_t len) noexcept = 0;
+  /// Writes back mapped pages of [addr, addr+len); waits for completion when `wait`.
+  virtual Result<void> flush_mapping(void* addr, std::size_t len, bool wait) noexcept = 0;
+  /// Asks the OS to read ahead [addr, addr+len) of a mapping (advisory; errors ignored).
+  virtual void prefetch(void* addr, std::size_t len) noexcept = 0;
+
+  // ---- locks ----
+  /// Exclusive lock on an open file, owned by this handle (not the process). Non-blocking:
+  /// returns false when someone else holds it. Released by unlock, close or process death.
+  virtual Result<bool> try_lock(Handle h) noexcept = 0;
+  virtual void unlock(Handle h) noexcept = 0;
+
+  // ---- facts ----
+  /// Granularity of file-mapping offsets and addresses (page size, 64 KiB on Windows).
+  virtual std::size_t map_granularity() const noexcept = 0;
+  virtual int process_id() const noexcept = 0;
+  /// Current limit on file size for this process (RLIMIT_FSIZE), UINT64_MAX if none. Growing
+  /// past it would raise SIGXFSZ in the host, so the cache checks before it grows.
+  virtual std::uint64_t file_size_limit() const noexcept = 0;
+};
+
+/// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.
+Platform& os() noexcept;
+
+/// Builds an Error from an errno-style code with the message "<what> '<path>': <strerror>. <hint>".
+Error os_error(int err, const std::string& what, const std::string& path, const char* hint = nullptr);
+
+}  // namespace weightcache::platform

@@ -1,0 +1,286 @@
+// POSIX implementation of the platform seam (Linux first; any POSIX with mmap works).
+// We call the OS directly rather than through Boost.Interprocess's mapped_region / file_lock:
+// we need MAP_FIXED placement inside one reserved range, posix_fallocate before mapping, msync
+// of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
+// docs/DESIGN.md, "Below Boost".
+#include "platform/platform.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace weightcache::platform {
+namespace {
+
+Errc errc_of(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EFBIG:
+#ifdef EDQUOT
+    case EDQUOT:
+#endif
+      return Errc::no_space;
+    case ENOMEM: return Errc::no_memory;
+    case EROFS: return Errc::read_only;
+    case ELOOP:
+    case EISDIR:
+    case ENAMETOOLONG: return Errc::invalid_argument;
+    case EOPNOTSUPP:
+#if defined(ENOTSUP) && ENOTSUP != EOPNOTSUPP
+    case ENOTSUP:
+#endif
+    case ENODEV: return Errc::unsupported;
+    default: return Errc::io;
+  }
+}
+
+FileInfo info_of(const struct stat& st) {
+  FileInfo i;
+  i.size = static_cast<std::uint64_t>(st.st_size);
+  i.device = static_cast<std::uint64_t>(st.st_dev);
+  i.inode = static_cast<std::uint64_t>(st.st_ino);
+  i.regular = S_ISREG(st.st_mode);
+  i.symlink = S_ISLNK(st.st_mode);
+  return i;
+}
+
+std::string parent_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+class PosixPlatform final : public Platform {
+ public:
+  Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
+                           bool follow_symlink) noexcept override {
+    // O_NONBLOCK so that a FIFO planted at the path cannot block open(); cleared below.
+    int flags = O_CLOEXEC | O_NONBLOCK;
+    if (!follow_symlink) flags |= O_NOFOLLOW;
+    switch (mode) {
+      case OpenMode::read: flags |= O_RDONLY; break;
+      case OpenMode::read_write: flags |= O_RDWR; break;
+      case OpenMode::create_new: flags |= O_RDWR | O_CREAT | O_EXCL; break;
+      case OpenMode::lock_file: flags |= O_RDWR | O_CREAT; break;
+    }
+    int fd;
+    do {
+      fd = ::open(path.c_str(), flags, static_cast<mode_t>(perm));
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == ELOOP && !follow_symlink)
+        return os_error(err, "refusing to open a symlink at", path,
+                        "Point the cache at a regular file, or set allow_symlink.");
+      return os_error(err, "cannot open", path,
+                      err == ENOENT ? "Create the directory first, or pick another path." : nullptr);
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Error{Errc::invalid_argument, 0,
+                   "'" + path + "' is not a regular file; remove it or choose another cache path."};
+    }
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (mode == OpenMode::create_new || mode == OpenMode::lock_file) (void)::fchmod(fd, perm);
+    return static_cast<Handle>(fd);
+  }
+
+  void close_file(Handle h) noexcept override {
+    if (h >= 0) (void)::close(static_cast<int>(h));
+  }
+
+  Result<FileInfo> stat_file(Handle h) noexcept override {
+    struct stat st {};
+    if (::fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", "<cache>");
+    return info_of(st);
+  }
+
+  Result<FileInfo> stat_path(const std::string& path, bool follow) noexcept override {
+    struct stat st {};
+    const int rc = follow ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st);
+    if (rc != 0) return os_error(errno, "cannot stat", path);
+    return info_of(st);
+  }
+
+  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+    auto* p = static_cast<char*>(buf);
+    while (size > 0) {
+      const ssize_t n = ::pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return os_error(errno, "read failed on", "<cache>");
+      }
+      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+    return {};
+  }
+
+  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+    if (offset + size > file_size_limit())
+      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    auto* p = static_cast<const char*>(buf);
+    while (size > 0) {
+      const ssize_t n = ::pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return os_error(errno, "write failed on", "<cache>");
+      }
+      if (n == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
+      p += n;
+      size -= static_cast<std::size_t>(n);
+      offset += static_cast<std::uint64_t>(n);
+    }
+    return {};
+  }
+
+  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+    if (offset + len > file_size_limit())
+      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    int rc;
+    do {
+      rc = ::posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
+    } while (rc == EINTR);
+    if (rc != 0) return os_error(rc, "cannot allocate disk space for", "<cache>", "Free disk space.");
+    return {};
+  }
+
+  Result<void> truncate(Handle h, std::uint64_t size) noexcept override {
+    int rc;
+    do {
+      rc = ::ftruncate(static_cast<int>(h), static_cast<off_t>(size));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) return os_error(errno, "cannot resize", "<cache>");
+    return {};
+  }
+
+  Result<void> sync(Handle h) noexcept override {
+    int rc;
+    do {
+      rc = ::fdatasync(static_cast<int>(h));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) return os_error(errno, "fdatasync failed on", "<cache>");
+    return {};
+  }
+
+  Result<void> rename(const std::string& from, const std::string& to) noexcept override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return os_error(errno, "cannot rename a new cache file onto", to);
+    return {};
+  }
+
+  Result<void> sync_parent_dir(const std::string& path) noexcept override {
+    const int fd = ::open(parent_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return os_error(errno, "cannot open the directory of", path);
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0 && err != EINVAL) return os_error(err, "cannot sync the directory of", path);
+    return {};
+  }
+
+  void remove(const std::string& path) noexcept override { (void)::unlink(path.c_str()); }
+
+  Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
+    const std::size_t total = size + align;
+    void* p = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      return Error{Errc::no_memory, errno,
+                   "cannot reserve " + std::to_string(size >> 20) +
+                       " MiB of address space; lower max_file_bytes or raise the address-space limit"};
+    // Trim the head and tail so the range starts on `align`.
+    const auto start = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t aligned = (start + align - 1) & ~(static_cast<std::uintptr_t>(align) - 1);
+    if (aligned > start) ::munmap(p, aligned - start);
+    const std::uintptr_t tail = start + total - (aligned + size);
+    if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + size), tail);
+    return reinterpret_cast<void*>(aligned);
+  }
+
+  void release_address_space(void* base, std::size_t size) noexcept override {
+    if (base != nullptr && size != 0) ::munmap(base, size);
+  }
+
+  Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
+                        bool writable) noexcept override {
+    const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    void* p = ::mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
+    if (p == MAP_FAILED) return os_error(errno, "cannot map", "<cache>");
+    return {};
+  }
+
+  Result<void> commit_memory(void* at, std::size_t len) noexcept override {
+    if (::mprotect(at, len, PROT_READ | PROT_WRITE) != 0)
+      return Error{Errc::no_memory, errno, "cannot commit " + std::to_string(len) + " bytes of heap memory"};
+    return {};
+  }
+
+  Result<void> flush_mapping(void* addr, std::size_t len, bool wait) noexcept override {
+    // msync wants a page-aligned start.
+    const std::size_t page = map_granularity();
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
+    if (::msync(reinterpret_cast<void*>(start), len + (a - start), wait ? MS_SYNC : MS_ASYNC) != 0)
+      return os_error(errno, "msync failed on", "<cache>");
+    return {};
+  }
+
+  void prefetch(void* addr, std::size_t len) noexcept override {
+    const std::size_t page = map_granularity();
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
+    (void)::madvise(reinterpret_cast<void*>(start), len + (a - start), MADV_WILLNEED);
+  }
+
+  Result<bool> try_lock(Handle h) noexcept override {
+    for (;;) {
+      if (::flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
+      if (errno == EINTR) continue;
+      if (errno == EWOULDBLOCK) return false;
+      return os_error(errno, "cannot lock", "<cache>.lock");
+    }
+  }
+
+  void unlock(Handle h) noexcept override { (void)::flock(static_cast<int>(h), LOCK_UN); }
+
+  std::size_t map_granularity() const noexcept override {
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    return page;
+  }
+
+  int process_id() const noexcept override { return static_cast<int>(::getpid()); }
+
+  std::uint64_t file_size_limit() const noexcept override {
+    struct rlimit rl {};
+    if (::getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    return static_cast<std::uint64_t>(rl.rlim_cur);
+  }
+};
+
+}  // namespace
+
+Platform& os() noexcept {
+  static PosixPlatform platform;
+  return platform;
+}
+
+Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
+  std::string msg = what + " '" + path + "': " + std::strerror(err) + ".";
+  if (hint != nullptr) {
+    msg += ' ';
+    msg += hint;
+  }
+  return Error{errc_of(err), err, std::move(msg)};
+}
+
+}  // namespace weightcache::platform
