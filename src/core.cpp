@@ -23,6 +23,22 @@ bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
 
+const char* errc_name(Errc code) noexcept {
+  switch (code) {
+    case Errc::ok: return "WC_OK";
+    case Errc::invalid_argument: return "WC_ERR_INVALID_ARGUMENT";
+    case Errc::io: return "WC_ERR_IO";
+    case Errc::no_space: return "WC_ERR_NO_SPACE";
+    case Errc::corrupt: return "WC_ERR_CORRUPT";
+    case Errc::incompatible: return "WC_ERR_INCOMPATIBLE";
+    case Errc::busy: return "WC_ERR_BUSY";
+    case Errc::unsupported: return "WC_ERR_UNSUPPORTED";
+    case Errc::no_memory: return "WC_ERR_NO_MEMORY";
+    case Errc::read_only: return "WC_ERR_READ_ONLY";
+  }
+  return "WC_ERR_UNKNOWN";
+}
+
 void set_last_error(const Error& e) {
   try {
     t_last_error = e;
@@ -86,8 +102,8 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       auto r = core->init_file();
       if (r) return core;
       if (options.backing == Backing::file) return fail(r.error());
-      log::warn("cannot use cache file '{}' ({}); falling back to a heap cache for this process",
-                options.path, r.error().message);
+      log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
+                options.path, errc_name(r.error().code), r.error().message);
     }
     Options heap_opts = options;
     auto core = std::make_shared<Core>(heap_opts, pf);
@@ -524,12 +540,17 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back) 
       }
       lease = r.error();
     }
+    if (opts_.backing == Backing::file) {
+      log::warn("'{}': cannot place a new entry in the file ({}: {})", opts_.path, errc_name(lease.error().code),
+                lease.error().message);
+      return lease.error();
+    }
     *fell_back = true;
     heap_fallbacks_.fetch_add(1, std::memory_order_relaxed);
     if (!warned_fallback_) {
       warned_fallback_ = true;
       log::warn("'{}': cannot place new entries in the file ({}: {}); packing to heap memory instead",
-                opts_.path, to_string(lease.error().code), lease.error().message);
+                opts_.path, errc_name(lease.error().code), lease.error().message);
     }
   }
   auto h = allocate_heap_locked(size);
@@ -722,8 +743,8 @@ Result<void> Core::finalize() noexcept {
                        "' cannot be persisted: the file was replaced by another process. Reopen the cache."});
     auto r = persist_locked();
     if (!r) {
-      log::error("finalize of '{}' failed: {}; the previous committed state stays loadable", opts_.path,
-                 r.error().message);
+      log::error("finalize of '{}' failed ({}: {}); the previous committed state stays loadable", opts_.path,
+                 errc_name(r.error().code), r.error().message);
       return fail(r.error());
     }
     return {};

@@ -24,6 +24,8 @@ namespace weightcache {
 /// Sets this thread's last error and returns it (for `return fail(...)`).
 Error fail(Error e);
 void set_last_error(const Error& e);
+/// "WC_ERR_NO_SPACE" etc.: the C name of a code, for log lines users grep for.
+const char* errc_name(Errc code) noexcept;
 
 struct Entry {
   std::string key;

@@ -4,6 +4,7 @@
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
 // docs/DESIGN.md, "Below Boost".
 #include "platform/platform.hpp"
+#include "platform/posix_calls.hpp"
 
 #include <cerrno>
 #include <cstring>
@@ -17,6 +18,14 @@
 
 namespace weightcache::platform {
 namespace {
+
+const PosixCalls kDefaultCalls = {
+    [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
+    ::close, ::fstat, ::pread, ::pwrite, ::posix_fallocate, ::ftruncate, ::fdatasync, ::fsync,
+    ::rename, ::mmap, ::munmap, ::mprotect, ::msync, ::flock,
+};
+PosixCalls g_calls = kDefaultCalls;
+PosixCalls& sys() { return g_calls; }
 
 Errc errc_of(int err) {
   switch (err) {
@@ -72,7 +81,7 @@ class PosixPlatform final : public Platform {
     }
     int fd;
     do {
-      fd = ::open(path.c_str(), flags, static_cast<mode_t>(perm));
+      fd = sys().open(path.c_str(), flags, static_cast<mode_t>(perm));
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
       const int err = errno;
@@ -83,8 +92,8 @@ class PosixPlatform final : public Platform {
                       err == ENOENT ? "Create the directory first, or pick another path." : nullptr);
     }
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
+    if (sys().fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      sys().close(fd);
       return Error{Errc::invalid_argument, 0,
                    "'" + path + "' is not a regular file; remove it or choose another cache path."};
     }
@@ -95,12 +104,12 @@ class PosixPlatform final : public Platform {
   }
 
   void close_file(Handle h) noexcept override {
-    if (h >= 0) (void)::close(static_cast<int>(h));
+    if (h >= 0) (void)sys().close(static_cast<int>(h));
   }
 
   Result<FileInfo> stat_file(Handle h) noexcept override {
     struct stat st {};
-    if (::fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", "<cache>");
+    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", "<cache>");
     return info_of(st);
   }
 
@@ -114,7 +123,7 @@ class PosixPlatform final : public Platform {
   Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept override {
     auto* p = static_cast<char*>(buf);
     while (size > 0) {
-      const ssize_t n = ::pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      const ssize_t n = sys().pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
         return os_error(errno, "read failed on", "<cache>");
@@ -132,7 +141,7 @@ class PosixPlatform final : public Platform {
       return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
-      const ssize_t n = ::pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      const ssize_t n = sys().pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
         return os_error(errno, "write failed on", "<cache>");
@@ -150,7 +159,7 @@ class PosixPlatform final : public Platform {
       return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
     int rc;
     do {
-      rc = ::posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
+      rc = sys().posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
     } while (rc == EINTR);
     if (rc != 0) return os_error(rc, "cannot allocate disk space for", "<cache>", "Free disk space.");
     return {};
@@ -159,7 +168,7 @@ class PosixPlatform final : public Platform {
   Result<void> truncate(Handle h, std::uint64_t size) noexcept override {
     int rc;
     do {
-      rc = ::ftruncate(static_cast<int>(h), static_cast<off_t>(size));
+      rc = sys().ftruncate(static_cast<int>(h), static_cast<off_t>(size));
     } while (rc != 0 && errno == EINTR);
     if (rc != 0) return os_error(errno, "cannot resize", "<cache>");
     return {};
@@ -168,23 +177,23 @@ class PosixPlatform final : public Platform {
   Result<void> sync(Handle h) noexcept override {
     int rc;
     do {
-      rc = ::fdatasync(static_cast<int>(h));
+      rc = sys().fdatasync(static_cast<int>(h));
     } while (rc != 0 && errno == EINTR);
     if (rc != 0) return os_error(errno, "fdatasync failed on", "<cache>");
     return {};
   }
 
   Result<void> rename(const std::string& from, const std::string& to) noexcept override {
-    if (::rename(from.c_str(), to.c_str()) != 0) return os_error(errno, "cannot rename a new cache file onto", to);
+    if (sys().rename(from.c_str(), to.c_str()) != 0) return os_error(errno, "cannot rename a new cache file onto", to);
     return {};
   }
 
   Result<void> sync_parent_dir(const std::string& path) noexcept override {
-    const int fd = ::open(parent_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int fd = sys().open(parent_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0) return os_error(errno, "cannot open the directory of", path);
-    const int rc = ::fsync(fd);
+    const int rc = sys().fsync(fd);
     const int err = errno;
-    ::close(fd);
+    sys().close(fd);
     if (rc != 0 && err != EINVAL) return os_error(err, "cannot sync the directory of", path);
     return {};
   }
@@ -193,7 +202,7 @@ class PosixPlatform final : public Platform {
 
   Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
     const std::size_t total = size + align;
-    void* p = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = sys().mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
       return Error{Errc::no_memory, errno,
                    "cannot reserve " + std::to_string(size >> 20) +
@@ -201,26 +210,32 @@ class PosixPlatform final : public Platform {
     // Trim the head and tail so the range starts on `align`.
     const auto start = reinterpret_cast<std::uintptr_t>(p);
     const std::uintptr_t aligned = (start + align - 1) & ~(static_cast<std::uintptr_t>(align) - 1);
-    if (aligned > start) ::munmap(p, aligned - start);
+    if (aligned > start) sys().munmap(p, aligned - start);
     const std::uintptr_t tail = start + total - (aligned + size);
-    if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + size), tail);
+    if (tail > 0) sys().munmap(reinterpret_cast<void*>(aligned + size), tail);
     return reinterpret_cast<void*>(aligned);
   }
 
   void release_address_space(void* base, std::size_t size) noexcept override {
-    if (base != nullptr && size != 0) ::munmap(base, size);
+    if (base != nullptr && size != 0) sys().munmap(base, size);
   }
 
   Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
                         bool writable) noexcept override {
     const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-    void* p = ::mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
-    if (p == MAP_FAILED) return os_error(errno, "cannot map", "<cache>");
+    void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      // A failed MAP_FIXED may have unmapped part of our reservation; take the range back at
+      // once so no other allocation can land inside the cache's address range.
+      (void)sys().mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      return os_error(err, "cannot map", "<cache>");
+    }
     return {};
   }
 
   Result<void> commit_memory(void* at, std::size_t len) noexcept override {
-    if (::mprotect(at, len, PROT_READ | PROT_WRITE) != 0)
+    if (sys().mprotect(at, len, PROT_READ | PROT_WRITE) != 0)
       return Error{Errc::no_memory, errno, "cannot commit " + std::to_string(len) + " bytes of heap memory"};
     return {};
   }
@@ -230,7 +245,7 @@ class PosixPlatform final : public Platform {
     const std::size_t page = map_granularity();
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
-    if (::msync(reinterpret_cast<void*>(start), len + (a - start), wait ? MS_SYNC : MS_ASYNC) != 0)
+    if (sys().msync(reinterpret_cast<void*>(start), len + (a - start), wait ? MS_SYNC : MS_ASYNC) != 0)
       return os_error(errno, "msync failed on", "<cache>");
     return {};
   }
@@ -244,14 +259,14 @@ class PosixPlatform final : public Platform {
 
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {
-      if (::flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
+      if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
       if (errno == EINTR) continue;
       if (errno == EWOULDBLOCK) return false;
       return os_error(errno, "cannot lock", "<cache>.lock");
     }
   }
 
-  void unlock(Handle h) noexcept override { (void)::flock(static_cast<int>(h), LOCK_UN); }
+  void unlock(Handle h) noexcept override { (void)sys().flock(static_cast<int>(h), LOCK_UN); }
 
   std::size_t map_granularity() const noexcept override {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
@@ -268,6 +283,9 @@ class PosixPlatform final : public Platform {
 };
 
 }  // namespace
+
+PosixCalls& posix_calls() noexcept { return g_calls; }
+const PosixCalls& default_posix_calls() noexcept { return kDefaultCalls; }
 
 Platform& os() noexcept {
   static PosixPlatform platform;

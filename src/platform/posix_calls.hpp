@@ -1,0 +1,36 @@
+// Every system call the POSIX platform makes, as a table of function pointers. The product path
+// uses the libc defaults; fault-injection tests swap entries to fail the Nth call with EIO,
+// ENOSPC, EINTR, short writes, mmap or msync failures, below the retry loops that handle them.
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstddef>
+
+namespace weightcache::platform {
+
+struct PosixCalls {
+  int (*open)(const char* path, int flags, mode_t mode);
+  int (*close)(int fd);
+  int (*fstat)(int fd, struct stat* st);
+  ssize_t (*pread)(int fd, void* buf, size_t n, off_t off);
+  ssize_t (*pwrite)(int fd, const void* buf, size_t n, off_t off);
+  int (*posix_fallocate)(int fd, off_t off, off_t len);  // returns an error number, as libc's
+  int (*ftruncate)(int fd, off_t len);
+  int (*fdatasync)(int fd);
+  int (*fsync)(int fd);
+  int (*rename)(const char* from, const char* to);
+  void* (*mmap)(void* addr, size_t len, int prot, int flags, int fd, off_t off);
+  int (*munmap)(void* addr, size_t len);
+  int (*mprotect)(void* addr, size_t len, int prot);
+  int (*msync)(void* addr, size_t len, int flags);
+  int (*flock)(int fd, int op);
+};
+
+/// The table in use (mutable for tests; swap entries only while no cache is open).
+PosixCalls& posix_calls() noexcept;
+/// The libc defaults.
+const PosixCalls& default_posix_calls() noexcept;
+
+}  // namespace weightcache::platform
