@@ -21,6 +21,16 @@ wc_status invalid(const char* what) {
 }
 
 // Reads a field only if the caller's struct is big enough to have it (older callers).
+// Reads an enum field as the int a C caller may have stored in it (any value), so the range
+// check itself is defined behaviour.
+template <class E>
+int raw_enum(const E& field) {
+  int v;
+  static_assert(sizeof(E) == sizeof(int));
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+
 template <class T>
 bool has_field(const wc_options* o, const T wc_options::*field) {
   const auto offset = reinterpret_cast<std::size_t>(&(static_cast<const wc_options*>(nullptr)->*field));
@@ -65,15 +75,17 @@ wc_status wc_open(const wc_options* o, wc_cache** out) {
     }
     opt.alignment = o->alignment == 0 ? 64 : o->alignment;
     opt.size_alignment = o->size_alignment == 0 ? 1 : o->size_alignment;
-    if (o->backing < WC_BACKING_AUTO || o->backing > WC_BACKING_HEAP) return invalid("wc_open: unknown backing");
-    if (o->durability < WC_DURABILITY_NONE || o->durability > WC_DURABILITY_FULL)
+    const int backing = raw_enum(o->backing), durability = raw_enum(o->durability);
+    if (backing < WC_BACKING_AUTO || backing > WC_BACKING_HEAP) return invalid("wc_open: unknown backing");
+    if (durability < WC_DURABILITY_NONE || durability > WC_DURABILITY_FULL)
       return invalid("wc_open: unknown durability");
-    opt.backing = static_cast<Backing>(o->backing);
-    opt.durability = static_cast<Durability>(o->durability);
+    opt.backing = static_cast<Backing>(backing);
+    opt.durability = static_cast<Durability>(durability);
     opt.read_only = o->read_only != 0;
     if (has_field(o, &wc_options::verify)) {
-      if (o->verify < WC_VERIFY_FIRST_USE || o->verify > WC_VERIFY_NONE) return invalid("wc_open: unknown verify mode");
-      opt.verify = static_cast<Verify>(o->verify);
+      const int verify = raw_enum(o->verify);
+      if (verify < WC_VERIFY_FIRST_USE || verify > WC_VERIFY_NONE) return invalid("wc_open: unknown verify mode");
+      opt.verify = static_cast<Verify>(verify);
     }
     if (has_field(o, &wc_options::private_cache)) opt.private_cache = o->private_cache != 0;
     if (has_field(o, &wc_options::allow_symlink)) opt.allow_symlink = o->allow_symlink != 0;
@@ -169,7 +181,10 @@ const char* wc_status_string(wc_status s) {
 
 const char* wc_last_error(void) { return last_error().message.c_str(); }
 
-void wc_set_log_level(wc_log_level level) { set_log_level(static_cast<LogLevel>(level)); }
+void wc_set_log_level(wc_log_level level) {
+  const int v = raw_enum(level);
+  set_log_level(v <= WC_LOG_TRACE ? LogLevel::trace : v >= WC_LOG_OFF ? LogLevel::off : static_cast<LogLevel>(v));
+}
 
 void wc_set_log_callback(wc_log_callback callback, void* user) { set_log_callback(callback, user); }
 

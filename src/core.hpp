@@ -7,6 +7,7 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -108,12 +109,16 @@ class Core {
   Entry* find_entry(std::string_view key) const noexcept;
   std::byte* addr(std::uint64_t offset) const noexcept { return base_ + offset; }
   std::uint64_t round_size(std::uint64_t size) const noexcept;
+  /// Alignment of new file offsets: the file's own (from its header) when stricter than ours,
+  /// so every entry keeps the invariant the header states.
+  std::uint64_t offset_align() const noexcept { return std::max<std::uint64_t>(align_, file_align_); }
 
   platform::Platform& pf_;
   Options opts_;
   std::string lock_path_;
   std::uint64_t compat_hash_ = 0;
   std::size_t align_ = 64;
+  std::uint64_t file_align_ = 1;
   std::size_t gran_ = 4096;
   bool file_backed_ = false;
   bool file_disabled_ = false;  // new entries go to the heap (replaced file, read-only, ...)

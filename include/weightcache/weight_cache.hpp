@@ -94,8 +94,8 @@ struct Options {
   /// Never write the file; entries inserted go to the heap.
   bool read_only = false;
   Verify verify = Verify::first_use;
-  /// Opt out of the process-wide registry: get a cache of one's own (heap-only if the file is
-  /// already open elsewhere in this process, because one process must hold one mapping per file).
+  /// Opt out of the process-wide registry: get a private heap cache of one's own (nothing is
+  /// read from or written to `path`).
   bool private_cache = false;
   /// Follow a symlink at `path` (refused by default).
   bool allow_symlink = false;
@@ -151,7 +151,9 @@ class WC_API WeightCache {
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
   /// Copies `bytes` in under `key` (a convenience over look_up_or_insert).
   std::size_t insert(std::string_view key, std::string_view bytes) noexcept;
-  /// Entry address for an offset, or nullptr when the offset is not an entry's.
+  /// Entry address for an offset, or nullptr when the offset is not an entry's. An offset whose
+  /// entry was later replaced under its key still resolves in this process (its bytes stay
+  /// valid until close), but look_up never returns it again.
   void* offset_to_addr(std::size_t offset) const noexcept;
   /// Makes inserted entries durable; see wc_finalize.
   Result<void> finalize() noexcept;

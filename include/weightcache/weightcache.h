@@ -109,12 +109,12 @@ typedef struct wc_options {
   size_t compat_key_size;
   size_t alignment;      /* 0 = default 64; power of two up to WC_MAX_ALIGNMENT */
   size_t size_alignment; /* 0 = default 1; power of two: region sizes are rounded up to it */
-  wc_backing backing;
+  wc_backing backing;       /* WC_BACKING_FILE with an empty path is WC_ERR_INVALID_ARGUMENT */
   wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
   int read_only;            /* nonzero: never write the file; new entries go to the heap */
   /* ---- fields below were added after the first release; wc_options_init sets them ---- */
   wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
-  int private_cache;          /* nonzero: do not share the underlying cache with other handles */
+  int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default) */
   unsigned file_mode;         /* mode of a newly created cache file; default 0644 */
   uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */
