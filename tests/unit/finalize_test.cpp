@@ -1,0 +1,290 @@
+// finalize: a no-op when nothing is new, re-packing identical weights never grows the file,
+// stale bytes under a key are replaced for good, and the file ends with the XPWC footer.
+#include "unit_test_util.hpp"
+
+#include "format/format.hpp"
+
+#include <fstream>
+#include <map>
+
+namespace weightcache::test {
+namespace {
+
+constexpr EntrySetSpec kSet{.seed = 5, .count = 60, .min_size = 0, .max_size = 64 * 1024};
+
+void write_set(const std::string& path, const EntrySetSpec& spec) {
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  ASSERT_EQ(write_entry_set(cache, spec), "");
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+}
+
+TEST(Finalize, NothingNewLeavesFileUntouched) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  ASSERT_NO_FATAL_FAILURE(write_set(path, kSet));
+  set_past_mtime(path);
+  const FileState before = file_state(path);
+
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  ASSERT_EQ(verify_entry_set(cache, kSet), "");  // every key hits
+  EXPECT_TRUE(cache.is_finalized());
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  EXPECT_EQ(cache.stats().commits, 0u);
+  EXPECT_EQ(file_state(path), before);
+  cache = WeightCache{};  // close
+  EXPECT_EQ(file_state(path), before);
+}
+
+TEST(Finalize, SecondFinalizeIsNoOp) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  ASSERT_EQ(write_entry_set(cache, kSet), "");
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  EXPECT_EQ(cache.stats().commits, 1u);
+  set_past_mtime(path);
+  const FileState before = file_state(path);
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  EXPECT_EQ(cache.stats().commits, 1u);
+  EXPECT_EQ(file_state(path), before);
+  cache = WeightCache{};
+  EXPECT_EQ(file_state(path), before);
+}
+
+// XNNPACK's flow on every launch: reserve, pack the same weights again, look_up_or_insert.
+// Each must land on the existing entry, and the file must not grow by a byte.
+TEST(Finalize, ReopenReinsertCyclesKeepFileSize) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  ASSERT_NO_FATAL_FAILURE(write_set(path, kSet));
+  const std::uint64_t first_size = file_size(path);
+  for (int cycle = 0; cycle < 5; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    {
+      WeightCache cache = open_or_fail(file_options(path));
+      ASSERT_TRUE(cache);
+      for (std::size_t i = 0; i < kSet.count; ++i) {
+        const std::string key = entry_key(i);
+        const std::size_t existing = cache.look_up(key);
+        ASSERT_NE(existing, kNotFound) << "entry " << i;
+        const std::size_t size = entry_size(kSet, i);
+        void* p = cache.reserve(size);
+        ASSERT_NE(p, nullptr) << last_error().message;
+        fill_entry(kSet, i, p, size);
+        EXPECT_EQ(cache.look_up_or_insert(key, p, size), existing) << "entry " << i;
+      }
+      EXPECT_TRUE(cache.is_finalized());
+      ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+      EXPECT_EQ(cache.stats().commits, 0u);
+      EXPECT_EQ(cache.stats().entries, kSet.count);
+    }
+    EXPECT_EQ(file_size(path), first_size);
+  }
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  EXPECT_EQ(verify_entry_set(cache, kSet), "");
+}
+
+TEST(Finalize, ReopenReinsertCyclesViaCopyKeepFileSize) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  ASSERT_NO_FATAL_FAILURE(write_set(path, kSet));
+  const std::uint64_t first_size = file_size(path);
+  for (int cycle = 0; cycle < 5; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    {
+      WeightCache cache = open_or_fail(file_options(path));
+      ASSERT_TRUE(cache);
+      for (std::size_t i = 0; i < kSet.count; ++i) {
+        const std::size_t existing = cache.look_up(entry_key(i));
+        ASSERT_NE(existing, kNotFound) << "entry " << i;
+        EXPECT_EQ(cache.insert(entry_key(i), entry_bytes(kSet, i)), existing) << "entry " << i;
+      }
+      EXPECT_TRUE(cache.is_finalized());
+      ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+      EXPECT_EQ(cache.stats().commits, 0u);
+    }
+    EXPECT_EQ(file_size(path), first_size);
+  }
+}
+
+// After a model update the packer produces other bytes under the same key (or the old bytes
+// rotted): the new bytes must win, in this process and in every later one.
+TEST(Finalize, StaleBytesUnderExistingKeyAreReplaced) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  const std::string manifest_path = dir.file("manifest.bin");
+  Manifest old_entries, new_entries;
+  for (int i = 0; i < 12; ++i) {
+    const std::string key = "stale/" + std::to_string(i);
+    const std::string a = random_bytes(1000 + i, 3000 + 100 * i);
+    // Half keep their size (only the content changes), half change size.
+    const std::string b = random_bytes(2000 + i, i % 2 == 0 ? a.size() : 500 + 700 * i);
+    ASSERT_NE(a, b);
+    old_entries.emplace_back(key, a);
+    new_entries.emplace_back(key, b);
+  }
+  ASSERT_TRUE(write_manifest(manifest_path, new_entries));
+  {
+    WeightCache cache = open_or_fail(file_options(path));
+    ASSERT_TRUE(cache);
+    for (const auto& [k, a] : old_entries) ASSERT_NE(cache.insert(k, a), kNotFound);
+    ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  }
+  std::map<std::string, std::size_t> old_offsets, new_offsets;
+  {
+    WeightCache cache = open_or_fail(file_options(path));
+    ASSERT_TRUE(cache);
+    for (std::size_t i = 0; i < new_entries.size(); ++i) {
+      const auto& [k, b] = new_entries[i];
+      const std::size_t old_off = cache.look_up(k);
+      ASSERT_NE(old_off, kNotFound);
+      old_offsets[k] = old_off;
+      std::size_t new_off;
+      if (i % 3 == 0) {  // some through a reservation, the rest through the copy path
+        void* p = cache.reserve(b.size());
+        ASSERT_NE(p, nullptr);
+        std::memcpy(p, b.data(), b.size());
+        new_off = cache.look_up_or_insert(k, p, b.size());
+      } else {
+        new_off = cache.insert(k, b);
+      }
+      ASSERT_NE(new_off, kNotFound) << last_error().message;
+      EXPECT_NE(new_off, old_off) << k << ": new bytes written over the committed ones in place";
+      new_offsets[k] = new_off;
+      EXPECT_EQ(cache.look_up(k), new_off) << k;
+      EXPECT_EQ(verify_entry(cache, k, b, k), "");
+    }
+    EXPECT_FALSE(cache.is_finalized());
+    EXPECT_EQ(cache.stats().entries, new_entries.size());
+    ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+    for (const auto& [k, b] : new_entries) EXPECT_EQ(cache.look_up(k), new_offsets[k]) << k;
+  }
+  {
+    WeightCache cache = open_or_fail(file_options(path));
+    ASSERT_TRUE(cache);
+    for (const auto& [k, b] : new_entries) {
+      const std::size_t off = cache.look_up(k);
+      EXPECT_NE(off, old_offsets[k]) << k << ": the stale entry came back after reopen";
+      EXPECT_EQ(off, new_offsets[k]) << k;
+      EXPECT_EQ(verify_entry(cache, k, b, k), "");
+    }
+    EXPECT_EQ(cache.stats().entries, new_entries.size());
+  }
+  EXPECT_TRUE(child_succeeds({"verify-manifest", path, manifest_path}));
+}
+
+// ---- footer ---------------------------------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::uint64_t le(const std::string& s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  return v;
+}
+
+// Decodes the file from its end, as tools that know only the footer do, and checks it names
+// exactly `expected` (key -> bytes).
+void expect_footer_describes(const std::string& path, const std::map<std::string, std::string>& expected) {
+  const std::string file = read_file(path);
+  ASSERT_GE(file.size(), format::kHeaderSize + format::kIndexHeaderSize + format::kFooterSize);
+  const std::size_t foot = file.size() - format::kFooterSize;
+  const std::uint64_t index_start = le(file, foot, 8);
+  EXPECT_EQ(le(file, foot + 8, 4), expected.size()) << "footer entry_count";
+  EXPECT_EQ(le(file, foot + 12, 4), 0x58505743u) << "footer magic";
+  EXPECT_EQ(le(file, foot + 16, 4), 0x57430001u) << "footer version";
+
+  // index_start names the index block, which runs right up to the footer.
+  ASSERT_GE(index_start, format::kHeaderSize);
+  ASSERT_LE(index_start + format::kIndexHeaderSize, foot);
+  EXPECT_EQ(le(file, index_start, 4), format::kIndexMagic);
+  EXPECT_EQ(le(file, index_start + 8, 8), expected.size()) << "index entry_count";
+  EXPECT_EQ(index_start + format::kIndexHeaderSize + le(file, index_start + 16, 8), foot) << "index body_size";
+
+  // The records decode (white-box: the library's own decoder) to exactly the live entries.
+  std::vector<std::byte> head(format::kHeaderSize);
+  std::memcpy(head.data(), file.data(), head.size());
+  format::DecodedHeader h;
+  ASSERT_EQ(format::decode_header(head, &h), format::Problem::none);
+  const int newest = h.slot[1].sequence > h.slot[0].sequence ? 1 : 0;
+  ASSERT_TRUE(h.slot_valid[newest]);
+  const format::CommitSlot& slot = h.slot[newest];
+  EXPECT_EQ(slot.index_offset, index_start);
+  EXPECT_EQ(slot.committed_size, file.size());
+  EXPECT_EQ(slot.entry_count, expected.size());
+  std::vector<std::byte> trailer(file.size() - index_start);
+  std::memcpy(trailer.data(), file.data() + index_start, trailer.size());
+  std::vector<format::IndexRecord> records;
+  std::string detail;
+  ASSERT_EQ(format::decode_trailer(trailer, slot, h.fixed.alignment, &records, &detail), format::Problem::none)
+      << detail;
+  ASSERT_EQ(records.size(), expected.size());
+  for (const auto& r : records) {
+    auto it = expected.find(r.key);
+    ASSERT_NE(it, expected.end()) << "index names an unexpected key";
+    EXPECT_EQ(r.size, it->second.size());
+    ASSERT_LE(r.offset + r.size, index_start);
+    EXPECT_EQ(file.compare(r.offset, r.size, it->second), 0);
+  }
+}
+
+TEST(Footer, FileEndsWithFooterAfterFinalize) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  std::map<std::string, std::string> live;
+  {
+    WeightCache cache = open_or_fail(file_options(path));
+    ASSERT_TRUE(cache);
+    for (int i = 0; i < 10; ++i) {
+      std::string key = "footer/" + std::to_string(i);
+      key.push_back('\0');
+      live[key] = random_bytes(i, 1000 * i + 1);
+      ASSERT_NE(cache.insert(key, live[key]), kNotFound);
+    }
+    ASSERT_TRUE(cache.finalize().ok());
+    // Growth is preallocated in chunks; finalize must still leave the footer at EOF.
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+  }
+  ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+  {
+    // Second commit: replace three keys, add two. The count is of live keys, not of records ever
+    // written.
+    WeightCache cache = open_or_fail(file_options(path));
+    ASSERT_TRUE(cache);
+    for (int i = 0; i < 3; ++i) {
+      auto it = std::next(live.begin(), 2 * i);
+      it->second = random_bytes(100 + i, 777 + i);
+      ASSERT_NE(cache.insert(it->first, it->second), kNotFound);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const std::string key = "footer/new/" + std::to_string(i);
+      live[key] = random_bytes(200 + i, 4096);
+      ASSERT_NE(cache.insert(key, live[key]), kNotFound);
+    }
+    // A reservation still being packed during finalize does not keep the footer from EOF...
+    void* p = cache.reserve(50000);
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 0x5c, 50000);
+    ASSERT_TRUE(cache.finalize().ok());
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+    // ...and committing it afterwards, in place, is persisted by the next finalize.
+    const std::size_t off = cache.look_up_or_insert("footer/reserved", p, 50000);
+    ASSERT_NE(off, kNotFound);
+    EXPECT_EQ(cache.offset_to_addr(off), p);
+    live["footer/reserved"] = std::string(50000, '\x5c');
+    ASSERT_TRUE(cache.finalize().ok());
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+  }
+  ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+  EXPECT_EQ(live.size(), 13u);
+}
+
+}  // namespace
+}  // namespace weightcache::test

@@ -1,0 +1,122 @@
+// Heap-only caches, and what happens when the cache file cannot be used: automatic backing falls
+// back to the heap with exactly one warning; file backing fails with a message naming the path.
+#include "unit_test_util.hpp"
+
+#include <filesystem>
+#include <fstream>
+
+namespace weightcache::test {
+namespace {
+
+void exercise_heap_cache(WeightCache& cache) {
+  std::uint64_t total = 0;
+  std::vector<std::pair<std::string, std::string>> entries;
+  for (std::size_t i = 0; i < 20; ++i) {
+    const std::string key = "heap/" + std::to_string(i);
+    const std::string bytes = random_bytes(i, i * 997);
+    if (i % 2 == 0) {
+      void* p = cache.reserve(bytes.size());
+      ASSERT_NE(p, nullptr) << last_error().message;
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % cache.alignment(), 0u);
+      std::memcpy(p, bytes.data(), bytes.size());
+      const std::size_t off = cache.look_up_or_insert(key, p, bytes.size());
+      ASSERT_NE(off, kNotFound) << last_error().message;
+      EXPECT_EQ(cache.offset_to_addr(off), p);
+    } else {
+      ASSERT_NE(cache.insert(key, bytes), kNotFound) << last_error().message;
+    }
+    total += bytes.size();
+    entries.emplace_back(key, bytes);
+  }
+  for (const auto& [key, bytes] : entries) EXPECT_EQ(verify_entry(cache, key, bytes, key), "");
+  EXPECT_EQ(cache.look_up("absent"), kNotFound);
+
+  Stats s = cache.stats();
+  EXPECT_EQ(s.backing, Backing::heap);
+  EXPECT_EQ(s.file_bytes, 0u);
+  EXPECT_EQ(s.mapped_bytes, 0u);
+  EXPECT_EQ(s.entries, entries.size());
+  EXPECT_EQ(s.heap_bytes, total);
+
+  // Replacing an entry with other bytes swaps its bytes in the count.
+  const std::string replacement = random_bytes(999, 12345);
+  ASSERT_NE(cache.insert(entries[3].first, replacement), kNotFound);
+  s = cache.stats();
+  EXPECT_EQ(s.entries, entries.size());
+  EXPECT_EQ(s.heap_bytes, total - entries[3].second.size() + replacement.size());
+  EXPECT_EQ(verify_entry(cache, entries[3].first, replacement, "replaced"), "");
+
+  EXPECT_FALSE(cache.is_finalized());
+  EXPECT_TRUE(cache.finalize().ok()) << last_error().message;
+  EXPECT_TRUE(cache.is_finalized());
+  EXPECT_EQ(cache.stats().file_bytes, 0u);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if (i == 3) continue;
+    EXPECT_EQ(verify_entry(cache, entries[i].first, entries[i].second, entries[i].first), "");
+  }
+}
+
+TEST(HeapOnly, EmptyPath) {
+  WeightCache cache = open_or_fail(Options{});
+  ASSERT_TRUE(cache);
+  exercise_heap_cache(cache);
+}
+
+TEST(HeapOnly, BackingHeapNeverTouchesThePath) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  Options o = file_options(path);
+  o.backing = Backing::heap;
+  {
+    WeightCache cache = open_or_fail(o);
+    ASSERT_TRUE(cache);
+    exercise_heap_cache(cache);
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "a heap cache created files next to " << path;
+}
+
+// Two ways a path cannot be created: a missing parent directory, and a parent that is a file.
+std::vector<std::string> uncreatable_paths(const TempDir& dir) {
+  const std::string regular = dir.file("regular-file");
+  std::ofstream(regular) << "not a directory";
+  return {dir.file("missing-dir/cache.wcache"), regular + "/cache.wcache"};
+}
+
+TEST(HeapFallback, UncreatablePathFallsBackWithOneWarning) {
+  TempDir dir;
+  for (const std::string& path : uncreatable_paths(dir)) {
+    SCOPED_TRACE(path);
+    LogCapture log;
+    Options o = file_options(path);
+    o.backing = Backing::automatic;
+    auto r = WeightCache::open(o);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    WeightCache& cache = r.value();
+    EXPECT_EQ(cache.stats().backing, Backing::heap);
+    // Using the cache must not warn again: one warning per open, not per entry.
+    exercise_heap_cache(cache);
+    const auto warnings = log.at_least(WC_LOG_WARN);
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_EQ(warnings[0].level, WC_LOG_WARN);
+    EXPECT_NE(warnings[0].text.find(path), std::string::npos) << warnings[0].text;
+  }
+}
+
+TEST(HeapFallback, BackingFileOnUncreatablePathFails) {
+  TempDir dir;
+  for (const std::string& path : uncreatable_paths(dir)) {
+    SCOPED_TRACE(path);
+    Options o = file_options(path);
+    o.backing = Backing::file;
+    auto r = WeightCache::open(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().code, Errc::ok);
+    EXPECT_NE(r.error().message.find(path), std::string::npos) << r.error().message;
+    EXPECT_NE(last_error().code, Errc::ok);
+    EXPECT_NE(last_error().message.find(path), std::string::npos) << last_error().message;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "missing-dir"));
+}
+
+}  // namespace
+}  // namespace weightcache::test
