@@ -1,0 +1,1106 @@
+// Runs the `weightcache` executable (path from WEIGHTCACHE_CLI_PATH) as a child process and
+// checks exit codes and output. Good files come from the library's public API; damaged files are
+// made by flipping or cutting bytes; ExecuTorch XPWC files are written here by hand.
+#include "format/format.hpp"
+
+#include <weightcache/weight_cache.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace wf = weightcache::format;
+using weightcache::Options;
+using weightcache::WeightCache;
+
+// ---- a minimal JSON parser: enough to prove the output is well-formed and to read fields ------
+struct Json {
+  enum class Type { null, boolean, number, string, array, object } type = Type::null;
+  bool b = false;
+  std::string text;  // number literal, or decoded string
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+
+  const Json& operator[](const std::string& k) const {
+    static const Json kNull;
+    auto it = fields.find(k);
+    return it == fields.end() ? kNull : it->second;
+  }
+  bool has(const std::string& k) const { return fields.count(k) != 0; }
+  std::uint64_t u64() const { return std::stoull(text); }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(std::string_view s) : s_(s) {}
+
+  std::optional<Json> parse() {
+    Json v;
+    if (!value(&v)) return std::nullopt;
+    ws();
+    if (i_ != s_.size()) return std::nullopt;
+    return v;
+  }
+
+ private:
+  void ws() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
+  }
+  bool lit(std::string_view w) {
+    if (s_.substr(i_, w.size()) != w) return false;
+    i_ += w.size();
+    return true;
+  }
+  bool value(Json* v) {
+    ws();
+    if (i_ >= s_.size()) return false;
+    const char c = s_[i_];
+    if (c == '{') return object(v);
+    if (c == '[') return array(v);
+    if (c == '"') {
+      v->type = Json::Type::string;
+      return string(&v->text);
+    }
+    if (lit("true")) {
+      v->type = Json::Type::boolean;
+      v->b = true;
+      return true;
+    }
+    if (lit("false")) {
+      v->type = Json::Type::boolean;
+      return true;
+    }
+    if (lit("null")) return true;
+    return number(v);
+  }
+  bool number(Json* v) {
+    const std::size_t start = i_;
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) return false;
+    if (s_[i_] == '0') {
+      ++i_;
+    } else {
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) return false;
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    }
+    v->type = Json::Type::number;
+    v->text = std::string(s_.substr(start, i_ - start));
+    return true;
+  }
+  bool string(std::string* out) {
+    ++i_;  // opening quote
+    while (i_ < s_.size()) {
+      const auto c = static_cast<unsigned char>(s_[i_++]);
+      if (c == '"') return true;
+      if (c < 0x20) return false;  // raw control characters are not allowed
+      if (c != '\\') {
+        out->push_back(static_cast<char>(c));
+        continue;
+      }
+      if (i_ >= s_.size()) return false;
+      const char e = s_[i_++];
+      switch (e) {
+        case '"': out->push_back('"'); break;
+        case '\\': out->push_back('\\'); break;
+        case '/': out->push_back('/'); break;
+        case 'b': out->push_back('\b'); break;
+        case 'f': out->push_back('\f'); break;
+        case 'n': out->push_back('\n'); break;
+        case 'r': out->push_back('\r'); break;
+        case 't': out->push_back('\t'); break;
+        case 'u': {
+          if (s_.size() - i_ < 4) return false;
+          unsigned cp = 0;
+          for (int k = 0; k < 4; ++k) {
+            const char h = s_[i_++];
+            if (!std::isxdigit(static_cast<unsigned char>(h))) return false;
+            cp = cp * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
+                                                                                             : (std::tolower(h) - 'a' + 10));
+          }
+          // The tool only emits \u00XX; keep the byte so tests can compare.
+          out->push_back(static_cast<char>(cp & 0xFF));
+          break;
+        }
+        default: return false;
+      }
+    }
+    return false;
+  }
+  bool array(Json* v) {
+    v->type = Json::Type::array;
+    ++i_;
+    ws();
+    if (i_ < s_.size() && s_[i_] == ']') {
+      ++i_;
+      return true;
+    }
+    for (;;) {
+      Json item;
+      if (!value(&item)) return false;
+      v->items.push_back(std::move(item));
+      ws();
+      if (i_ < s_.size() && s_[i_] == ',') {
+        ++i_;
+        continue;
+      }
+      if (i_ < s_.size() && s_[i_] == ']') {
+        ++i_;
+        return true;
+      }
+      return false;
+    }
+  }
+  bool object(Json* v) {
+    v->type = Json::Type::object;
+    ++i_;
+    ws();
+    if (i_ < s_.size() && s_[i_] == '}') {
+      ++i_;
+      return true;
+    }
+    for (;;) {
+      ws();
+      if (i_ >= s_.size() || s_[i_] != '"') return false;
+      std::string k;
+      if (!string(&k)) return false;
+      ws();
+      if (i_ >= s_.size() || s_[i_] != ':') return false;
+      ++i_;
+      Json item;
+      if (!value(&item)) return false;
+      if (!v->fields.emplace(k, std::move(item)).second) return false;  // duplicate field
+      ws();
+      if (i_ < s_.size() && s_[i_] == ',') {
+        ++i_;
+        continue;
+      }
+      if (i_ < s_.size() && s_[i_] == '}') {
+        ++i_;
+        return true;
+      }
+      return false;
+    }
+  }
+
+  std::string_view s_;
+  std::size_t i_ = 0;
+};
+
+std::optional<Json> parse_json(const std::string& s) { return JsonParser(s).parse(); }
+
+// ---- files ------------------------------------------------------------------------------------
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void flip_byte(const std::string& path, std::uint64_t offset) {
+  std::string b = read_file(path);
+  ASSERT_LT(offset, b.size());
+  b[offset] = static_cast<char>(b[offset] ^ 0x5A);
+  write_file(path, b);
+}
+
+std::uint64_t inode_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return st.st_ino;
+}
+
+std::string hex(std::string_view bytes) {
+  static const char* d = "0123456789abcdef";
+  std::string out = "0x";
+  for (unsigned char c : bytes) {
+    out.push_back(d[c >> 4]);
+    out.push_back(d[c & 15]);
+  }
+  return out;
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string pattern(std::size_t n, unsigned seed) {
+  std::string s(n, '\0');
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (auto& c : s) {
+    x = x * 1664525u + 1013904223u;
+    c = static_cast<char>(x >> 24);
+  }
+  return s;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<std::string> split_tabs(const std::string& l) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (;;) {
+    const auto t = l.find('\t', start);
+    out.push_back(l.substr(start, t - start));
+    if (t == std::string::npos) return out;
+    start = t + 1;
+  }
+}
+
+// The newest commit slot of a weightcache file, decoded with the library's own format code.
+wf::CommitSlot newest_slot(const std::string& path, int* which = nullptr) {
+  const std::string b = read_file(path);
+  wf::DecodedHeader h;
+  EXPECT_EQ(wf::decode_header({reinterpret_cast<const std::byte*>(b.data()), wf::kHeaderSize}, &h), wf::Problem::none);
+  const int i = h.slot[1].sequence > h.slot[0].sequence ? 1 : 0;
+  if (which) *which = i;
+  return h.slot[i];
+}
+
+// ---- XPWC files (ExecuTorch's layout, written here byte by byte) -------------------------------
+struct XpwcEntry {
+  std::string name;
+  std::string bytes;
+  std::uint32_t seed = 0;
+};
+
+struct XpwcFile {
+  std::string image;
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t index_start = 0;
+};
+
+void put(std::string* s, std::uint64_t v, int n, bool big_endian) {
+  for (int i = 0; i < n; ++i) {
+    const int shift = big_endian ? 8 * (n - 1 - i) : 8 * i;
+    s->push_back(static_cast<char>((v >> shift) & 0xFF));
+  }
+}
+
+// Data regions page-aligned from offset 0, then `garbage` bytes (an old trailer), then the index
+// and the footer.
+XpwcFile make_xpwc(std::uint32_t version, const std::vector<XpwcEntry>& entries, bool big_endian = false,
+                   std::size_t garbage = 0) {
+  XpwcFile f;
+  for (const auto& e : entries) {
+    f.image.resize((f.image.size() + 4095) / 4096 * 4096, '\0');
+    f.offsets.push_back(f.image.size());
+    f.image += e.bytes;
+  }
+  f.image += std::string(garbage, '\x77');
+  f.index_start = f.image.size();
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    put(&f.image, entries[i].name.size(), 4, big_endian);
+    f.image += entries[i].name;
+    put(&f.image, f.offsets[i], 8, big_endian);
+    put(&f.image, entries[i].bytes.size(), 8, big_endian);
+    if (version >= 2) put(&f.image, entries[i].seed, 4, big_endian);
+  }
+  put(&f.image, f.index_start, 8, big_endian);
+  put(&f.image, entries.size(), 4, big_endian);
+  put(&f.image, 0x58505743, 4, big_endian);
+  put(&f.image, version, 4, big_endian);
+  return f;
+}
+
+const std::vector<XpwcEntry> kXpwcEntries = {
+    {"conv1.weight", pattern(5000, 1), 7},
+    {"fc.bias", pattern(100, 2), 7},
+    {"fc.weight", pattern(12288, 3), 9},
+};
+
+// ---- the fixture ------------------------------------------------------------------------------
+struct CliRun {
+  int code = -1;
+  bool exited = false;  // false: killed by a signal (a crash)
+  std::string out, err;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/wc-cli-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  CliRun run(const std::vector<std::string>& args) {
+    const std::string out_path = path(".stdout"), err_path = path(".stderr");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int in = ::open("/dev/null", O_RDONLY);
+      const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (in < 0 || out < 0 || err < 0) ::_exit(126);
+      ::dup2(in, 0);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(WEIGHTCACHE_CLI_PATH));
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(WEIGHTCACHE_CLI_PATH, argv.data());
+      ::_exit(127);
+    }
+    CliRun r;
+    int status = 0;
+    EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+    r.exited = WIFEXITED(status);
+    r.code = r.exited ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = read_file(out_path);
+    r.err = read_file(err_path);
+    ::unlink(out_path.c_str());
+    ::unlink(err_path.c_str());
+    return r;
+  }
+
+  Options options(const std::string& file, const std::string& compat = "model-a|packer-1",
+                  std::size_t alignment = 64) const {
+    Options o;
+    o.path = file;
+    o.compat_key = compat;
+    o.alignment = alignment;
+    o.backing = weightcache::Backing::file;
+    o.durability = weightcache::Durability::none;  // tests do not need power-loss durability
+    return o;
+  }
+
+  // Inserts the entries through the public API and finalizes; returns each key's offset.
+  std::map<std::string, std::uint64_t> make_cache(const std::string& file,
+                                                  const std::vector<std::pair<std::string, std::string>>& entries,
+                                                  const std::string& compat = "model-a|packer-1",
+                                                  std::size_t alignment = 64) {
+    std::map<std::string, std::uint64_t> offsets;
+    auto c = WeightCache::open(options(file, compat, alignment));
+    if (!c) {
+      ADD_FAILURE() << "open: " << c.error().message;
+      return offsets;
+    }
+    for (const auto& [k, v] : entries) {
+      const std::size_t off = c->insert(k, v);
+      EXPECT_NE(off, weightcache::kNotFound) << k;
+      offsets[k] = off;
+    }
+    auto f = c->finalize();
+    EXPECT_TRUE(f.ok()) << f.error().message;
+    return offsets;
+  }
+
+  // True when the library, opening `file` afresh and verifying every entry, serves `expected`.
+  ::testing::AssertionResult library_serves(const std::string& file, const std::map<std::string, std::string>& expected,
+                                            const std::string& compat = "model-a|packer-1",
+                                            std::size_t alignment = 64) {
+    Options o = options(file, compat, alignment);
+    o.read_only = true;
+    o.verify = weightcache::Verify::on_open;
+    auto c = WeightCache::open(o);
+    if (!c) return ::testing::AssertionFailure() << "open: " << c.error().message;
+    const auto s = c->stats();
+    if (s.entries != expected.size())
+      return ::testing::AssertionFailure() << s.entries << " entries, expected " << expected.size();
+    if (s.verify_failures != 0) return ::testing::AssertionFailure() << s.verify_failures << " verify failures";
+    for (const auto& [k, v] : expected) {
+      const std::size_t off = c->look_up(k);
+      if (off == weightcache::kNotFound) return ::testing::AssertionFailure() << "missing " << k;
+      const void* p = c->offset_to_addr(off);
+      if (p == nullptr || std::memcmp(p, v.data(), v.size()) != 0)
+        return ::testing::AssertionFailure() << "bytes of " << k << " differ";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Files in the temp dir other than the cache and its lock: leftovers of a rewrite.
+  std::vector<std::string> strays(const std::string& keep) const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const std::string n = e.path().filename().string();
+      if (n != keep && n != keep + ".lock" && n[0] != '.') out.push_back(n);
+    }
+    return out;
+  }
+
+  std::map<std::string, std::string> info_fields(const std::string& file) {
+    std::map<std::string, std::string> f;
+    const CliRun r = run({"info", file});
+    EXPECT_EQ(r.code, 0) << r.err;
+    for (const auto& l : lines_of(r.out)) {
+      const auto colon = l.find(':');
+      if (colon == std::string::npos) continue;
+      const auto v = l.find_first_not_of(' ', colon + 1);
+      f[l.substr(0, colon)] = v == std::string::npos ? "" : l.substr(v);
+    }
+    return f;
+  }
+
+  std::string dir_;
+};
+
+const std::vector<std::pair<std::string, std::string>> kEntries = {
+    {"layer1.weight", pattern(4096, 11)},
+    {"layer1.bias", pattern(256, 12)},
+    {std::string("bin\0\xff key", 9), pattern(640, 13)},  // not printable: shown in hex
+    {"0xdead", pattern(128, 14)},                           // looks like hex: shown in hex
+    {"quote\"back\\slash", pattern(192, 15)},               // needs JSON escaping
+};
+
+std::map<std::string, std::string> as_map(const std::vector<std::pair<std::string, std::string>>& v) {
+  return {v.begin(), v.end()};
+}
+
+std::uint64_t expected_dead(std::uint64_t file_size, const std::map<std::string, std::string>& live) {
+  std::uint64_t used = wf::kHeaderSize + wf::kIndexHeaderSize + wf::kFooterSize;
+  for (const auto& [k, v] : live) used += wf::kRecordFixedSize + k.size() + v.size();
+  return file_size - used;
+}
+
+// ---- usage ------------------------------------------------------------------------------------
+TEST_F(CliTest, HelpListsEveryCommandAndTheExitCodes) {
+  const CliRun r = run({"--help"});
+  EXPECT_EQ(r.code, 0);
+  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert", "exit codes", "busy"})
+    EXPECT_NE(r.out.find(c), std::string::npos) << c;
+  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert"}) {
+    const CliRun h = run({c, "--help"});
+    EXPECT_EQ(h.code, 0) << c;
+    EXPECT_NE(h.out.find(std::string("usage: weightcache ") + c), std::string::npos) << c;
+    EXPECT_NE(h.out.find("exit codes"), std::string::npos) << c;
+  }
+  const CliRun v = run({"--version"});
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.out.find(wc_version()), std::string::npos);
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  EXPECT_EQ(run({}).code, 2);
+  EXPECT_EQ(run({"frobnicate", f}).code, 2);
+  EXPECT_EQ(run({"info"}).code, 2);
+  EXPECT_EQ(run({"info", f, f}).code, 2);
+  EXPECT_EQ(run({"info", "--bogus", f}).code, 2);
+  EXPECT_EQ(run({"cat", f}).code, 2);
+  EXPECT_EQ(run({"cat", f, "0xabc"}).code, 2);  // odd number of hex digits
+  EXPECT_EQ(run({"cat", f, "0xzz"}).code, 2);
+  EXPECT_EQ(run({"convert", "--alignment", "48", f, path("o")}).code, 2);
+  EXPECT_EQ(run({"convert", f}).code, 2);
+  EXPECT_EQ(run({"compact", "--compat-key"}).code, 2);
+  const CliRun r = run({"ls", "--json", "--frob", f});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--frob"), std::string::npos);
+}
+
+TEST_F(CliTest, MissingFileExitsThree) {
+  const std::string f = path("absent.wcache");
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"info", f}, {"ls", f}, {"verify", f}, {"cat", f, "k"}, {"compact", f}, {"convert", f, path("out")}}) {
+    const CliRun r = run(args);
+    EXPECT_EQ(r.code, 3) << args[0] << ": " << r.err;
+    EXPECT_FALSE(r.err.empty()) << args[0];
+  }
+  EXPECT_FALSE(fs::exists(f + ".lock"));  // compact did not create a lock for a missing file
+}
+
+// ---- info -------------------------------------------------------------------------------------
+TEST_F(CliTest, InfoReportsALibraryFile) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  const auto size = fs::file_size(f);
+  const auto info = info_fields(f);
+  EXPECT_EQ(info.at("format"), "weightcache, format version 1");
+  EXPECT_EQ(info.at("compat key hash"), hex64(wf::hash_bytes("model-a|packer-1")));
+  EXPECT_EQ(info.at("alignment"), "64");
+  EXPECT_EQ(info.at("entries"), "5");
+  std::uint64_t payload = 0;
+  for (const auto& [k, v] : kEntries) payload += v.size();
+  EXPECT_EQ(info.at("payload bytes"), std::to_string(payload));
+  EXPECT_EQ(info.at("file bytes"), std::to_string(size));
+  // A fresh file: the empty first index (created with the file) plus padding to the first entry.
+  const std::uint64_t dead = expected_dead(size, as_map(kEntries));
+  EXPECT_EQ(info.at("dead bytes"), std::to_string(dead));
+  EXPECT_GT(dead, 0u);
+  EXPECT_EQ(info.count("problems"), 0u);
+  // The library's own count agrees (no zero-size entries, size_alignment 1, no tail).
+  auto c = WeightCache::open(options(f));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->stats().dead_bytes, dead);
+}
+
+TEST_F(CliTest, InfoJsonIsWellFormed) {
+  const std::string f = path("we\"ird\\name.wcache");
+  make_cache(f, kEntries);
+  const CliRun r = run({"info", "--json", f});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out;
+  EXPECT_EQ((*j)["file"].text, f);
+  EXPECT_EQ((*j)["format"].text, "weightcache");
+  EXPECT_EQ((*j)["version"].u64(), 1u);
+  EXPECT_EQ((*j)["compat_hash"].text, hex64(wf::hash_bytes("model-a|packer-1")));
+  EXPECT_EQ((*j)["alignment"].u64(), 64u);
+  EXPECT_EQ((*j)["entries"].u64(), 5u);
+  EXPECT_EQ((*j)["file_bytes"].u64(), fs::file_size(f));
+  EXPECT_EQ((*j)["dead_bytes"].u64(), expected_dead(fs::file_size(f), as_map(kEntries)));
+  EXPECT_EQ((*j)["problems"].u64(), 0u);
+}
+
+// ---- ls ---------------------------------------------------------------------------------------
+TEST_F(CliTest, LsListsEveryEntry) {
+  const std::string f = path("c.wcache");
+  const auto offsets = make_cache(f, kEntries);
+  const CliRun r = run({"ls", f});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), kEntries.size());
+  std::map<std::string, std::vector<std::string>> by_key;
+  for (const auto& l : lines) {
+    const auto cols = split_tabs(l);
+    ASSERT_EQ(cols.size(), 4u) << l;
+    by_key[cols[0]] = cols;
+  }
+  for (const auto& [k, v] : kEntries) {
+    const bool printable = std::all_of(k.begin(), k.end(), [](char c) { return c >= 0x20 && c <= 0x7E; }) &&
+                           k.rfind("0x", 0) != 0;
+    const std::string shown = printable ? k : hex(k);
+    ASSERT_EQ(by_key.count(shown), 1u) << shown;
+    const auto& cols = by_key[shown];
+    EXPECT_EQ(cols[1], std::to_string(offsets.at(k))) << shown;
+    EXPECT_EQ(cols[2], std::to_string(v.size())) << shown;
+    EXPECT_EQ(cols[3], hex64(wf::hash_bytes(v))) << shown;
+  }
+  EXPECT_EQ(by_key.count(hex("0xdead")), 1u);  // "0xdead" itself is shown in hex
+}
+
+TEST_F(CliTest, LsJsonEscapesKeys) {
+  const std::string f = path("c.wcache");
+  const auto offsets = make_cache(f, kEntries);
+  const CliRun r = run({"ls", "--json", f});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out;
+  const Json& entries = (*j)["entries"];
+  ASSERT_EQ(entries.type, Json::Type::array);
+  ASSERT_EQ(entries.items.size(), kEntries.size());
+  std::map<std::string, const Json*> by_key;
+  for (const auto& e : entries.items) by_key[e["key"].text] = &e;
+  ASSERT_EQ(by_key.count("quote\"back\\slash"), 1u);  // escaped in JSON, decoded back intact
+  ASSERT_EQ(by_key.count(hex(kEntries[2].first)), 1u);
+  EXPECT_EQ((*by_key["layer1.bias"])["offset"].u64(), offsets.at("layer1.bias"));
+  EXPECT_EQ((*by_key["layer1.bias"])["size"].u64(), 256u);
+  EXPECT_EQ((*by_key["layer1.bias"])["checksum"].text, hex64(wf::hash_bytes(kEntries[1].second)));
+}
+
+// ---- verify -----------------------------------------------------------------------------------
+TEST_F(CliTest, VerifyPassesAGoodFile) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  const CliRun r = run({"verify", f});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("OK"), std::string::npos);
+  EXPECT_TRUE(r.err.empty()) << r.err;  // stderr is not a terminal: no progress line
+  const CliRun j = run({"verify", "--json", f});
+  EXPECT_EQ(j.code, 0);
+  const auto v = parse_json(j.out);
+  ASSERT_TRUE(v) << j.out;
+  EXPECT_TRUE((*v)["ok"].b);
+  EXPECT_EQ((*v)["entries"].u64(), kEntries.size());
+  EXPECT_TRUE((*v)["problems"].items.empty());
+}
+
+TEST_F(CliTest, VerifyNamesAnEntryWithAFlippedDataBit) {
+  const std::string f = path("c.wcache");
+  const auto offsets = make_cache(f, kEntries);
+  flip_byte(f, offsets.at("layer1.weight") + 1000);
+  const CliRun r = run({"verify", f});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("'layer1.weight'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("layer1.bias"), std::string::npos) << r.out;  // only the damaged entry
+
+  const CliRun j = run({"verify", "--json", f});
+  EXPECT_EQ(j.code, 1);
+  const auto v = parse_json(j.out);
+  ASSERT_TRUE(v) << j.out;
+  EXPECT_FALSE((*v)["ok"].b);
+  ASSERT_EQ((*v)["problems"].items.size(), 1u);
+  EXPECT_EQ((*v)["problems"].items[0]["kind"].text, "entry_checksum");
+  EXPECT_EQ((*v)["problems"].items[0]["key"].text, "layer1.weight");
+
+  // cat refuses the damaged entry, writing nothing, and still serves the others.
+  const CliRun bad = run({"cat", f, "layer1.weight"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(bad.out.empty());
+  const CliRun good = run({"cat", f, "layer1.bias"});
+  EXPECT_EQ(good.code, 0);
+  EXPECT_EQ(good.out, kEntries[1].second);
+}
+
+TEST_F(CliTest, VerifyReportsABrokenNewestIndex) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  const auto s = newest_slot(f);
+  flip_byte(f, s.index_offset + wf::kIndexHeaderSize + 40);  // inside the records
+  const CliRun r = run({"verify", f});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("index"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("sequence " + std::to_string(s.sequence)), std::string::npos) << r.out;
+  // Readers fall back to the previous (empty) commit; info says so.
+  const auto info = info_fields(f);
+  EXPECT_NE(info.at("commit").find("newest commit is damaged"), std::string::npos);
+  EXPECT_EQ(info.at("entries"), "0");
+  EXPECT_EQ(info.count("problems"), 1u);
+  // compact refuses: it would throw away what the damaged commit still holds.
+  EXPECT_EQ(run({"compact", f}).code, 1);
+}
+
+TEST_F(CliTest, VerifyDiagnosesAFileWithNoValidIndex) {
+  const std::string f = path("c.wcache");
+  const auto offsets = make_cache(f, kEntries);
+  int newest = 0;
+  const auto s = newest_slot(f, &newest);
+  flip_byte(f, s.index_offset + wf::kIndexHeaderSize + 8);  // offset field of the first record
+  flip_byte(f, wf::kSlotOffset[1 - newest] + 3);            // and the older slot's checksum
+  flip_byte(f, offsets.at("layer1.bias") + 7);              // and one entry's data
+  const CliRun r = run({"verify", f});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(r.exited);
+  EXPECT_NE(r.out.find("commit slot " + std::to_string(1 - newest)), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no commit slot points at a valid index"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checksum in its commit slot"), std::string::npos) << r.out;
+  // The records still parse, so the data check still runs and finds the damaged entry.
+  EXPECT_NE(r.out.find("'layer1.bias'"), std::string::npos) << r.out;
+  EXPECT_EQ(run({"info", f}).code, 3);
+  EXPECT_EQ(run({"ls", f}).code, 3);
+  EXPECT_EQ(run({"cat", f, "layer1.bias"}).code, 3);
+}
+
+TEST_F(CliTest, VerifyReportsADamagedHeader) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  flip_byte(f, 30);  // inside the fixed header
+  const CliRun r = run({"verify", f});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("header"), std::string::npos) << r.out;
+  const std::string g = path("g.wcache");
+  make_cache(g, kEntries);
+  flip_byte(g, 0);  // the magic: the footer still identifies the file
+  const CliRun m = run({"verify", g});
+  EXPECT_EQ(m.code, 1);
+  EXPECT_NE(m.out.find("header"), std::string::npos) << m.out;
+  EXPECT_EQ(run({"info", g}).code, 3);
+}
+
+TEST_F(CliTest, TruncatedFilesNeverCrashTheTool) {
+  const std::string good = path("good.wcache");
+  const auto offsets = make_cache(good, kEntries);
+  const std::string bytes = read_file(good);
+  const std::uint64_t size = bytes.size();
+  const std::vector<std::uint64_t> cuts = {0,    5,    19,   100, 4095, 4096, 4100, offsets.at("layer1.weight") + 10,
+                                           size - 60, size - 21, size - 20, size - 1};
+  for (const std::uint64_t cut : cuts) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    const std::string f = path("t.wcache");
+    write_file(f, bytes.substr(0, cut));
+    for (auto args : std::vector<std::vector<std::string>>{
+             {"info", f}, {"ls", f}, {"verify", f}, {"cat", f, "layer1.weight"}, {"compact", f}}) {
+      const CliRun r = run(args);
+      EXPECT_TRUE(r.exited) << args[0] << " crashed with signal " << r.code - 128;
+      EXPECT_LT(r.code, 6) << args[0];
+      if (args[0] != "info" && args[0] != "ls") EXPECT_NE(r.code, 0) << args[0] << ": " << r.out;
+    }
+    EXPECT_EQ(read_file(f), bytes.substr(0, cut)) << "compact must not touch a damaged file";
+  }
+}
+
+// ---- cat --------------------------------------------------------------------------------------
+TEST_F(CliTest, CatWritesAnEntrysBytes) {
+  const std::string f = path("c.wcache");
+  auto entries = kEntries;
+  entries.emplace_back("big", pattern((9u << 20) + 123, 99));  // larger than the tool's read chunk
+  make_cache(f, entries);
+  for (const auto& [k, v] : entries) {
+    const std::string arg = k.find('\0') != std::string::npos || k.rfind("0x", 0) == 0 ? hex(k) : k;
+    const CliRun r = run({"cat", f, arg});
+    EXPECT_EQ(r.code, 0) << arg << ": " << r.err;
+    EXPECT_TRUE(r.out == v) << arg;
+  }
+  // Upper-case hex works too; a key starting with '-' after "--".
+  std::string upper = hex("layer1.bias");
+  std::transform(upper.begin() + 2, upper.end(), upper.begin() + 2, ::toupper);
+  EXPECT_EQ(run({"cat", f, upper}).out, kEntries[1].second);
+  const CliRun missing = run({"cat", f, "--", "-nope"});
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_TRUE(missing.out.empty());
+  EXPECT_NE(missing.err.find("-nope"), std::string::npos);
+  EXPECT_EQ(run({"verify", f}).code, 0);
+}
+
+// ---- ExecuTorch XPWC files ---------------------------------------------------------------------
+TEST_F(CliTest, ReadsAndConvertsXpwcVersion1) {
+  std::vector<XpwcEntry> entries = kXpwcEntries;
+  const XpwcFile x = make_xpwc(1, entries, false, 52);
+  const std::string in = path("v1.xnn");
+  write_file(in, x.image);
+
+  const auto info = info_fields(in);
+  EXPECT_EQ(info.at("format"), "ExecuTorch XPWC, version 1, little-endian");
+  EXPECT_EQ(info.at("entries"), "3");
+  std::uint64_t payload = 0, index = 0;
+  for (const auto& e : entries) {
+    payload += e.bytes.size();
+    index += 20 + e.name.size();
+  }
+  EXPECT_EQ(info.at("payload bytes"), std::to_string(payload));
+  EXPECT_EQ(info.at("file bytes"), std::to_string(x.image.size()));
+  EXPECT_EQ(info.at("dead bytes"), std::to_string(x.image.size() - payload - index - 20));
+
+  const CliRun ls = run({"ls", in});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  const auto lines = lines_of(ls.out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "conv1.weight\t0\t5000\t-");
+  EXPECT_EQ(lines[2], "fc.weight\t" + std::to_string(x.offsets[2]) + "\t12288\t-");
+
+  const CliRun v = run({"verify", in});
+  EXPECT_EQ(v.code, 0) << v.out;
+  EXPECT_NE(v.out.find("no checksums"), std::string::npos);
+  EXPECT_EQ(run({"cat", in, "fc.bias"}).out, entries[1].bytes);
+
+  const std::string out = path("v1.wcache");
+  const CliRun c = run({"convert", in, out});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_TRUE(library_serves(out, {{"conv1.weight", entries[0].bytes}, {"fc.bias", entries[1].bytes},
+                                   {"fc.weight", entries[2].bytes}},
+                             ""));
+  EXPECT_EQ(run({"verify", out}).code, 0);
+  EXPECT_EQ(info_fields(out).at("dead bytes"),
+            std::to_string(expected_dead(fs::file_size(out), {{"conv1.weight", entries[0].bytes},
+                                                              {"fc.bias", entries[1].bytes},
+                                                              {"fc.weight", entries[2].bytes}})));
+  EXPECT_TRUE(strays("v1.wcache").size() == 1u);  // only the input file is left besides OUT
+}
+
+TEST_F(CliTest, ReadsAndConvertsXpwcVersion2WithSeeds) {
+  const XpwcFile x = make_xpwc(2, kXpwcEntries);
+  const std::string in = path("v2.xnn");
+  write_file(in, x.image);
+  EXPECT_EQ(info_fields(in).at("format"), "ExecuTorch XPWC, version 2, little-endian");
+
+  const CliRun ls = run({"ls", "--json", in});
+  ASSERT_EQ(ls.code, 0) << ls.err;
+  const auto j = parse_json(ls.out);
+  ASSERT_TRUE(j) << ls.out;
+  ASSERT_EQ((*j)["entries"].items.size(), 3u);
+  const Json& e0 = (*j)["entries"].items[0];
+  EXPECT_EQ(e0["key"].text, "conv1.weight#seed=7");
+  EXPECT_EQ(e0["name"].text, "conv1.weight");
+  EXPECT_EQ(e0["seed"].u64(), 7u);
+  EXPECT_EQ(e0["checksum"].type, Json::Type::null);
+
+  const CliRun v = run({"verify", "--json", in});
+  EXPECT_EQ(v.code, 0);
+  ASSERT_TRUE(parse_json(v.out)) << v.out;
+
+  const std::string out = path("v2.wcache");
+  const CliRun c = run({"convert", "--compat-key", "xnn|v2", "--alignment", "4096", in, out});
+  ASSERT_EQ(c.code, 0) << c.err;
+  const std::map<std::string, std::string> expected = {{"conv1.weight#seed=7", kXpwcEntries[0].bytes},
+                                                       {"fc.bias#seed=7", kXpwcEntries[1].bytes},
+                                                       {"fc.weight#seed=9", kXpwcEntries[2].bytes}};
+  EXPECT_TRUE(library_serves(out, expected, "xnn|v2", 4096));
+  const auto info = info_fields(out);
+  EXPECT_EQ(info.at("alignment"), "4096");
+  EXPECT_EQ(info.at("compat key hash"), hex64(wf::hash_bytes("xnn|v2")));
+  for (const auto& l : lines_of(run({"ls", out}).out)) EXPECT_EQ(std::stoull(split_tabs(l)[1]) % 4096, 0u) << l;
+}
+
+TEST_F(CliTest, ReadsByteSwappedXpwc) {
+  const XpwcFile x = make_xpwc(2, kXpwcEntries, true);
+  const std::string in = path("be.xnn");
+  write_file(in, x.image);
+  const auto info = info_fields(in);
+  EXPECT_NE(info.at("format").find("big-endian (byte-swapped"), std::string::npos) << info.at("format");
+  EXPECT_EQ(info.at("entries"), "3");
+  const CliRun ls = run({"ls", in});
+  EXPECT_EQ(lines_of(ls.out).at(1), "fc.bias#seed=7\t" + std::to_string(x.offsets[1]) + "\t100\t-");
+  EXPECT_EQ(run({"verify", in}).code, 0);
+  const std::string out = path("be.wcache");
+  ASSERT_EQ(run({"convert", in, out}).code, 0);
+  EXPECT_TRUE(library_serves(out, {{"conv1.weight#seed=7", kXpwcEntries[0].bytes},
+                                   {"fc.bias#seed=7", kXpwcEntries[1].bytes},
+                                   {"fc.weight#seed=9", kXpwcEntries[2].bytes}},
+                             ""));
+}
+
+TEST_F(CliTest, VerifyFindsBrokenXpwcFiles) {
+  {  // an entry pointing past the index
+    XpwcFile x = make_xpwc(1, kXpwcEntries);
+    std::string img = x.image;
+    // data_size of fc.bias: after name_len(4) + name of the first record, then the second record.
+    const std::size_t rec1 = x.index_start + 4 + kXpwcEntries[0].name.size() + 16;
+    const std::size_t size_at = rec1 + 4 + kXpwcEntries[1].name.size() + 8;
+    img[size_at + 3] = 0x7F;
+    const std::string f = path("oob.xnn");
+    write_file(f, img);
+    const CliRun r = run({"verify", f});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("'fc.bias'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("outside"), std::string::npos) << r.out;
+    EXPECT_EQ(run({"convert", f, path("oob.wcache")}).code, 1);
+    EXPECT_FALSE(fs::exists(path("oob.wcache")));
+  }
+  {  // the footer counts more entries than the index holds
+    XpwcFile x = make_xpwc(2, kXpwcEntries);
+    std::string img = x.image;
+    img[img.size() - 12] = 9;
+    const std::string f = path("count.xnn");
+    write_file(f, img);
+    const CliRun r = run({"verify", f});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("cut off"), std::string::npos) << r.out;
+    EXPECT_EQ(run({"ls", f}).code, 3);
+  }
+  {  // an unknown version
+    XpwcFile x = make_xpwc(2, kXpwcEntries);
+    std::string img = x.image;
+    img[img.size() - 4] = 3;
+    const std::string f = path("v3.xnn");
+    write_file(f, img);
+    const CliRun r = run({"verify", f});
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("version 3"), std::string::npos) << r.out;
+  }
+  {  // neither format
+    const std::string f = path("junk.bin");
+    write_file(f, pattern(10000, 5));
+    EXPECT_EQ(run({"verify", f}).code, 1);
+    EXPECT_EQ(run({"info", f}).code, 3);
+    EXPECT_EQ(run({"convert", f, path("junk.wcache")}).code, 3);
+  }
+}
+
+TEST_F(CliTest, ConvertAndCompactRefuseTheWrongFormatOrAnExistingOutput) {
+  const std::string w = path("c.wcache");
+  make_cache(w, kEntries);
+  const std::string x = path("v1.xnn");
+  write_file(x, make_xpwc(1, kXpwcEntries).image);
+  EXPECT_EQ(run({"convert", w, path("o.wcache")}).code, 2);
+  EXPECT_EQ(run({"compact", x}).code, 2);
+  const CliRun exists = run({"convert", x, w});
+  EXPECT_EQ(exists.code, 2);
+  EXPECT_NE(exists.err.find("--force"), std::string::npos);
+  EXPECT_TRUE(library_serves(w, as_map(kEntries)));  // untouched
+  EXPECT_EQ(run({"convert", "--force", x, w}).code, 0);
+  EXPECT_TRUE(library_serves(w, {{"conv1.weight", kXpwcEntries[0].bytes},
+                                 {"fc.bias", kXpwcEntries[1].bytes},
+                                 {"fc.weight", kXpwcEntries[2].bytes}},
+                             ""));
+}
+
+// ---- compact ----------------------------------------------------------------------------------
+TEST_F(CliTest, CompactDropsAReplacedEntry) {
+  const std::string f = path("c.wcache");
+  // Sizes are multiples of the alignment, so a compacted file has no padding at all.
+  std::map<std::string, std::string> live = {{"a", pattern(4096, 1)}, {"b", pattern(640, 2)}, {"c", pattern(64, 3)}};
+  make_cache(f, {live.begin(), live.end()});
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    live["a"] = pattern(4096, 42);
+    ASSERT_NE(c->insert("a", live["a"]), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  const auto before = fs::file_size(f);
+  const auto dead_before = std::stoull(info_fields(f).at("dead bytes"));
+  EXPECT_GE(dead_before, 4096u);  // the replaced 4 KiB at least
+
+  const CliRun r = run({"compact", f});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  const auto info = info_fields(f);
+  EXPECT_EQ(info.at("dead bytes"), "0");
+  EXPECT_EQ(info.at("entries"), "3");
+  EXPECT_EQ(info.at("compat key hash"), hex64(wf::hash_bytes("model-a|packer-1")));
+  EXPECT_EQ(fs::file_size(f), before - dead_before);
+  EXPECT_TRUE(library_serves(f, live));
+  EXPECT_EQ(run({"verify", f}).code, 0);
+  EXPECT_EQ(run({"cat", f, "a"}).out, live["a"]);
+  EXPECT_TRUE(strays("c.wcache").empty());
+}
+
+TEST_F(CliTest, CompactDropsOldTrailersAfterTwoFinalizes) {
+  const std::string f = path("c.wcache");
+  std::map<std::string, std::string> live = {{"first", pattern(1024, 1)}};
+  make_cache(f, {live.begin(), live.end()});
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    live["second"] = pattern(2048, 2);
+    ASSERT_NE(c->insert("second", live["second"]), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  const auto dead_before = std::stoull(info_fields(f).at("dead bytes"));
+  EXPECT_GT(dead_before, 0u);
+  ASSERT_EQ(run({"compact", f}).code, 0);
+  EXPECT_EQ(info_fields(f).at("dead bytes"), "0");
+  EXPECT_TRUE(library_serves(f, live));
+
+  // Nothing left to reclaim: the file is not rewritten.
+  const auto inode = inode_of(f);
+  const CliRun again = run({"compact", f});
+  EXPECT_EQ(again.code, 0);
+  EXPECT_NE(again.out.find("already compact"), std::string::npos) << again.out;
+  EXPECT_EQ(inode_of(f), inode);
+}
+
+TEST_F(CliTest, CompactKeepsOddSizesAlignmentAndCompatKey) {
+  const std::string f = path("c.wcache");
+  std::map<std::string, std::string> live;
+  std::vector<std::pair<std::string, std::string>> v;
+  for (int i = 0; i < 6; ++i) v.emplace_back("w" + std::to_string(i), pattern(100 + 77 * i, i));
+  make_cache(f, v, "key-b", 256);
+  live = as_map(v);
+  {
+    auto c = WeightCache::open(options(f, "key-b", 256));
+    ASSERT_TRUE(c.ok());
+    live["w2"] = pattern(999, 77);
+    ASSERT_NE(c->insert("w2", live["w2"]), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  EXPECT_EQ(run({"compact", "--compat-key", "wrong", f}).code, 2);
+  const CliRun r = run({"compact", "--compat-key=key-b", f});  // the library verifies the result
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto info = info_fields(f);
+  EXPECT_EQ(info.at("alignment"), "256");
+  EXPECT_LT(std::stoull(info.at("dead bytes")), 6u * 256u);  // only padding is left
+  EXPECT_TRUE(library_serves(f, live, "key-b", 256));
+  for (const auto& l : lines_of(run({"ls", f}).out)) EXPECT_EQ(std::stoull(split_tabs(l)[1]) % 256, 0u) << l;
+}
+
+TEST_F(CliTest, CompactRefusesWhileTheLeaseIsHeld) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->insert("extra", pattern(300, 9)), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->insert("layer1.bias", pattern(256, 99)), weightcache::kNotFound);  // replaces: dead bytes
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  const std::string before = read_file(f);
+
+  // Someone else's flock on FILE.lock, through a descriptor of our own.
+  const int fd = ::open((f + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const CliRun busy = run({"compact", f});
+  EXPECT_EQ(busy.code, 4);
+  EXPECT_NE(busy.err.find("lease"), std::string::npos) << busy.err;
+  EXPECT_EQ(read_file(f), before);
+  EXPECT_TRUE(strays("c.wcache").empty());
+  ::close(fd);
+
+  // A library writer with an outstanding reservation holds the lease too.
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->reserve(1000), nullptr);
+    EXPECT_EQ(run({"compact", f}).code, 4);
+  }
+  EXPECT_EQ(read_file(f), before);
+  EXPECT_EQ(run({"compact", f}).code, 0);
+  EXPECT_LT(fs::file_size(f), before.size());
+}
+
+TEST_F(CliTest, CompactLeavesExistingMappingsIntact) {
+  const std::string f = path("c.wcache");
+  make_cache(f, kEntries);
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->insert("layer1.weight", pattern(4096, 55)), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  auto reader = WeightCache::open(options(f));
+  ASSERT_TRUE(reader.ok());
+  const std::size_t off = reader->look_up("layer1.bias");
+  ASSERT_NE(off, weightcache::kNotFound);
+  const void* p = reader->offset_to_addr(off);
+  const auto inode = inode_of(f);
+  ASSERT_EQ(run({"compact", f}).code, 0);
+  EXPECT_NE(inode_of(f), inode);  // a new file took the name
+  EXPECT_EQ(std::memcmp(p, kEntries[1].second.data(), kEntries[1].second.size()), 0);  // old mapping unchanged
+}
+
+TEST_F(CliTest, CompactRefusesDamagedEntriesUnlessTold) {
+  const std::string f = path("c.wcache");
+  const auto offsets = make_cache(f, kEntries);
+  {
+    auto c = WeightCache::open(options(f));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->insert("layer1.bias", pattern(256, 77)), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize().ok());
+  }
+  flip_byte(f, offsets.at("layer1.weight") + 5);
+  const std::string before = read_file(f);
+  const CliRun r = run({"compact", f});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("'layer1.weight'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--drop-corrupt"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(f), before);
+  EXPECT_TRUE(strays("c.wcache").empty());
+
+  const CliRun d = run({"compact", "--drop-corrupt", f});
+  ASSERT_EQ(d.code, 0) << d.err;
+  auto live = as_map(kEntries);
+  live.erase("layer1.weight");
+  live["layer1.bias"] = pattern(256, 77);
+  EXPECT_TRUE(library_serves(f, live));
+  EXPECT_EQ(run({"verify", f}).code, 0);
+}
+
+}  // namespace

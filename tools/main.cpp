@@ -1,0 +1,475 @@
+// weightcache: inspect and maintain weightcache files (docs/CLI.md).
+#include "format/format.hpp"
+#include "inspect.hpp"
+#include "output.hpp"
+#include "rewrite.hpp"
+
+#include <weightcache/weight_cache.hpp>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcache::cli {
+namespace {
+
+namespace fmt_ = weightcache::format;
+
+constexpr const char* kExitCodesHelp =
+    "exit codes:\n"
+    "  0  success\n"
+    "  1  problems found (verify); no such entry or it fails its checksum (cat);\n"
+    "     damaged entries or a damaged input (compact, convert)\n"
+    "  2  usage error, or a command that does not apply to the file's format\n"
+    "  3  cannot open or read the file, or it is not a usable cache file\n"
+    "  4  busy: a writer holds the lease on FILE.lock (compact, convert)\n"
+    "  5  other I/O failure (creating, writing, syncing or renaming the new file)\n";
+
+constexpr const char* kMainHelp =
+    "usage: weightcache COMMAND [OPTIONS] ARGS...\n"
+    "       weightcache --version\n"
+    "\n"
+    "Inspects and maintains weightcache files; also reads ExecuTorch XPWC weight caches.\n"
+    "\n"
+    "commands:\n"
+    "  info FILE        format, version, compatibility-key hash, alignment, sizes, dead bytes\n"
+    "  ls FILE          one line per entry: key, offset, size, checksum\n"
+    "  verify FILE      check every structure and every entry checksum\n"
+    "  cat FILE KEY     write an entry's bytes to stdout\n"
+    "  compact FILE     rewrite FILE with only its live entries\n"
+    "  convert IN OUT   turn an ExecuTorch XPWC file into a weightcache file\n"
+    "\n"
+    "Run 'weightcache COMMAND --help' for a command's options.\n"
+    "\n";
+
+struct Command {
+  const char* name;
+  std::size_t positional;
+  std::set<std::string> flags;    // options without a value
+  std::set<std::string> valued;   // options taking a value
+  const char* help;
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> kCommands = {
+      {"info", 1, {"--json"}, {},
+       "usage: weightcache info [--json] FILE\n"
+       "\n"
+       "Prints the format and version, the compatibility-key hash, the alignment, the number of\n"
+       "entries, payload bytes (sum of entry sizes), file bytes, and dead bytes: file bytes used by\n"
+       "no live entry, not the header and not the index + footer in use (replaced entries, old\n"
+       "indexes, alignment padding, an uncommitted tail). 'weightcache compact' reclaims them.\n"
+       "\n"
+       "  --json   one JSON object instead of text\n"},
+      {"ls", 1, {"--json"}, {},
+       "usage: weightcache ls [--json] FILE\n"
+       "\n"
+       "One line per entry, tab-separated: key, offset, size, checksum (XXH3-64, hex; '-' for XPWC\n"
+       "files, which have none). A key is shown as-is when it is printable ASCII and does not start\n"
+       "with '0x'; otherwise as 0x followed by its bytes in hex. Either form is accepted by 'cat'.\n"
+       "\n"
+       "  --json   one JSON object with an \"entries\" array instead of text\n"},
+      {"verify", 1, {"--json"}, {},
+       "usage: weightcache verify [--json] FILE\n"
+       "\n"
+       "Checks the header, both commit slots, the index in use and the footer, every entry's bounds,\n"
+       "alignment and overlaps, duplicate keys, and every entry's checksum. Prints one line per\n"
+       "problem and exits 1 if there is any, 0 if the file is sound. XPWC files have no checksums:\n"
+       "only their structure and bounds are checked. Reads with pread, never a mapping, so a\n"
+       "truncated file is reported, not crashed on.\n"
+       "\n"
+       "  --json   one JSON object with \"ok\" and a \"problems\" array instead of text\n"},
+      {"cat", 2, {}, {},
+       "usage: weightcache cat FILE KEY\n"
+       "\n"
+       "Writes the bytes of the entry stored under KEY to stdout, after checking its checksum.\n"
+       "KEY is the key as text, or 0x followed by hex digits for its bytes (as 'ls' shows it).\n"
+       "For XPWC version 2 files the key is NAME#seed=SEED. Use '--' before a KEY starting with '-'.\n"
+       "Exits 1, writing nothing, when there is no such entry or it fails its checksum.\n"},
+      {"compact", 1, {"--drop-corrupt"}, {"--compat-key"},
+       "usage: weightcache compact [--compat-key KEY] [--drop-corrupt] FILE\n"
+       "\n"
+       "Writes a new file next to FILE with only the live entries (same alignment and compatibility\n"
+       "key), verifies it, and renames it over FILE. Processes that have FILE open keep reading the\n"
+       "old file until they reopen it. Holds the writer lease (an exclusive flock on FILE.lock)\n"
+       "throughout; exits 4 at once if a writer holds it. A file with structural problems (see\n"
+       "'verify') is left alone (exit 1): rewriting it would discard what a damaged commit holds.\n"
+       "The new file is always read back and checked; with --compat-key the library also opens it.\n"
+       "\n"
+       "  --compat-key KEY  the compatibility key FILE was written with: the library then opens the\n"
+       "                    new file and verifies every entry before it replaces FILE\n"
+       "  --drop-corrupt    leave out entries that fail their checksum (default: refuse, exit 1)\n"},
+      {"convert", 2, {"--force"}, {"--compat-key", "--alignment"},
+       "usage: weightcache convert [--compat-key KEY] [--alignment N] [--force] IN OUT\n"
+       "\n"
+       "Reads the ExecuTorch XPWC file IN (version 1 or 2) and writes its entries as the weightcache\n"
+       "file OUT. Keys are the entry names; for version 2 the seed is appended: NAME#seed=SEED.\n"
+       "\n"
+       "  --compat-key KEY  compatibility key of OUT (default: the empty key)\n"
+       "  --alignment N     entry alignment of OUT, a power of two up to 16777216 (default 64)\n"
+       "  --force           replace OUT if it exists\n"},
+  };
+  return kCommands;
+}
+
+struct Args {
+  std::set<std::string> flags;
+  std::map<std::string, std::string> values;
+  std::vector<std::string> positional;
+};
+
+int usage_error(const std::string& msg, const char* cmd) {
+  std::fprintf(stderr, "weightcache: %s\n", msg.c_str());
+  std::fprintf(stderr, "Run 'weightcache %s--help' for usage.\n", cmd ? (std::string(cmd) + " ").c_str() : "");
+  return kExitUsage;
+}
+
+void say_error(const std::string& msg) { std::fprintf(stderr, "weightcache: %s\n", msg.c_str()); }
+
+bool write_all(std::FILE* out, const void* p, std::size_t n) { return std::fwrite(p, 1, n, out) == n; }
+
+void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
+
+std::string u64s(std::uint64_t v) { return std::to_string(v); }
+
+// Opens and inspects FILE; on failure prints why and returns the exit code in *code.
+std::optional<std::pair<File, Inspection>> load(const std::string& path, int* code) {
+  auto f = open_for_reading(path);
+  if (!f) {
+    say_error(f.error().message);
+    *code = kExitCannotRead;
+    return std::nullopt;
+  }
+  auto in = inspect(f.value());
+  if (!in) {
+    say_error("cannot read '" + path + "': " + in.error().message);
+    *code = kExitCannotRead;
+    return std::nullopt;
+  }
+  return std::make_pair(std::move(f.value()), std::move(in.value()));
+}
+
+// info, ls and cat need an index that verifies.
+bool require_index(const std::string& path, const Inspection& in, int* code) {
+  if (in.index_usable) return true;
+  for (const auto& f : in.findings) std::fprintf(stderr, "%s: %s\n", path.c_str(), f.message.c_str());
+  say_error("'" + path + "' has no usable index (run 'weightcache verify " + path + "' for details)");
+  *code = kExitCannotRead;
+  return false;
+}
+
+std::string format_line(const Inspection& in) {
+  if (in.format == FileFormat::xpwc)
+    return "ExecuTorch XPWC, version " + std::to_string(in.xpwc_version) +
+           (in.byte_swapped ? ", big-endian (byte-swapped: written on a big-endian host)" : ", little-endian");
+  return "weightcache, format version " + std::to_string(in.header.format_version);
+}
+
+int cmd_info(const std::string& path, bool json) {
+  int code = kExitOk;
+  auto loaded = load(path, &code);
+  if (!loaded) return code;
+  const Inspection& in = loaded->second;
+  if (!require_index(path, in, &code)) return code;
+  const bool ours = in.format == FileFormat::weightcache;
+  if (json) {
+    std::string o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) +
+                    ",\"version\":" + u64s(ours ? in.header.format_version : in.xpwc_version) +
+                    ",\"byte_order\":" + (in.byte_swapped ? "\"big\"" : "\"little\"");
+    if (ours) {
+      o += ",\"compat_hash\":" + json_string(hex64(in.header.compat_hash)) + ",\"alignment\":" +
+           u64s(in.header.alignment) + ",\"size_alignment\":" + u64s(in.header.size_alignment) +
+           ",\"sequence\":" + u64s(in.slot.sequence) + ",\"slot\":" + u64s(in.slot_index) +
+           ",\"newest_commit_damaged\":" + (in.newest_commit_damaged ? "true" : "false");
+    } else {
+      o += ",\"compat_hash\":null,\"alignment\":null,\"size_alignment\":null,\"sequence\":null,\"slot\":null"
+           ",\"newest_commit_damaged\":false";
+    }
+    o += ",\"offset_alignment\":" + u64s(in.offset_alignment()) + ",\"entries\":" + u64s(in.entries.size()) +
+         ",\"payload_bytes\":" + u64s(in.payload_bytes()) + ",\"file_bytes\":" + u64s(in.file_size) +
+         ",\"dead_bytes\":" + u64s(in.dead_bytes()) + ",\"problems\":" + u64s(in.findings.size()) + "}\n";
+    print(o);
+    return kExitOk;
+  }
+  std::string o;
+  auto line = [&o](const char* label, const std::string& value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%-17s", label);
+    o += buf;
+    o += value;
+    o += '\n';
+  };
+  line("file:", path);
+  line("format:", format_line(in));
+  if (ours) {
+    line("compat key hash:", hex64(in.header.compat_hash));
+    line("alignment:", u64s(in.header.alignment));
+    line("size alignment:", u64s(in.header.size_alignment));
+    line("commit:", "sequence " + u64s(in.slot.sequence) + " (slot " + u64s(in.slot_index) + ")" +
+                        (in.newest_commit_damaged ? "; the newest commit is damaged" : ""));
+  } else {
+    line("compat key hash:", "none (XPWC files carry no compatibility key)");
+    line("alignment:", in.entries.empty()
+                           ? std::string("not recorded")
+                           : "not recorded (entry offsets are multiples of " + u64s(in.offset_alignment()) + ")");
+  }
+  line("entries:", u64s(in.entries.size()));
+  line("payload bytes:", u64s(in.payload_bytes()));
+  line("file bytes:", u64s(in.file_size));
+  line("dead bytes:", u64s(in.dead_bytes()));
+  if (!in.findings.empty())
+    line("problems:", u64s(in.findings.size()) + " (run 'weightcache verify' for details)");
+  print(o);
+  return kExitOk;
+}
+
+int cmd_ls(const std::string& path, bool json) {
+  int code = kExitOk;
+  auto loaded = load(path, &code);
+  if (!loaded) return code;
+  const Inspection& in = loaded->second;
+  if (!require_index(path, in, &code)) return code;
+  std::string o;
+  if (json) o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) + ",\"entries\":[";
+  bool first = true;
+  for (const auto& e : in.entries) {
+    if (json) {
+      o += first ? "" : ",";
+      o += "{\"key\":" + json_string(display_key(e.key)) + ",\"offset\":" + u64s(e.offset) +
+           ",\"size\":" + u64s(e.size) + ",\"checksum\":" + (e.checksum ? json_string(hex64(*e.checksum)) : "null");
+      if (in.format == FileFormat::xpwc) {
+        o += ",\"name\":" + json_string(display_key(e.name));
+        o += ",\"seed\":" + (e.seed ? u64s(*e.seed) : std::string("null"));
+      }
+      o += "}";
+    } else {
+      o += display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
+           (e.checksum ? hex64(*e.checksum) : std::string("-")) + "\n";
+    }
+    first = false;
+    if (o.size() > (1u << 16)) {
+      print(o);
+      o.clear();
+    }
+  }
+  if (json) o += "]}\n";
+  print(o);
+  return kExitOk;
+}
+
+int cmd_verify(const std::string& path, bool json) {
+  int code = kExitOk;
+  auto loaded = load(path, &code);
+  if (!loaded) return code;
+  Inspection& in = loaded->second;
+  std::uint64_t hashed = 0;
+  {
+    Progress progress("verifying", in.payload_bytes());
+    auto r = check_checksums(loaded->first, &in, &progress);
+    if (!r) {
+      progress.finish();
+      say_error("cannot read '" + path + "': " + r.error().message);
+      return kExitCannotRead;
+    }
+    hashed = r.value();
+  }
+  const bool ok = in.findings.empty();
+  if (json) {
+    std::string o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) +
+                    ",\"ok\":" + (ok ? "true" : "false") + ",\"entries\":" + u64s(in.entries.size()) +
+                    ",\"checksummed_bytes\":" + u64s(hashed) + ",\"problems\":[";
+    for (std::size_t i = 0; i < in.findings.size(); ++i) {
+      const auto& f = in.findings[i];
+      o += i ? "," : "";
+      o += "{\"kind\":" + json_string(f.kind);
+      if (f.key) o += ",\"key\":" + json_string(display_key(*f.key));
+      o += ",\"message\":" + json_string(f.message) + "}";
+    }
+    o += "]}\n";
+    print(o);
+    return ok ? kExitOk : kExitProblems;
+  }
+  std::string o;
+  for (const auto& f : in.findings) o += path + ": " + f.message + "\n";
+  if (ok) {
+    o += path + ": OK (" + format_line(in) + "; " + u64s(in.entries.size()) + " entries, ";
+    o += in.format == FileFormat::xpwc ? "structure and bounds checked; XPWC files have no checksums)\n"
+                                       : u64s(hashed) + " bytes checksummed)\n";
+  } else {
+    o += path + ": " + u64s(in.findings.size()) + (in.findings.size() == 1 ? " problem" : " problems") + " found\n";
+  }
+  print(o);
+  return ok ? kExitOk : kExitProblems;
+}
+
+int cmd_cat(const std::string& path, const std::string& key_arg) {
+  const auto key = parse_key(key_arg);
+  if (!key) return usage_error("KEY '" + key_arg + "' starts with 0x but is not an even number of hex digits", "cat");
+  int code = kExitOk;
+  auto loaded = load(path, &code);
+  if (!loaded) return code;
+  const Inspection& in = loaded->second;
+  if (!require_index(path, in, &code)) return code;
+  const Entry* e = nullptr;
+  for (const auto& x : in.entries)
+    if (x.key == *key) e = &x;
+  if (e == nullptr) {
+    say_error("no entry with key '" + display_key(*key) + "' in '" + path + "'");
+    return kExitProblems;
+  }
+  if (!e->in_bounds) {
+    say_error("entry '" + display_key(*key) + "' lies outside the file's data area; nothing written");
+    return kExitProblems;
+  }
+  // Check first, then write: a damaged entry must produce no output at all. The second read of
+  // a large entry comes from the page cache.
+  if (e->checksum) {
+    auto h = hash_range(loaded->first, e->offset, e->size, nullptr);
+    if (!h) {
+      say_error("cannot read '" + path + "': " + h.error().message);
+      return kExitCannotRead;
+    }
+    if (h.value() != *e->checksum) {
+      say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
+                ", the data hashes to " + hex64(h.value()) + "); nothing written");
+      return kExitProblems;
+    }
+  }
+  bool write_failed = false;
+  auto sink = [&](const std::byte* p, std::size_t n) -> Result<void> {
+    if (!write_all(stdout, p, n)) {
+      write_failed = true;
+      return Error{Errc::io, errno, "write to stdout failed"};
+    }
+    return {};
+  };
+  auto h = hash_range(loaded->first, e->offset, e->size, nullptr, sink);
+  if (write_failed || std::fflush(stdout) != 0) {
+    say_error(std::string("cannot write to stdout: ") + std::strerror(errno));
+    return kExitIo;
+  }
+  if (!h) {
+    say_error("cannot read '" + path + "': " + h.error().message);
+    return kExitCannotRead;
+  }
+  if (e->checksum && h.value() != *e->checksum) {
+    say_error("entry '" + display_key(*key) + "' changed while it was being written");
+    return kExitProblems;
+  }
+  return kExitOk;
+}
+
+std::optional<std::uint64_t> parse_alignment(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const std::uint64_t v = std::stoull(s);
+  if (v == 0 || (v & (v - 1)) != 0 || v > kMaxAlignment) return std::nullopt;
+  return v;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  if (a.empty()) {
+    std::fputs(kMainHelp, stderr);
+    std::fputs(kExitCodesHelp, stderr);
+    return kExitUsage;
+  }
+  if (a[0] == "--help" || a[0] == "-h" || a[0] == "help") {
+    std::fputs(kMainHelp, stdout);
+    std::fputs(kExitCodesHelp, stdout);
+    return kExitOk;
+  }
+  if (a[0] == "--version") {
+    std::printf("weightcache %s\n", wc_version());
+    return kExitOk;
+  }
+  const Command* cmd = nullptr;
+  for (const auto& c : commands())
+    if (a[0] == c.name) cmd = &c;
+  if (cmd == nullptr) return usage_error("unknown command '" + a[0] + "'", nullptr);
+
+  Args args;
+  bool options_done = false;
+  for (std::size_t i = 1; i < a.size(); ++i) {
+    const std::string& s = a[i];
+    if (options_done || s.size() < 2 || s[0] != '-') {
+      args.positional.push_back(s);
+      continue;
+    }
+    if (s == "--") {
+      options_done = true;
+      continue;
+    }
+    if (s == "--help" || s == "-h") {
+      std::fputs(cmd->help, stdout);
+      std::fputs("\n", stdout);
+      std::fputs(kExitCodesHelp, stdout);
+      return kExitOk;
+    }
+    const auto eq = s.find('=');
+    const std::string name = s.substr(0, eq);
+    if (cmd->flags.count(name) != 0 && eq == std::string::npos) {
+      args.flags.insert(name);
+    } else if (cmd->valued.count(name) != 0) {
+      if (eq != std::string::npos) {
+        args.values[name] = s.substr(eq + 1);
+      } else if (i + 1 < a.size()) {
+        args.values[name] = a[++i];
+      } else {
+        return usage_error("option " + name + " needs a value", cmd->name);
+      }
+    } else {
+      return usage_error("unknown option '" + s + "' for " + cmd->name, cmd->name);
+    }
+  }
+  if (args.positional.size() != cmd->positional)
+    return usage_error(std::string(cmd->name) + " takes " + std::to_string(cmd->positional) +
+                           (cmd->positional == 1 ? " argument" : " arguments") + ", got " +
+                           std::to_string(args.positional.size()),
+                       cmd->name);
+
+  const bool json = args.flags.count("--json") != 0;
+  const auto& p = args.positional;
+  const std::string c = cmd->name;
+  if (c == "info") return cmd_info(p[0], json);
+  if (c == "ls") return cmd_ls(p[0], json);
+  if (c == "verify") return cmd_verify(p[0], json);
+  if (c == "cat") return cmd_cat(p[0], p[1]);
+  if (c == "compact") {
+    CompactOptions o;
+    if (auto it = args.values.find("--compat-key"); it != args.values.end()) o.compat_key = it->second;
+    o.drop_corrupt = args.flags.count("--drop-corrupt") != 0;
+    return run_compact(p[0], o);
+  }
+  ConvertOptions o;
+  if (auto it = args.values.find("--compat-key"); it != args.values.end()) o.compat_key = it->second;
+  if (auto it = args.values.find("--alignment"); it != args.values.end()) {
+    const auto v = parse_alignment(it->second);
+    if (!v) return usage_error("--alignment must be a power of two from 1 to 16777216", "convert");
+    o.alignment = *v;
+  }
+  o.force = args.flags.count("--force") != 0;
+  return run_convert(p[0], p[1], o);
+}
+
+}  // namespace
+}  // namespace weightcache::cli
+
+int main(int argc, char** argv) {
+  // The library reports its own failures through the errors we print; keep its logger quiet
+  // unless the user asked for it.
+  if (std::getenv("WEIGHTCACHE_LOG_LEVEL") == nullptr) weightcache::set_log_level(weightcache::LogLevel::off);
+  try {
+    return weightcache::cli::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weightcache: unexpected failure: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "weightcache: unexpected failure\n");
+  }
+  return weightcache::cli::kExitIo;
+}

@@ -1,0 +1,64 @@
+// Presentation helpers of the command-line tool: how keys are shown and parsed, JSON strings,
+// and the progress line.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace weightcache::cli {
+
+/// Exit status of every command (docs/CLI.md lists them).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitProblems = 1,  // verify found problems; cat: no such entry, or it is damaged
+  kExitUsage = 2,
+  kExitCannotRead = 3,  // cannot open or read the file, or it is not a usable cache file
+  kExitBusy = 4,        // a writer holds the lease
+  kExitIo = 5,          // any other I/O failure (writing, syncing, renaming)
+};
+
+/// A key as ls shows it: as-is when every byte is printable ASCII and it does not itself start
+/// with "0x"; otherwise "0x" followed by lowercase hex. parse_key(display_key(k)) == k.
+std::string display_key(std::string_view key);
+
+/// A KEY argument: "0x" + hex digits (either case) is hex, anything else is the text itself.
+/// nullopt for "0x..." with a non-hex digit or an odd number of digits.
+std::optional<std::string> parse_key(std::string_view arg);
+
+/// "0x" + 16 lowercase hex digits.
+std::string hex64(std::uint64_t v);
+
+/// A JSON string literal (quotes included). Bytes that are not valid UTF-8 are escaped as
+/// \u00XX (read as Latin-1), so the output is always well-formed JSON.
+std::string json_string(std::string_view s);
+
+/// "1.5 GiB" style size for humans.
+std::string human_bytes(std::uint64_t n);
+
+/// A progress line on stderr, shown only when stderr is a terminal and the run has already lasted
+/// a moment: short runs and pipes never see it.
+class Progress {
+ public:
+  Progress(std::string label, std::uint64_t total);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void add(std::uint64_t bytes);
+  /// Clears the line (if one was drawn).
+  void finish();
+
+ private:
+  std::string label_;
+  std::uint64_t total_ = 0;
+  std::uint64_t done_ = 0;
+  bool enabled_ = false;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+}  // namespace weightcache::cli
