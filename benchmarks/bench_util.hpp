@@ -1,0 +1,73 @@
+// Shared pieces of the benchmarks: a scratch directory on a real filesystem, deterministic size
+// mixes, and the per-run record that the closing summary turns into ratios.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+#include <weightcache/weight_cache.hpp>
+
+namespace weightcache::bench {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// This process's CPU seconds (user + system: page faults are system time).
+double process_cpu_seconds();
+
+/// Wall and CPU time of one timed section. On a shared machine the wall time includes waiting
+/// for a core; the CPU time does not, so the summary shows both.
+struct Lap {
+  double wall = 0;
+  double cpu = 0;
+};
+class Stopwatch {
+ public:
+  Stopwatch() : wall0_(Clock::now()), cpu0_(process_cpu_seconds()) {}
+  Lap lap() const { return {seconds_since(wall0_), process_cpu_seconds() - cpu0_}; }
+
+ private:
+  Clock::time_point wall0_;
+  double cpu0_;
+};
+
+/// The directory benchmark files go to: $WEIGHTCACHE_BENCH_DIR, else the benchmark binary's
+/// build directory (a disk filesystem, unlike a tmpfs /tmp). Made once, removed at exit.
+const std::string& scratch_dir();
+/// Filesystem type of the scratch directory ("ext4", "tmpfs", ...), for the report.
+std::string scratch_fs_type();
+/// A fresh path inside scratch_dir() (the file does not exist).
+std::string scratch_path(const std::string& stem);
+/// Removes a cache file and its lock sidecar.
+void remove_cache_file(const std::string& path);
+
+/// Sizes in [lo, hi] (uniform when !log_uniform, else log-uniform) adding up to about `total`.
+std::vector<std::size_t> mixed_sizes(std::uint64_t total, std::size_t lo, std::size_t hi, std::uint64_t seed,
+                                     bool log_uniform);
+/// `count` sizes in [lo, hi], log-uniform.
+std::vector<std::size_t> mixed_sizes_n(std::size_t count, std::size_t lo, std::size_t hi, std::uint64_t seed);
+
+/// Writes a pattern over [p, p + size) the way a packer would: every byte stored once.
+void fill_pattern(void* p, std::size_t size, std::uint64_t seed);
+
+/// Live mappings (VMAs) of the file at `path` in this process, from /proc/self/maps.
+std::size_t file_vmas(const std::string& path);
+
+// ---- the summary -----------------------------------------------------------------------------
+/// One iteration's times of one benchmark, kept for the summary printed after the run.
+void record_time(const std::string& name, const Lap& lap);
+/// A measured quantity (a count, a size) for the summary.
+void record_value(const std::string& name, double value);
+bool has_time(const std::string& name);
+/// Median over the iterations of the wall (cpu == false) or CPU seconds.
+double median_time(const std::string& name, bool cpu = false);
+bool has_value(const std::string& name);
+double value(const std::string& name);
+
+/// Options for a benchmark cache file: no flushes (durability is not what is measured).
+Options bench_options(const std::string& path, const std::string& compat);
+
+}  // namespace weightcache::bench

@@ -1,0 +1,180 @@
+// Reading side: a warm cache file of 10,000 entries (about 256 MiB, already in the page cache),
+// opened by a fresh cache object each iteration as a new process would.
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "demo_model.hpp"
+
+namespace weightcache::bench {
+namespace {
+
+constexpr std::size_t kEntries = 10000;
+
+struct WarmFile {
+  std::string path;
+  std::vector<std::string> keys;
+  std::vector<std::size_t> sizes;
+  std::uint64_t payload = 0;
+  std::string error;
+};
+
+// 4-48 KiB entries, uniform: about 254 MiB in all.
+const WarmFile& warm_file() {
+  static const WarmFile f = [] {
+    WarmFile w;
+    w.path = scratch_path("warm10k");
+    // Enough total for at least kEntries sizes of at most 48 KiB; the surplus is dropped.
+    w.sizes = mixed_sizes(std::uint64_t{kEntries} * (48 << 10), 4 << 10, 48 << 10, 11, false);
+    w.sizes.resize(kEntries);
+    char key[64];
+    for (std::size_t i = 0; i < kEntries; ++i) {
+      std::snprintf(key, sizeof key, "blk.%03zu.ffn_%zu.weight", i / 8, i % 8);
+      w.keys.emplace_back(key);
+      w.payload += w.sizes[i];
+    }
+    auto cache = WeightCache::open(bench_options(w.path, "bench-warm"));
+    if (!cache) {
+      w.error = cache.error().message;
+      return w;
+    }
+    for (std::size_t i = 0; i < kEntries; ++i) {
+      void* p = cache->reserve(w.sizes[i]);
+      if (p == nullptr ||
+          (fill_pattern(p, w.sizes[i], i), cache->look_up_or_insert(w.keys[i], p, w.sizes[i])) == kNotFound) {
+        w.error = last_error().message;
+        return w;
+      }
+    }
+    if (auto r = cache->finalize(); !r) w.error = r.error().message;
+    return w;
+  }();
+  return f;
+}
+
+Options warm_options(Verify verify) {
+  Options o = bench_options(warm_file().path, "bench-warm");
+  o.verify = verify;
+  return o;
+}
+
+// open + look_up of every key; with `read`, also every byte of every entry.
+void warm_open(benchmark::State& state, Verify verify, bool read, const std::string& name) {
+  const WarmFile& f = warm_file();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  std::uint64_t sink = 0;
+  double close_s = 0;
+  for (auto _ : state) {
+    const Stopwatch sw;
+    auto cache = WeightCache::open(warm_options(verify));
+    if (!cache) {
+      state.SkipWithError(cache.error().message.c_str());
+      break;
+    }
+    for (std::size_t i = 0; i < kEntries; ++i) {
+      const std::size_t off = cache->look_up(f.keys[i]);
+      if (off == kNotFound) {
+        state.SkipWithError("a warm entry was missing");
+        break;
+      }
+      if (read) sink += demo::word_sum(cache->offset_to_addr(off), f.sizes[i]);
+    }
+    const Lap lap = sw.lap();
+    const double t = lap.wall;
+    state.SetIterationTime(t);
+    record_time(name, lap);
+    const auto t1 = Clock::now();
+    cache.value() = WeightCache();  // close: unmaps everything, so the next open starts cold
+    close_s += seconds_since(t1);
+  }
+  benchmark::DoNotOptimize(sink);
+  if (read) state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * f.payload));
+  state.counters["entries"] = double(kEntries);
+  state.counters["close_ms"] = state.iterations() ? close_s * 1e3 / double(state.iterations()) : 0;
+}
+
+void BM_warm_lookup_verify_none(benchmark::State& state) { warm_open(state, Verify::none, false, "warm/lookup_none"); }
+void BM_warm_lookup_first_use(benchmark::State& state) {
+  warm_open(state, Verify::first_use, false, "warm/lookup_first_use");
+}
+void BM_warm_lookup_read_first_use(benchmark::State& state) {
+  warm_open(state, Verify::first_use, true, "warm/lookup_read_first_use");
+}
+void BM_warm_lookup_read_verify_none(benchmark::State& state) {
+  warm_open(state, Verify::none, true, "warm/lookup_read_none");
+}
+
+// The floor: map the same file with plain mmap and read every byte of it.
+void BM_warm_mmap_read_floor(benchmark::State& state) {
+  const WarmFile& f = warm_file();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  std::uint64_t sink = 0, size = 0;
+  for (auto _ : state) {
+    const Stopwatch sw;
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      state.SkipWithError("cannot open the warm file");
+      break;
+    }
+    size = static_cast<std::uint64_t>(st.st_size);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      state.SkipWithError("mmap failed");
+      ::close(fd);
+      break;
+    }
+    sink += demo::word_sum(p, size);
+    const Lap lap = sw.lap();
+    const double t = lap.wall;
+    state.SetIterationTime(t);
+    record_time("warm/mmap_read_floor", lap);
+    ::munmap(p, size);
+    ::close(fd);
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size));
+}
+
+}  // namespace
+
+BENCHMARK(BM_warm_lookup_verify_none)
+    ->Name("warm/open_lookup_10k_verify_none")
+    ->UseManualTime()
+    ->Iterations(40)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_warm_mmap_read_floor)
+    ->Name("warm/mmap_read_floor")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_warm_lookup_read_first_use)
+    ->Name("warm/open_lookup_read_10k_first_use")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_warm_lookup_first_use)
+    ->Name("warm/open_lookup_10k_first_use")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_warm_lookup_read_verify_none)
+    ->Name("warm/open_lookup_read_10k_verify_none")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace weightcache::bench
