@@ -1,0 +1,97 @@
+// A whole open / reserve / insert / finalize / reopen run, with ground truth, shared by the fault
+// sweep and the crash simulation. Each key has exactly one byte content (derived from the key),
+// so any hit can be checked without knowing what the run managed to commit.
+#pragma once
+
+#include <weightcache/weight_cache.hpp>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace wctest {
+
+inline std::string content_for(const std::string& key) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  const std::size_t size = 1 + (h % 70000);  // spans several pages, sometimes tiny
+  std::string out(size, '\0');
+  std::uint64_t x = h | 1;
+  for (std::size_t i = 0; i < size; ++i) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    out[i] = static_cast<char>(x);
+  }
+  return out;
+}
+
+struct Outcome {
+  std::set<std::string> durable;  // keys of finalizes that returned ok
+  std::vector<std::string> all;   // every key the run tried
+  std::uint64_t wrong_bytes = 0;  // hits during the run with other bytes
+};
+
+inline weightcache::Options scenario_options(const std::string& path) {
+  weightcache::Options o;
+  o.path = path;
+  o.compat_key = "scenario-v1";
+  o.durability = weightcache::Durability::full;
+  o.lease_timeout = std::chrono::milliseconds(2000);
+  return o;
+}
+
+// Checks every hit of the run's keys; counts wrong bytes.
+inline std::uint64_t check_hits(weightcache::WeightCache& c, const std::vector<std::string>& keys,
+                                std::set<std::string>* present = nullptr) {
+  std::uint64_t wrong = 0;
+  for (const auto& k : keys) {
+    const std::size_t off = c.look_up(k);
+    if (off == weightcache::kNotFound) continue;
+    const auto* p = static_cast<const char*>(c.offset_to_addr(off));
+    const std::string want = content_for(k);
+    if (p == nullptr || std::memcmp(p, want.data(), want.size()) != 0) ++wrong;
+    else if (present) present->insert(k);
+  }
+  return wrong;
+}
+
+// Rounds: each opens the cache, checks what is there, packs `per_round` new keys (half through
+// reservations, half copied in), finalizes, closes.
+inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_round = 6) {
+  Outcome out;
+  for (int r = 0; r < rounds; ++r) {
+    auto opened = weightcache::WeightCache::open(scenario_options(path));
+    if (!opened) continue;
+    auto& c = opened.value();
+    out.wrong_bytes += check_hits(c, out.all);
+    std::vector<std::string> added;
+    for (int i = 0; i < per_round; ++i) {
+      const std::string key = "round" + std::to_string(r) + "/w" + std::to_string(i);
+      out.all.push_back(key);
+      const std::string bytes = content_for(key);
+      std::size_t off;
+      if (i % 2 == 0) {
+        void* p = c.reserve(bytes.size());
+        if (p == nullptr) continue;
+        std::memcpy(p, bytes.data(), bytes.size());
+        off = c.look_up_or_insert(key, p, bytes.size());
+      } else {
+        off = c.insert(key, bytes);
+      }
+      if (off == weightcache::kNotFound) continue;
+      const auto* q = static_cast<const char*>(c.offset_to_addr(off));
+      if (q == nullptr || std::memcmp(q, bytes.data(), bytes.size()) != 0) ++out.wrong_bytes;
+      // Only entries placed in the file can be durable; heap fallbacks (offsets past the file's
+      // address range) live and die with this process.
+      if (c.stats().backing == weightcache::Backing::file && off < scenario_options(path).max_file_bytes)
+        added.push_back(key);
+    }
+    if (c.finalize()) out.durable.insert(added.begin(), added.end());
+  }
+  return out;
+}
+
+}  // namespace wctest
