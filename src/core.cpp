@@ -304,14 +304,19 @@ Result<void> Core::load_file() noexcept {
 // index
 // ---------------------------------------------------------------------------------------------
 
-void Core::merge_records_locked(const std::vector<format::IndexRecord>& records) noexcept {
+void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexcept {
   try {
+    // write_mu_ is held, so the maps cannot change under us: reading them without index_mu_
+    // is safe, and the exclusive lock is taken once, only to publish.
     std::vector<std::unique_ptr<Entry>> fresh;
-    for (const auto& r : records) {
-      Entry* old = find_entry(r.key);
-      if (old != nullptr && (old->offset == r.offset || !old->durable)) continue;  // ours wins
+    fresh.reserve(records.size());
+    for (auto& r : records) {
+      if (!by_key_.empty()) {
+        auto it = by_key_.find(std::string_view(r.key));
+        if (it != by_key_.end() && (it->second->offset == r.offset || !it->second->durable)) continue;  // ours wins
+      }
       auto e = std::make_unique<Entry>();
-      e->key = r.key;
+      e->key = std::move(r.key);
       e->offset = r.offset;
       e->size = r.size;
       e->checksum = r.checksum;
@@ -323,14 +328,14 @@ void Core::merge_records_locked(const std::vector<format::IndexRecord>& records)
       for (auto& e : fresh) verify_entry(e.get());
     }
     std::unique_lock<std::shared_mutex> lock(index_mu_);
+    by_key_.reserve(by_key_.size() + fresh.size());
+    by_offset_.reserve(by_offset_.size() + fresh.size());
     for (auto& e : fresh) {
-      auto it = by_key_.find(e->key);
-      if (it != by_key_.end()) {
+      auto [it, inserted] = by_key_.try_emplace(std::string_view(e->key), e.get());
+      if (!inserted) {
         if (it->second->in_file) mapped_bytes_ -= it->second->size;
         else heap_bytes_ -= it->second->size;
-        it->second = e.get();
-      } else {
-        by_key_.emplace(e->key, e.get());
+        it->second = e.get();  // the map's key still views the old entry's key: same bytes, kept alive
       }
       mapped_bytes_ += e->size;
       by_offset_[e->offset] = e.get();
@@ -343,7 +348,7 @@ void Core::merge_records_locked(const std::vector<format::IndexRecord>& records)
 
 Entry* Core::find_entry(std::string_view key) const noexcept {
   std::shared_lock<std::shared_mutex> lock(index_mu_);
-  auto it = by_key_.find(key);
+  auto it = by_key_.find(std::string_view(key));
   return it == by_key_.end() ? nullptr : it->second;
 }
 
@@ -658,14 +663,14 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     Entry* raw = e.get();
     {
       std::unique_lock<std::shared_mutex> ilock(index_mu_);
-      auto it = by_key_.find(key);
+      auto it = by_key_.find(std::string_view(key));
       if (it != by_key_.end()) {
         if (it->second->in_file) mapped_bytes_ -= it->second->size;
         else heap_bytes_ -= it->second->size;
         it->second = raw;
         log::debug("'{}': replacing a stale entry", opts_.path);
       } else {
-        by_key_.emplace(raw->key, raw);
+        by_key_.emplace(std::string_view(raw->key), raw);
       }
       by_offset_[raw->offset] = raw;
       entries_.push_back(std::move(e));

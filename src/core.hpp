@@ -101,7 +101,7 @@ class Core {
   Result<Region> allocate_locked(std::uint64_t size, bool* fell_back) noexcept;
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) noexcept;
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
-  void merge_records_locked(const std::vector<format::IndexRecord>& records) noexcept;
+  void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
   Result<void> persist_locked() noexcept;
   void maybe_trim_locked() noexcept;
 
@@ -150,7 +150,8 @@ class Core {
   // Guarded by index_mu_ (writes also hold write_mu_).
   mutable std::shared_mutex index_mu_;
   std::deque<std::unique_ptr<Entry>> entries_;
-  std::unordered_map<std::string, Entry*, StringHash, std::equal_to<>> by_key_;
+  // Keys view Entry::key; entries live until the Core dies, so the views never dangle.
+  std::unordered_map<std::string_view, Entry*, StringHash> by_key_;
   std::unordered_map<std::uint64_t, Entry*> by_offset_;
 
   std::atomic<bool> finalized_{true};

@@ -9,7 +9,18 @@
 
 namespace weightcache::format {
 
+#if WEIGHTCACHE_HAVE_AVX2_HASH
+std::uint64_t hash_bytes_avx2(const void* data, std::size_t size) noexcept;
+namespace {
+const bool kUseAvx2 = __builtin_cpu_supports("avx2");
+}
+#endif
+
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
+#if WEIGHTCACHE_HAVE_AVX2_HASH
+  // Small inputs (keys, slots) stay on the inlined path; the call only pays off for data.
+  if (size >= 1024 && kUseAvx2) return hash_bytes_avx2(data, size);
+#endif
   return XXH3_64bits(data, size);
 }
 
