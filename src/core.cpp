@@ -290,10 +290,12 @@ Result<void> Core::load_file() noexcept {
     return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
   identity_ = {info->device, info->inode};
   file_size_ = info->size;
+  publish_sizes_locked();
   {
     std::lock_guard<std::mutex> lock(write_mu_);
     if (auto r = ensure_mapped_locked(slot->committed_size); !r) return r.error();
     committed_ = slot.value();
+    publish_sizes_locked();
     merge_records_locked(records);
   }
   log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, records.size(), committed_.committed_size);
@@ -412,21 +414,20 @@ Result<void> Core::refresh_locked() noexcept {
   if (slot->committed_size > file_span_)
     return Error{Errc::no_space, 0, "file grew past max_file_bytes; reopen with a larger max_file_bytes"};
   file_size_ = std::max(file_size_, info->size);
+  publish_sizes_locked();
   if (auto r = ensure_mapped_locked(slot->committed_size); !r) return r.error();
   committed_ = slot.value();
+  publish_sizes_locked();
   merge_records_locked(records);
   return {};
 }
 
 Stats Core::stats() const noexcept {
   Stats s;
-  std::uint64_t committed = 0, index_bytes = 0;
-  {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    s.file_bytes = file_backed_ ? file_size_ : 0;
-    committed = committed_.committed_size;
-    index_bytes = committed_.index_size + format::kFooterSize;
-  }
+  // Never takes write_mu_: a writer may hold it while it waits for another process's lease.
+  s.file_bytes = file_backed_ ? seen_file_size_.load(std::memory_order_relaxed) : 0;
+  const std::uint64_t committed = seen_committed_.load(std::memory_order_relaxed);
+  const std::uint64_t index_bytes = seen_trailer_.load(std::memory_order_relaxed);
   std::uint64_t durable_live = 0;
   {
     std::shared_lock<std::shared_mutex> lock(index_mu_);
@@ -485,11 +486,18 @@ Result<void> Core::acquire_lease_locked() noexcept {
     return r.error();
   }
   file_size_ = ours->size;
+  publish_sizes_locked();
   // Bytes past the committed size are either free or garbage of a writer that died: ours to
   // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe).
   cursor_ = align_up(committed_.committed_size, offset_align());
   flush_from_ = cursor_;
   return {};
+}
+
+void Core::publish_sizes_locked() noexcept {
+  seen_file_size_.store(file_size_, std::memory_order_relaxed);
+  seen_committed_.store(committed_.committed_size, std::memory_order_relaxed);
+  seen_trailer_.store(committed_.index_size + format::kFooterSize, std::memory_order_relaxed);
 }
 
 void Core::release_lease_locked() noexcept {
@@ -532,6 +540,7 @@ Result<void> Core::grow_file_locked(std::uint64_t end) noexcept {
     }
     if (!r) return r.error();
     file_size_ = target;
+    publish_sizes_locked();
   }
   return ensure_mapped_locked(end);
 }
@@ -734,6 +743,7 @@ Result<void> Core::persist_locked() noexcept {
     if (auto r = pf_.sync(fd_); !r) return r.error();
 
   committed_ = slot;
+  publish_sizes_locked();
   for (Entry* e : pending_) e->durable = true;
   pending_.clear();
   cursor_ = slot.committed_size;
@@ -751,6 +761,7 @@ void Core::maybe_trim_locked() noexcept {
     if (!r.heap && off + r.capacity > committed_.committed_size) return;
   if (auto r = pf_.truncate(fd_, committed_.committed_size); r) {
     file_size_ = committed_.committed_size;
+    publish_sizes_locked();
     cursor_ = committed_.committed_size;
   }
 }

@@ -94,6 +94,7 @@ class Core {
   // writer side (write_mu_ held)
   Result<void> acquire_lease_locked() noexcept;
   void release_lease_locked() noexcept;
+  void publish_sizes_locked() noexcept;  // copies sizes for stats(), which takes no write lock
   void release_lease_if_safe_locked() noexcept;
   Result<void> refresh_locked() noexcept;
   Result<void> ensure_mapped_locked(std::uint64_t end) noexcept;
@@ -154,6 +155,7 @@ class Core {
   std::unordered_map<std::string_view, Entry*, StringHash> by_key_;
   std::unordered_map<std::uint64_t, Entry*> by_offset_;
 
+  std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
   mutable std::atomic<std::uint64_t> hits_{0}, misses_{0}, verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
