@@ -99,7 +99,6 @@ class PosixPlatform final : public Platform {
     }
     const int fl = ::fcntl(fd, F_GETFL);
     if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    if (mode == OpenMode::create_new || mode == OpenMode::lock_file) (void)::fchmod(fd, perm);
     return static_cast<Handle>(fd);
   }
 
