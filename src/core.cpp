@@ -326,9 +326,7 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
       e->durable = true;
       fresh.push_back(std::move(e));
     }
-    if (opts_.verify == Verify::on_open) {
-      for (auto& e : fresh) verify_entry(e.get());
-    }
+    if (opts_.verify == Verify::on_open) verify_all(fresh);
     std::unique_lock<std::shared_mutex> lock(index_mu_);
     by_key_.reserve(by_key_.size() + fresh.size());
     by_offset_.reserve(by_offset_.size() + fresh.size());
@@ -346,6 +344,27 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
   } catch (...) {
     log::error("out of memory while loading the index of '{}'", opts_.path);
   }
+}
+
+void Core::verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexcept {
+  // Checksumming is memory-bound per core: spread big loads over the cores (entries are never
+  // split, so a single huge entry still takes one core).
+  std::uint64_t total = 0;
+  for (const auto& e : entries) total += e->size;
+  const unsigned hw = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  const unsigned workers = total < (64ull << 20) ? 1 : hw;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next.fetch_add(1); i < entries.size(); i = next.fetch_add(1)) verify_entry(entries[i].get());
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (unsigned t = 1; t < workers; ++t) threads.emplace_back(work);
+  } catch (...) {
+    // No thread: the calling thread does all of it.
+  }
+  work();
+  for (auto& t : threads) t.join();
 }
 
 Entry* Core::find_entry(std::string_view key) const noexcept {

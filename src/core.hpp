@@ -107,6 +107,7 @@ class Core {
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
+  void verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexcept;
   Entry* find_entry(std::string_view key) const noexcept;
   std::byte* addr(std::uint64_t offset) const noexcept { return base_ + offset; }
   std::uint64_t round_size(std::uint64_t size) const noexcept;

@@ -99,7 +99,7 @@ struct Options {
   bool private_cache = false;
   /// Follow a symlink at `path` (refused by default).
   bool allow_symlink = false;
-  /// Permission bits of a newly created cache file.
+  /// Permission bits of a newly created cache file (filtered by the umask, as open(2) does).
   unsigned file_mode = 0644;
   /// How long a would-be writer waits for another process's writer lease before packing to heap.
   std::chrono::milliseconds lease_timeout{120000};
