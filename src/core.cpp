@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 #include <thread>
 
 namespace weightcache {
@@ -147,8 +149,46 @@ Result<void> Core::init_heap_only() noexcept {
   return reserve_address_space(0);
 }
 
+namespace {
+
+// With allow_symlink, everything (the lease's lock file, temporary files, the rename of a rebuilt
+// file) must be about the file the link names, not the link: two processes opening the cache
+// through a link and through its target must share one lease.
+std::string resolve_symlinks(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return p.lexically_normal().string();
+}
+
+// Temporary files of a process that died while building a cache file. Called under the lease,
+// when no other process can be writing one.
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".tmp.";
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) == 0) fs::remove(it->path(), ec);
+  }
+}
+
+}  // namespace
+
 Result<void> Core::init_file() noexcept {
   file_backed_ = true;
+  try {
+    if (opts_.allow_symlink) opts_.path = resolve_symlinks(opts_.path);
+  } catch (...) {
+    return Error{Errc::no_memory, 0, "out of memory while resolving the cache path"};
+  }
   lock_path_ = opts_.path + ".lock";
   if (auto r = reserve_address_space(opts_.max_file_bytes); !r) return r.error();
 
@@ -180,7 +220,7 @@ Result<void> Core::init_file() noexcept {
   // have put a good file in place while we waited.
   pf_.close_file(fd_);
   fd_ = platform::kInvalidHandle;
-  if (auto r = acquire_lease_locked(); !r) return r.error();
+  if (auto r = acquire_lease_locked(nullptr); !r) return r.error();
   auto second = try_load();
   if (!second) {
     if (auto r = create_fresh_file(); !r) {
@@ -195,9 +235,12 @@ Result<void> Core::init_file() noexcept {
 
 Result<void> Core::create_fresh_file() noexcept {
   static std::atomic<unsigned> counter{0};
+  try {
+    remove_stale_temporaries(opts_.path);
+  } catch (...) {
+  }
   const std::string tmp = opts_.path + ".tmp." + std::to_string(pf_.process_id()) + "." +
                           std::to_string(counter.fetch_add(1));
-  pf_.remove(tmp);
   auto h = pf_.open_file(tmp, platform::OpenMode::create_new, opts_.file_mode, false);
   if (!h) return h.error();
   format::HeaderFixed fixed;
@@ -315,7 +358,7 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
     for (auto& r : records) {
       if (!by_key_.empty()) {
         auto it = by_key_.find(std::string_view(r.key));
-        if (it != by_key_.end() && (it->second->offset == r.offset || !it->second->durable)) continue;  // ours wins
+        if (it != by_key_.end() && (it->second->offset == r.offset || !it->second->durable.load())) continue;  // ours wins
       }
       auto e = std::make_unique<Entry>();
       e->key = std::move(r.key);
@@ -323,7 +366,7 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
       e->size = r.size;
       e->checksum = r.checksum;
       e->in_file = true;
-      e->durable = true;
+      e->durable.store(true, std::memory_order_relaxed);
       fresh.push_back(std::move(e));
     }
     if (opts_.verify == Verify::on_open) verify_all(fresh);
@@ -452,7 +495,7 @@ Stats Core::stats() const noexcept {
     std::shared_lock<std::shared_mutex> lock(index_mu_);
     s.entries = by_key_.size();
     for (const auto& [k, e] : by_key_)
-      if (e->durable) durable_live += round_size(e->size);
+      if (e->durable.load(std::memory_order_relaxed)) durable_live += round_size(e->size);
   }
   s.mapped_bytes = mapped_bytes_.load();
   s.heap_bytes = heap_bytes_.load();
@@ -472,7 +515,7 @@ Stats Core::stats() const noexcept {
 // writer side
 // ---------------------------------------------------------------------------------------------
 
-Result<void> Core::acquire_lease_locked() noexcept {
+Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexcept {
   if (has_lease_) return {};
   if (lock_fd_ == platform::kInvalidHandle)
     return Error{Errc::read_only, 0, "cache is open read-only"};
@@ -485,7 +528,14 @@ Result<void> Core::acquire_lease_locked() noexcept {
     if (std::chrono::steady_clock::now() >= deadline)
       return Error{Errc::busy, 0,
                    "another process held the writer lease on '" + lock_path_ + "' for longer than lease_timeout"};
+    // Wait without the write mutex, so this process's readers can refresh and other threads
+    // can commit their reservations meanwhile; callers re-read state after this returns.
+    if (lk != nullptr) lk->unlock();
     std::this_thread::sleep_for(backoff);
+    if (lk != nullptr) {
+      lk->lock();
+      if (has_lease_) return {};  // another thread of ours took it meanwhile
+    }
     backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
   }
   has_lease_ = true;
@@ -579,10 +629,11 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
   return file_span_ + off;
 }
 
-Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back) noexcept {
+Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
+                                           std::unique_lock<std::mutex>& lk) noexcept {
   *fell_back = false;
   if (!file_disabled_ && !opts_.read_only) {
-    auto lease = acquire_lease_locked();
+    auto lease = acquire_lease_locked(&lk);
     if (lease) {
       const std::uint64_t off = align_up(cursor_, offset_align());
       auto r = grow_file_locked(off + size);
@@ -616,10 +667,10 @@ void* Core::reserve(std::size_t size) noexcept {
       set_last_error({Errc::invalid_argument, 0, "reservation size is implausibly large"});
       return nullptr;
     }
-    std::lock_guard<std::mutex> lock(write_mu_);
+    std::unique_lock<std::mutex> lock(write_mu_);
     const std::uint64_t cap = round_size(size);
     bool fell_back = false;
-    auto region = allocate_locked(cap, &fell_back);
+    auto region = allocate_locked(cap, &fell_back, lock);
     if (!region) {
       set_last_error(region.error());
       return nullptr;
@@ -652,7 +703,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   try {
     const std::uint64_t checksum = format::hash_bytes(ptr, size);
     const auto* p = static_cast<std::byte*>(ptr);
-    std::lock_guard<std::mutex> lock(write_mu_);
+    std::unique_lock<std::mutex> lock(write_mu_);
     std::optional<std::pair<std::uint64_t, Reservation>> res;
     if (p >= base_ && p < base_ + va_size_) {
       auto it = reservations_.find(static_cast<std::uint64_t>(p - base_));
@@ -673,7 +724,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       region = Region{res->first, res->second.heap};
     } else {
       bool fell_back = false;
-      auto r = allocate_locked(round_size(size), &fell_back);
+      auto r = allocate_locked(round_size(size), &fell_back, lock);
       if (!r) {
         set_last_error(r.error());
         return kNotFound;
@@ -708,6 +759,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       pending_.push_back(raw);
     } else {
       heap_bytes_ += size;
+      if (file_backed_) ++unpersisted_;
     }
     finalized_.store(false, std::memory_order_release);
     return static_cast<std::size_t>(raw->offset);
@@ -717,8 +769,12 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   }
 }
 
-Result<void> Core::persist_locked() noexcept {
-  if (auto r = acquire_lease_locked(); !r) return r.error();
+Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
+  if (auto r = acquire_lease_locked(&lk); !r) return r.error();
+  if (pending_.empty()) {  // another thread committed everything while we waited
+    release_lease_if_safe_locked();
+    return {};
+  }
   std::vector<format::IndexRecord> records;
   try {
     std::shared_lock<std::shared_mutex> lock(index_mu_);
@@ -763,7 +819,7 @@ Result<void> Core::persist_locked() noexcept {
 
   committed_ = slot;
   publish_sizes_locked();
-  for (Entry* e : pending_) e->durable = true;
+  for (Entry* e : pending_) e->durable.store(true, std::memory_order_relaxed);
   pending_.clear();
   cursor_ = slot.committed_size;
   flush_from_ = cursor_;
@@ -787,10 +843,16 @@ void Core::maybe_trim_locked() noexcept {
 
 Result<void> Core::finalize() noexcept {
   try {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    std::unique_lock<std::mutex> lock(write_mu_);
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);
+    if (unpersisted_ != 0) {
+      log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted "
+                "(see stats().heap_fallbacks and the earlier warning for why)",
+                opts_.path, unpersisted_);
+      unpersisted_ = 0;
+    }
     if (!file_backed_ || opts_.read_only) return {};
     if (pending_.empty()) {
       // Nothing new: leave the file's bytes and mtime alone (only undo growth we made ourselves).
@@ -802,7 +864,7 @@ Result<void> Core::finalize() noexcept {
       return fail({Errc::busy, 0,
                    std::to_string(pending_.size()) + " entries of '" + opts_.path +
                        "' cannot be persisted: the file was replaced by another process. Reopen the cache."});
-    auto r = persist_locked();
+    auto r = persist_locked(lock);
     if (!r) {
       log::error("finalize of '{}' failed ({}: {}); the previous committed state stays loadable", opts_.path,
                  errc_name(r.error().code), r.error().message);

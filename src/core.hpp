@@ -34,7 +34,7 @@ struct Entry {
   std::uint64_t size = 0;
   std::uint64_t checksum = 0;
   bool in_file = false;
-  bool durable = false;  // named by a committed index
+  std::atomic<bool> durable{false};  // named by a committed index (read by stats without write_mu_)
   std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad
 };
 
@@ -92,18 +92,20 @@ class Core {
                                               std::uint64_t file_size) noexcept;
 
   // writer side (write_mu_ held)
-  Result<void> acquire_lease_locked() noexcept;
+  /// Takes the writer lease, waiting up to lease_timeout. While it waits it unlocks *lk (if
+  /// given), so callers must re-read any state they computed before calling.
+  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexcept;
   void release_lease_locked() noexcept;
   void publish_sizes_locked() noexcept;  // copies sizes for stats(), which takes no write lock
   void release_lease_if_safe_locked() noexcept;
   Result<void> refresh_locked() noexcept;
   Result<void> ensure_mapped_locked(std::uint64_t end) noexcept;
   Result<void> grow_file_locked(std::uint64_t end) noexcept;
-  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back) noexcept;
+  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, std::unique_lock<std::mutex>& lk) noexcept;
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) noexcept;
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
   void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
-  Result<void> persist_locked() noexcept;
+  Result<void> persist_locked(std::unique_lock<std::mutex>& lk) noexcept;
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
@@ -148,6 +150,7 @@ class Core {
   std::map<std::uint64_t, Reservation> reservations_;
   std::vector<Entry*> pending_;     // file entries not yet in a committed index
   bool warned_fallback_ = false;
+  std::uint64_t unpersisted_ = 0;   // heap entries of a file-backed cache since the last finalize
 
   // Guarded by index_mu_ (writes also hold write_mu_).
   mutable std::shared_mutex index_mu_;

@@ -1,6 +1,8 @@
 #include "registry.hpp"
 
+#include <filesystem>
 #include <map>
+#include <string>
 #include <mutex>
 #include <tuple>
 
@@ -12,11 +14,27 @@ using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, bool>;  // d
 struct Registry {
   std::mutex mu;
   std::map<Key, std::weak_ptr<Core>> caches;
+  std::map<std::string, std::shared_ptr<std::mutex>> opening;  // per-file gates for opens in progress
 };
 
 Registry& instance() {
   static Registry* r = new Registry();  // outlives static destructors of hosts
   return *r;
+}
+
+std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::uint64_t compat) {
+  auto st = platform::os().stat_path(options.path, options.allow_symlink);
+  if (!st) return nullptr;
+  auto it = reg.caches.find(Key{st->device, st->inode, compat, options.read_only});
+  return it == reg.caches.end() ? nullptr : it->second.lock();
+}
+
+// A key for "an open of this file is in progress", known before the file's identity is: the
+// path with its existing directories resolved.
+std::string opening_key(const Options& options, std::uint64_t compat) {
+  std::error_code ec;
+  auto p = std::filesystem::weakly_canonical(options.path, ec);
+  return (ec ? options.path : p.string()) + '\0' + std::to_string(compat) + (options.read_only ? "r" : "w");
 }
 
 }  // namespace
@@ -26,24 +44,37 @@ Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
   if (!file_candidate) return Core::open(options, platform::os());
   try {
     Registry& reg = instance();
-    // Held across the open so two threads opening one path end with one Core. Opening may wait
-    // for another process's lease only while creating a file, which is short.
-    std::lock_guard<std::mutex> lock(reg.mu);
     const std::uint64_t compat = format::hash_bytes(options.compat_key);
-    if (auto st = platform::os().stat_path(options.path, options.allow_symlink); st) {
-      auto it = reg.caches.find(Key{st->device, st->inode, compat, options.read_only});
-      if (it != reg.caches.end()) {
-        if (auto core = it->second.lock()) return core;
-      }
+    std::shared_ptr<std::mutex> gate;
+    {
+      std::lock_guard<std::mutex> lock(reg.mu);
+      if (auto core = find_locked(reg, options, compat)) return core;
+      auto& g = reg.opening[opening_key(options, compat)];
+      if (!g) g = std::make_shared<std::mutex>();
+      gate = g;
+    }
+    // Opening may wait for another process's lease (while it builds the file): hold only this
+    // file's gate, never the registry's mutex, so opens of other files go on meanwhile.
+    std::lock_guard<std::mutex> opening(*gate);
+    {
+      std::lock_guard<std::mutex> lock(reg.mu);
+      if (auto core = find_locked(reg, options, compat)) return core;
     }
     auto core = Core::open(options, platform::os());
     if (!core) return core;
+    std::lock_guard<std::mutex> lock(reg.mu);
     if (core.value()->file_backed()) {
       const auto id = core.value()->identity();
-      reg.caches[Key{id.device, id.inode, compat, options.read_only}] = core.value();
+      auto& slot = reg.caches[Key{id.device, id.inode, compat, options.read_only}];
+      // Another spelling of the same file (a hard link) may have won the race: use its cache.
+      if (auto existing = slot.lock()) return existing;
+      slot = core.value();
     }
     for (auto it = reg.caches.begin(); it != reg.caches.end();) {
       it = it->second.expired() ? reg.caches.erase(it) : std::next(it);
+    }
+    for (auto it = reg.opening.begin(); it != reg.opening.end();) {
+      it = it->second.use_count() == 1 && it->second != gate ? reg.opening.erase(it) : std::next(it);
     }
     return core;
   } catch (...) {
