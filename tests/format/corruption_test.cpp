@@ -9,7 +9,7 @@
 // determined (e.g. "the newest index is unusable, so exactly the first commit's 10 entries"),
 // the exact set of served keys is checked too.
 //
-// WEIGHTCACHE_FORMAT_FULL=1 flips every bit of every structural byte instead of one per byte.
+// WEIGHTCACHE_FULL=1 (or WEIGHTCACHE_FORMAT_FULL=1) flips every bit of every structural byte instead of one per byte.
 #include "file_image.hpp"
 #include "random_bytes.hpp"
 #include "temp_dir.hpp"
@@ -384,8 +384,11 @@ struct Tally {
 };
 
 bool full_run() {
-  const char* e = std::getenv("WEIGHTCACHE_FORMAT_FULL");
-  return e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0;
+  for (const char* name : {"WEIGHTCACHE_FULL", "WEIGHTCACHE_FORMAT_FULL"}) {
+    const char* e = std::getenv(name);
+    if (e != nullptr && *e != '\0' && std::strcmp(e, "0") != 0) return true;
+  }
+  return false;
 }
 
 // What the first open must serve when byte `off` of the base file is damaged (one bit or more).
