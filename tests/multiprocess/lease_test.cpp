@@ -1,0 +1,221 @@
+// The writer lease across processes: released by the OS when its holder dies, bounded waits
+// that fall back to the heap (and say so) without touching the file, and a file replaced by
+// rename under a process that still maps the old one.
+#include "mp_test_util.hpp"
+
+#include <chrono>
+#include <cstdio>
+
+#include <sys/stat.h>
+
+namespace weightcache::test::mp {
+namespace {
+
+constexpr std::size_t kSize = 64 * 1024;
+
+std::set<std::string> own_keys(const std::string& tag, std::size_t n) {
+  std::set<std::string> k;
+  for (std::size_t j = 0; j < n; ++j) k.insert(own_key(tag, j));
+  return k;
+}
+
+std::set<std::string> set_union(std::set<std::string> a, const std::set<std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+// A "hold" helper that committed `count` entries and now holds the lease with one reservation.
+struct Holder {
+  Children& kids;
+  Pipe go{Pipe::Inherit::read_end};
+  Pipe ready{Pipe::Inherit::write_end};
+  std::size_t index = 0;
+
+  Holder(Children& k, const std::string& path, std::size_t count) : kids(k) {
+    index = kids.start("hold", {arg("path", path), arg("tag", "h"), arg("count", count), arg("size", kSize),
+                                arg("ready_fd", ready.write_fd()), arg("go_fd", go.read_fd())});
+    ready.close_write();
+    go.close_read();
+  }
+  bool wait_ready() { return ready.read_bytes(1); }
+  bool tell_go() { return write_byte(go.write_fd()); }
+};
+
+TEST(MultiProcess, AWriterKilledWhileHoldingTheLeaseDoesNotBlockTheNextWriter) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  Children kids;
+  Holder holder(kids, path, 4);
+  ASSERT_TRUE(holder.wait_ready()) << "the holder never reached its reservation";
+
+  LeaseProbe probe(path);
+  ASSERT_TRUE(probe.valid());
+  EXPECT_FALSE(probe.try_take()) << "the holder's reservation should hold the writer lease";
+
+  ASSERT_EQ(::kill(kids.pid(holder.index), SIGKILL), 0);
+  const ExitStatus st = kids.wait(holder.index);
+  EXPECT_EQ(st.signal, SIGKILL) << st.describe();
+  // The OS released the dead process's lease: free at once, no timeout involved.
+  ASSERT_TRUE(probe.try_take()) << "the lease of a SIGKILLed writer is still held";
+  probe.release();
+
+  {
+    const FileIndex fi = decode_file(path);
+    ASSERT_EQ(fi.problem, "") << "the killed writer left the file unreadable";
+    EXPECT_EQ(fi.keys(), own_keys("h", 4));
+  }
+
+  // The next writer gets a zero lease_timeout: any wait for the dead writer's lease would send
+  // its entries to the heap, and the helper exits 13 on a single heap fallback.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string results = dir.file("next");
+  kids.start("pack", {arg("path", path), arg("tag", "n"), arg("own", 4), arg("size", kSize), arg("lease_ms", 0),
+                      arg("results", results)});
+  ASSERT_TRUE(kids.all_succeed());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("next writer after the SIGKILL: started, packed 4 entries and exited in %.1f ms\n", ms);
+  EXPECT_EQ(read_results(results)["heap_fallbacks"], 0u);
+
+  const FileIndex fi = decode_file(path);
+  ASSERT_EQ(fi.problem, "");
+  // Previous entries kept, the new ones added, the dead writer's uncommitted one nowhere.
+  EXPECT_EQ(fi.keys(), set_union(own_keys("h", 4), own_keys("n", 4)));
+  // The dead writer's grown, uncommitted tail was reused or trimmed, not left as waste.
+  EXPECT_LE(static_cast<double>(fi.file_size), 1.2 * static_cast<double>(fi.payload()));
+}
+
+TEST(MultiProcess, AWriterThatCannotGetTheLeaseInTimePacksToHeapAndLeavesTheFileAlone) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  Children kids;
+  Holder holder(kids, path, 2);
+  ASSERT_TRUE(holder.wait_ready()) << "the holder never reached its reservation";
+  const std::string file_before = read_file(path);
+
+  Options o = cache_options(path);
+  o.lease_timeout = std::chrono::milliseconds(200);
+  auto opened = WeightCache::open(o);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  WeightCache& late = opened.value();
+  EXPECT_EQ(late.stats().entries, 2u);
+
+  // reserve -> fill -> look_up_or_insert, as a backend packs.
+  const std::string k0 = own_key("late", 0);
+  void* p = late.reserve(kSize);
+  ASSERT_NE(p, nullptr) << last_error().message;
+  Stats s = late.stats();
+  EXPECT_EQ(s.heap_fallbacks, 1u);
+  EXPECT_EQ(s.backing, Backing::file) << "a fallback serves new entries from the heap; the cache stays file-backed";
+  fill_for_key(k0, p, kSize);
+  const std::size_t off = late.look_up_or_insert(k0, p, kSize);
+  ASSERT_NE(off, kNotFound) << last_error().message;
+  EXPECT_EQ(late.offset_to_addr(off), p);
+  EXPECT_EQ(check_entry(late, k0, kSize), "");
+  // The copying path falls back too.
+  const std::string k1 = own_key("late", 1);
+  ASSERT_NE(late.insert(k1, bytes_for_key(k1, kSize)), kNotFound) << last_error().message;
+  EXPECT_EQ(check_entry(late, k1, kSize), "");
+  s = late.stats();
+  EXPECT_EQ(s.heap_fallbacks, 2u);
+  EXPECT_GE(s.heap_bytes, 2 * kSize);
+  const auto fin = late.finalize();
+  EXPECT_TRUE(late.is_finalized());
+  std::printf("finalize of the heap-only entries: %s\n", fin.ok() ? "ok" : fin.error().message.c_str());
+  for (std::size_t j = 0; j < 2; ++j) EXPECT_EQ(check_entry(late, own_key("h", j), kSize), "");
+
+  EXPECT_EQ(read_file(path), file_before) << "a writer without the lease changed the file";
+
+  // The holder finishes its entry and commits.
+  ASSERT_TRUE(holder.tell_go());
+  ASSERT_TRUE(kids.all_succeed());
+  {
+    const FileIndex fi = decode_file(path);
+    ASSERT_EQ(fi.problem, "");
+    EXPECT_EQ(fi.keys(), own_keys("h", 3));
+  }
+
+  // The late process sees the holder's commit, keeps serving its heap entries, and once the
+  // lease is free packs into the file again.
+  ASSERT_TRUE(late.refresh().ok()) << last_error().message;
+  EXPECT_EQ(check_entry(late, own_key("h", 2), kSize), "");
+  EXPECT_EQ(check_entry(late, k0, kSize), "");
+  EXPECT_EQ(check_entry(late, k1, kSize), "");
+  const std::string k2 = own_key("late", 2);
+  ASSERT_NE(late.insert(k2, bytes_for_key(k2, kSize)), kNotFound) << last_error().message;
+  EXPECT_EQ(late.stats().heap_fallbacks, 2u);
+  ASSERT_TRUE(late.finalize().ok()) << last_error().message;
+  const FileIndex fi = decode_file(path);
+  ASSERT_EQ(fi.problem, "");
+  std::set<std::string> want = own_keys("h", 3);
+  want.insert(k2);
+  EXPECT_EQ(fi.keys(), want);
+}
+
+TEST(MultiProcess, AFileReplacedByRenameKeepsServingTheOldMappingAndIsNeverWrittenThroughIt) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  auto opened = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  WeightCache& old_cache = opened.value();
+  for (std::size_t j = 0; j < 6; ++j)
+    ASSERT_NE(old_cache.insert(own_key("old", j), bytes_for_key(own_key("old", j), kSize)), kNotFound);
+  ASSERT_TRUE(old_cache.finalize().ok()) << last_error().message;
+
+  // Another process rebuilds the cache under the lease and renames the new file into place.
+  Children kids;
+  kids.start("replace", {arg("path", path), arg("tag", "new"), arg("count", 4), arg("size", kSize)});
+  ASSERT_TRUE(kids.all_succeed());
+  const std::string new_file = read_file(path);
+  struct stat new_st {};
+  ASSERT_EQ(::stat(path.c_str(), &new_st), 0);
+
+  // The old mapping keeps serving the old file's bytes.
+  for (std::size_t j = 0; j < 6; ++j) EXPECT_EQ(check_entry(old_cache, own_key("old", j), kSize), "");
+  EXPECT_EQ(old_cache.look_up(own_key("new", 0)), kNotFound);
+  (void)old_cache.refresh();  // what it reports is open; it must not break the old mapping
+  for (std::size_t j = 0; j < 6; ++j) EXPECT_EQ(check_entry(old_cache, own_key("old", j), kSize), "");
+
+  // New entries of the old process go to the heap, visibly, never into either file.
+  const std::string k6 = own_key("old", 6);
+  void* p = old_cache.reserve(kSize);
+  ASSERT_NE(p, nullptr) << last_error().message;
+  fill_for_key(k6, p, kSize);
+  ASSERT_NE(old_cache.look_up_or_insert(k6, p, kSize), kNotFound) << last_error().message;
+  EXPECT_EQ(check_entry(old_cache, k6, kSize), "");
+  const std::string k7 = own_key("old", 7);
+  ASSERT_NE(old_cache.insert(k7, bytes_for_key(k7, kSize)), kNotFound) << last_error().message;
+  EXPECT_EQ(check_entry(old_cache, k7, kSize), "");
+  const Stats s = old_cache.stats();
+  EXPECT_GE(s.heap_fallbacks, 1u);
+  EXPECT_GE(s.heap_bytes, 2 * kSize);
+  EXPECT_EQ(s.backing, Backing::file);
+  const auto fin = old_cache.finalize();
+  std::printf("finalize after the replacement: %s\n", fin.ok() ? "ok" : fin.error().message.c_str());
+
+  struct stat after {};
+  ASSERT_EQ(::stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, new_st.st_ino);
+  EXPECT_EQ(read_file(path), new_file) << "the process holding the old mapping wrote into the new file";
+  const FileIndex fi = decode_file(path);
+  ASSERT_EQ(fi.problem, "");
+  EXPECT_EQ(fi.keys(), own_keys("new", 4));
+
+  // Opening the path now (same process, old cache still open) gives the new file's cache.
+  auto reopened = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(reopened.ok()) << reopened.error().message;
+  WeightCache& fresh = reopened.value();
+  EXPECT_EQ(fresh.stats().entries, 4u);
+  for (std::size_t j = 0; j < 4; ++j) EXPECT_EQ(check_entry(fresh, own_key("new", j), kSize), "");
+  EXPECT_EQ(fresh.look_up(own_key("old", 0)), kNotFound);
+  const std::string kf = own_key("fresh", 0);
+  ASSERT_NE(fresh.insert(kf, bytes_for_key(kf, kSize)), kNotFound);
+  ASSERT_TRUE(fresh.finalize().ok()) << last_error().message;
+  EXPECT_EQ(fresh.stats().heap_fallbacks, 0u);
+  std::set<std::string> want = own_keys("new", 4);
+  want.insert(kf);
+  EXPECT_EQ(decode_file(path).keys(), want);
+  for (std::size_t j = 0; j < 8; ++j) EXPECT_EQ(check_entry(old_cache, own_key("old", j), kSize), "");
+}
+
+}  // namespace
+}  // namespace weightcache::test::mp

@@ -1,0 +1,280 @@
+// Helper process of the multi-process suite: each instance is a fresh process (posix_spawn, so a
+// fresh address space and a fresh registry) playing one role against a shared cache file.
+// Arguments are name=value pairs after the mode. Exit codes: see mp_util.hpp.
+//
+//   pack     path tag shared own size [rounds=1] [gate_fd] [results] [lease_ms] [rotate]
+//            Packs shared/0..shared-1 and own/<tag>/0..own-1 through look_up -> reserve -> fill ->
+//            look_up_or_insert, finalizing after each round; verifies every entry.
+//   reader   path init size writer count progress_fd [on_miss=0] [results]
+//            Never writes. Checks init/0..init-1, signals progress, then refreshes and looks up
+//            own/<writer>/0..count-1 until all hit, verifying each hit's bytes.
+//   hold     path tag count size ready_fd go_fd
+//            Packs and finalizes own/<tag>/0..count-1, reserves one more entry (taking the lease),
+//            signals ready, and waits for a byte on go_fd (then inserts + finalizes) or EOF.
+//   replace  path tag count size
+//            Under the writer lease, builds a new file with own/<tag>/0..count-1 and renames it
+//            over path, as compaction does.
+//   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]
+//            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
+//            smaps figures for the cache file, signals done and waits for exit_fd to close.
+#include "mp_util.hpp"
+#include "smaps.hpp"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <sched.h>
+#include <sys/file.h>
+
+using namespace weightcache;
+using namespace weightcache::test;
+using namespace weightcache::test::mp;
+
+namespace {
+
+int fail(int code, const std::string& what) {
+  std::fprintf(stderr, "mp_child[%d]: %s\n", static_cast<int>(::getpid()), what.c_str());
+  return code;
+}
+
+std::uint64_t num(const KeyValues& kv, const std::string& name, std::uint64_t dflt) {
+  auto it = kv.find(name);
+  return it == kv.end() ? dflt : std::strtoull(it->second.c_str(), nullptr, 10);
+}
+int fd_arg(const KeyValues& kv, const std::string& name) {
+  auto it = kv.find(name);
+  return it == kv.end() ? -1 : std::atoi(it->second.c_str());
+}
+std::string str(const KeyValues& kv, const std::string& name) {
+  auto it = kv.find(name);
+  return it == kv.end() ? std::string() : it->second;
+}
+
+void wait_gate(int fd) {
+  if (fd < 0) return;
+  (void)read_byte(fd);  // a byte or EOF: both mean "go"
+  ::close(fd);
+}
+
+std::map<std::string, std::uint64_t> stats_results(const Stats& s) {
+  return {{"entries", s.entries},
+          {"heap_fallbacks", s.heap_fallbacks},
+          {"backing_file", s.backing == Backing::file ? 1u : 0u},
+          {"commits", s.commits},
+          {"file_bytes", s.file_bytes},
+          {"hits", s.hits},
+          {"misses", s.misses}};
+}
+
+// Packs one key the way XNNPACK does; "" on success.
+std::string pack_key(WeightCache& cache, const std::string& key, std::size_t size) {
+  if (cache.look_up(key) != kNotFound) return check_entry(cache, key, size);  // someone packed it
+  void* p = cache.reserve(size);
+  if (p == nullptr) return "reserve failed: " + last_error().message;
+  fill_for_key(key, p, size);
+  if (cache.look_up_or_insert(key, p, size) == kNotFound)
+    return "look_up_or_insert('" + key + "') failed: " + last_error().message;
+  return check_entry(cache, key, size);
+}
+
+int run_pack(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), tag = str(kv, "tag"), results = str(kv, "results");
+  const std::size_t shared = num(kv, "shared", 0), own = num(kv, "own", 0), size = num(kv, "size", 0);
+  const std::size_t rounds = std::max<std::uint64_t>(1, num(kv, "rounds", 1));
+  const std::size_t rotate = num(kv, "rotate", 0);
+  if (path.empty() || tag.empty() || size == 0) return fail(kUsage, "pack: path, tag and size are required");
+  wait_gate(fd_arg(kv, "gate_fd"));
+
+  Options o = cache_options(path);
+  if (kv.count("lease_ms") != 0) o.lease_timeout = std::chrono::milliseconds(num(kv, "lease_ms", 0));
+  auto opened = WeightCache::open(o);
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+
+  for (std::size_t r = 0; r < rounds; ++r) {
+    // Shared keys in round 0, starting at a per-process rotation so racers collide on
+    // different keys; own keys spread over the rounds.
+    std::vector<std::string> keys;
+    if (r == 0)
+      for (std::size_t i = 0; i < shared; ++i) keys.push_back(shared_key((i + rotate) % shared));
+    for (std::size_t j = r; j < own; j += rounds) keys.push_back(own_key(tag, j));
+    for (const auto& key : keys)
+      if (auto err = pack_key(cache, key, size); !err.empty()) return fail(kMismatch, err);
+    if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+  }
+
+  // Everything this process packed (or found packed) still reads right after its finalizes.
+  for (std::size_t i = 0; i < shared; ++i)
+    if (auto err = check_entry(cache, shared_key(i), size); !err.empty()) return fail(kMismatch, err);
+  for (std::size_t j = 0; j < own; ++j)
+    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
+  const Stats s = cache.stats();
+  if (!results.empty() && !write_results(results, stats_results(s))) return fail(kUsage, "cannot write results");
+  if (s.heap_fallbacks != 0) return fail(kFellBack, std::to_string(s.heap_fallbacks) + " heap fallbacks");
+  return kOk;
+}
+
+int run_reader(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), writer = str(kv, "writer"), results = str(kv, "results");
+  const std::size_t init = num(kv, "init", 0), count = num(kv, "count", 0), size = num(kv, "size", 0);
+  const bool on_miss = num(kv, "on_miss", 0) != 0;
+  int progress_fd = fd_arg(kv, "progress_fd");
+  if (path.empty() || writer.empty() || size == 0) return fail(kUsage, "reader: path, writer and size are required");
+
+  Options o = cache_options(path);
+  // A reader that tried to take the writer lease would fail at once instead of waiting: the
+  // test holds the lease while readers must make progress.
+  o.lease_timeout = std::chrono::milliseconds(0);
+  o.refresh_on_miss = on_miss;
+  auto opened = WeightCache::open(o);
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t j = 0; j < init; ++j)
+      if (auto err = check_entry(cache, "init/" + std::to_string(j), size); !err.empty()) return fail(kMismatch, err);
+    if (auto r = cache.refresh(); !r) return fail(kCacheError, "refresh: " + r.error().message);
+  }
+  if (progress_fd >= 0) {
+    if (!write_byte(progress_fd)) return fail(kUsage, "cannot signal progress");
+    ::close(progress_fd);
+    progress_fd = -1;
+  }
+
+  std::vector<std::size_t> seen(count, kNotFound);
+  std::size_t hits = 0, last_hits = 0;
+  std::uint64_t passes = 0, views = 0;
+  while (hits < count) {
+    ++passes;
+    if (!on_miss)
+      if (auto r = cache.refresh(); !r) return fail(kCacheError, "refresh: " + r.error().message);
+    for (std::size_t j = 0; j < count; ++j) {
+      const std::string key = own_key(writer, j);
+      const std::size_t off = cache.look_up(key);
+      if (seen[j] != kNotFound) {
+        // Committed entries never move or vanish for a reader.
+        if (off != seen[j]) return fail(kMismatch, "'" + key + "' moved or vanished after it was seen");
+        continue;
+      }
+      if (off == kNotFound) continue;
+      if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kMismatch, err);
+      seen[j] = off;
+      ++hits;
+    }
+    if (hits != last_hits) ++views;  // a distinct state of the file this reader observed
+    last_hits = hits;
+    ::sched_yield();
+  }
+  for (std::size_t j = 0; j < count; ++j)
+    if (auto err = check_entry(cache, own_key(writer, j), size); !err.empty()) return fail(kMismatch, err);
+  auto out = stats_results(cache.stats());
+  out["passes"] = passes;
+  out["views"] = views;
+  if (!results.empty() && !write_results(results, out)) return fail(kUsage, "cannot write results");
+  if (out["heap_fallbacks"] != 0) return fail(kFellBack, "a reader fell back to heap");
+  return kOk;
+}
+
+int run_hold(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), tag = str(kv, "tag");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  int ready_fd = fd_arg(kv, "ready_fd");
+  const int go_fd = fd_arg(kv, "go_fd");
+  if (path.empty() || tag.empty() || size == 0 || ready_fd < 0 || go_fd < 0)
+    return fail(kUsage, "hold: path, tag, size, ready_fd and go_fd are required");
+  auto opened = WeightCache::open(cache_options(path));
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  for (std::size_t j = 0; j < count; ++j)
+    if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
+  if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+
+  // This reservation takes the writer lease and keeps it until the finalize below.
+  const std::string pending = own_key(tag, count);
+  void* p = cache.reserve(size);
+  if (p == nullptr) return fail(kCacheError, "reserve: " + last_error().message);
+  if (cache.stats().heap_fallbacks != 0) return fail(kFellBack, "the held reservation is not in the file");
+  fill_for_key(pending, p, size);
+  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+  ::close(ready_fd);
+
+  if (!read_byte(go_fd)) return kOk;  // told to just close
+  if (cache.look_up_or_insert(pending, p, size) == kNotFound)
+    return fail(kCacheError, "look_up_or_insert: " + last_error().message);
+  if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+  for (std::size_t j = 0; j <= count; ++j)
+    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
+  return kOk;
+}
+
+int run_replace(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), tag = str(kv, "tag");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  if (path.empty() || tag.empty() || size == 0) return fail(kUsage, "replace: path, tag and size are required");
+  // The lease every writer of `path` takes (the CLI's compact does the same).
+  const int lock_fd = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX) != 0) return fail(kCacheError, "cannot take the lease");
+  const std::string rebuilt = path + ".rebuild";
+  {
+    auto opened = WeightCache::open(cache_options(rebuilt));
+    if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+    WeightCache& cache = opened.value();
+    for (std::size_t j = 0; j < count; ++j)
+      if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
+    if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+  }
+  if (::rename(rebuilt.c_str(), path.c_str()) != 0) return fail(kCacheError, "rename failed");
+  ::unlink((rebuilt + ".lock").c_str());
+  ::close(lock_fd);
+  return kOk;
+}
+
+int run_smaps(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), results = str(kv, "results");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  const int ready_fd = fd_arg(kv, "ready_fd");
+  if (path.empty() || results.empty() || size == 0 || ready_fd < 0)
+    return fail(kUsage, "smaps: path, size, ready_fd and results are required");
+  Options o = cache_options(path);
+  auto opened = WeightCache::open(o);
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  for (std::size_t j = 0; j < count; ++j)
+    if (auto err = check_entry(cache, own_key("smaps", j), size); !err.empty()) return fail(kMismatch, err);
+  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+  ::close(ready_fd);
+  // Measure only once every reader has touched every page, so each page is shared by all.
+  wait_gate(fd_arg(kv, "gate_fd"));
+  const SmapsUsage u = smaps_usage(path);
+  auto out = stats_results(cache.stats());
+  out["rss"] = u.rss;
+  out["pss"] = u.pss;
+  out["private_dirty"] = u.private_dirty;
+  out["private_clean"] = u.private_clean;
+  out["shared_clean"] = u.shared_clean;
+  out["shared_dirty"] = u.shared_dirty;
+  out["vmas"] = u.mappings;
+  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
+  // Stay mapped until every reader has measured: an early exit would raise the others' Pss.
+  if (const int done_fd = fd_arg(kv, "done_fd"); done_fd >= 0) {
+    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
+    ::close(done_fd);
+  }
+  wait_gate(fd_arg(kv, "exit_fd"));
+  return kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|smaps name=value...");
+  const std::string mode = argv[1];
+  const KeyValues kv = parse_args(argc, argv, 2);
+  if (mode == "pack") return run_pack(kv);
+  if (mode == "reader") return run_reader(kv);
+  if (mode == "hold") return run_hold(kv);
+  if (mode == "replace") return run_replace(kv);
+  if (mode == "smaps") return run_smaps(kv);
+  return fail(kUsage, "unknown mode '" + mode + "'");
+}

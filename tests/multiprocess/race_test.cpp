@@ -1,0 +1,100 @@
+// Many writer processes at once on one path: the cold-start race (everyone packs the same
+// weights plus a few of their own on an empty path) and concurrent appends of different keys.
+// The file must end with every key exactly once, no append lost, little waste, right bytes.
+#include "mp_test_util.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
+
+namespace weightcache::test::mp {
+namespace {
+
+struct Race {
+  std::size_t processes = 0;
+  std::size_t shared = 0;
+  std::size_t own = 0;
+  std::size_t rounds = 1;
+  std::size_t size = 0;
+};
+
+// Launches the racers held behind one gate and opens it once all are started.
+void run_race(const TempDir& dir, const std::string& path, const Race& race) {
+  Children kids;
+  Pipe gate(Pipe::Inherit::read_end);
+  std::vector<std::string> results;
+  for (std::size_t i = 0; i < race.processes; ++i) {
+    results.push_back(dir.file("results" + std::to_string(i)));
+    kids.start("pack", {arg("path", path), arg("tag", "p" + std::to_string(i)), arg("shared", race.shared),
+                        arg("own", race.own), arg("rounds", race.rounds), arg("size", race.size),
+                        arg("rotate", i * 4), arg("gate_fd", gate.read_fd()), arg("results", results.back())});
+  }
+  gate.close_read();
+  gate.close_write();  // every racer starts now
+  // Each child verified every byte it was served and that it never fell back to the heap
+  // (exit code 12 / 13 otherwise).
+  ASSERT_TRUE(kids.all_succeed());
+  for (std::size_t i = 0; i < race.processes; ++i) {
+    auto res = read_results(results[i]);
+    EXPECT_EQ(res["heap_fallbacks"], 0u) << "process " << i;
+    EXPECT_EQ(res["backing_file"], 1u) << "process " << i;
+  }
+}
+
+// Every expected key once, right bytes (decode_file checks those), through the file and the API.
+void check_file(const std::string& path, const Race& race) {
+  std::set<std::string> want;
+  for (std::size_t i = 0; i < race.shared; ++i) want.insert(shared_key(i));
+  for (std::size_t p = 0; p < race.processes; ++p)
+    for (std::size_t j = 0; j < race.own; ++j) want.insert(own_key("p" + std::to_string(p), j));
+
+  const FileIndex fi = decode_file(path);
+  ASSERT_EQ(fi.problem, "");
+  // decode_trailer rejects duplicate keys, so equal counts and equal sets mean "each key once".
+  EXPECT_EQ(fi.records.size(), want.size());
+  const auto got = fi.keys();
+  std::set<std::string> missing, extra;
+  std::set_difference(want.begin(), want.end(), got.begin(), got.end(), std::inserter(missing, missing.end()));
+  std::set_difference(got.begin(), got.end(), want.begin(), want.end(), std::inserter(extra, extra.end()));
+  EXPECT_TRUE(missing.empty()) << "lost: " << entries_to_string(missing);
+  EXPECT_TRUE(extra.empty()) << "unexpected: " << entries_to_string(extra);
+  const double ratio = static_cast<double>(fi.file_size) / static_cast<double>(fi.payload());
+  std::printf("%zu processes: file %llu bytes for %llu bytes of entries (%.4fx)\n", race.processes,
+              static_cast<unsigned long long>(fi.file_size), static_cast<unsigned long long>(fi.payload()), ratio);
+  EXPECT_LE(ratio, 1.2) << "file " << fi.file_size << " bytes, payload " << fi.payload();
+
+  auto opened = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  EXPECT_EQ(opened->stats().entries, want.size());
+  for (const auto& key : want) EXPECT_EQ(check_entry(opened.value(), key, race.size), "");
+}
+
+TEST(MultiProcess, ColdStartRaceOfEightProcessesLeavesEachKeyOnce) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");  // does not exist: every racer may create it
+  const Race race{8, 32, 4, 1, 128 * 1024};
+  run_race(dir, path, race);
+  if (HasFatalFailure()) return;
+  check_file(path, race);
+}
+
+TEST(MultiProcess, ConcurrentAppendsOfDifferentKeysAreAllKept) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  {
+    // An existing file with one entry, so the racers only append (no creation race here).
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    ASSERT_NE(opened->insert(shared_key(0), bytes_for_key(shared_key(0), 64 * 1024)), kNotFound);
+    ASSERT_TRUE(opened->finalize().ok());
+  }
+  // Three finalizes per process: leases alternate between processes, and each commit must
+  // keep what the others committed in between.
+  const Race race{6, 1, 12, 3, 64 * 1024};
+  run_race(dir, path, race);
+  if (HasFatalFailure()) return;
+  check_file(path, race);
+}
+
+}  // namespace
+}  // namespace weightcache::test::mp

@@ -1,0 +1,82 @@
+// Helpers of the in-process sharing suite: entry bytes derived from the key alone, a
+// thread-safe error sink (threads record, the test thread asserts), and the usual options.
+#pragma once
+
+#include "random_bytes.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <weightcache/weight_cache.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weightcache::test {
+
+/// FNV-1a of the key: every thread (and a reopened cache) derives the same bytes from a key.
+inline std::uint64_t key_seed(std::string_view key) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+inline void fill_for_key(std::string_view key, void* out, std::size_t size) noexcept {
+  Rng(key_seed(key)).fill(out, size);
+}
+
+inline std::string bytes_for_key(std::string_view key, std::size_t size) {
+  std::string s(size, '\0');
+  fill_for_key(key, s.data(), s.size());
+  return s;
+}
+
+/// Sizes from 1 byte to 64 KiB, varied so entries straddle pages and mapping boundaries.
+inline std::size_t size_for(std::size_t i) { return 1 + (i * 7919 + 13) % (64 * 1024); }
+
+/// Durability none: these tests are about concurrency, not power loss.
+inline Options thread_options(const std::string& path) {
+  Options o;
+  o.path = path;
+  o.compat_key = "threads-test";
+  o.durability = Durability::none;
+  return o;
+}
+
+/// Failures seen on worker threads, asserted on the test thread.
+class Errors {
+ public:
+  void add(std::string what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (list_.size() < 20) list_.push_back(std::move(what));
+    ++count_;
+  }
+  ::testing::AssertionResult none() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (count_ == 0) return ::testing::AssertionSuccess();
+    auto r = ::testing::AssertionFailure() << count_ << " failures on worker threads:";
+    for (const auto& e : list_) r << "\n  " << e;
+    return r;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> list_;
+  std::size_t count_ = 0;
+};
+
+/// "" when `key` hits with exactly `want`, else what is wrong (thread-safe).
+inline std::string check_bytes(WeightCache& cache, const std::string& key, const std::string& want) {
+  const std::size_t off = cache.look_up(key);
+  if (off == kNotFound) return "'" + key + "' misses";
+  const void* p = cache.offset_to_addr(off);
+  if (p == nullptr) return "'" + key + "': offset_to_addr returned NULL for a hit";
+  if (std::memcmp(p, want.data(), want.size()) != 0) return "'" + key + "': wrong bytes";
+  return {};
+}
+
+}  // namespace weightcache::test
