@@ -1,0 +1,209 @@
+/*
+ * weightcache for XNNPACK: a weights-cache provider backed by a wc_cache.
+ *
+ * C ABI. Every function is noexcept in spirit: none throws, none aborts the host.
+ *
+ * XNNPACK packs the static weights of fully-connected, convolution and similar operators through
+ * a "weights cache provider" (struct xnn_weights_cache_provider in include/xnnpack.h; its handle
+ * type xnn_weights_cache_t is simply a pointer to that struct). This adapter implements the
+ * provider on top of a wc_cache, so packed weights land in the shared, file-mapped cache and the
+ * next launch maps them instead of packing again.
+ *
+ * Typical use by a runtime that drives XNNPACK:
+ *
+ *   wc_cache* cache;  wc_open(&options, &cache);          // compat_key: see docs/INTEGRATION.md
+ *   wc_xnn_adapter* adapter;  wc_xnn_adapter_create(cache, &adapter);
+ *   for (each static weight tensor t of the model)
+ *     wc_xnn_adapter_name_buffer(adapter, t.data, t.name); // the tensor's name in the model file
+ *   xnn_weights_cache_t wc = (xnn_weights_cache_t)wc_xnn_adapter_provider(adapter);
+ *   xnn_create_runtime_v4(subgraph, wc, workspace, threadpool, flags, &runtime);
+ *   wc_finalize(cache);                                   // BEFORE setting the runtime up
+ *   xnn_reshape_runtime(runtime); xnn_setup_runtime_v2(runtime, ...); xnn_invoke_runtime(runtime);
+ *   ...
+ *   xnn_delete_runtime(runtime);                           // every runtime and operator first,
+ *   wc_xnn_adapter_destroy(adapter);                       // then the adapter,
+ *   wc_close(cache);                                       // then the cache.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * How XNNPACK calls the provider, and what that asks of the runtime
+ * ---------------------------------------------------------------------------------------------
+ * - Creating an operator (or each node of xnn_create_runtime_v*): look_up; on a miss
+ *   reserve_space(n), XNNPACK zeroes and packs into the returned memory, then
+ *   look_up_or_insert(key, that memory, n). On a hit nothing else is called. Operators keep the
+ *   returned offset and call offset_to_addr at every reshape.
+ * - Setting a runtime or operator up consults is_finalized and fails with
+ *   xnn_status_invalid_state while it returns false. is_finalized forwards to wc_is_finalized,
+ *   which is false after every new insert. So the runtime MUST call wc_finalize(cache) between
+ *   creating operators/runtimes and setting them up. Do NOT call XNNPACK's own
+ *   xnn_finalize_weights_cache on this provider: it is only for XNNPACK's built-in cache.
+ * - After a finalize, new weights still go look_up -> reserve_space -> look_up_or_insert:
+ *   reserve keeps working, is_finalized turns false again until the next wc_finalize.
+ * - All provider functions may be called from many threads at once.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Keys: names, not addresses
+ * ---------------------------------------------------------------------------------------------
+ * XNNPACK's look-up key is {seed, kernel pointer, bias pointer, fingerprint_id}. Pointers differ
+ * from run to run, so the adapter turns each pointer into the name the runtime gave it with
+ * wc_xnn_adapter_name_buffer. The cache key is length-prefixed (seed, fingerprint_id, kernel
+ * name, bias name or "none"): no two different tuples share a key, whatever the names contain.
+ * - A kernel (or a non-NULL bias) with no name cannot be persisted. Its packed weights are kept
+ *   in a private heap owned by the adapter, keyed by address, for this process only; the first
+ *   such buffer is logged once (warning) and all are counted in wc_xnn_adapter_stats. Naming
+ *   every weight buffer avoids this.
+ * - alias_data(alias, original) (XNNPACK calls it when it converts static weights, e.g. bf16 or
+ *   fp16 to fp32, into a new buffer): a key whose kernel or bias is `alias` resolves to the
+ *   name of `original`.
+ * - The compatibility key of the wc_cache must name everything else the packed bytes depend
+ *   on: the model file's identity, the XNNPACK version (its packers), and the CPU features it
+ *   dispatches on (see docs/INTEGRATION.md). The seed and fingerprint_id in every key separate
+ *   the packing layouts within one XNNPACK build.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Caveats
+ * ---------------------------------------------------------------------------------------------
+ * - The wc_cache must stay open while the adapter exists, and the adapter must outlive every
+ *   XNNPACK operator and runtime created with its provider: packed weights served from the
+ *   adapter's private heap (unnamed buffers) are freed by wc_xnn_adapter_destroy.
+ * - Open the wc_cache with an alignment of at least XNNPACK's XNN_ALLOCATION_ALIGNMENT (64 on
+ *   x86, 128 on Hexagon, 16 elsewhere); the default of 64 suits every CPU but Hexagon. The
+ *   adapter's private heap always uses 128.
+ * - Bindings (names and aliases) are by address. When a buffer is freed and its address may be
+ *   reused for other weights, unbind it first (wc_xnn_adapter_name_buffer(adapter, data, NULL));
+ *   re-binding an address (a new name, or an alias) also drops whatever the adapter held for the
+ *   old binding. A look-up carries no size, so stale bindings cannot be detected otherwise.
+ * - reserve_space refuses (returns NULL, XNNPACK fails the operator creation cleanly) when the
+ *   cache cannot provide memory. Once reserve_space succeeded, look_up_or_insert does not fail:
+ *   if the cache cannot commit the entry, the bytes are kept in the adapter's private heap.
+ */
+#ifndef WEIGHTCACHE_XNNPACK_H
+#define WEIGHTCACHE_XNNPACK_H
+
+#include <weightcache/weightcache.h>
+
+#include <stddef.h>
+#include <stdint.h>
+#ifndef __cplusplus
+#include <stdbool.h>
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Mirror types of XNNPACK's include/xnnpack.h (same layout, our own names) ------------- */
+
+/** The values of XNNPACK's `enum xnn_status` that the provider returns (an int-sized enum). */
+typedef enum wc_xnn_status {
+  WC_XNN_STATUS_SUCCESS = 0,           /* xnn_status_success */
+  WC_XNN_STATUS_INVALID_PARAMETER = 2, /* xnn_status_invalid_parameter */
+  WC_XNN_STATUS_INVALID_STATE = 3,     /* xnn_status_invalid_state */
+  WC_XNN_STATUS_OUT_OF_MEMORY = 6      /* xnn_status_out_of_memory */
+} wc_xnn_status;
+
+/** Laid out exactly as `struct xnn_weights_cache_look_up_key`. */
+typedef struct wc_xnn_weights_cache_look_up_key {
+  uint32_t seed;           /* identifies the micro-kernel and its packing parameters */
+  const void* kernel;      /* the original (unpacked) weights */
+  const void* bias;        /* the original bias, or NULL */
+  uint32_t fingerprint_id; /* identifies the packing layout */
+} wc_xnn_weights_cache_look_up_key;
+
+/**
+ * Laid out exactly as `struct xnn_weights_cache_provider` of current XNNPACK (alias_data is its
+ * newest, last member; an XNNPACK that predates it reads only the members before it, at the
+ * same offsets). wc_xnn_adapter_provider returns one of these, filled in; never modify it.
+ */
+typedef struct wc_xnn_weights_cache_provider {
+  void* context;
+  /** Offset of the packed weights for the key, or SIZE_MAX on a miss. */
+  size_t (*look_up)(void* context, const wc_xnn_weights_cache_look_up_key* cache_key);
+  /** At least n writable bytes to pack into (inside the cache file when it is file-backed),
+   * aligned to the cache's alignment; NULL when no memory can be had. */
+  void* (*reserve_space)(void* context, size_t n);
+  /** Commits `size` packed bytes at `ptr` under the key and returns their offset. ptr == NULL
+   * behaves as look_up. Does not fail once reserve_space has succeeded. */
+  size_t (*look_up_or_insert)(void* context, const wc_xnn_weights_cache_look_up_key* cache_key, void* ptr,
+                              size_t size);
+  /** wc_is_finalized of the cache: false from the first insert until the next wc_finalize. */
+  bool (*is_finalized)(void* context);
+  /** Address of the packed weights at an offset from look_up / look_up_or_insert; NULL for
+   * SIZE_MAX or any offset this provider did not return. */
+  void* (*offset_to_addr)(void* context, size_t offset);
+  /** Returns success and does nothing: the cache and adapter belong to the runtime, which
+   * releases them with wc_xnn_adapter_destroy and wc_close. */
+  wc_xnn_status (*delete_cache)(void* context);
+  /** Records that `alias` holds a conversion of `original` (see the file comment). Returns
+   * invalid_parameter when either pointer is NULL, out_of_memory when it cannot be recorded. */
+  wc_xnn_status (*alias_data)(void* context, void* alias, void* original);
+} wc_xnn_weights_cache_provider;
+
+/* ---- The adapter ------------------------------------------------------------------------------ */
+
+/** Opaque adapter handle. */
+typedef struct wc_xnn_adapter wc_xnn_adapter;
+
+/**
+ * Creates an adapter over `cache` (which must stay open until wc_xnn_adapter_destroy) and
+ * stores it in *out. Several adapters may share one cache; each has its own bindings.
+ * Thread-safe. Errors: INVALID_ARGUMENT (NULL cache or out), NO_MEMORY.
+ */
+WC_API wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out);
+
+/**
+ * Destroys the adapter and its private heap. Call it only after every XNNPACK operator and
+ * runtime created with its provider has been deleted; the cache itself is not closed.
+ * NULL is ignored. Not to be called concurrently with any other call on the same adapter.
+ */
+WC_API void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter);
+
+/**
+ * Gives a weight buffer the runtime hands to XNNPACK a stable name (e.g. the tensor's name in
+ * the model file). Keys are built from names, never from addresses, so they hold across runs.
+ * Name the bias buffers too: a key whose bias has no name is not persisted.
+ * - name: 1 to 2000 bytes, NUL-terminated, any bytes otherwise. The same name may be given to
+ *   several buffers that hold the same weights (e.g. one model loaded twice).
+ * - Naming an already-bound address replaces its binding (name or alias).
+ * - name == NULL unbinds `data`: do this before the buffer is freed if its address may be
+ *   reused for other weights while the adapter lives.
+ * Thread-safe. Errors: INVALID_ARGUMENT (NULL adapter or data, empty or too long name),
+ * NO_MEMORY.
+ */
+WC_API wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, const char* name);
+
+/**
+ * A struct laid out exactly as XNNPACK's `struct xnn_weights_cache_provider`: pass it where
+ * XNNPACK takes an xnn_weights_cache_t (`(xnn_weights_cache_t)wc_xnn_adapter_provider(a)`).
+ * It points at a wc_xnn_weights_cache_provider owned by the adapter, valid until
+ * wc_xnn_adapter_destroy. NULL for a NULL adapter.
+ */
+WC_API void* wc_xnn_adapter_provider(wc_xnn_adapter* adapter);
+
+/** What the adapter has done since it was created (counters are monotonic unless noted). */
+typedef struct wc_xnn_adapter_stats {
+  size_t struct_size;         /* set by wc_xnn_adapter_stats_init */
+  uint64_t look_ups;          /* look_up calls, and look_up_or_insert calls with ptr == NULL */
+  uint64_t hits;              /* of those, the ones that found packed weights */
+  uint64_t reservations;      /* reserve_space calls that returned memory */
+  uint64_t reserve_failures;  /* reserve_space calls that returned NULL */
+  uint64_t inserts;           /* look_up_or_insert calls with packed bytes */
+  uint64_t named_buffers;     /* addresses currently bound to a name */
+  uint64_t aliases;           /* addresses currently bound as an alias (alias_data) */
+  uint64_t unnamed_entries;   /* live entries of the private heap (not persisted); current */
+  uint64_t unnamed_inserts;   /* inserts that went to the private heap because a buffer had no
+                                 name (or, rarely, because the cache could not commit them) */
+  uint64_t unnamed_bytes;     /* heap bytes held by the private heap's live entries; current */
+} wc_xnn_adapter_stats;
+
+/** Sets stats->struct_size; call before wc_xnn_adapter_get_stats. */
+WC_API void wc_xnn_adapter_stats_init(wc_xnn_adapter_stats* stats);
+
+/** Fills *out (struct_size set by wc_xnn_adapter_stats_init). Thread-safe.
+ * Errors: INVALID_ARGUMENT (NULL adapter or out, struct_size not set). */
+WC_API wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats* out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* WEIGHTCACHE_XNNPACK_H */

@@ -1,0 +1,503 @@
+// The XNNPACK weights-cache provider over a wc_cache (include/weightcache/xnnpack.h).
+//
+// Layout source: google/XNNPACK include/xnnpack.h (read at commit 0011854617d9c930e475f0a896aa
+// ad014b5aea0e): `enum xnn_status` has success = 0, invalid_parameter = 2, invalid_state = 3,
+// out_of_memory = 6; `struct xnn_weights_cache_look_up_key` is {uint32_t seed; const void*
+// kernel; const void* bias; uint32_t fingerprint_id;}; `struct xnn_weights_cache_provider` is
+// {context, look_up, reserve_space, look_up_or_insert, is_finalized, offset_to_addr,
+// delete_cache}. Current XNNPACK appends `alias_data(context, alias, original)` after
+// delete_cache (seen in a 2026 build's trace); the mirror carries it, and an older XNNPACK never
+// reads past delete_cache. tests/xnnpack checks the layout against a real xnnpack.h when found.
+#include <weightcache/xnnpack.h>
+
+#include "core.hpp"
+#include "log.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// ---- layout pins ------------------------------------------------------------------------------
+
+constexpr std::size_t kPtr = sizeof(void*);
+constexpr std::size_t kKernelOffset = (sizeof(std::uint32_t) + alignof(const void*) - 1) / alignof(const void*) *
+                                      alignof(const void*);
+static_assert(sizeof(wc_xnn_status) == sizeof(int), "xnn_status is an int-sized enum");
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, seed) == 0);
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, kernel) == kKernelOffset);
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, bias) == kKernelOffset + kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, fingerprint_id) == kKernelOffset + 2 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, context) == 0 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, look_up) == 1 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, reserve_space) == 2 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, look_up_or_insert) == 3 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, is_finalized) == 4 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, offset_to_addr) == 5 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, delete_cache) == 6 * kPtr);
+static_assert(offsetof(wc_xnn_weights_cache_provider, alias_data) == 7 * kPtr);
+static_assert(sizeof(wc_xnn_weights_cache_provider) == 8 * kPtr);
+
+// ---- keys -------------------------------------------------------------------------------------
+
+constexpr std::size_t kMaxNameSize = 2000;  // two names + framing stay under WC_MAX_KEY_SIZE
+constexpr int kMaxAliasHops = 16;           // alias chains longer than this are cycles
+constexpr char kKeyMagic[4] = {'x', 'n', 'n', 'w'};
+constexpr std::uint8_t kKeyVersion = 1;
+// A reference to a kernel or bias buffer inside a key.
+constexpr std::uint8_t kRefNone = 0;     // bias == NULL
+constexpr std::uint8_t kRefName = 1;     // u32 length + name bytes: persistable
+constexpr std::uint8_t kRefAddress = 2;  // u64 address: this process only
+constexpr std::uint8_t kRefUnique = 3;   // u64 counter: never shared (NULL kernel)
+
+// Offsets of entries in the adapter's private heap are handed to XNNPACK as "handles" counted
+// down from SIZE_MAX - 1. The core maps its address-space reservation at a nonzero, 2 MiB-aligned
+// base and an entry's address is base + offset, so no cache offset comes within 2 MiB of
+// SIZE_MAX; handles stay above that. A cache offset in the handle range is still rejected.
+constexpr std::size_t kMaxLocal = std::size_t{1} << 20;
+constexpr std::size_t handle_of(std::size_t index) { return SIZE_MAX - 1 - index; }
+constexpr bool is_handle(std::size_t off) { return off != SIZE_MAX && SIZE_MAX - 1 - off < kMaxLocal; }
+
+void put_u32(std::string& s, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& s, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+struct Binding {
+  std::string name;                // non-empty: a named buffer
+  const void* original = nullptr;  // name empty: an alias of `original`
+};
+
+struct Key {
+  std::string bytes;
+  bool persistable = true;
+  const void* addresses[2] = {nullptr, nullptr};  // buffers referenced by address
+};
+
+// Which adapter's look_up ran last on this thread, and whether its key was process-local.
+// XNNPACK calls look_up, reserve_space and look_up_or_insert for one weight in that order on one
+// thread, so reserve_space can place an unnamed weight's bytes in the private heap directly: a
+// cache-file reservation that is never inserted would stay behind as dead bytes in the file.
+struct Hint {
+  std::uint64_t adapter = 0;
+  bool local = false;
+};
+thread_local Hint t_hint;
+std::atomic<std::uint64_t> g_next_adapter_id{1};
+
+}  // namespace
+
+struct wc_xnn_adapter {
+  wc_xnn_weights_cache_provider provider{};
+  wc_cache* cache = nullptr;
+  std::uint64_t id = 0;
+
+  // Names and aliases by address.
+  mutable std::shared_mutex bind_mu;
+  std::unordered_map<const void*, Binding> bindings;
+  std::uint64_t named = 0, aliased = 0;
+
+  // The private heap: unnamed weights, and the rare entry the cache could not commit.
+  mutable std::shared_mutex local_mu;
+  wc_cache* heap = nullptr;  // opened on first use
+  bool heap_failed = false;
+  std::unordered_map<std::string, std::size_t> local_by_key;  // key bytes -> handle index
+  std::vector<std::size_t> local_offsets;                     // handle index -> heap offset
+  std::unordered_map<std::size_t, std::size_t> local_by_offset;
+  std::unordered_multimap<const void*, std::string> local_keys_by_address;
+  std::atomic<std::uint64_t> local_fallbacks{0};  // named keys kept in the heap
+  std::atomic<std::uint64_t> unique_counter{0};
+
+  std::atomic<bool> warned_unnamed{false};
+  std::atomic<bool> warned_fallback{false};
+  std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0},
+      unnamed_inserts{0};
+
+  ~wc_xnn_adapter() { wc_close(heap); }
+
+  // ---- keys ----
+
+  // Appends the reference to `p` after following aliases; returns false when it has no name.
+  bool append_ref(std::string& out, const void* p, const void** address) const {
+    if (p == nullptr) {
+      out.push_back(static_cast<char>(kRefNone));
+      return true;
+    }
+    const void* cur = p;
+    for (int hop = 0; hop < kMaxAliasHops; ++hop) {
+      auto it = bindings.find(cur);
+      if (it == bindings.end()) break;
+      if (!it->second.name.empty()) {
+        out.push_back(static_cast<char>(kRefName));
+        put_u32(out, static_cast<std::uint32_t>(it->second.name.size()));
+        out.append(it->second.name);
+        return true;
+      }
+      cur = it->second.original;
+    }
+    // Keyed by the buffer XNNPACK passed: re-binding that address drops the entry.
+    out.push_back(static_cast<char>(kRefAddress));
+    put_u64(out, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)));
+    *address = p;
+    return false;
+  }
+
+  Key make_key(const wc_xnn_weights_cache_look_up_key& k) {
+    Key key;
+    key.bytes.reserve(64);
+    key.bytes.append(kKeyMagic, sizeof kKeyMagic);
+    key.bytes.push_back(static_cast<char>(kKeyVersion));
+    put_u32(key.bytes, k.seed);
+    put_u32(key.bytes, k.fingerprint_id);
+    if (k.kernel == nullptr) {
+      key.persistable = false;
+      key.bytes.push_back(static_cast<char>(kRefUnique));
+      put_u64(key.bytes, unique_counter.fetch_add(1, std::memory_order_relaxed));
+      return key;
+    }
+    std::shared_lock<std::shared_mutex> lock(bind_mu);
+    const bool kernel_named = append_ref(key.bytes, k.kernel, &key.addresses[0]);
+    const bool bias_named = append_ref(key.bytes, k.bias, &key.addresses[1]);
+    key.persistable = kernel_named && bias_named;
+    return key;
+  }
+
+  void note_unnamed(const wc_xnn_weights_cache_look_up_key& k, const Key& key) {
+    if (key.persistable || k.kernel == nullptr || warned_unnamed.exchange(true)) return;
+    const void* which = key.addresses[0] != nullptr ? key.addresses[0] : key.addresses[1];
+    weightcache::log::warn(
+        "XNNPACK weights cache: weight buffer {} (seed {:#x}) has no name; its packed weights stay in this "
+        "process's heap and are not persisted. Name every weight and bias buffer with "
+        "wc_xnn_adapter_name_buffer (logged once; see wc_xnn_adapter_stats.unnamed_inserts)",
+        which != nullptr ? which : k.kernel, k.seed);
+  }
+
+  // ---- the private heap ----
+
+  bool ensure_heap_locked() {
+    if (heap != nullptr) return true;
+    if (heap_failed) return false;
+    wc_options o;
+    wc_options_init(&o);
+    o.private_cache = 1;
+    o.backing = WC_BACKING_HEAP;
+    o.alignment = 128;  // the largest XNN_ALLOCATION_ALIGNMENT (Hexagon)
+    o.max_file_bytes = sizeof(void*) >= 8 ? std::uint64_t{64} << 30 : std::uint64_t{1} << 30;
+    if (wc_open(&o, &heap) != WC_OK) {
+      heap = nullptr;
+      heap_failed = true;
+      weightcache::log::error("XNNPACK weights cache: cannot create the private heap: {}", wc_last_error());
+      return false;
+    }
+    return true;
+  }
+
+  wc_cache* heap_for_reserve() {
+    {
+      std::shared_lock<std::shared_mutex> lock(local_mu);
+      if (heap != nullptr) return heap;
+    }
+    std::unique_lock<std::shared_mutex> lock(local_mu);
+    return ensure_heap_locked() ? heap : nullptr;
+  }
+
+  std::size_t look_up_local(const std::string& key) const {
+    std::shared_lock<std::shared_mutex> lock(local_mu);
+    auto it = local_by_key.find(key);
+    return it == local_by_key.end() ? SIZE_MAX : handle_of(it->second);
+  }
+
+  std::size_t insert_local(const Key& key, void* ptr, std::size_t size) {
+    std::unique_lock<std::shared_mutex> lock(local_mu);
+    if (!ensure_heap_locked()) return SIZE_MAX;
+    const std::size_t off = wc_look_up_or_insert(heap, key.bytes.data(), key.bytes.size(), ptr, size);
+    if (off == SIZE_MAX) {
+      weightcache::log::error("XNNPACK weights cache: cannot keep {} packed bytes in the private heap: {}", size,
+                              wc_last_error());
+      return SIZE_MAX;
+    }
+    std::size_t index;
+    if (auto it = local_by_offset.find(off); it != local_by_offset.end()) {
+      index = it->second;
+    } else {
+      if (local_offsets.size() >= kMaxLocal) {
+        weightcache::set_last_error({weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights"});
+        weightcache::log::error("XNNPACK weights cache: more than {} unnamed weights; name the weight buffers",
+                                kMaxLocal);
+        return SIZE_MAX;
+      }
+      index = local_offsets.size();
+      local_offsets.push_back(off);
+      local_by_offset.emplace(off, index);
+    }
+    auto [it, fresh] = local_by_key.insert_or_assign(key.bytes, index);
+    if (fresh) {
+      for (const void* a : key.addresses)
+        if (a != nullptr) local_keys_by_address.emplace(a, it->first);
+    }
+    unnamed_inserts.fetch_add(1, std::memory_order_relaxed);
+    return handle_of(index);
+  }
+
+  // The address now holds other weights (or is gone): forget what was packed from it.
+  void drop_local_for(const void* address) {
+    std::unique_lock<std::shared_mutex> lock(local_mu);
+    auto [first, last] = local_keys_by_address.equal_range(address);
+    for (auto it = first; it != last; ++it) local_by_key.erase(it->second);
+    local_keys_by_address.erase(first, last);
+  }
+
+  // ---- the provider ----
+
+  std::size_t look_up(const wc_xnn_weights_cache_look_up_key* k) {
+    look_ups.fetch_add(1, std::memory_order_relaxed);
+    if (k == nullptr) return SIZE_MAX;
+    if (k->kernel == nullptr) {  // nothing to name the weights by: never shared (see make_key)
+      t_hint = Hint{id, true};
+      return SIZE_MAX;
+    }
+    const Key key = make_key(*k);
+    t_hint = Hint{id, !key.persistable};
+    note_unnamed(*k, key);
+    std::size_t off = SIZE_MAX;
+    if (key.persistable) {
+      off = wc_look_up(cache, key.bytes.data(), key.bytes.size());
+      if (is_handle(off)) off = SIZE_MAX;
+      if (off == SIZE_MAX && local_fallbacks.load(std::memory_order_relaxed) != 0) off = look_up_local(key.bytes);
+    } else {
+      off = look_up_local(key.bytes);
+    }
+    if (off != SIZE_MAX) hits.fetch_add(1, std::memory_order_relaxed);
+    return off;
+  }
+
+  void* reserve_space(std::size_t n) {
+    const bool local = t_hint.adapter == id && t_hint.local;
+    t_hint = Hint{};
+    wc_cache* target = local ? heap_for_reserve() : cache;
+    void* p = target != nullptr ? wc_reserve_space(target, n) : nullptr;
+    (p != nullptr ? reservations : reserve_failures).fetch_add(1, std::memory_order_relaxed);
+    return p;
+  }
+
+  std::size_t look_up_or_insert(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
+    if (ptr == nullptr) return look_up(k);
+    inserts.fetch_add(1, std::memory_order_relaxed);
+    if (k == nullptr) {
+      weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, "look_up_or_insert: NULL key"});
+      return SIZE_MAX;
+    }
+    const Key key = make_key(*k);
+    note_unnamed(*k, key);
+    if (key.persistable) {
+      const std::size_t off = wc_look_up_or_insert(cache, key.bytes.data(), key.bytes.size(), ptr, size);
+      if (off != SIZE_MAX && !is_handle(off)) return off;
+      // XNNPACK does not check this result (it would feed SIZE_MAX to offset_to_addr later):
+      // keep the bytes for this process instead of failing.
+      if (!warned_fallback.exchange(true))
+        weightcache::log::warn("XNNPACK weights cache: cannot commit packed weights to the cache ({}); keeping "
+                               "them in this process's heap",
+                               wc_last_error());
+      local_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    }
+    return insert_local(key, ptr, size);
+  }
+
+  void* offset_to_addr(std::size_t offset) const {
+    if (offset == SIZE_MAX) return nullptr;
+    if (!is_handle(offset)) return wc_offset_to_addr(cache, offset);
+    const std::size_t index = SIZE_MAX - 1 - offset;
+    std::shared_lock<std::shared_mutex> lock(local_mu);
+    return index < local_offsets.size() ? wc_offset_to_addr(heap, local_offsets[index]) : nullptr;
+  }
+
+  wc_xnn_status alias_data(const void* alias, const void* original) {
+    if (alias == nullptr || original == nullptr) return WC_XNN_STATUS_INVALID_PARAMETER;
+    if (alias == original) return WC_XNN_STATUS_SUCCESS;
+    {
+      std::unique_lock<std::shared_mutex> lock(bind_mu);
+      auto [it, fresh] = bindings.try_emplace(alias);
+      if (!fresh && !it->second.name.empty()) {
+        --named;
+        ++aliased;
+      } else if (fresh) {
+        ++aliased;
+      }
+      it->second.name.clear();
+      it->second.original = original;
+    }
+    drop_local_for(alias);
+    return WC_XNN_STATUS_SUCCESS;
+  }
+
+  void bind_name(const void* data, const char* name) {
+    {
+      std::unique_lock<std::shared_mutex> lock(bind_mu);
+      auto it = bindings.find(data);
+      if (it != bindings.end()) {
+        (it->second.name.empty() ? aliased : named) -= 1;
+        if (name == nullptr) bindings.erase(it);
+      }
+      if (name != nullptr) {
+        bindings.insert_or_assign(data, Binding{name, nullptr});
+        ++named;
+      }
+    }
+    drop_local_for(data);
+  }
+};
+
+namespace {
+
+wc_xnn_adapter* adapter_of(void* context) { return static_cast<wc_xnn_adapter*>(context); }
+
+// The provider's entry points. XNNPACK is C: nothing may escape them. (Not declared noexcept:
+// their types must equal the mirror's function-pointer types exactly, or UBSan's
+// -fsanitize=function flags C++ callers.)
+std::size_t provider_look_up(void* context, const wc_xnn_weights_cache_look_up_key* key) {
+  try {
+    return adapter_of(context)->look_up(key);
+  } catch (...) {
+    return SIZE_MAX;
+  }
+}
+
+void* provider_reserve_space(void* context, std::size_t n) {
+  try {
+    return adapter_of(context)->reserve_space(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+std::size_t provider_look_up_or_insert(void* context, const wc_xnn_weights_cache_look_up_key* key, void* ptr,
+                                       std::size_t size) {
+  try {
+    return adapter_of(context)->look_up_or_insert(key, ptr, size);
+  } catch (...) {
+    return SIZE_MAX;
+  }
+}
+
+bool provider_is_finalized(void* context) { return wc_is_finalized(adapter_of(context)->cache) != 0; }
+
+void* provider_offset_to_addr(void* context, std::size_t offset) {
+  try {
+    return adapter_of(context)->offset_to_addr(offset);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+wc_xnn_status provider_delete_cache(void*) { return WC_XNN_STATUS_SUCCESS; }
+
+wc_xnn_status provider_alias_data(void* context, void* alias, void* original) {
+  try {
+    return adapter_of(context)->alias_data(alias, original);
+  } catch (...) {
+    return WC_XNN_STATUS_OUT_OF_MEMORY;
+  }
+}
+
+wc_status invalid(const char* what) {
+  weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, what});
+  return WC_ERR_INVALID_ARGUMENT;
+}
+
+}  // namespace
+
+extern "C" {
+
+wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out) {
+  if (out != nullptr) *out = nullptr;
+  if (cache == nullptr || out == nullptr) return invalid("wc_xnn_adapter_create: cache and out must not be NULL");
+  auto* a = new (std::nothrow) wc_xnn_adapter();
+  if (a == nullptr) {
+    weightcache::set_last_error({weightcache::Errc::no_memory, 0, "wc_xnn_adapter_create: out of memory"});
+    return WC_ERR_NO_MEMORY;
+  }
+  a->cache = cache;
+  a->id = g_next_adapter_id.fetch_add(1, std::memory_order_relaxed);
+  a->provider.context = a;
+  a->provider.look_up = provider_look_up;
+  a->provider.reserve_space = provider_reserve_space;
+  a->provider.look_up_or_insert = provider_look_up_or_insert;
+  a->provider.is_finalized = provider_is_finalized;
+  a->provider.offset_to_addr = provider_offset_to_addr;
+  a->provider.delete_cache = provider_delete_cache;
+  a->provider.alias_data = provider_alias_data;
+  *out = a;
+  return WC_OK;
+}
+
+void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter) { delete adapter; }
+
+wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, const char* name) {
+  if (adapter == nullptr || data == nullptr) return invalid("wc_xnn_adapter_name_buffer: NULL adapter or data");
+  if (name != nullptr) {
+    const std::size_t n = std::strlen(name);
+    if (n == 0 || n > kMaxNameSize)
+      return invalid("wc_xnn_adapter_name_buffer: a name is 1 to 2000 bytes (NULL unbinds the buffer)");
+  }
+  try {
+    adapter->bind_name(data, name);
+    return WC_OK;
+  } catch (...) {
+    weightcache::set_last_error({weightcache::Errc::no_memory, 0, "wc_xnn_adapter_name_buffer: out of memory"});
+    return WC_ERR_NO_MEMORY;
+  }
+}
+
+void* wc_xnn_adapter_provider(wc_xnn_adapter* adapter) {
+  return adapter == nullptr ? nullptr : &adapter->provider;
+}
+
+void wc_xnn_adapter_stats_init(wc_xnn_adapter_stats* stats) {
+  if (stats == nullptr) return;
+  std::memset(stats, 0, sizeof(*stats));
+  stats->struct_size = sizeof(*stats);
+}
+
+wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats* out) {
+  if (adapter == nullptr || out == nullptr) return invalid("wc_xnn_adapter_get_stats: NULL adapter or stats");
+  if (out->struct_size < sizeof(std::size_t) || out->struct_size > (1u << 16))
+    return invalid("wc_xnn_adapter_get_stats: stats.struct_size is not set; call wc_xnn_adapter_stats_init first");
+  wc_xnn_adapter_stats s{};
+  s.struct_size = out->struct_size;
+  s.look_ups = adapter->look_ups.load();
+  s.hits = adapter->hits.load();
+  s.reservations = adapter->reservations.load();
+  s.reserve_failures = adapter->reserve_failures.load();
+  s.inserts = adapter->inserts.load();
+  s.unnamed_inserts = adapter->unnamed_inserts.load();
+  {
+    std::shared_lock<std::shared_mutex> lock(adapter->bind_mu);
+    s.named_buffers = adapter->named;
+    s.aliases = adapter->aliased;
+  }
+  {
+    std::shared_lock<std::shared_mutex> lock(adapter->local_mu);
+    s.unnamed_entries = adapter->local_by_key.size();
+    if (adapter->heap != nullptr) {
+      wc_stats hs;
+      wc_stats_init(&hs);
+      if (wc_get_stats(adapter->heap, &hs) == WC_OK) s.unnamed_bytes = hs.heap_bytes;
+    }
+  }
+  std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
+  return WC_OK;
+}
+
+}  // extern "C"

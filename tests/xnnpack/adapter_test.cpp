@@ -1,0 +1,716 @@
+// The XNNPACK provider adapter, driven through the C stand-in for XNNPACK's operator-creation
+// path (fake_xnnpack.c): what is packed, what hits, what lives where, across runtimes, threads
+// and processes.
+#include "spawn.hpp"
+#include "temp_dir.hpp"
+#include "xnn_test_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace weightcache::xnn_test;
+using weightcache::test::TempDir;
+
+// ---- layout: our mirror against an independent C declaration of XNNPACK's structs ----------
+
+static_assert(sizeof(wc_xnn_weights_cache_look_up_key) == sizeof(fxnn_weights_cache_look_up_key));
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, seed) == offsetof(fxnn_weights_cache_look_up_key, seed));
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, kernel) == offsetof(fxnn_weights_cache_look_up_key, kernel));
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, bias) == offsetof(fxnn_weights_cache_look_up_key, bias));
+static_assert(offsetof(wc_xnn_weights_cache_look_up_key, fingerprint_id) ==
+              offsetof(fxnn_weights_cache_look_up_key, fingerprint_id));
+static_assert(sizeof(wc_xnn_weights_cache_provider) == sizeof(fxnn_weights_cache_provider));
+#define WC_XNN_SAME_OFFSET(field) \
+  static_assert(offsetof(wc_xnn_weights_cache_provider, field) == offsetof(fxnn_weights_cache_provider, field))
+WC_XNN_SAME_OFFSET(context);
+WC_XNN_SAME_OFFSET(look_up);
+WC_XNN_SAME_OFFSET(reserve_space);
+WC_XNN_SAME_OFFSET(look_up_or_insert);
+WC_XNN_SAME_OFFSET(is_finalized);
+WC_XNN_SAME_OFFSET(offset_to_addr);
+WC_XNN_SAME_OFFSET(delete_cache);
+WC_XNN_SAME_OFFSET(alias_data);
+#undef WC_XNN_SAME_OFFSET
+static_assert(sizeof(wc_xnn_status) == sizeof(fxnn_status));
+static_assert(int{WC_XNN_STATUS_SUCCESS} == int{fxnn_status_success});
+static_assert(int{WC_XNN_STATUS_INVALID_PARAMETER} == int{fxnn_status_invalid_parameter});
+static_assert(int{WC_XNN_STATUS_INVALID_STATE} == int{fxnn_status_invalid_state});
+static_assert(int{WC_XNN_STATUS_OUT_OF_MEMORY} == int{fxnn_status_out_of_memory});
+
+namespace {
+
+std::size_t total_packed(const std::vector<Linear>& model) {
+  std::size_t n = 0;
+  for (const auto& l : model) n += packed_size(l);
+  return n;
+}
+
+std::uint64_t file_size(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
+}
+
+// Collects the library's log lines for the duration of a test.
+class LogCapture {
+ public:
+  LogCapture() { wc_set_log_callback(&LogCapture::sink, this); }
+  ~LogCapture() { wc_set_log_callback(nullptr, nullptr); }
+  std::size_t count(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t n = 0;
+    for (const auto& l : lines_) n += l.find(needle) != std::string::npos ? 1 : 0;
+    return n;
+  }
+
+ private:
+  static void sink(void* user, wc_log_level, const char* message, size_t size) {
+    auto* self = static_cast<LogCapture*>(user);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    self->lines_.emplace_back(message, size);
+  }
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// One adapter over one cache, with the counting shim in front (what XNNPACK would be handed).
+struct Session {
+  wc_xnn_adapter* adapter = nullptr;
+  fxnn_counting* counting = nullptr;
+
+  explicit Session(wc_cache* cache) {
+    EXPECT_EQ(wc_xnn_adapter_create(cache, &adapter), WC_OK) << wc_last_error();
+    counting = fxnn_counting_create(static_cast<fxnn_weights_cache_t>(wc_xnn_adapter_provider(adapter)));
+  }
+  ~Session() {
+    fxnn_counting_destroy(counting);
+    wc_xnn_adapter_destroy(adapter);
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  fxnn_weights_cache_t provider() const { return fxnn_counting_provider(counting); }
+  // The provider as the mirror type, for direct calls from C++.
+  wc_xnn_weights_cache_provider* mirror() const {
+    return static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(adapter));
+  }
+  std::size_t count(fxnn_call c) const { return fxnn_counting_get(counting, c); }
+  wc_xnn_adapter_stats stats() const {
+    wc_xnn_adapter_stats s;
+    wc_xnn_adapter_stats_init(&s);
+    EXPECT_EQ(wc_xnn_adapter_get_stats(adapter, &s), WC_OK);
+    return s;
+  }
+};
+
+wc_stats cache_stats(wc_cache* c) {
+  wc_stats s;
+  wc_stats_init(&s);
+  EXPECT_EQ(wc_get_stats(c, &s), WC_OK);
+  return s;
+}
+
+class XnnAdapterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(open_cache(path_, &cache_), WC_OK) << wc_last_error(); }
+  void TearDown() override { wc_close(cache_); }
+  void close_cache() {
+    wc_close(cache_);
+    cache_ = nullptr;
+  }
+
+  weightcache::test::ExitStatus run_child(const std::string& mode, std::uint64_t seed, std::size_t layers) {
+    return weightcache::test::run_process(WEIGHTCACHE_XNN_CHILD,
+                                          {path_, mode, std::to_string(seed), std::to_string(layers)});
+  }
+
+  TempDir dir_{"weightcache-xnn"};
+  std::string path_ = dir_.file("model.wcache");
+  wc_cache* cache_ = nullptr;
+};
+
+// ---- the operator-creation path ------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, ColdCreationPacksOnceThenEveryRuntimeHits) {
+  const auto model = make_model(11, 12);
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, model));
+
+  Runtime first;
+  ASSERT_EQ(create_runtime(s.provider(), model, &first), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_look_up), 12u);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 12u);
+  EXPECT_EQ(s.count(fxnn_call_look_up_or_insert), 12u);
+  EXPECT_EQ(fxnn_counting_null_inserts(s.counting), 0u);
+  for (const auto& op : first.ops) EXPECT_NE(op.packed_offset, SIZE_MAX);
+
+  // Setup is refused until the runtime finalizes the cache itself.
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_invalid_state);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK) << wc_last_error();
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+  EXPECT_EQ(check_runtime(&first, model), "");
+
+  const wc_stats st = cache_stats(cache_);
+  EXPECT_EQ(st.entries, 12u);
+  EXPECT_EQ(st.mapped_bytes, total_packed(model));
+  EXPECT_EQ(st.heap_bytes, 0u);
+  EXPECT_EQ(s.stats().unnamed_inserts, 0u);
+
+  // A second runtime over the same weights: look-ups only, same offsets, no finalize needed.
+  Runtime second;
+  ASSERT_EQ(create_runtime(s.provider(), model, &second), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_look_up), 24u);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 12u);
+  EXPECT_EQ(s.count(fxnn_call_look_up_or_insert), 12u);
+  for (std::size_t i = 0; i < model.size(); ++i) EXPECT_EQ(second.ops[i].packed_offset, first.ops[i].packed_offset);
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+  EXPECT_EQ(check_runtime(&second, model), "");
+
+  // Another adapter (another session of the process) with its own copy of the model.
+  const auto copy = make_model(11, 12);
+  Session t(cache_);
+  ASSERT_TRUE(name_model(t.adapter, copy));
+  Runtime third;
+  ASSERT_EQ(create_runtime(t.provider(), copy, &third), fxnn_status_success);
+  EXPECT_EQ(t.count(fxnn_call_reserve_space), 0u);
+  EXPECT_EQ(t.stats().hits, 12u);
+  EXPECT_EQ(check_runtime(&third, copy), "");
+}
+
+TEST_F(XnnAdapterTest, OffsetToAddrIsCalledAtEveryReshapeAndStaysPut) {
+  const auto model = make_model(12, 5);
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, model));
+  Runtime rt;
+  ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  std::vector<const void*> first;
+  for (int reshape = 0; reshape < 3; ++reshape) {
+    for (std::size_t i = 0; i < rt.ops.size(); ++i) {
+      ASSERT_EQ(fxnn_reshape_operator(&rt.ops[i]), fxnn_status_success);
+      if (reshape == 0) first.push_back(rt.ops[i].packed);
+      EXPECT_EQ(rt.ops[i].packed, first[i]);
+    }
+  }
+  EXPECT_EQ(s.count(fxnn_call_offset_to_addr), 15u);
+  EXPECT_EQ(check_runtime(&rt, model), "");
+}
+
+TEST_F(XnnAdapterTest, ReserveKeepsWorkingAfterFinalizeAndIsFinalizedFollowsInserts) {
+  const auto a = make_model(13, 4, "encoder.");
+  const auto b = make_model(14, 3, "decoder.");
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, a));
+  ASSERT_TRUE(name_model(s.adapter, b));
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);  // nothing inserted yet
+
+  Runtime ra;
+  ASSERT_EQ(create_runtime(s.provider(), a, &ra), fxnn_status_success);
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_invalid_state);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+
+  // A second runtime with new weights after the finalize: reserve works, setup waits again.
+  Runtime rb;
+  ASSERT_EQ(create_runtime(s.provider(), b, &rb), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 7u);
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_invalid_state);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+  EXPECT_EQ(check_runtime(&ra, a), "");
+  EXPECT_EQ(check_runtime(&rb, b), "");
+  EXPECT_EQ(cache_stats(cache_).commits, 2u);
+  EXPECT_EQ(cache_stats(cache_).entries, 7u);
+}
+
+// ---- a second process ----------------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, SecondProcessOnlyHits) {
+  const auto model = make_model(21, 16);
+  {
+    Session s(cache_);
+    ASSERT_TRUE(name_model(s.adapter, model));
+    Runtime rt;
+    ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+    ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  }
+  close_cache();
+  const auto st = run_child("warm", 21, 16);
+  EXPECT_TRUE(st.ok()) << st.describe() << " (3: the child packed; 1: wrong bytes)";
+}
+
+TEST_F(XnnAdapterTest, SecondProcessHitsWhileTheFirstStillHasTheCacheOpen) {
+  const auto model = make_model(22, 10);
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, model));
+  Runtime rt;
+  ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  const auto st = run_child("warm", 22, 10);
+  EXPECT_TRUE(st.ok()) << st.describe();
+  EXPECT_EQ(check_runtime(&rt, model), "");
+}
+
+TEST_F(XnnAdapterTest, ChildReportsPackingWhenTheCacheIsCold) {
+  // The child's "only hits" verdict can fail: on an empty cache it has to pack.
+  close_cache();
+  const auto st = run_child("warm", 23, 4);
+  EXPECT_TRUE(st.exited);
+  EXPECT_EQ(st.code, 3) << st.describe();
+}
+
+TEST_F(XnnAdapterTest, UnfinalizedEntriesAreNotSeenByTheNextProcess) {
+  const auto model = make_model(24, 4);
+  {
+    Session s(cache_);
+    ASSERT_TRUE(name_model(s.adapter, model));
+    Runtime rt;
+    ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  }
+  close_cache();  // no wc_finalize: nothing persisted
+  const auto st = run_child("warm", 24, 4);
+  EXPECT_EQ(st.code, 3) << st.describe();
+}
+
+// ---- alias_data ----------------------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, AliasResolvesAConvertedBufferToTheOriginalsName) {
+  const auto model = make_model(31, 6);
+  auto run = [&](Session& s, bool alias, std::vector<std::vector<float>>* converted, Runtime* rt) {
+    std::vector<std::vector<std::uint16_t>> originals;
+    for (const auto& l : model) {
+      originals.push_back(to_bf16(l.weight));
+      ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, originals.back().data(), l.weight_name.c_str()), WC_OK);
+      if (!l.bias.empty()) {
+        ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.bias.data(), l.bias_name.c_str()), WC_OK);
+      }
+    }
+    std::vector<const float*> kernels;
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      converted->push_back(from_bf16(originals[i]));
+      kernels.push_back(converted->back().data());
+      if (alias) {
+        ASSERT_EQ(fxnn_alias(s.provider(), converted->back().data(), originals[i].data()), fxnn_status_success);
+      }
+    }
+    ASSERT_EQ(create_runtime(s.provider(), model, rt, &kernels), fxnn_status_success);
+    ASSERT_EQ(wc_finalize(cache_), WC_OK);
+    EXPECT_EQ(check_runtime(rt, model, &kernels), "");
+  };
+
+  {
+    Session s(cache_);
+    std::vector<std::vector<float>> converted;
+    converted.reserve(model.size());
+    Runtime rt;
+    run(s, true, &converted, &rt);
+    EXPECT_EQ(s.count(fxnn_call_reserve_space), 6u);
+    EXPECT_EQ(s.count(fxnn_call_alias_data), 6u);
+    EXPECT_EQ(s.stats().aliases, 6u);
+    EXPECT_EQ(s.stats().unnamed_inserts, 0u);
+    EXPECT_EQ(cache_stats(cache_).entries, 6u);
+  }
+  {
+    // A new session converts again, into new buffers at new addresses: all hits.
+    Session s(cache_);
+    std::vector<std::vector<float>> converted;
+    converted.reserve(model.size());
+    Runtime rt;
+    run(s, true, &converted, &rt);
+    EXPECT_EQ(s.count(fxnn_call_reserve_space), 0u);
+    EXPECT_EQ(s.stats().hits, 6u);
+  }
+  {
+    // Without alias_data the converted buffers have no name: packed again, to the heap.
+    Session s(cache_);
+    std::vector<std::vector<float>> converted;
+    converted.reserve(model.size());
+    Runtime rt;
+    run(s, false, &converted, &rt);
+    EXPECT_EQ(s.count(fxnn_call_reserve_space), 6u);
+    EXPECT_EQ(s.stats().unnamed_inserts, 6u);
+    EXPECT_EQ(cache_stats(cache_).entries, 6u);
+  }
+  close_cache();
+  const auto st = run_child("alias", 31, 6);
+  EXPECT_TRUE(st.ok()) << st.describe();
+}
+
+TEST_F(XnnAdapterTest, AliasCyclesAndNullArgumentsAreHandled) {
+  Session s(cache_);
+  float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  EXPECT_EQ(p->alias_data(p->context, nullptr, b), WC_XNN_STATUS_INVALID_PARAMETER);
+  EXPECT_EQ(p->alias_data(p->context, a, nullptr), WC_XNN_STATUS_INVALID_PARAMETER);
+  EXPECT_EQ(p->alias_data(p->context, a, a), WC_XNN_STATUS_SUCCESS);
+  // a -> b -> a: no name anywhere; a look-up must end (as an unnamed miss), not loop.
+  ASSERT_EQ(p->alias_data(p->context, a, b), WC_XNN_STATUS_SUCCESS);
+  ASSERT_EQ(p->alias_data(p->context, b, a), WC_XNN_STATUS_SUCCESS);
+  wc_xnn_weights_cache_look_up_key key{1, a, nullptr, 2};
+  EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  // Naming b ends the chain: a resolves to b's name.
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, b, "b"), WC_OK);
+  void* mem = p->reserve_space(p->context, sizeof a);
+  ASSERT_NE(mem, nullptr);
+  std::memcpy(mem, a, sizeof a);
+  const std::size_t off = p->look_up_or_insert(p->context, &key, mem, sizeof a);
+  ASSERT_NE(off, SIZE_MAX);
+  EXPECT_EQ(s.stats().unnamed_inserts, 0u);
+  EXPECT_EQ(cache_stats(cache_).entries, 1u);
+}
+
+// ---- unnamed buffers -----------------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, UnnamedBuffersAreServedFromTheHeapCountedAndLoggedOnce) {
+  LogCapture logs;
+  const auto model = make_model(41, 5);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  const std::uint64_t size_before = file_size(path_);
+  Session s(cache_);
+
+  Runtime rt;
+  ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 5u);
+  auto as = s.stats();
+  EXPECT_EQ(as.unnamed_inserts, 5u);
+  EXPECT_EQ(as.unnamed_entries, 5u);
+  EXPECT_GE(as.unnamed_bytes, total_packed(model));
+  EXPECT_EQ(logs.count("has no name"), 1u);
+
+  // Nothing of it reached the cache or its file (not even an abandoned reservation).
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  const wc_stats st = cache_stats(cache_);
+  EXPECT_EQ(st.entries, 0u);
+  EXPECT_EQ(st.mapped_bytes, 0u);
+  EXPECT_EQ(st.dead_bytes, 0u);
+  EXPECT_EQ(file_size(path_), size_before);
+  EXPECT_EQ(check_runtime(&rt, model), "");
+
+  // In this process they still hit.
+  Runtime again;
+  ASSERT_EQ(create_runtime(s.provider(), model, &again), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 5u);
+  EXPECT_EQ(check_runtime(&again, model), "");
+
+  // Named weights with an unnamed bias cannot be persisted either.
+  const auto partly = make_model(42, 3, "partly.");
+  for (const auto& l : partly) ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.weight.data(), l.weight_name.c_str()), WC_OK);
+  Runtime rp;
+  ASSERT_EQ(create_runtime(s.provider(), partly, &rp), fxnn_status_success);
+  std::size_t with_bias = 0;
+  for (const auto& l : partly) with_bias += l.bias.empty() ? 0 : 1;
+  EXPECT_EQ(s.stats().unnamed_inserts, 5u + with_bias);
+  EXPECT_EQ(cache_stats(cache_).entries, partly.size() - with_bias);
+  EXPECT_EQ(check_runtime(&rp, partly), "");
+  EXPECT_EQ(logs.count("has no name"), 1u);
+}
+
+TEST_F(XnnAdapterTest, RebindingAnAddressDropsWhatWasPackedFromIt) {
+  Session s(cache_);
+  auto model = make_model(43, 1);
+  Runtime first;
+  ASSERT_EQ(create_runtime(s.provider(), model, &first), fxnn_status_success);
+  ASSERT_EQ(s.count(fxnn_call_reserve_space), 1u);
+
+  // The runtime frees the buffer and the address is reused for other weights: it unbinds first.
+  for (float& w : model[0].weight) w = -w;
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, model[0].weight.data(), nullptr), WC_OK);
+  Runtime second;
+  ASSERT_EQ(create_runtime(s.provider(), model, &second), fxnn_status_success);
+  EXPECT_EQ(s.count(fxnn_call_reserve_space), 2u);
+  EXPECT_NE(second.ops[0].packed_offset, first.ops[0].packed_offset);
+  EXPECT_EQ(check_runtime(&second, model), "");
+
+  // Naming the buffer now makes it persistable; unbinding a name makes it unnamed again.
+  ASSERT_TRUE(name_model(s.adapter, model));
+  EXPECT_EQ(s.stats().named_buffers, model[0].bias.empty() ? 1u : 2u);
+  Runtime named;
+  ASSERT_EQ(create_runtime(s.provider(), model, &named), fxnn_status_success);
+  EXPECT_EQ(cache_stats(cache_).entries, 1u);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, model[0].weight.data(), nullptr), WC_OK);
+  const std::uint64_t unnamed = s.stats().unnamed_inserts;
+  Runtime unbound;
+  ASSERT_EQ(create_runtime(s.provider(), model, &unbound), fxnn_status_success);
+  EXPECT_EQ(s.stats().unnamed_inserts, unnamed + 1);
+  EXPECT_EQ(check_runtime(&unbound, model), "");
+}
+
+TEST_F(XnnAdapterTest, NullKernelIsNeverSharedNorPersisted) {
+  Session s(cache_);
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  wc_xnn_weights_cache_look_up_key key{7, nullptr, nullptr, 1};
+  EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  const char bytes[] = "packed";
+  void* mem = p->reserve_space(p->context, sizeof bytes);
+  ASSERT_NE(mem, nullptr);
+  std::memcpy(mem, bytes, sizeof bytes);
+  const std::size_t off = p->look_up_or_insert(p->context, &key, mem, sizeof bytes);
+  ASSERT_NE(off, SIZE_MAX);
+  ASSERT_NE(p->offset_to_addr(p->context, off), nullptr);
+  EXPECT_EQ(std::memcmp(p->offset_to_addr(p->context, off), bytes, sizeof bytes), 0);
+  EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  EXPECT_EQ(cache_stats(cache_).entries, 0u);
+}
+
+// ---- pitfalls ------------------------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, NullPtrInLookUpOrInsertIsALookUpAndNotFoundNeverBecomesAnAddress) {
+  const auto model = make_model(51, 1);
+  const Linear& l = model[0];
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, model));
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  wc_xnn_weights_cache_look_up_key key{seed_of(l), l.weight.data(), l.bias.empty() ? nullptr : l.bias.data(),
+                                       kFingerprint};
+
+  EXPECT_EQ(p->look_up_or_insert(p->context, &key, nullptr, packed_size(l)), SIZE_MAX);  // a miss, no insert
+  EXPECT_EQ(cache_stats(cache_).entries, 0u);
+  EXPECT_EQ(p->offset_to_addr(p->context, SIZE_MAX), nullptr);
+
+  Runtime rt;
+  ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  const std::size_t off = rt.ops[0].packed_offset;
+  EXPECT_EQ(p->look_up_or_insert(p->context, &key, nullptr, packed_size(l)), off);  // a hit
+  EXPECT_EQ(cache_stats(cache_).entries, 1u);
+  EXPECT_EQ(p->offset_to_addr(p->context, SIZE_MAX), nullptr);
+  EXPECT_EQ(p->offset_to_addr(p->context, off + 1), nullptr);
+  EXPECT_EQ(p->offset_to_addr(p->context, SIZE_MAX - 1), nullptr);  // no process-local entry yet
+  EXPECT_EQ(p->offset_to_addr(p->context, SIZE_MAX / 2), nullptr);
+  EXPECT_NE(p->offset_to_addr(p->context, off), nullptr);
+  EXPECT_EQ(s.stats().look_ups, 3u);  // two ptr == NULL calls and the runtime's look_up
+
+  // A NULL key is refused, not dereferenced.
+  EXPECT_EQ(p->look_up(p->context, nullptr), SIZE_MAX);
+  EXPECT_EQ(p->look_up_or_insert(p->context, nullptr, nullptr, 4), SIZE_MAX);
+}
+
+TEST_F(XnnAdapterTest, KeysAreLengthPrefixedSoConcatenationsDoNotCollide) {
+  // Same shape (same seed), names that concatenate to the same string.
+  auto make = [](const char* w, const char* b, float value) {
+    Linear l;
+    l.weight_name = w;
+    l.bias_name = b;
+    l.rows = 20;
+    l.cols = 6;
+    l.weight.assign(l.rows * l.cols, value);
+    l.bias.assign(l.rows, -value);
+    return l;
+  };
+  // Plus names holding the byte a naive encoding would use as a separator.
+  const std::vector<Linear> model = {make("ab", "c", 1.0f), make("a", "bc", 2.0f), make("a\x01", "b", 4.0f),
+                                     make("a", "\x01" "b", 5.0f), make("abc", "", 3.0f)};
+  auto bind = [&](Session& s, const std::vector<Linear>& m) {
+    for (const auto& l : m) {
+      ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.weight.data(), l.weight_name.c_str()), WC_OK);
+      if (!l.bias_name.empty()) {
+        ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.bias.data(), l.bias_name.c_str()), WC_OK);
+      }
+    }
+  };
+  auto last = model;
+  last[4].bias.clear();  // "abc" with no bias
+  {
+    Session s(cache_);
+    bind(s, last);
+    Runtime rt;
+    ASSERT_EQ(create_runtime(s.provider(), last, &rt), fxnn_status_success);
+    EXPECT_EQ(s.count(fxnn_call_reserve_space), 5u);
+    EXPECT_EQ(cache_stats(cache_).entries, 5u);
+    EXPECT_EQ(check_runtime(&rt, last), "");
+  }
+  {
+    // The same bindings in a new session find each its own bytes.
+    const auto copy = last;
+    Session s(cache_);
+    bind(s, copy);
+    Runtime rt;
+    ASSERT_EQ(create_runtime(s.provider(), copy, &rt), fxnn_status_success);
+    EXPECT_EQ(s.count(fxnn_call_reserve_space), 0u);
+    EXPECT_EQ(check_runtime(&rt, copy), "");
+  }
+  {
+    // seed and fingerprint_id are part of the key too.
+    Session s(cache_);
+    bind(s, last);
+    wc_xnn_weights_cache_provider* p = s.mirror();
+    wc_xnn_weights_cache_look_up_key key{seed_of(last[0]), last[0].weight.data(), last[0].bias.data(), kFingerprint};
+    EXPECT_NE(p->look_up(p->context, &key), SIZE_MAX);
+    key.seed ^= 1;
+    EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+    key.seed ^= 1;
+    key.fingerprint_id ^= 1;
+    EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+    key.fingerprint_id ^= 1;
+    key.bias = nullptr;  // "ab" with no bias is not "ab" with bias "c"
+    EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  }
+}
+
+TEST_F(XnnAdapterTest, ReserveRefusesEarlyWhenTheCacheCannotProvideMemory) {
+  wc_options o;
+  wc_options_init(&o);
+  const std::string small = dir_.file("small.wcache");
+  o.path = small.c_str();
+  o.backing = WC_BACKING_FILE;
+  o.durability = WC_DURABILITY_NONE;
+  o.max_file_bytes = 1u << 20;
+  wc_cache* c = nullptr;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  {
+    Session s(c);
+    Linear big;
+    big.weight_name = "big.weight";
+    big.rows = 1024;
+    big.cols = 1024;
+    big.weight.assign(big.rows * big.cols, 0.5f);
+    const std::vector<Linear> too_big = {big};
+    ASSERT_TRUE(name_model(s.adapter, too_big));
+    Runtime rt;
+    EXPECT_EQ(create_runtime(s.provider(), too_big, &rt), fxnn_status_out_of_memory);
+    EXPECT_EQ(s.stats().reserve_failures, 1u);
+    EXPECT_EQ(s.count(fxnn_call_look_up_or_insert), 0u);
+
+    const auto model = make_model(61, 4);
+    ASSERT_TRUE(name_model(s.adapter, model));
+    Runtime ok;
+    ASSERT_EQ(create_runtime(s.provider(), model, &ok), fxnn_status_success);
+    ASSERT_EQ(wc_finalize(c), WC_OK);
+    EXPECT_EQ(check_runtime(&ok, model), "");
+    EXPECT_EQ(cache_stats(c).entries, 4u);
+  }
+  wc_close(c);
+}
+
+TEST_F(XnnAdapterTest, DeleteCacheSucceedsAndHarmsNothing) {
+  const auto model = make_model(62, 3);
+  Session s(cache_);
+  ASSERT_TRUE(name_model(s.adapter, model));
+  Runtime rt;
+  ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  EXPECT_EQ(p->delete_cache(p->context), WC_XNN_STATUS_SUCCESS);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_EQ(check_runtime(&rt, model), "");
+  Runtime again;
+  ASSERT_EQ(create_runtime(s.provider(), model, &again), fxnn_status_success);
+  EXPECT_EQ(check_runtime(&again, model), "");
+}
+
+TEST_F(XnnAdapterTest, HeapBackedCacheAndUnnamedEntriesDoNotShareOffsets) {
+  // A heap cache (the --no-cache case) numbers its entries from 0 like the adapter's own heap.
+  wc_options o;
+  wc_options_init(&o);
+  o.private_cache = 1;
+  o.backing = WC_BACKING_HEAP;
+  wc_cache* heap = nullptr;
+  ASSERT_EQ(wc_open(&o, &heap), WC_OK);
+  {
+    Session s(heap);
+    const auto named = make_model(63, 4, "named.");
+    const auto unnamed = make_model(64, 4, "unnamed.");
+    ASSERT_TRUE(name_model(s.adapter, named));
+    Runtime rn, ru;
+    ASSERT_EQ(create_runtime(s.provider(), unnamed, &ru), fxnn_status_success);
+    ASSERT_EQ(create_runtime(s.provider(), named, &rn), fxnn_status_success);
+    ASSERT_EQ(wc_finalize(heap), WC_OK);
+    EXPECT_EQ(check_runtime(&rn, named), "");
+    EXPECT_EQ(check_runtime(&ru, unnamed), "");
+    EXPECT_EQ(s.stats().unnamed_entries, 4u);
+    EXPECT_EQ(cache_stats(heap).entries, 4u);
+  }
+  wc_close(heap);
+}
+
+// ---- threads -------------------------------------------------------------------------------
+
+TEST_F(XnnAdapterTest, ManyThreadsCreateOperatorsConcurrentlyOverOneAdapter) {
+  constexpr int kThreads = 8;
+  constexpr std::size_t kShared = 24, kOwn = 4;
+  Session s(cache_);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::atomic<int> ready{0};
+  // Each thread has its own copy of the shared model (same names, its own addresses) and a few
+  // weights of its own, one of them unnamed. All stay alive until every thread is done: a freed
+  // buffer's address could be reused while its binding still stands.
+  std::vector<std::vector<Linear>> shared_copies, owns;
+  for (int t = 0; t < kThreads; ++t) {
+    shared_copies.push_back(make_model(71, kShared));
+    owns.push_back(make_model(1000 + t, kOwn, "thread" + std::to_string(t) + "."));
+  }
+  auto worker = [&](int t) {
+    const auto& shared = shared_copies[t];
+    const auto& own = owns[t];
+    auto fail = [&](const std::string& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back("thread " + std::to_string(t) + ": " + e);
+    };
+    if (!name_model(s.adapter, shared)) return fail("name_buffer failed");
+    for (std::size_t i = 0; i + 1 < own.size(); ++i) {
+      if (wc_xnn_adapter_name_buffer(s.adapter, own[i].weight.data(), own[i].weight_name.c_str()) != WC_OK ||
+          (!own[i].bias.empty() &&
+           wc_xnn_adapter_name_buffer(s.adapter, own[i].bias.data(), own[i].bias_name.c_str()) != WC_OK))
+        return fail("name_buffer failed");
+    }
+    ready.fetch_add(1);
+    while (ready.load() < kThreads) std::this_thread::yield();  // maximise overlap
+    for (int round = 0; round < 2; ++round) {
+      Runtime rs, ro;
+      if (create_runtime(s.provider(), shared, &rs) != fxnn_status_success) return fail("create shared");
+      if (create_runtime(s.provider(), own, &ro) != fxnn_status_success) return fail("create own");
+      if (wc_finalize(cache_) != WC_OK) return fail(std::string("finalize: ") + wc_last_error());
+      if (auto e = check_runtime(&rs, shared); !e.empty()) return fail(e);
+      if (auto e = check_runtime(&ro, own); !e.empty()) return fail(e);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+
+  EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
+  const wc_stats st = cache_stats(cache_);
+  EXPECT_EQ(st.entries, kShared + kThreads * (kOwn - 1));  // one entry per name, however many packed it
+  const auto as = s.stats();
+  EXPECT_EQ(as.unnamed_entries, static_cast<std::uint64_t>(kThreads));
+  EXPECT_EQ(as.look_ups, 2u * kThreads * (kShared + kOwn));
+  EXPECT_LE(as.reservations, static_cast<std::uint64_t>(kThreads) * (kShared + kOwn));
+  EXPECT_EQ(as.reservations, as.inserts);
+}
+
+// ---- the C ABI's argument checks -----------------------------------------------------------
+
+TEST_F(XnnAdapterTest, CApiRejectsBadArguments) {
+  wc_xnn_adapter* a = reinterpret_cast<wc_xnn_adapter*>(0x1);
+  EXPECT_EQ(wc_xnn_adapter_create(nullptr, &a), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(a, nullptr);
+  EXPECT_EQ(wc_xnn_adapter_create(cache_, nullptr), WC_ERR_INVALID_ARGUMENT);
+  ASSERT_EQ(wc_xnn_adapter_create(cache_, &a), WC_OK);
+  float buf[2] = {};
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(nullptr, buf, "x"), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(a, nullptr, "x"), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(a, buf, ""), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(a, buf, std::string(2001, 'n').c_str()), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(a, buf, std::string(2000, 'n').c_str()), WC_OK);
+  EXPECT_EQ(wc_xnn_adapter_name_buffer(a, buf + 1, nullptr), WC_OK);  // unbinding an unbound buffer
+  EXPECT_EQ(wc_xnn_adapter_provider(nullptr), nullptr);
+  EXPECT_NE(wc_xnn_adapter_provider(a), nullptr);
+  wc_xnn_adapter_stats st{};
+  EXPECT_EQ(wc_xnn_adapter_get_stats(a, &st), WC_ERR_INVALID_ARGUMENT);  // struct_size not set
+  wc_xnn_adapter_stats_init(&st);
+  EXPECT_EQ(wc_xnn_adapter_get_stats(a, &st), WC_OK);
+  EXPECT_EQ(st.named_buffers, 1u);
+  EXPECT_EQ(wc_xnn_adapter_get_stats(nullptr, &st), WC_ERR_INVALID_ARGUMENT);
+  wc_xnn_adapter_destroy(a);
+  wc_xnn_adapter_destroy(nullptr);
+}
+
+}  // namespace

@@ -1,0 +1,156 @@
+// The reference execution provider end to end (examples/reference_ep): a small model run with
+// and without the cache, cold and warm, in several sessions and several processes. Every run
+// must compute bit-identical outputs, and warm runs must pack nothing.
+#include "spawn.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using weightcache::test::TempDir;
+using Line = std::map<std::string, std::string>;
+
+// About 3 MiB of weights: 4 blocks of 160 -> 640 -> 160.
+const std::vector<std::string> kModel = {"--layers", "4", "--dim", "160", "--hidden", "640", "--tokens", "3"};
+constexpr std::uint64_t kOperators = 8;
+
+class RefEpTest : public ::testing::Test {
+ protected:
+  // Runs the provider with the model arguments plus `extra`; returns its exit code and the
+  // report lines it appended.
+  int run(const std::vector<std::string>& extra, std::vector<Line>* sessions, std::vector<Line>* summaries = nullptr) {
+    std::vector<std::string> args = kModel;
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.push_back("--report");
+    args.push_back(report_);
+    const auto st = weightcache::test::run_process(WEIGHTCACHE_REF_EP, args);
+    sessions->clear();
+    if (summaries != nullptr) summaries->clear();
+    std::ifstream in(report_);
+    std::string text;
+    std::size_t n = 0;
+    while (std::getline(in, text)) {
+      if (n++ < consumed_) continue;
+      Line kv;
+      std::istringstream ss(text);
+      std::string tok;
+      while (ss >> tok) {
+        const auto eq = tok.find('=');
+        if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
+      }
+      if (kv.count("summary") != 0) {
+        if (summaries != nullptr) summaries->push_back(kv);
+      } else {
+        sessions->push_back(kv);
+      }
+    }
+    consumed_ = n;
+    return st.exited ? st.code : -1;
+  }
+
+  static std::uint64_t num(const Line& l, const std::string& k) {
+    auto it = l.find(k);
+    return it == l.end() ? UINT64_MAX : std::strtoull(it->second.c_str(), nullptr, 10);
+  }
+
+  TempDir dir_{"weightcache-ref-ep"};
+  std::string cache_ = dir_.file("ref-ep.wcache");
+  std::string report_ = dir_.file("report.txt");
+  std::size_t consumed_ = 0;
+};
+
+TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
+  std::vector<Line> s;
+  ASSERT_EQ(run({"--no-cache"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  const std::string reference = s[0]["hash"];
+  ASSERT_EQ(reference.size(), 16u);
+  EXPECT_EQ(num(s[0], "mapped_bytes"), 0u);
+  EXPECT_GT(num(s[0], "heap_bytes"), 0u);
+
+  // Cold: everything packed, straight into the cache file.
+  ASSERT_EQ(run({"--cache", cache_, "--fresh"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["hash"], reference);
+  EXPECT_EQ(num(s[0], "packed"), kOperators);
+  EXPECT_EQ(num(s[0], "reserves"), kOperators);
+  const std::uint64_t weights = num(s[0], "mapped_bytes");
+  EXPECT_GT(weights, 3u << 20);
+  EXPECT_EQ(num(s[0], "heap_bytes"), 0u);
+
+  // Warm, in a new process: nothing packed, the same bytes mapped, the same output.
+  ASSERT_EQ(run({"--cache", cache_}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["hash"], reference);
+  EXPECT_EQ(num(s[0], "reserves"), 0u);
+  EXPECT_EQ(num(s[0], "hits"), kOperators);
+  EXPECT_EQ(num(s[0], "mapped_bytes"), weights);
+  EXPECT_EQ(num(s[0], "heap_bytes"), 0u);
+  EXPECT_GE(num(s[0], "rss"), weights);  // the GEMM read every packed byte from the file mapping
+  // Reading never copies a page: at most the file's last page may still be dirty in the page
+  // cache from the previous run's close.
+  EXPECT_LE(num(s[0], "private_dirty"), 64u << 10);
+
+  // Several sessions in one process: the first one's cache serves them all.
+  ASSERT_EQ(run({"--cache", cache_, "--sessions", "3"}, &s), 0);
+  ASSERT_EQ(s.size(), 3u);
+  for (auto& l : s) {
+    EXPECT_EQ(l["hash"], reference);
+    EXPECT_EQ(num(l, "reserves"), 0u);
+  }
+
+  // Without the cache, several sessions each pack again, and still agree.
+  ASSERT_EQ(run({"--no-cache", "--sessions", "2"}, &s), 0);
+  ASSERT_EQ(s.size(), 2u);
+  for (auto& l : s) {
+    EXPECT_EQ(l["hash"], reference);
+    EXPECT_EQ(num(l, "reserves"), kOperators);
+  }
+}
+
+TEST_F(RefEpTest, ProcessesShareOneCacheColdAndWarm) {
+  std::vector<Line> s, sum;
+  ASSERT_EQ(run({"--no-cache"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  const std::string reference = s[0]["hash"];
+
+  // Two processes start cold at once: whoever packs, both compute the same output.
+  ASSERT_EQ(run({"--cache", cache_, "--fresh", "--processes", "2"}, &s, &sum), 0);
+  ASSERT_EQ(s.size(), 2u);
+  for (auto& l : s) EXPECT_EQ(l["hash"], reference);
+
+  // Warm: neither packs, and while both are alive they share the file's pages.
+  ASSERT_EQ(run({"--cache", cache_, "--processes", "2", "--sessions", "2"}, &s, &sum), 0);
+  ASSERT_EQ(s.size(), 4u);
+  for (auto& l : s) {
+    EXPECT_EQ(l["hash"], reference);
+    EXPECT_EQ(num(l, "reserves"), 0u);
+    EXPECT_EQ(num(l, "hits"), kOperators);
+  }
+  ASSERT_EQ(sum.size(), 2u);
+  for (auto& l : sum) {
+    EXPECT_GT(num(l, "rss"), 0u);
+    EXPECT_LT(num(l, "pss"), num(l, "rss")) << "the two processes' pages of the cache file are not shared";
+  }
+}
+
+TEST_F(RefEpTest, TheOutputHashDependsOnTheWeights) {
+  // Guards the comparisons above: other weights give another output.
+  std::vector<Line> a, b;
+  ASSERT_EQ(run({"--no-cache"}, &a), 0);
+  ASSERT_EQ(run({"--no-cache", "--seed", "12345"}, &b), 0);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NE(a[0]["hash"], b[0]["hash"]);
+}
+
+}  // namespace

@@ -1,0 +1,84 @@
+// Second "process" for the adapter tests: a new launch of an application that opens the cache
+// file, names its weight buffers (at new addresses) and creates a runtime through the provider.
+//
+//   weightcache_xnn_child <cache> warm  <model-seed> <layers>   every layer must hit
+//   weightcache_xnn_child <cache> alias <model-seed> <layers>   same, kernels converted from bf16
+//
+// Exit status: 0 every layer hit with the right bytes and nothing was packed; 1 wrong bytes;
+// 2 usage or cache error; 3 something was packed (reserve_space or look_up_or_insert called).
+#include "xnn_test_model.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+using namespace weightcache::xnn_test;
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: weightcache_xnn_child <cache> warm|alias <model-seed> <layers>\n");
+    return 2;
+  }
+  const std::string mode = argv[2];
+  const auto model = make_model(std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+  wc_cache* cache = nullptr;
+  if (open_cache(argv[1], &cache) != WC_OK) {
+    std::fprintf(stderr, "xnn_child: open failed: %s\n", wc_last_error());
+    return 2;
+  }
+  wc_xnn_adapter* adapter = nullptr;
+  if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return 2;
+  fxnn_counting* counting =
+      fxnn_counting_create(static_cast<fxnn_weights_cache_t>(wc_xnn_adapter_provider(adapter)));
+  fxnn_weights_cache_t provider = fxnn_counting_provider(counting);
+
+  // Buffers at this process's own addresses: bf16 originals (named) and their fp32 conversions.
+  std::vector<std::vector<std::uint16_t>> originals;
+  std::vector<std::vector<float>> converted;
+  std::vector<const float*> kernels;
+  bool named = true;
+  if (mode == "alias") {
+    for (const auto& l : model) {
+      originals.push_back(to_bf16(l.weight));
+      named = named && wc_xnn_adapter_name_buffer(adapter, originals.back().data(), l.weight_name.c_str()) == WC_OK;
+      if (!l.bias.empty())
+        named = named && wc_xnn_adapter_name_buffer(adapter, l.bias.data(), l.bias_name.c_str()) == WC_OK;
+    }
+    for (std::size_t i = 0; i < model.size(); ++i) {
+      converted.push_back(from_bf16(originals[i]));
+      kernels.push_back(converted.back().data());
+      if (fxnn_alias(provider, converted.back().data(), originals[i].data()) != fxnn_status_success) named = false;
+    }
+  } else if (mode == "warm") {
+    named = name_model(adapter, model);
+  } else {
+    std::fprintf(stderr, "xnn_child: unknown mode '%s'\n", mode.c_str());
+    return 2;
+  }
+  if (!named) return 2;
+
+  int rc = 0;
+  Runtime rt;
+  const bool finalized_before = fxnn_setup(provider) == fxnn_status_success;
+  if (create_runtime(provider, model, &rt, kernels.empty() ? nullptr : &kernels) != fxnn_status_success) rc = 2;
+  // A warm launch that inserted nothing may set up without finalizing.
+  if (rc == 0 && (!finalized_before || fxnn_setup(provider) != fxnn_status_success)) rc = 3;
+  if (rc == 0) {
+    const std::string err = check_runtime(&rt, model, kernels.empty() ? nullptr : &kernels);
+    if (!err.empty()) {
+      std::fprintf(stderr, "xnn_child: %s\n", err.c_str());
+      rc = 1;
+    }
+  }
+  const std::size_t look_ups = fxnn_counting_get(counting, fxnn_call_look_up);
+  const std::size_t reserves = fxnn_counting_get(counting, fxnn_call_reserve_space);
+  const std::size_t inserts = fxnn_counting_get(counting, fxnn_call_look_up_or_insert);
+  std::printf("look_up=%zu reserve_space=%zu look_up_or_insert=%zu offset_to_addr=%zu\n", look_ups, reserves, inserts,
+              fxnn_counting_get(counting, fxnn_call_offset_to_addr));
+  if (rc == 0 && (reserves != 0 || inserts != 0 || look_ups != model.size())) rc = 3;
+
+  fxnn_counting_destroy(counting);
+  wc_xnn_adapter_destroy(adapter);
+  wc_close(cache);
+  return rc;
+}
