@@ -115,6 +115,12 @@ void* wc_reserve_space(wc_cache* c, size_t size) {
   return c->core->reserve(size);
 }
 
+wc_status wc_release_space(wc_cache* c, void* ptr) {
+  if (c == nullptr || ptr == nullptr) return invalid("wc_release_space: NULL cache or pointer");
+  auto r = c->core->release(ptr);
+  return r ? WC_OK : status_of(r.error());
+}
+
 size_t wc_look_up_or_insert(wc_cache* c, const void* key, size_t key_size, void* ptr, size_t size) {
   if (c == nullptr || (key == nullptr && key_size != 0))
     return (invalid("wc_look_up_or_insert: NULL cache or key"), WC_NOT_FOUND);
@@ -159,6 +165,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   full.verify_failures = s.verify_failures;
   full.heap_fallbacks = s.heap_fallbacks;
   full.commits = s.commits;
+  full.alignment = s.alignment;
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
 }

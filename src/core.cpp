@@ -508,6 +508,7 @@ Stats Core::stats() const noexcept {
   s.verify_failures = verify_failures_.load();
   s.heap_fallbacks = heap_fallbacks_.load();
   s.commits = commits_.load();
+  s.alignment = align_;
   return s;
 }
 
@@ -681,6 +682,20 @@ void* Core::reserve(std::size_t size) noexcept {
     set_last_error({Errc::no_memory, 0, "out of memory while reserving"});
     return nullptr;
   }
+}
+
+Result<void> Core::release(void* ptr) noexcept {
+  const auto* p = static_cast<std::byte*>(ptr);
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (p < base_ || p >= base_ + va_size_)
+    return fail({Errc::invalid_argument, 0, "release: pointer is not from this cache"});
+  auto it = reservations_.find(static_cast<std::uint64_t>(p - base_));
+  if (it == reservations_.end())
+    return fail({Errc::invalid_argument, 0, "release: pointer is not an outstanding reservation's start"});
+  const auto [offset, r] = *it;
+  reservations_.erase(it);
+  release_reservation_locked(offset, r);
+  return {};
 }
 
 void Core::release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept {

@@ -57,6 +57,7 @@ class Core {
 
   std::size_t look_up(std::string_view key) noexcept;
   void* reserve(std::size_t size) noexcept;
+  Result<void> release(void* ptr) noexcept;
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
   void* offset_to_addr(std::size_t offset) const noexcept;
   Result<void> finalize() noexcept;

@@ -33,6 +33,10 @@ void* WeightCache::reserve(std::size_t size) noexcept {
   if (!core_) return (no_cache(), nullptr);
   return core_->reserve(size);
 }
+Result<void> WeightCache::release(void* ptr) noexcept {
+  if (!core_) return no_cache();
+  return core_->release(ptr);
+}
 std::size_t WeightCache::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept {
   if (!core_) return (no_cache(), kNotFound);
   return core_->look_up_or_insert(key, ptr, size);

@@ -122,6 +122,7 @@ struct Stats {
   std::uint64_t verify_failures = 0;
   std::uint64_t heap_fallbacks = 0;
   std::uint64_t commits = 0;
+  std::uint64_t alignment = 0;
 };
 
 class Core;
@@ -147,6 +148,8 @@ class WC_API WeightCache {
   std::size_t look_up(std::string_view key) noexcept;
   /// Writable, aligned memory of at least `size` bytes; nullptr on failure (last_error()).
   void* reserve(std::size_t size) noexcept;
+  /// Gives back a reservation that will not be inserted; see wc_release_space.
+  Result<void> release(void* ptr) noexcept;
   /// Commits bytes under `key`; see wc_look_up_or_insert for the exact semantics.
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
   /// Copies `bytes` in under `key` (a convenience over look_up_or_insert).

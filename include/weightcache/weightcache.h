@@ -137,6 +137,7 @@ typedef struct wc_stats {
   uint64_t verify_failures;  /* entries whose checksum failed (served as misses) */
   uint64_t heap_fallbacks;   /* reservations that had to be served from the heap */
   uint64_t commits;          /* finalizes that wrote the file */
+  uint64_t alignment;        /* start-address alignment of every region of this cache */
 } wc_stats;
 
 typedef enum wc_log_level {
@@ -182,6 +183,11 @@ WC_API size_t wc_look_up(wc_cache* cache, const void* key, size_t key_size);
  * is simply wasted space. The memory stays valid until wc_close. Thread-safe.
  */
 WC_API void* wc_reserve_space(wc_cache* cache, size_t size);
+
+/** Gives back a reservation that will not be inserted (e.g. packing failed), so it does not
+ * become dead space. `ptr` must be a start address returned by wc_reserve_space and not yet
+ * inserted; anything else is WC_ERR_INVALID_ARGUMENT. Thread-safe. */
+WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
 
 /**
  * Commits `size` bytes at `ptr` under the key and returns the entry's offset.
