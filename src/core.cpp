@@ -3,6 +3,7 @@
 #include "log.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -194,8 +195,16 @@ Result<void> Core::init_file() noexcept {
 
   if (!opts_.read_only) {
     auto lk = pf_.open_file(lock_path_, platform::OpenMode::lock_file, opts_.file_mode, opts_.allow_symlink);
-    if (!lk) return lk.error();
-    lock_fd_ = lk.value();
+    if (!lk) {
+      // A cache shipped in a read-only place (a system image, another user's directory) is still
+      // worth mapping: use it read-only and keep new entries in memory.
+      const int err = lk.error().sys_errno;
+      if (err != EACCES && err != EROFS && err != EPERM) return lk.error();
+      log::warn("cannot create the lock file '{}' ({}); using the cache read-only", lock_path_, lk.error().message);
+      opts_.read_only = true;
+    } else {
+      lock_fd_ = lk.value();
+    }
   }
 
   auto try_load = [&]() -> Result<void> {
