@@ -1,5 +1,7 @@
 #include "registry.hpp"
 
+#include "log.hpp"
+
 #include <filesystem>
 #include <map>
 #include <string>
@@ -29,6 +31,21 @@ std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::ui
   return it == reg.caches.end() ? nullptr : it->second.lock();
 }
 
+// A shared cache serves a second opener only if it honours that opener's alignment; the other
+// options of the first opener stay in force (documented on Options).
+Result<std::shared_ptr<Core>> share(std::shared_ptr<Core> core, const Options& options) {
+  if (core->alignment() % options.alignment == 0) return core;
+  Error e{Errc::incompatible, 0,
+          "'" + options.path + "' is already open in this process with alignment " +
+              std::to_string(core->alignment()) + ", weaker than the " + std::to_string(options.alignment) +
+              " asked for; open it with one alignment everywhere"};
+  if (options.backing == Backing::file) return fail(e);
+  log::warn("{}; using a private heap cache", e.message);
+  Options heap = options;
+  heap.private_cache = true;
+  return Core::open(heap, platform::os());
+}
+
 // A key for "an open of this file is in progress", known before the file's identity is: the
 // path with its existing directories resolved.
 std::string opening_key(const Options& options, std::uint64_t compat) {
@@ -48,7 +65,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
     std::shared_ptr<std::mutex> gate;
     {
       std::lock_guard<std::mutex> lock(reg.mu);
-      if (auto core = find_locked(reg, options, compat)) return core;
+      if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);
       auto& g = reg.opening[opening_key(options, compat)];
       if (!g) g = std::make_shared<std::mutex>();
       gate = g;
@@ -58,7 +75,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
     std::lock_guard<std::mutex> opening(*gate);
     {
       std::lock_guard<std::mutex> lock(reg.mu);
-      if (auto core = find_locked(reg, options, compat)) return core;
+      if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);
     }
     auto core = Core::open(options, platform::os());
     if (!core) return core;
@@ -67,7 +84,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
       const auto id = core.value()->identity();
       auto& slot = reg.caches[Key{id.device, id.inode, compat, options.read_only}];
       // Another spelling of the same file (a hard link) may have won the race: use its cache.
-      if (auto existing = slot.lock()) return existing;
+      if (auto existing = slot.lock()) return share(std::move(existing), options);
       slot = core.value();
     }
     for (auto it = reg.caches.begin(); it != reg.caches.end();) {

@@ -78,6 +78,10 @@ enum class Backing : int { automatic = WC_BACKING_AUTO, file = WC_BACKING_FILE, 
 enum class Durability : int { none = WC_DURABILITY_NONE, async = WC_DURABILITY_ASYNC, full = WC_DURABILITY_FULL };
 enum class Verify : int { first_use = WC_VERIFY_FIRST_USE, on_open = WC_VERIFY_ON_OPEN, none = WC_VERIFY_NONE };
 
+/// Options of a cache. A second open of a file that is already open in this process (same
+/// compatibility key) shares the first cache and keeps the first opener's options, except that
+/// an alignment the shared cache does not honour is refused (backing file) or gets a private heap
+/// cache with a warning (backing automatic).
 struct Options {
   /// Cache file. Empty: a heap-only cache (nothing persisted).
   std::string path;

@@ -107,3 +107,37 @@ TEST(Registry, PrivateCacheIsIndependentHeapCache) {
 
 }  // namespace
 }  // namespace weightcache::test
+
+namespace weightcache::test {
+namespace {
+
+TEST(Registry, SecondOpenWithStricterAlignmentIsNotGivenAWeakerCache) {
+  TempDir dir;
+  Options o;
+  o.path = dir.file("c.wc");
+  o.alignment = 64;
+  auto first = open_or_fail(o);
+  Options strict = o;
+  strict.alignment = 4096;
+  strict.backing = Backing::file;
+  auto refused = WeightCache::open(strict);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Errc::incompatible);
+  strict.backing = Backing::automatic;
+  auto second = open_or_fail(strict);
+  EXPECT_EQ(second.stats().backing, Backing::heap);
+  for (int i = 0; i < 8; ++i) {
+    void* p = second.reserve(100 + i);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 4096, 0u);
+  }
+  Options weaker = o;
+  weaker.alignment = 16;
+  auto third = open_or_fail(weaker);
+  EXPECT_EQ(third.stats().backing, Backing::file);
+  ASSERT_NE(first.insert("k", "v"), kNotFound);
+  EXPECT_NE(third.look_up("k"), kNotFound);  // shared
+}
+
+}  // namespace
+}  // namespace weightcache::test
