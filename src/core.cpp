@@ -74,6 +74,19 @@ Core::~Core() {
     release_lease_locked();
   }
   pf_.release_address_space(base_, va_size_);
+  // Where the OS refuses to shrink a mapped file (Windows), the trim above failed: now that
+  // nothing of ours is mapped, cut the uncommitted tail if no other writer is at work.
+  if (file_backed_ && !opts_.read_only && fd_ != platform::kInvalidHandle && lock_fd_ != platform::kInvalidHandle &&
+      file_size_ > committed_.committed_size) {
+    if (auto got = pf_.try_lock(lock_fd_); got && got.value()) {
+      if (auto info = pf_.stat_file(fd_); info) {
+        std::vector<format::IndexRecord> records;
+        if (auto slot = read_latest_slot(0, &records, info->size); slot && info->size > slot->committed_size)
+          (void)pf_.truncate(fd_, slot->committed_size);
+      }
+      pf_.unlock(lock_fd_);
+    }
+  }
   pf_.close_file(fd_);
   pf_.close_file(lock_fd_);
 }
@@ -157,14 +170,15 @@ namespace {
 // through a link and through its target must share one lease.
 std::string resolve_symlinks(const std::string& path) {
   namespace fs = std::filesystem;
-  fs::path p(path);
+  fs::path p = fs::u8path(path);  // UTF-8 on every platform (Windows would read the ANSI code page)
   std::error_code ec;
   for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
     const fs::path target = fs::read_symlink(p, ec);
     if (ec) break;
     p = target.is_absolute() ? target : p.parent_path() / target;
   }
-  return p.lexically_normal().string();
+  const auto u8 = p.lexically_normal().u8string();
+  return std::string(u8.begin(), u8.end());
 }
 
 // Temporary files of a process that died while building a cache file. Called under the lease,
@@ -172,11 +186,11 @@ std::string resolve_symlinks(const std::string& path) {
 void remove_stale_temporaries(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path p(path);
+  const fs::path p = fs::u8path(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const std::string prefix = p.filename().string() + ".tmp.";
+  const auto prefix = p.filename().u8string() + u8".tmp.";
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
+    const auto name = it->path().filename().u8string();
     if (name.compare(0, prefix.size(), prefix) == 0) fs::remove(it->path(), ec);
   }
 }
