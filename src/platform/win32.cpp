@@ -862,12 +862,13 @@ class Win32Platform final : public Platform {
       ::CloseHandle(section);
       return it.error();
     }
-    // The documented view size is a page multiple; some versions check it against the
-    // section's exact size instead. Try both (a failed attempt leaves the placeholder as it was).
+    // The documented view size is a page multiple, but a data section's size is checked byte
+    // for byte: when the file ends inside the last page, try its exact size, then "the rest of
+    // the section" (0). A failed attempt leaves the placeholder as it was.
     void* v = nullptr;
     DWORD err = 0;
-    const std::uint64_t sizes[2] = {vlen, avail};
-    for (int i = 0; i < (vlen == avail ? 1 : 2) && v == nullptr; ++i) {
+    const std::uint64_t sizes[3] = {vlen, avail, 0};
+    for (int i = 0; i < (vlen == avail ? 1 : 3) && v == nullptr; ++i) {
       v = api().map_view3(section, ::GetCurrentProcess(), reinterpret_cast<void*>(start), offset,
                           static_cast<SIZE_T>(sizes[i]), MEM_REPLACE_PLACEHOLDER,
                           writable ? PAGE_READWRITE : PAGE_READONLY, nullptr, 0);

@@ -1,0 +1,282 @@
+// The Win32 platform backend through the seam itself (src/platform/platform.hpp): error
+// mapping, UTF-8 paths, per-handle locks, and mappings of files that end inside a 64 KiB
+// chunk and grow later (the holes described in src/platform/win32.cpp).
+#include "platform/platform.hpp"
+#include "temp_dir.hpp"
+#include "windows_test_util.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+namespace weightcache::test {
+namespace {
+
+using platform::Handle;
+using platform::OpenMode;
+
+platform::Platform& pf() { return platform::os(); }
+
+Handle open_or_die(const std::string& path, OpenMode mode) {
+  auto h = pf().open_file(path, mode, 0644, false);
+  EXPECT_TRUE(h) << (h ? "" : h.error().message);
+  return h ? h.value() : platform::kInvalidHandle;
+}
+
+void write_pattern(Handle h, std::uint64_t seed, std::size_t size, std::uint64_t offset) {
+  const std::string bytes = pattern_bytes(seed, size);
+  auto r = pf().write_at(h, bytes.data(), bytes.size(), offset);
+  ASSERT_TRUE(r) << r.error().message;
+}
+
+TEST(Win32Platform, FactsAreWindowsOnes) {
+  EXPECT_EQ(pf().map_granularity(), 65536u);
+  EXPECT_EQ(pf().file_size_limit(), UINT64_MAX);
+  EXPECT_EQ(pf().process_id(), static_cast<int>(::GetCurrentProcessId()));
+  // Which mapping mode this system gets (src/platform/win32.cpp); shown in the XML report.
+  ::testing::Test::RecordProperty("under_wine", under_wine() ? "yes" : "no");
+}
+
+TEST(Win32Platform, MissingFilesReportEnoentWithTheWindowsMessage) {
+  TempDir dir("wc-win32");
+  auto r = pf().open_file(dir.file("missing.wcache"), OpenMode::read, 0644, false);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().sys_errno, ENOENT);  // what the core tests to decide to create the file
+  EXPECT_NE(r.error().message.find("(Windows error 2)"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("missing.wcache"), std::string::npos) << r.error().message;
+
+  auto in_missing_dir = pf().open_file(dir.file("no-such-dir/x.wcache"), OpenMode::read_write, 0644, false);
+  ASSERT_FALSE(in_missing_dir);
+  EXPECT_EQ(in_missing_dir.error().sys_errno, ENOENT);
+
+  auto st = pf().stat_path(dir.file("missing.wcache"), true);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().sys_errno, ENOENT);
+}
+
+TEST(Win32Platform, CreateNewRefusesAnExistingFile) {
+  TempDir dir("wc-win32");
+  const std::string path = dir.file("a.wcache");
+  const Handle h = open_or_die(path, OpenMode::create_new);
+  pf().close_file(h);
+  auto again = pf().open_file(path, OpenMode::create_new, 0644, false);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().sys_errno, EEXIST);
+}
+
+TEST(Win32Platform, DirectoriesAreNotCacheFiles) {
+  TempDir dir("wc-win32");
+  auto r = pf().open_file(dir.path().string(), OpenMode::read_write, 0644, false);
+  EXPECT_FALSE(r);
+  auto st = pf().stat_path(dir.path().string(), true);
+  ASSERT_TRUE(st) << st.error().message;
+  EXPECT_FALSE(st->regular);
+}
+
+TEST(Win32Platform, Utf8PathsReachTheFileSystemAsUnicode) {
+  TempDir dir("wc-win32");
+  const std::string name = "caf\xC3\xA9-\xD0\xBA\xD0\xBB\xD1\x8E\xD1\x87-\xE3\x82\xAD\xE3\x83\xA3.wcache";  // café-ключ-キャ
+  const std::string path = dir.file(name);
+  const Handle h = open_or_die(path, OpenMode::create_new);
+  write_pattern(h, 1, 10, 0);
+  auto a = pf().stat_file(h);
+  auto b = pf().stat_path(path, false);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->inode, b->inode);
+  EXPECT_EQ(a->device, b->device);
+  EXPECT_EQ(b->size, 10u);
+  EXPECT_TRUE(b->regular);
+  pf().close_file(h);
+  // The name on disk is the UTF-16 form of the UTF-8 we passed, not mojibake.
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / std::filesystem::u8path(name)));
+  pf().remove(path);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / std::filesystem::u8path(name)));
+}
+
+TEST(Win32Platform, ShortReadsAreCorruptNotGarbage) {
+  TempDir dir("wc-win32");
+  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  write_pattern(h, 1, 100, 0);
+  char buf[200];
+  auto r = pf().read_at(h, buf, sizeof buf, 0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Errc::corrupt);
+  pf().close_file(h);
+}
+
+TEST(Win32Platform, AllocateGrowsAndNeverShrinks) {
+  TempDir dir("wc-win32");
+  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  ASSERT_TRUE(pf().allocate(h, 0, 1 << 20));
+  EXPECT_EQ(pf().stat_file(h)->size, 1u << 20);
+  ASSERT_TRUE(pf().allocate(h, 0, 4096));
+  EXPECT_EQ(pf().stat_file(h)->size, 1u << 20);
+  ASSERT_TRUE(pf().truncate(h, 5000));
+  EXPECT_EQ(pf().stat_file(h)->size, 5000u);
+  pf().close_file(h);
+}
+
+TEST(Win32Platform, LocksBelongToTheHandleAndDieWithIt) {
+  TempDir dir("wc-win32");
+  const std::string path = dir.file("a.lock");
+  const Handle h1 = open_or_die(path, OpenMode::lock_file);
+  const Handle h2 = open_or_die(path, OpenMode::lock_file);
+  ASSERT_TRUE(pf().try_lock(h1).value());
+  EXPECT_FALSE(pf().try_lock(h2).value());  // same process, other handle: refused, as flock
+  pf().unlock(h1);
+  ASSERT_TRUE(pf().try_lock(h2).value());
+  EXPECT_FALSE(pf().try_lock(h1).value());
+  pf().close_file(h2);  // closing releases it
+  EXPECT_TRUE(pf().try_lock(h1).value());
+  // The lock byte lies far past the content: the lock file stays readable and writable.
+  write_pattern(h1, 1, 16, 0);
+  pf().close_file(h1);
+}
+
+TEST(Win32Platform, RenameReplacesTheTarget) {
+  TempDir dir("wc-win32");
+  const std::string a = dir.file("a"), b = dir.file("b");
+  Handle h = open_or_die(a, OpenMode::create_new);
+  write_pattern(h, 1, 10, 0);
+  pf().close_file(h);
+  h = open_or_die(b, OpenMode::create_new);
+  write_pattern(h, 2, 20, 0);
+  pf().close_file(h);
+  auto r = pf().rename(a, b);
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(pf().stat_path(b, false)->size, 10u);
+  EXPECT_FALSE(pf().stat_path(a, false));
+  EXPECT_TRUE(pf().sync_parent_dir(b));
+}
+
+// Maps the first 128 KiB chunk of a 100000-byte file: the chunk ends past EOF, as the core's
+// chunks do. Growing the file makes the rest usable without another map_file call.
+TEST(Win32Platform, WritableMappingFollowsTheFileAsItGrows) {
+  TempDir dir("wc-win32");
+  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  write_pattern(h, 7, 100000, 0);
+  auto base = pf().reserve_address_space(8 << 20, 2 << 20);
+  ASSERT_TRUE(base) << base.error().message;
+  auto* p = static_cast<char*>(base.value());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % (2 << 20), 0u);
+  auto m = pf().map_file(h, 0, 128 << 10, p, true);
+  ASSERT_TRUE(m) << m.error().message;
+  const std::string want = pattern_bytes(7, 100000);
+  EXPECT_EQ(std::memcmp(p, want.data(), want.size()), 0);
+
+  ASSERT_TRUE(pf().allocate(h, 0, 256 << 10));
+  std::memcpy(p + 120000, "grown", 5);  // past the old EOF, inside the first chunk
+  auto m2 = pf().map_file(h, 128 << 10, 128 << 10, p + (128 << 10), true);
+  ASSERT_TRUE(m2) << m2.error().message;
+  std::memcpy(p + 200000, "second", 6);
+  ASSERT_TRUE(pf().flush_mapping(p + 100000, 150000, true));
+  char buf[6];
+  ASSERT_TRUE(pf().read_at(h, buf, 5, 120000));
+  EXPECT_EQ(std::string(buf, 5), "grown");
+  ASSERT_TRUE(pf().read_at(h, buf, 6, 200000));
+  EXPECT_EQ(std::string(buf, 6), "second");
+  // Writes through the file show through the mapping (one page cache).
+  ASSERT_TRUE(pf().write_at(h, "fresh", 5, 150000));
+  EXPECT_EQ(std::string(p + 150000, 5), "fresh");
+
+  // The heap arena: committed memory in the same reservation, zeroed and writable.
+  ASSERT_TRUE(pf().commit_memory(p + (4 << 20), 1 << 20));
+  EXPECT_EQ(p[(4 << 20) + 12345], 0);
+  std::memset(p + (4 << 20), 0x5a, 1 << 20);
+  pf().prefetch(p, 128 << 10);
+
+  // Shrinking a mapped file is refused by Windows (and tolerated by the core).
+  auto t = pf().truncate(h, 4096);
+  EXPECT_FALSE(t);
+  pf().release_address_space(p, 8 << 20);
+  EXPECT_TRUE(pf().truncate(h, 4096)) << "views should be gone after release_address_space";
+  pf().close_file(h);
+}
+
+// A read-only mapper cannot grow the file; it must still see bytes another handle appends
+// once it has stat'ed the file, as the core's refresh does.
+TEST(Win32Platform, ReadOnlyMappingSeesGrowthAfterStat) {
+  TempDir dir("wc-win32");
+  const std::string path = dir.file("a");
+  const Handle w = open_or_die(path, OpenMode::create_new);
+  write_pattern(w, 3, 10000, 0);
+  const Handle r = open_or_die(path, OpenMode::read);
+  auto base = pf().reserve_address_space(4 << 20, 65536);
+  ASSERT_TRUE(base) << base.error().message;
+  auto* p = static_cast<const char*>(base.value());
+  auto m = pf().map_file(r, 0, 64 << 10, base.value(), false);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(std::memcmp(p, pattern_bytes(3, 10000).data(), 10000), 0);
+  auto before = pf().stat_file(r);
+  ASSERT_TRUE(before);
+  EXPECT_EQ(before->size, 10000u) << "a read-only mapping must not grow the file";
+
+  // Another writer grows the file and appends inside the same 64 KiB chunk.
+  ASSERT_TRUE(pf().allocate(w, 0, 64 << 10));
+  write_pattern(w, 4, 30000, 20000);
+  ASSERT_TRUE(pf().stat_file(r));
+  EXPECT_EQ(std::memcmp(p + 20000, pattern_bytes(4, 30000).data(), 30000), 0);
+  // And again without changing the size (the file is preallocated).
+  write_pattern(w, 5, 5000, 55000);
+  ASSERT_TRUE(pf().stat_file(r));
+  EXPECT_EQ(std::memcmp(p + 55000, pattern_bytes(5, 5000).data(), 5000), 0);
+  pf().release_address_space(base.value(), 4 << 20);
+  pf().close_file(r);
+  pf().close_file(w);
+}
+
+TEST(Win32Platform, MappingOutsideAReservationIsRefused) {
+  TempDir dir("wc-win32");
+  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  write_pattern(h, 1, 65536, 0);
+  auto base = pf().reserve_address_space(1 << 20, 65536);
+  ASSERT_TRUE(base);
+  auto* p = static_cast<char*>(base.value());
+  ASSERT_TRUE(pf().map_file(h, 0, 65536, p, true));
+  EXPECT_FALSE(pf().map_file(h, 0, 65536, p, true)) << "the same range twice";
+  EXPECT_FALSE(pf().map_file(h, 0, 65536, p + (1 << 20), true)) << "past the reservation";
+  EXPECT_FALSE(pf().commit_memory(p, 65536));
+  pf().release_address_space(p, 1 << 20);
+  pf().close_file(h);
+}
+
+// Offsets past 4 GiB in 64-bit arithmetic everywhere. Under Wine the file is sparse; on NTFS
+// it would take 5 GiB of disk, so a real Windows machine runs it only with WEIGHTCACHE_FULL=1.
+TEST(Win32Platform, OffsetsPastFourGiB) {
+  if (!under_wine() && std::getenv("WEIGHTCACHE_FULL") == nullptr) GTEST_SKIP() << "set WEIGHTCACHE_FULL=1";
+  TempDir dir("wc-win32");
+  const Handle h = open_or_die(dir.file("big"), OpenMode::create_new);
+  const std::uint64_t chunk = std::uint64_t{5} << 30;
+  write_pattern(h, 9, 1000, chunk + 12345);   // in the chunk's first whole 64 KiB
+  write_pattern(h, 10, 1000, chunk + 70000);  // in its partial second one (EOF at +71000)
+  EXPECT_EQ(pf().stat_file(h)->size, chunk + 71000);
+  char buf[1000];
+  ASSERT_TRUE(pf().read_at(h, buf, sizeof buf, chunk + 12345));
+  EXPECT_EQ(std::memcmp(buf, pattern_bytes(9, 1000).data(), 1000), 0);
+
+  auto base = pf().reserve_address_space(std::size_t{6} << 30, 65536);
+  ASSERT_TRUE(base) << base.error().message;
+  auto* p = static_cast<char*>(base.value());
+  auto m = pf().map_file(h, chunk, 128 << 10, p + chunk, false);
+  ASSERT_TRUE(m) << m.error().message;
+  EXPECT_EQ(std::memcmp(p + chunk + 12345, pattern_bytes(9, 1000).data(), 1000), 0);
+  EXPECT_EQ(std::memcmp(p + chunk + 70000, pattern_bytes(10, 1000).data(), 1000), 0);
+
+  ASSERT_TRUE(pf().allocate(h, chunk, 256 << 10));
+  auto w = pf().map_file(h, chunk + (128 << 10), 128 << 10, p + chunk + (128 << 10), true);
+  ASSERT_TRUE(w) << w.error().message;
+  std::memcpy(p + chunk + 200000, "far", 3);
+  ASSERT_TRUE(pf().flush_mapping(p + chunk + 200000, 3, true));
+  ASSERT_TRUE(pf().read_at(h, buf, 3, chunk + 200000));
+  EXPECT_EQ(std::string(buf, 3), "far");
+  pf().release_address_space(p, std::size_t{6} << 30);
+  pf().close_file(h);
+}
+
+}  // namespace
+}  // namespace weightcache::test
