@@ -1,13 +1,26 @@
 // The demo's model (576 MiB of f32 by default): packing it, as a backend does on every launch
 // without a cache, against loading it warm from a cache file.
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "demo_model.hpp"
+
+#ifdef WEIGHTCACHE_BENCH_XNNPACK
+#include <xnnpack.h>
+#endif
 
 namespace weightcache::bench {
 namespace {
@@ -159,6 +172,208 @@ void BM_model_load_warm_lazy(benchmark::State& state) {
   model_load(state, Verify::none, false, "model/load_warm_lazy");
 }
 
+#ifdef WEIGHTCACHE_BENCH_XNNPACK
+// Repacking with real XNNPACK (Debian's libxnnpack): creating a fully-connected f32 operator packs
+// its weights (and a zero bias) into memory XNNPACK allocates. One operator per matrix of the
+// model, all kept alive, as a runtime does at every launch without a weights cache.
+void BM_model_pack_xnnpack(benchmark::State& state) {
+  const Model& m = model();
+  if (xnn_initialize(nullptr) != xnn_status_success) {
+    state.SkipWithError("xnn_initialize failed (CPU not supported by this XNNPACK?)");
+    return;
+  }
+  std::size_t max_rows = 0;
+  for (const auto& s : m.mats) max_rows = std::max(max_rows, s.rows);
+  const std::vector<float> bias(max_rows, 0.0f);
+  std::vector<xnn_operator_t> ops;
+  for (auto _ : state) {
+    const Stopwatch sw;
+    bool ok = true;
+    for (std::size_t i = 0; i < m.mats.size() && ok; ++i) {
+      const auto& s = m.mats[i];
+      xnn_operator_t op = nullptr;
+      // kernel [output_channels x input_channels] = [N x K], the model file's layout.
+      ok = xnn_create_fully_connected_nc_f32(s.cols, s.rows, s.cols, s.rows, m.sources[i].data(), bias.data(),
+                                             -INFINITY, INFINITY, 0, &op) == xnn_status_success;
+      if (ok) ops.push_back(op);
+    }
+    const Lap lap = sw.lap();
+    state.SetIterationTime(lap.wall);
+    if (ok) record_time("model/pack_xnnpack", lap);
+    for (xnn_operator_t op : ops) xnn_delete_operator(op);
+    ops.clear();
+    if (!ok) {
+      state.SkipWithError("xnn_create_fully_connected_nc_f32 failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * m.payload));
+}
+#endif
+
+// ---- cold page cache ---------------------------------------------------------------------------
+// The warm file's pages are dropped (fdatasync + POSIX_FADV_DONTNEED) before every iteration, so
+// the load reads from the disk. Variants: how the bytes are checked (first_use / on_open / not at
+// all) and which read-ahead the benchmark adds on the addresses the cache returns.
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+enum class Cold {
+  first_use,                  // open + look_up all; each look-up checksums its entry
+  on_open,                    // Verify::on_open: open checksums everything (on several threads)
+  first_use_willneed,         // first_use + madvise(WILLNEED) of the mapping after the first hit
+  first_use_prefetch_thread,  // first_use + a thread populating the mapping ahead of the look-ups
+  none_read,                  // Verify::none, look_up all, then read every byte
+  none_willneed_read,         // same + madvise(WILLNEED) of every entry before reading
+  none_populate_read,         // same + madvise(MADV_POPULATE_READ) (MAP_POPULATE for a live mapping)
+  mmap_read_floor,            // plain mmap of the file + read every byte
+  pread_heap,                 // malloc + pread of the whole file
+};
+
+constexpr std::size_t kPage = 4096;
+
+// [p, p + n) widened to whole pages.
+std::pair<void*, std::size_t> page_range(const void* p, std::size_t n) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t lo = a / kPage * kPage;
+  const std::uintptr_t hi = (a + n + kPage - 1) / kPage * kPage;
+  return {reinterpret_cast<void*>(lo), hi - lo};
+}
+
+bool populate(const void* p, std::size_t n) {
+  auto [q, len] = page_range(p, n);
+  if (::madvise(q, len, MADV_POPULATE_READ) == 0) return true;
+  if (errno != EINVAL) return false;
+  volatile const char* c = static_cast<const char*>(q);  // kernels before 5.14: touch every page
+  for (std::size_t i = 0; i < len; i += kPage) (void)c[i];
+  return true;
+}
+
+// Everything after the first entry: the rest of the one file mapping (entries are laid out in
+// order in it; file_bytes bounds it).
+std::pair<const char*, std::size_t> rest_of_mapping(WeightCache& cache, std::size_t first_off, std::size_t first_size) {
+  const auto* base = static_cast<const char*>(cache.offset_to_addr(first_off)) - first_off;
+  const std::uint64_t end = cache.stats().file_bytes;
+  const std::uint64_t from = first_off + first_size;
+  return {base + from, end > from ? static_cast<std::size_t>(end - from) : 0};
+}
+
+bool cold_load(const Model& m, Cold how, std::uint64_t* sink, std::string* error) {
+  if (how == Cold::mmap_read_floor || how == Cold::pread_heap) {
+    const int fd = ::open(m.warm_path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      *error = "cannot open the model's cache file";
+      return false;
+    }
+    const auto size = static_cast<std::size_t>(st.st_size);
+    bool ok = true;
+    if (how == Cold::mmap_read_floor) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      ok = p != MAP_FAILED;
+      if (ok) {
+        *sink += demo::word_sum(p, size);
+        ::munmap(p, size);
+      }
+    } else {
+      auto* buf = static_cast<char*>(std::malloc(size));
+      std::size_t done = 0;
+      while (buf != nullptr && done < size) {
+        const ssize_t n = ::pread(fd, buf + done, std::min<std::size_t>(size - done, 1 << 30), off_t(done));
+        if (n <= 0) break;
+        done += std::size_t(n);
+      }
+      ok = done == size;
+      if (ok) *sink += static_cast<unsigned char>(buf[size / 2]);
+      std::free(buf);
+    }
+    ::close(fd);
+    if (!ok) *error = "mmap or pread failed";
+    return ok;
+  }
+  Options o = bench_options(m.warm_path, demo::compat_key(m.cfg));
+  const bool checked = how == Cold::first_use || how == Cold::on_open || how == Cold::first_use_willneed ||
+                       how == Cold::first_use_prefetch_thread;
+  o.verify = how == Cold::on_open ? Verify::on_open : checked ? Verify::first_use : Verify::none;
+  auto cache = WeightCache::open(o);
+  if (!cache) {
+    *error = cache.error().message;
+    return false;
+  }
+  std::vector<const void*> ptrs;
+  std::thread prefetcher;
+  for (std::size_t i = 0; i < m.mats.size(); ++i) {
+    const std::size_t off = cache->look_up(m.mats[i].name);
+    const void* p = cache->offset_to_addr(off);
+    if (p == nullptr) {
+      *error = "a packed matrix was missing from the cache";
+      if (prefetcher.joinable()) prefetcher.join();
+      return false;
+    }
+    ptrs.push_back(p);
+    if (i == 0 && how == Cold::first_use_willneed) {
+      const auto [q, n] = rest_of_mapping(cache.value(), off, demo::packed_bytes(m.mats[0]));
+      auto [a, len] = page_range(q, n);
+      (void)::madvise(a, len, MADV_WILLNEED);
+    } else if (i == 0 && how == Cold::first_use_prefetch_thread) {
+      const auto [q, n] = rest_of_mapping(cache.value(), off, demo::packed_bytes(m.mats[0]));
+      prefetcher = std::thread([q = q, n = n] {
+        constexpr std::size_t kChunk = std::size_t{8} << 20;
+        for (std::size_t done = 0; done < n; done += kChunk) populate(q + done, std::min(kChunk, n - done));
+      });
+    }
+  }
+  if (prefetcher.joinable()) prefetcher.join();
+  if (!checked) {
+    if (how == Cold::none_willneed_read) {
+      for (std::size_t i = 0; i < ptrs.size(); ++i) {
+        auto [a, len] = page_range(ptrs[i], demo::packed_bytes(m.mats[i]));
+        (void)::madvise(a, len, MADV_WILLNEED);
+      }
+    } else if (how == Cold::none_populate_read) {
+      for (std::size_t i = 0; i < ptrs.size(); ++i) (void)populate(ptrs[i], demo::packed_bytes(m.mats[i]));
+    }
+    for (std::size_t i = 0; i < ptrs.size(); ++i) *sink += demo::word_sum(ptrs[i], demo::packed_bytes(m.mats[i]));
+  }
+  if (cache->stats().verify_failures != 0) {
+    *error = "checksum failures on a cold load";
+    return false;
+  }
+  return true;
+}
+
+void BM_model_cold(benchmark::State& state, Cold how, const std::string& name) {
+  const Model& m = model();
+  if (!m.error.empty()) {
+    state.SkipWithError(m.error.c_str());
+    return;
+  }
+  std::uint64_t sink = 0;
+  for (auto _ : state) {
+    const double resident = drop_file_cache(m.warm_path);
+    if (resident < 0) {
+      state.SkipWithError("cannot drop the file's pages (fdatasync / posix_fadvise / mincore)");
+      break;
+    }
+    record_sample("cold/resident_after_drop", resident);
+    std::string error;
+    const Stopwatch sw;
+    const bool ok = cold_load(m, how, &sink, &error);
+    const Lap lap = sw.lap();
+    if (!ok) {
+      state.SkipWithError(error.c_str());
+      break;
+    }
+    state.SetIterationTime(lap.wall);
+    record_time(name, lap);
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * m.payload));
+  state.counters["resident_after_drop"] = median_sample("cold/resident_after_drop");
+}
+
 }  // namespace
 
 BENCHMARK(BM_model_pack_heap)
@@ -186,5 +401,30 @@ BENCHMARK(BM_model_load_warm_read)
     ->UseManualTime()
     ->Iterations(8)
     ->Unit(benchmark::kMillisecond);
+
+#ifdef WEIGHTCACHE_BENCH_XNNPACK
+BENCHMARK(BM_model_pack_xnnpack)
+    ->Name("model/pack_xnnpack_fully_connected_f32_576MiB")
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+#endif
+
+#define WEIGHTCACHE_COLD(tag)                                            \
+  BENCHMARK_CAPTURE(BM_model_cold, tag, Cold::tag, std::string("cold/" #tag)) \
+      ->Name("cold/" #tag "_576MiB")                                     \
+      ->UseManualTime()                                                  \
+      ->Iterations(3)                                                    \
+      ->Unit(benchmark::kMillisecond)
+WEIGHTCACHE_COLD(first_use);
+WEIGHTCACHE_COLD(on_open);
+WEIGHTCACHE_COLD(first_use_willneed);
+WEIGHTCACHE_COLD(first_use_prefetch_thread);
+WEIGHTCACHE_COLD(none_read);
+WEIGHTCACHE_COLD(none_willneed_read);
+WEIGHTCACHE_COLD(none_populate_read);
+WEIGHTCACHE_COLD(mmap_read_floor);
+WEIGHTCACHE_COLD(pread_heap);
+#undef WEIGHTCACHE_COLD
 
 }  // namespace weightcache::bench

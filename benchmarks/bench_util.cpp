@@ -1,11 +1,17 @@
 #include "bench_util.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +25,11 @@
 #ifndef WEIGHTCACHE_BENCH_DEFAULT_DIR
 #define WEIGHTCACHE_BENCH_DEFAULT_DIR "."
 #endif
+#ifndef WEIGHTCACHE_BENCH_CHILD
+#define WEIGHTCACHE_BENCH_CHILD "weightcache-bench-child"
+#endif
+
+extern char** environ;
 
 namespace weightcache::bench {
 namespace fs = std::filesystem;
@@ -58,7 +69,29 @@ struct Records {
   std::mutex mu;
   std::map<std::string, std::vector<Lap>> times;
   std::map<std::string, double> values;
+  std::map<std::string, std::vector<double>> samples;
 };
+
+// smaps field lines look like "Pss:   1234 kB"; mapping header lines start with an address range.
+bool is_mapping_header(const std::string& line) {
+  const auto dash = line.find('-');
+  const auto space = line.find(' ');
+  return dash != std::string::npos && space != std::string::npos && dash < space &&
+         line.find(':') > space;  // a field name ends in ':' before the first space
+}
+
+void add_field(MemFigures* m, const std::string& line) {
+  char name[64] = {};
+  unsigned long long kb = 0;
+  if (std::sscanf(line.c_str(), "%63[^:]: %llu kB", name, &kb) != 2) return;
+  const std::uint64_t b = std::uint64_t{kb} << 10;
+  const std::string n = name;
+  if (n == "Rss") m->rss += b;
+  else if (n == "Pss") m->pss += b;
+  else if (n == "Private_Dirty") m->private_dirty += b;
+  else if (n == "Private_Clean") m->private_clean += b;
+  else if (n == "Shared_Clean") m->shared_clean += b;
+}
 Records& records() {
   static Records r;
   return r;
@@ -164,10 +197,202 @@ std::size_t file_vmas(const std::string& path) {
   return n;
 }
 
+MemFigures process_memory(pid_t pid) {
+  MemFigures m;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (is_mapping_header(line)) continue;
+    add_field(&m, line);
+    m.ok = true;
+  }
+  return m;
+}
+
+MemFigures file_memory(pid_t pid, const std::string& path) {
+  MemFigures m;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return m;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
+  std::string line;
+  bool in_file = false;
+  while (std::getline(in, line)) {
+    m.ok = true;
+    if (is_mapping_header(line)) {
+      std::istringstream ls(line);
+      std::string range, perms, offset, dev;
+      unsigned long long inode = 0;
+      ls >> range >> perms >> offset >> dev >> inode;
+      unsigned maj = 0, min = 0;
+      std::sscanf(dev.c_str(), "%x:%x", &maj, &min);
+      in_file = inode == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev);
+    } else if (in_file) {
+      add_field(&m, line);
+    }
+  }
+  return m;
+}
+
+bool sync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fdatasync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+double drop_file_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  double resident = -1;
+  if (::fstat(fd, &st) == 0 && ::fdatasync(fd) == 0 && ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0) {
+    const std::size_t size = static_cast<std::size_t>(st.st_size);
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p != MAP_FAILED) {
+      std::vector<unsigned char> vec((size + page - 1) / page);
+      if (::mincore(p, size, vec.data()) == 0) {
+        std::size_t n = 0;
+        for (unsigned char v : vec) n += v & 1;
+        resident = vec.empty() ? 0 : double(n) / double(vec.size());
+      }
+      ::munmap(p, size);
+    }
+  }
+  ::close(fd);
+  return resident;
+}
+
+Child spawn_child(const std::vector<std::string>& args) {
+  Child c;
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return c;
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return c;
+  }
+  const char* env = std::getenv("WEIGHTCACHE_BENCH_CHILD");
+  const std::string exe = env != nullptr && env[0] != '\0' ? env : WEIGHTCACHE_BENCH_CHILD;
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);  // dup2 clears O_CLOEXEC on the copy
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in[0]);
+  ::close(out[1]);
+  if (rc != 0) {
+    std::fprintf(stderr, "weightcache-bench: cannot start '%s': %s\n", exe.c_str(), std::strerror(rc));
+    ::close(in[1]);
+    ::close(out[0]);
+    return c;
+  }
+  c.pid = pid;
+  c.to_child = in[1];
+  c.from_child = out[0];
+  return c;
+}
+
+std::string read_child_line(const Child& c) {
+  std::string line;
+  char ch = 0;
+  for (;;) {
+    const ssize_t n = ::read(c.from_child, &ch, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || ch == '\n') break;
+    line.push_back(ch);
+  }
+  return line;
+}
+
+bool finish_child(Child& c) {
+  if (c.pid < 0) return false;
+  if (c.to_child >= 0) ::close(c.to_child);
+  if (c.from_child >= 0) ::close(c.from_child);
+  c.to_child = c.from_child = -1;
+  int status = 0;
+  while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  c.pid = -1;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+const WarmFile& warm_file() {
+  static const WarmFile f = [] {
+    WarmFile w;
+    w.path = scratch_path("warm10k");
+    w.keys_path = w.path + ".keys";
+    // 4-48 KiB, uniform: enough total for kWarmEntries sizes of at most 48 KiB; the surplus is
+    // dropped. About 254 MiB in all.
+    w.sizes = mixed_sizes(std::uint64_t{kWarmEntries} * (48 << 10), 4 << 10, 48 << 10, 11, false);
+    w.sizes.resize(kWarmEntries);
+    char key[64];
+    std::ofstream keys_out(w.keys_path);
+    for (std::size_t i = 0; i < kWarmEntries; ++i) {
+      std::snprintf(key, sizeof key, "blk.%03zu.ffn_%zu.weight", i / 8, i % 8);
+      w.keys.emplace_back(key);
+      keys_out << key << '\n';
+      w.payload += w.sizes[i];
+    }
+    keys_out.close();
+    if (!keys_out) w.error = "cannot write " + w.keys_path;
+    auto cache = WeightCache::open(bench_options(w.path, w.compat));
+    if (!cache) {
+      w.error = cache.error().message;
+      return w;
+    }
+    for (std::size_t i = 0; i < kWarmEntries; ++i) {
+      void* p = cache->reserve(w.sizes[i]);
+      if (p == nullptr ||
+          (fill_pattern(p, w.sizes[i], i), cache->look_up_or_insert(w.keys[i], p, w.sizes[i])) == kNotFound) {
+        w.error = last_error().message;
+        return w;
+      }
+    }
+    if (auto r = cache->finalize(); !r) w.error = r.error().message;
+    return w;
+  }();
+  return f;
+}
+
 double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+void record_sample(const std::string& name, double v) {
+  auto& r = records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.samples[name].push_back(v);
+}
+
+bool has_sample(const std::string& name) {
+  auto& r = records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.samples.count(name) != 0 && !r.samples[name].empty();
+}
+
+double median_sample(const std::string& name) {
+  auto& r = records();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<double> v = r.samples[name];
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 void record_time(const std::string& name, const Lap& lap) {

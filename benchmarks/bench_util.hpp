@@ -2,6 +2,8 @@
 // mixes, and the per-run record that the closing summary turns into ratios.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -17,6 +19,8 @@ inline double seconds_since(Clock::time_point t0) { return std::chrono::duration
 
 /// This process's CPU seconds (user + system: page faults are system time).
 double process_cpu_seconds();
+/// The calling thread's CPU seconds.
+double thread_cpu_seconds();
 
 /// Wall and CPU time of one timed section. On a shared machine the wall time includes waiting
 /// for a core; the CPU time does not, so the summary shows both.
@@ -56,6 +60,57 @@ void fill_pattern(void* p, std::size_t size, std::uint64_t seed);
 /// Live mappings (VMAs) of the file at `path` in this process, from /proc/self/maps.
 std::size_t file_vmas(const std::string& path);
 
+/// Memory counters of a process, in bytes (from /proc/<pid>/smaps_rollup or smaps).
+struct MemFigures {
+  std::uint64_t rss = 0;
+  std::uint64_t pss = 0;
+  std::uint64_t private_dirty = 0;
+  std::uint64_t private_clean = 0;
+  std::uint64_t shared_clean = 0;
+  bool ok = false;
+};
+/// The whole process (smaps_rollup).
+MemFigures process_memory(pid_t pid);
+/// Only the mappings of the file at `path` (smaps, matched by device and inode).
+MemFigures file_memory(pid_t pid, const std::string& path);
+
+/// fdatasync of the file: its page-cache pages become clean (a dirty page mapped by one process
+/// counts as its Private_Dirty even in a shared file mapping).
+bool sync_file(const std::string& path);
+/// Drops the file's pages from the page cache (fdatasync, then POSIX_FADV_DONTNEED) and returns
+/// the fraction of its pages still resident afterwards (mincore), or -1 on failure. Pages mapped
+/// by a live process cannot be dropped.
+double drop_file_cache(const std::string& path);
+
+// ---- helper processes ------------------------------------------------------------------------
+/// A weightcache-bench-child started with posix_spawn; its stdin and stdout are pipes.
+struct Child {
+  pid_t pid = -1;
+  int to_child = -1;    // closing it tells the child to exit
+  int from_child = -1;  // one result line per child
+};
+/// Starts the helper binary with `args`; pid == -1 on failure.
+Child spawn_child(const std::vector<std::string>& args);
+/// The child's next line (without the newline); empty on EOF.
+std::string read_child_line(const Child& c);
+/// Closes the child's stdin and waits for it; true when it exited with status 0.
+bool finish_child(Child& c);
+
+// ---- the shared warm file ----------------------------------------------------------------------
+/// A finalized cache of kWarmEntries entries of 4-48 KiB (about 254 MiB, in the page cache),
+/// built once per run: the warm-load, thread and process benchmarks read it.
+inline constexpr std::size_t kWarmEntries = 10000;
+struct WarmFile {
+  std::string path;
+  std::string compat = "bench-warm";
+  std::string keys_path;  // the keys, one per line, for helper processes
+  std::vector<std::string> keys;
+  std::vector<std::size_t> sizes;
+  std::uint64_t payload = 0;
+  std::string error;
+};
+const WarmFile& warm_file();
+
 // ---- the summary -----------------------------------------------------------------------------
 /// One iteration's times of one benchmark, kept for the summary printed after the run.
 void record_time(const std::string& name, const Lap& lap);
@@ -66,6 +121,10 @@ bool has_time(const std::string& name);
 double median_time(const std::string& name, bool cpu = false);
 bool has_value(const std::string& name);
 double value(const std::string& name);
+/// One iteration's measured quantity; the summary takes the median of the samples.
+void record_sample(const std::string& name, double value);
+bool has_sample(const std::string& name);
+double median_sample(const std::string& name);
 
 /// Options for a benchmark cache file: no flushes (durability is not what is measured).
 Options bench_options(const std::string& path, const std::string& compat);

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,51 +18,10 @@
 namespace weightcache::bench {
 namespace {
 
-constexpr std::size_t kEntries = 10000;
-
-struct WarmFile {
-  std::string path;
-  std::vector<std::string> keys;
-  std::vector<std::size_t> sizes;
-  std::uint64_t payload = 0;
-  std::string error;
-};
-
-// 4-48 KiB entries, uniform: about 254 MiB in all.
-const WarmFile& warm_file() {
-  static const WarmFile f = [] {
-    WarmFile w;
-    w.path = scratch_path("warm10k");
-    // Enough total for at least kEntries sizes of at most 48 KiB; the surplus is dropped.
-    w.sizes = mixed_sizes(std::uint64_t{kEntries} * (48 << 10), 4 << 10, 48 << 10, 11, false);
-    w.sizes.resize(kEntries);
-    char key[64];
-    for (std::size_t i = 0; i < kEntries; ++i) {
-      std::snprintf(key, sizeof key, "blk.%03zu.ffn_%zu.weight", i / 8, i % 8);
-      w.keys.emplace_back(key);
-      w.payload += w.sizes[i];
-    }
-    auto cache = WeightCache::open(bench_options(w.path, "bench-warm"));
-    if (!cache) {
-      w.error = cache.error().message;
-      return w;
-    }
-    for (std::size_t i = 0; i < kEntries; ++i) {
-      void* p = cache->reserve(w.sizes[i]);
-      if (p == nullptr ||
-          (fill_pattern(p, w.sizes[i], i), cache->look_up_or_insert(w.keys[i], p, w.sizes[i])) == kNotFound) {
-        w.error = last_error().message;
-        return w;
-      }
-    }
-    if (auto r = cache->finalize(); !r) w.error = r.error().message;
-    return w;
-  }();
-  return f;
-}
+constexpr std::size_t kEntries = kWarmEntries;
 
 Options warm_options(Verify verify) {
-  Options o = bench_options(warm_file().path, "bench-warm");
+  Options o = bench_options(warm_file().path, warm_file().compat);
   o.verify = verify;
   return o;
 }
@@ -149,8 +110,53 @@ void BM_warm_mmap_read_floor(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size));
 }
 
+// The other limit: read the same file into one fresh heap buffer with pread (what a loader
+// without mmap does; the kernel copies every byte out of the page cache).
+void BM_warm_pread_heap(benchmark::State& state) {
+  const WarmFile& f = warm_file();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  std::uint64_t size = 0;
+  for (auto _ : state) {
+    const Stopwatch sw;
+    const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      state.SkipWithError("cannot open the warm file");
+      break;
+    }
+    size = static_cast<std::uint64_t>(st.st_size);
+    auto* buf = static_cast<char*>(std::malloc(size));  // a fresh mmap: first-touch faults included
+    std::uint64_t done = 0;
+    while (buf != nullptr && done < size) {
+      const ssize_t n = ::pread(fd, buf + done, std::min<std::uint64_t>(size - done, 1 << 30), off_t(done));
+      if (n <= 0) break;
+      done += std::uint64_t(n);
+    }
+    benchmark::DoNotOptimize(buf);
+    benchmark::ClobberMemory();
+    const Lap lap = sw.lap();
+    state.SetIterationTime(lap.wall);
+    record_time("warm/pread_heap", lap);
+    std::free(buf);
+    ::close(fd);
+    if (done != size) {
+      state.SkipWithError("pread failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size));
+}
+
 }  // namespace
 
+BENCHMARK(BM_warm_pread_heap)
+    ->Name("warm/pread_heap")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_warm_lookup_verify_none)
     ->Name("warm/open_lookup_10k_verify_none")
     ->UseManualTime()
