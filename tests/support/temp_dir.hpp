@@ -1,32 +1,41 @@
-// A fresh directory under $TMPDIR (or /tmp) that is removed, with everything in it, on
-// destruction. Tests create files only inside one of these.
+// A fresh directory under the system's temporary directory ($TMPDIR or /tmp on POSIX,
+// GetTempPathW on Windows) that is removed, with everything in it, on destruction. Tests create
+// files only inside one of these.
 #pragma once
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
+#include <atomic>
 #include <filesystem>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <utility>
-#include <vector>
-
-#include <stdlib.h>
 
 namespace weightcache::test {
 
 class TempDir {
  public:
   explicit TempDir(std::string prefix = "weightcache-test") {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = (base != nullptr && *base != '\0') ? base : "/tmp";
-    pattern += "/" + prefix + "-XXXXXX";
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    if (::mkdtemp(buf.data()) == nullptr)
-      throw std::runtime_error("mkdtemp(" + pattern + ") failed: " + std::strerror(errno));
-    path_ = buf.data();
+    namespace fs = std::filesystem;
+    static std::atomic<unsigned> counter{0};
+    std::error_code ec;
+    const fs::path base = fs::temp_directory_path(ec);
+    if (ec) throw std::runtime_error("no temporary directory: " + ec.message());
+    // mkdtemp's contract without mkdtemp: a name nobody holds (create_directory reports false,
+    // no error, when it exists), readable by the owner only where permission bits exist.
+    std::random_device rd;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      const fs::path candidate = base / (prefix + "-" + std::to_string(rd()) + "-" + std::to_string(counter++));
+      if (fs::create_directory(candidate, ec)) {
+        path_ = candidate;
+#ifndef _WIN32
+        fs::permissions(path_, fs::perms::owner_all, ec);
+#endif
+        return;
+      }
+      if (ec) throw std::runtime_error("cannot create a directory in " + base.string() + ": " + ec.message());
+    }
+    throw std::runtime_error("cannot find a free temporary directory name in " + base.string());
   }
   ~TempDir() {
     std::error_code ec;
@@ -38,8 +47,12 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
 
   const std::filesystem::path& path() const noexcept { return path_; }
-  /// Path of `name` inside the directory (not created).
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  /// Path of `name` (UTF-8) inside the directory (not created), as UTF-8: the library takes
+  /// UTF-8 paths on every platform.
+  std::string file(const std::string& name) const {
+    const auto u8 = (path_ / std::filesystem::u8path(name)).u8string();
+    return std::string(u8.begin(), u8.end());
+  }
 
  private:
   std::filesystem::path path_;

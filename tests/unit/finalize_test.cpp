@@ -10,6 +10,11 @@
 namespace weightcache::test {
 namespace {
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 constexpr EntrySetSpec kSet{.seed = 5, .count = 60, .min_size = 0, .max_size = 64 * 1024};
 
 void write_set(const std::string& path, const EntrySetSpec& spec) {
@@ -20,6 +25,7 @@ void write_set(const std::string& path, const EntrySetSpec& spec) {
 }
 
 TEST(Finalize, NothingNewLeavesFileUntouched) {
+  if (open_may_grow_file()) GTEST_SKIP() << "a read-write open grows the file here (Win32 legacy mapping mode)";
   TempDir dir;
   const std::string path = dir.file("cache.wcache");
   ASSERT_NO_FATAL_FAILURE(write_set(path, kSet));
@@ -50,8 +56,18 @@ TEST(Finalize, SecondFinalizeIsNoOp) {
   ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
   EXPECT_EQ(cache.stats().commits, 1u);
   EXPECT_EQ(file_state(path), before);
+#ifdef _WIN32
+  // Windows cannot shrink a file while it is mapped: the finalizes left the preallocated tail,
+  // and the last close cuts it. That cut must be all the close does to the file.
+  const std::string bytes = read_file(path);
+  cache = WeightCache{};
+  const std::string after = read_file(path);
+  EXPECT_LT(after.size(), bytes.size()) << "the close did not cut the preallocated tail";
+  EXPECT_TRUE(bytes.compare(0, after.size(), after) == 0) << "the close changed committed bytes";
+#else
   cache = WeightCache{};
   EXPECT_EQ(file_state(path), before);
+#endif
 }
 
 // XNNPACK's flow on every launch: reserve, pack the same weights again, look_up_or_insert.
@@ -89,6 +105,7 @@ TEST(Finalize, ReopenReinsertCyclesKeepFileSize) {
 }
 
 TEST(Finalize, ReopenReinsertCyclesViaCopyKeepFileSize) {
+  if (open_may_grow_file()) GTEST_SKIP() << "a read-write open grows the file here (Win32 legacy mapping mode)";
   TempDir dir;
   const std::string path = dir.file("cache.wcache");
   ASSERT_NO_FATAL_FAILURE(write_set(path, kSet));
@@ -179,11 +196,6 @@ TEST(Finalize, StaleBytesUnderExistingKeyAreReplaced) {
 
 // ---- footer ---------------------------------------------------------------------------------
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 std::uint64_t le(const std::string& s, std::size_t at, int bytes) {
   std::uint64_t v = 0;
   for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
@@ -191,8 +203,15 @@ std::uint64_t le(const std::string& s, std::size_t at, int bytes) {
 }
 
 // Decodes the file from its end, as tools that know only the footer do, and checks it names
-// exactly `expected` (key -> bytes).
-void expect_footer_describes(const std::string& path, const std::map<std::string, std::string>& expected) {
+// exactly `expected` (key -> bytes). Of a closed file on every platform; of an open one only
+// where a mapped file can shrink (not Windows: there the last close cuts the preallocated tail).
+void expect_footer_describes(const std::string& path, const std::map<std::string, std::string>& expected,
+                             bool open = false) {
+#ifdef _WIN32
+  if (open) return;
+#else
+  (void)open;
+#endif
   const std::string file = read_file(path);
   ASSERT_GE(file.size(), format::kHeaderSize + format::kIndexHeaderSize + format::kFooterSize);
   const std::size_t foot = file.size() - format::kFooterSize;
@@ -250,7 +269,7 @@ TEST(Footer, FileEndsWithFooterAfterFinalize) {
     }
     ASSERT_TRUE(cache.finalize().ok());
     // Growth is preallocated in chunks; finalize must still leave the footer at EOF.
-    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live, /*open=*/true));
   }
   ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
   {
@@ -273,14 +292,14 @@ TEST(Footer, FileEndsWithFooterAfterFinalize) {
     ASSERT_NE(p, nullptr);
     std::memset(p, 0x5c, 50000);
     ASSERT_TRUE(cache.finalize().ok());
-    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live, /*open=*/true));
     // ...and committing it afterwards, in place, is persisted by the next finalize.
     const std::size_t off = cache.look_up_or_insert("footer/reserved", p, 50000);
     ASSERT_NE(off, kNotFound);
     EXPECT_EQ(cache.offset_to_addr(off), p);
     live["footer/reserved"] = std::string(50000, '\x5c');
     ASSERT_TRUE(cache.finalize().ok());
-    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
+    ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live, /*open=*/true));
   }
   ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
   EXPECT_EQ(live.size(), 13u);

@@ -2,10 +2,12 @@
 // chunks mapped into one reserved range), and mappings live exactly as long as the cache.
 #include "unit_test_util.hpp"
 
+#ifdef __linux__
 #include "smaps.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
+#endif
 
 namespace weightcache::test {
 namespace {
@@ -56,6 +58,8 @@ TEST(Mappings, StaySmallOverTenThousandReserves) {
   EXPECT_LE(s.mappings, 2u) << "a reopened file should be mapped in one piece";
 }
 
+// Reads the kernel's own account of the mappings: /proc/self/smaps exists on Linux only.
+#ifdef __linux__
 TEST(Mappings, SmapsShowsFileMappedUntilLastClose) {
   TempDir dir;
   const std::string path = dir.file("cache.wcache");
@@ -93,6 +97,7 @@ TEST(Mappings, SmapsShowsFileMappedUntilLastClose) {
   cache = WeightCache{};
   EXPECT_EQ(smaps_usage(path).mappings, 0u);
 }
+#endif  // __linux__
 
 }  // namespace
 }  // namespace weightcache::test

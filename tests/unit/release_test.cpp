@@ -2,24 +2,32 @@
 // and does not become dead space; and stats report the cache's alignment.
 #include "unit_test_util.hpp"
 
-#include <sys/stat.h>
-
 namespace weightcache::test {
 namespace {
 
-std::uint64_t file_size(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
-}
-
 TEST(Release, GivenBackReservationLeavesNoDeadBytes) {
   TempDir dir;
+  // The file as it is when nothing but "kept" was ever written. (Measured on a twin, not on
+  // this file after its first finalize: Windows cannot shrink a mapped file, so there the
+  // preallocated tail is cut only at the last close.)
+  std::uint64_t expected_size = 0;
+  {
+    Options twin;
+    twin.path = dir.file("twin.wc");
+    auto t = open_or_fail(twin);
+    ASSERT_NE(t.insert("kept", std::string(1000, 'k')), kNotFound);
+    ASSERT_TRUE(t.finalize());
+    t = WeightCache{};
+    expected_size = file_size(twin.path);
+  }
   Options o;
   o.path = dir.file("c.wc");
   auto c = open_or_fail(o);
   ASSERT_NE(c.insert("kept", std::string(1000, 'k')), kNotFound);
   ASSERT_TRUE(c.finalize());
-  const std::uint64_t before = file_size(o.path);
+#ifndef _WIN32
+  EXPECT_EQ(file_size(o.path), expected_size);
+#endif
   const std::uint64_t dead_before = c.stats().dead_bytes;  // the fresh file's empty trailer
   for (int i = 0; i < 5; ++i) {
     void* p = c.reserve(1 << 20);
@@ -31,7 +39,7 @@ TEST(Release, GivenBackReservationLeavesNoDeadBytes) {
   EXPECT_EQ(c.stats().dead_bytes, dead_before);
   EXPECT_EQ(c.stats().commits, 1u);  // nothing new: the second finalize wrote nothing
   c = WeightCache{};
-  EXPECT_EQ(file_size(o.path), before);
+  EXPECT_EQ(file_size(o.path), expected_size);
 }
 
 TEST(Release, RejectsWhatIsNotAnOutstandingReservation) {

@@ -11,13 +11,7 @@
 #include <vector>
 
 #ifdef _WIN32
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "spawn.hpp"  // <windows.h>, wide(), under_wine(), spawn_process()
 #endif
 
 namespace weightcache::test {
@@ -79,134 +73,30 @@ inline Options suite_options(const std::string& path) {
 
 #ifdef _WIN32
 
-/// True under Wine (ntdll exports wine_get_version), where a few Windows behaviours differ.
-inline bool under_wine() {
-  HMODULE ntdll = ::GetModuleHandleW(L"ntdll.dll");
-  return ntdll != nullptr && ::GetProcAddress(ntdll, "wine_get_version") != nullptr;
-}
-
-/// UTF-16 from UTF-8.
-inline std::wstring wide(const std::string& s) {
-  if (s.empty()) return {};
-  const int n = ::MultiByteToWideChar(CP_UTF8, 0, s.data(), static_cast<int>(s.size()), nullptr, 0);
-  std::wstring w(static_cast<std::size_t>(n), L'\0');
-  ::MultiByteToWideChar(CP_UTF8, 0, s.data(), static_cast<int>(s.size()), w.data(), n);
-  return w;
-}
-
-/// Path (UTF-8) of `name` in the directory of the running executable: the suite's helper is
-/// built next to the test binary.
-inline std::string sibling_exe(const std::string& name) {
-  std::wstring buf(32768, L'\0');
-  const DWORD n = ::GetModuleFileNameW(nullptr, buf.data(), static_cast<DWORD>(buf.size()));
-  buf.resize(n);
-  const auto slash = buf.find_last_of(L"\\/");
-  const std::wstring dir = slash == std::wstring::npos ? L"." : buf.substr(0, slash);
-  const int len = ::WideCharToMultiByte(CP_UTF8, 0, dir.data(), static_cast<int>(dir.size()), nullptr, 0, nullptr, nullptr);
-  std::string out(static_cast<std::size_t>(len), '\0');
-  ::WideCharToMultiByte(CP_UTF8, 0, dir.data(), static_cast<int>(dir.size()), out.data(), len, nullptr, nullptr);
-  return out + "\\" + name;
-}
-
-/// One argument quoted for CommandLineToArgvW / the C runtime's parser.
-inline std::wstring quote_arg(const std::wstring& arg) {
-  if (!arg.empty() && arg.find_first_of(L" \t\"") == std::wstring::npos) return arg;
-  std::wstring out = L"\"";
-  std::size_t slashes = 0;
-  for (wchar_t c : arg) {
-    if (c == L'\\') {
-      ++slashes;
-      continue;
-    }
-    if (c == L'"') out.append(2 * slashes + 1, L'\\');
-    else out.append(slashes, L'\\');
-    slashes = 0;
-    out += c;
-  }
-  out.append(2 * slashes, L'\\');
-  out += L'"';
-  return out;
-}
-
-/// A running child process (CreateProcessW, no shell, no inherited handles).
-class Child {
- public:
-  /// Starts `exe` with `args` and, when `env_name` is set, that variable added to the
-  /// environment. Check started() before use.
-  Child(const std::string& exe, const std::vector<std::string>& args, const char* env_name = nullptr,
-        const char* env_value = nullptr) {
-    std::wstring cmd = quote_arg(wide(exe));
-    for (const auto& a : args) cmd += L" " + quote_arg(wide(a));
-    std::wstring name, old;
-    bool had_old = false;
-    if (env_name != nullptr) {
-      name = wide(env_name);
-      wchar_t buf[512];
-      const DWORD n = ::GetEnvironmentVariableW(name.c_str(), buf, 512);
-      had_old = n > 0 && n < 512;
-      if (had_old) old.assign(buf, n);
-      ::SetEnvironmentVariableW(name.c_str(), wide(env_value).c_str());
-    }
-    STARTUPINFOW si{};
-    si.cb = sizeof si;
-    PROCESS_INFORMATION pi{};
-    const std::wstring app = wide(exe);
-    // Process creation is the harness, not the code under test. Under Wine it has failed once
-    // in CI on a freshly made prefix (no child ran; the cause was not recorded), so a failed
-    // launch is reported with its error and tried again a few times before the test sees it.
-    for (int attempt = 0; attempt < 5 && !started_; ++attempt) {
-      if (attempt > 0) ::Sleep(100u * static_cast<DWORD>(attempt));
-      std::wstring line = cmd;  // CreateProcessW may modify the command line in place
-      started_ = ::CreateProcessW(app.c_str(), line.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi) != 0;
-      error_ = started_ ? 0 : ::GetLastError();
-      if (!started_)
-        std::fprintf(stderr, "Child: CreateProcessW attempt %d failed: Windows error %lu\n", attempt + 1,
-                     static_cast<unsigned long>(error_));
-    }
-    if (env_name != nullptr) ::SetEnvironmentVariableW(name.c_str(), had_old ? old.c_str() : nullptr);
-    if (started_) {
-      ::CloseHandle(pi.hThread);
-      process_ = pi.hProcess;
-    }
-  }
-  ~Child() {
-    if (process_ != nullptr) {
-      ::WaitForSingleObject(process_, INFINITE);
-      ::CloseHandle(process_);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  bool started() const { return started_; }
-  DWORD start_error() const { return error_; }
-  /// Waits for the exit; the exit code, or -1 if it never started.
-  long wait() {
-    if (!started_) return -1;
-    ::WaitForSingleObject(process_, INFINITE);
-    DWORD code = 0;
-    ::GetExitCodeProcess(process_, &code);
-    return static_cast<long>(code);
-  }
-
- private:
-  bool started_ = false;
-  DWORD error_ = 0;
-  HANDLE process_ = nullptr;
-};
-
-/// Runs `exe` to completion: its exit code, or -1 when it could not start.
+/// Runs `exe` to completion, with `env_name` (when set) added to the environment it inherits:
+/// its exit code, or -1 when it could not start.
 inline long run_child(const std::string& exe, const std::vector<std::string>& args, const char* env_name = nullptr,
                       const char* env_value = nullptr) {
-  Child c(exe, args, env_name, env_value);
-  if (!c.started()) {
-    std::fprintf(stderr, "run_child: could not start %s: Windows error %lu\n", exe.c_str(),
-                 static_cast<unsigned long>(c.start_error()));
+  std::wstring name, old;
+  bool had_old = false;
+  if (env_name != nullptr) {
+    name = wide(env_name);
+    wchar_t buf[512];
+    const DWORD n = ::GetEnvironmentVariableW(name.c_str(), buf, 512);
+    had_old = n > 0 && n < 512;
+    if (had_old) old.assign(buf, n);
+    ::SetEnvironmentVariableW(name.c_str(), wide(env_value).c_str());
+  }
+  int error = 0;
+  const Process child = spawn_process(exe, args, &error);
+  if (env_name != nullptr) ::SetEnvironmentVariableW(name.c_str(), had_old ? old.c_str() : nullptr);
+  if (child == kNoProcess) {
+    std::fprintf(stderr, "run_child: could not start %s: Windows error %d\n", exe.c_str(), error);
     return -1;
   }
-  const long code = c.wait();
-  if (code != 0) std::fprintf(stderr, "run_child: %s exited with 0x%08lx\n", exe.c_str(), static_cast<unsigned long>(code));
-  return code;
+  const ExitStatus st = wait_process(child);
+  if (!st.ok()) std::fprintf(stderr, "run_child: %s %s\n", exe.c_str(), st.describe().c_str());
+  return st.exited ? static_cast<long>(static_cast<unsigned>(st.code)) : -1;
 }
 
 #endif  // _WIN32
