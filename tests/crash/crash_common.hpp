@@ -5,6 +5,7 @@
 // check any hit without being told what was written.
 #pragma once
 
+#include "key_content.hpp"
 #include "random_bytes.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -33,23 +34,17 @@ inline std::string entry_key(std::uint64_t round, std::uint64_t index) {
   return k;
 }
 
-inline std::uint64_t key_seed(const std::string& key) {
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: the same in every process and build
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 /// Mostly small entries (0..16 KiB), every 16th up to 256 KiB so the file keeps growing; in a
 /// big-fill round entry kBigIndex has `big_bytes`.
 inline std::size_t entry_size(std::uint64_t round, std::uint64_t index, std::size_t big_bytes) {
   if (big_bytes != 0 && index == kBigIndex) return big_bytes;
-  test::Rng r(key_seed(entry_key(round, index)));
+  test::Rng r(test::key_seed(entry_key(round, index)));
   return static_cast<std::size_t>(index % 16 == 15 ? r.uniform(0, 256 * 1024) : r.uniform(0, 16 * 1024));
 }
 
 /// The byte stream of `key`'s entry: filling in pieces whose sizes are multiples of 8 gives the
 /// same bytes as one fill.
-inline test::Rng entry_stream(const std::string& key) { return test::Rng(key_seed(key) ^ 0x5a5a5a5a5a5a5a5aull); }
+inline test::Rng entry_stream(const std::string& key) { return test::Rng(test::key_seed(key) ^ 0x5a5a5a5a5a5a5a5aull); }
 
 inline void fill_entry(const std::string& key, void* out, std::size_t size) { entry_stream(key).fill(out, size); }
 

@@ -3,6 +3,8 @@
 // so any hit can be checked without knowing what the run managed to commit.
 #pragma once
 
+#include "key_content.hpp"
+
 #include <weightcache/weight_cache.hpp>
 
 #include <cstdint>
@@ -16,16 +18,9 @@
 namespace wctest {
 
 inline std::string content_for(const std::string& key) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  const std::size_t size = 1 + (h % 70000);  // spans several pages, sometimes tiny
-  std::string out(size, '\0');
-  std::uint64_t x = h | 1;
-  for (std::size_t i = 0; i < size; ++i) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-    out[i] = static_cast<char>(x);
-  }
-  return out;
+  // Spans several pages, sometimes tiny.
+  const std::size_t size = 1 + weightcache::test::key_seed(key) % 70000;
+  return weightcache::test::bytes_for_key(key, size);
 }
 
 struct Outcome {

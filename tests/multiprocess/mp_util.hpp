@@ -3,6 +3,7 @@
 // key=value argument / results format, and pipe helpers for start gates and "ready" signals.
 #pragma once
 
+#include "key_content.hpp"
 #include "random_bytes.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -28,24 +29,6 @@ inline constexpr int kUsage = 10;
 inline constexpr int kCacheError = 11;  // a library call failed
 inline constexpr int kMismatch = 12;    // wrong bytes, or a key missing / present where it must not be
 inline constexpr int kFellBack = 13;    // an entry went to the heap where the file was expected
-
-/// FNV-1a: a seed that depends on the key's bytes only, identical in every process.
-inline std::uint64_t key_seed(std::string_view key) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
-/// The bytes every process packs under `key`: so any process can check any other's entries.
-inline void fill_for_key(std::string_view key, void* out, std::size_t size) noexcept {
-  Rng(key_seed(key)).fill(out, size);
-}
-
-inline std::string bytes_for_key(std::string_view key, std::size_t size) {
-  std::string s(size, '\0');
-  fill_for_key(key, s.data(), s.size());
-  return s;
-}
 
 inline std::string shared_key(std::size_t i) { return "shared/" + std::to_string(i); }
 inline std::string own_key(std::string_view tag, std::size_t i) {

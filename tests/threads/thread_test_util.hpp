@@ -2,6 +2,7 @@
 // thread-safe error sink (threads record, the test thread asserts), and the usual options.
 #pragma once
 
+#include "key_content.hpp"
 #include "random_bytes.hpp"
 #include "temp_dir.hpp"
 
@@ -17,23 +18,6 @@
 #include <vector>
 
 namespace weightcache::test {
-
-/// FNV-1a of the key: every thread (and a reopened cache) derives the same bytes from a key.
-inline std::uint64_t key_seed(std::string_view key) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
-inline void fill_for_key(std::string_view key, void* out, std::size_t size) noexcept {
-  Rng(key_seed(key)).fill(out, size);
-}
-
-inline std::string bytes_for_key(std::string_view key, std::size_t size) {
-  std::string s(size, '\0');
-  fill_for_key(key, s.data(), s.size());
-  return s;
-}
 
 /// Sizes from 1 byte to 64 KiB, varied so entries straddle pages and mapping boundaries.
 inline std::size_t size_for(std::size_t i) { return 1 + (i * 7919 + 13) % (64 * 1024); }
