@@ -154,15 +154,12 @@ void crash_at(std::uint64_t sync_point, Mode mode, std::uint64_t seed, Totals* t
   }
   auto c = weightcache::WeightCache::open(wctest::scenario_options(path));
   ASSERT_TRUE(c.ok()) << c.error().message;
-  std::set<std::string> present;
-  const std::uint64_t wrong = out.wrong_bytes + wctest::check_hits(c.value(), out.all, &present);
-  std::uint64_t lost = 0;
-  for (const auto& k : out.durable) lost += present.count(k) == 0;
-  EXPECT_EQ(wrong, 0u) << "crash at sync " << sync_point << " mode " << mode_name(mode);
-  EXPECT_EQ(lost, 0u) << "crash at sync " << sync_point << " mode " << mode_name(mode);
+  const wctest::Damage d = wctest::damage_after(c.value(), out);
+  EXPECT_EQ(d.wrong, 0u) << "crash at sync " << sync_point << " mode " << mode_name(mode);
+  EXPECT_EQ(d.lost, 0u) << "crash at sync " << sync_point << " mode " << mode_name(mode);
   totals->crashes++;
-  totals->wrong += wrong;
-  totals->lost += lost;
+  totals->wrong += d.wrong;
+  totals->lost += d.lost;
   totals->durable_checked += out.durable.size();
   c = weightcache::Error{};
   std::error_code ec;

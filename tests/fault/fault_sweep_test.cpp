@@ -65,15 +65,12 @@ void run_one(std::uint64_t n, bool persistent, const FaultKind& kind, Totals* to
   out.all.insert(out.all.end(), seeded.all.begin(), seeded.all.end());
   auto c = weightcache::WeightCache::open(wctest::scenario_options(path));
   ASSERT_TRUE(c.ok()) << c.error().message;
-  std::set<std::string> present;
-  const std::uint64_t wrong = out.wrong_bytes + wctest::check_hits(c.value(), out.all, &present);
-  std::uint64_t lost = 0;
-  for (const auto& k : out.durable) lost += present.count(k) == 0;
-  EXPECT_EQ(wrong, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
-  EXPECT_EQ(lost, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
+  const wctest::Damage d = wctest::damage_after(c.value(), out);
+  EXPECT_EQ(d.wrong, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
+  EXPECT_EQ(d.lost, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
   totals->runs++;
-  totals->wrong += wrong;
-  totals->lost += lost;
+  totals->wrong += d.wrong;
+  totals->lost += d.lost;
 }
 
 std::uint64_t count_calls(bool seed_first) {

@@ -53,6 +53,21 @@ inline std::uint64_t check_hits(weightcache::WeightCache& c, const std::vector<s
   return wrong;
 }
 
+/// What the cache holds after the run, against the run's ground truth.
+struct Damage {
+  std::uint64_t wrong = 0;  // hits with other bytes, during the run or now
+  std::uint64_t lost = 0;   // keys of finalizes that returned ok, now missing
+};
+
+/// Checks a reopened cache against `out`: every key the run tried, every key it made durable.
+inline Damage damage_after(weightcache::WeightCache& reopened, const Outcome& out) {
+  std::set<std::string> present;
+  Damage d;
+  d.wrong = out.wrong_bytes + check_hits(reopened, out.all, &present);
+  for (const auto& k : out.durable) d.lost += present.count(k) == 0;
+  return d;
+}
+
 // Rounds: each opens the cache, checks what is there, packs `per_round` new keys (half through
 // reservations, half copied in), finalizes, closes.
 inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_round = 6) {
