@@ -81,6 +81,24 @@ struct Totals {
   std::uint64_t temp_litter = 0;  // ".tmp." files left by writers killed while creating the file
 };
 
+/// What every SIGKILL schedule must keep at zero: no wrong bytes served, no finalized entry
+/// lost, no crash, and no failure a kill cannot explain.
+::testing::AssertionResult nothing_went_wrong(const Totals& t) {
+  std::string bad;
+  auto zero = [&](const char* what, std::uint64_t n) {
+    if (n != 0) bad += std::string(bad.empty() ? "" : ", ") + what + " " + std::to_string(n);
+  };
+  zero("wrong bytes served", t.wrong);
+  zero("finalized entries lost", t.lost);
+  zero("crashes", t.crashes);
+  zero("writer errors", t.writer_errors);
+  zero("failed opens", t.open_failures);
+  zero("stray entries", t.stray);
+  zero("checksum failures", t.verify_failures);
+  if (bad.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad;
+}
+
 /// Removes the cache and everything next to it, counting abandoned temporary files.
 void start_fresh(const TempDir& dir, Totals* t) {
   for (const auto& e : fs::directory_iterator(dir.path())) {
@@ -197,13 +215,7 @@ TEST(SigkillWriter, RandomKillsWhileAppending) {
               (unsigned long long)t.writer_errors,
               (unsigned long long)t.open_failures, (unsigned long long)t.stray,
               (unsigned long long)t.verify_failures, (unsigned long long)t.temp_litter);
-  EXPECT_EQ(t.wrong, 0u);
-  EXPECT_EQ(t.lost, 0u);
-  EXPECT_EQ(t.crashes, 0u);
-  EXPECT_EQ(t.writer_errors, 0u);
-  EXPECT_EQ(t.open_failures, 0u);
-  EXPECT_EQ(t.stray, 0u);
-  EXPECT_EQ(t.verify_failures, 0u);
+  EXPECT_TRUE(nothing_went_wrong(t));
   // The kills must land mid-run, most of them after the writer committed something (the
   // schedule above waits for a first finalize in 60% of the rounds).
   EXPECT_GE(t.killed, t.rounds / 2);
@@ -269,13 +281,7 @@ TEST(SigkillWriter, KillDuringLargeReservationFill) {
               (unsigned long long)t.rounds, (unsigned long long)killed_before_commit,
               (unsigned long long)killed_mid_fill, (unsigned long long)big_committed, (unsigned long long)t.wrong,
               (unsigned long long)t.lost, (unsigned long long)t.crashes);
-  EXPECT_EQ(t.wrong, 0u);
-  EXPECT_EQ(t.lost, 0u);
-  EXPECT_EQ(t.crashes, 0u);
-  EXPECT_EQ(t.writer_errors, 0u);
-  EXPECT_EQ(t.open_failures, 0u);
-  EXPECT_EQ(t.stray, 0u);
-  EXPECT_EQ(t.verify_failures, 0u);
+  EXPECT_TRUE(nothing_went_wrong(t));
   EXPECT_GE(killed_mid_fill, 1u);
   EXPECT_GE(big_committed, kRounds / kRoundsPerFile);
 }
