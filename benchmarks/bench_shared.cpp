@@ -275,7 +275,7 @@ void BM_memory_processes(benchmark::State& state, const std::string& mode) {
       file.rss += q.rss;
       file.pss += q.pss;
       file.private_dirty += q.private_dirty;
-      ok = ok && p.ok;
+      ok = ok && p.readable;
     }
     for (auto& c : kids) ok = finish_child(c) && ok;
     state.SetIterationTime(sw.lap().wall);

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
-#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <sstream>
 
 #ifndef WEIGHTCACHE_BENCH_DEFAULT_DIR
 #define WEIGHTCACHE_BENCH_DEFAULT_DIR "."
@@ -72,26 +70,6 @@ struct Records {
   std::map<std::string, std::vector<double>> samples;
 };
 
-// smaps field lines look like "Pss:   1234 kB"; mapping header lines start with an address range.
-bool is_mapping_header(const std::string& line) {
-  const auto dash = line.find('-');
-  const auto space = line.find(' ');
-  return dash != std::string::npos && space != std::string::npos && dash < space &&
-         line.find(':') > space;  // a field name ends in ':' before the first space
-}
-
-void add_field(MemFigures* m, const std::string& line) {
-  char name[64] = {};
-  unsigned long long kb = 0;
-  if (std::sscanf(line.c_str(), "%63[^:]: %llu kB", name, &kb) != 2) return;
-  const std::uint64_t b = std::uint64_t{kb} << 10;
-  const std::string n = name;
-  if (n == "Rss") m->rss += b;
-  else if (n == "Pss") m->pss += b;
-  else if (n == "Private_Dirty") m->private_dirty += b;
-  else if (n == "Private_Clean") m->private_clean += b;
-  else if (n == "Shared_Clean") m->shared_clean += b;
-}
 Records& records() {
   static Records r;
   return r;
@@ -180,57 +158,18 @@ void fill_pattern(void* p, std::size_t size, std::uint64_t seed) {
 }
 
 std::size_t file_vmas(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return 0;
-  std::ifstream in("/proc/self/maps");
-  std::string line;
-  std::size_t n = 0;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string range, perms, offset, dev;
-    unsigned long long inode = 0;
-    ls >> range >> perms >> offset >> dev >> inode;
-    unsigned maj = 0, min = 0;
-    std::sscanf(dev.c_str(), "%x:%x", &maj, &min);
-    if (inode == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev)) ++n;
-  }
-  return n;
+  // /proc/self/maps lists the same mapping headers as smaps, without the counters.
+  return examples::file_mapping_usage(path, "/proc/self/maps").mappings;
 }
 
 MemFigures process_memory(pid_t pid) {
-  MemFigures m;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (is_mapping_header(line)) continue;
-    add_field(&m, line);
-    m.ok = true;
-  }
-  return m;
+  // smaps_rollup: one header standing for the whole process, then its counters.
+  return examples::sum_mappings("/proc/" + std::to_string(pid) + "/smaps_rollup",
+                                [](const examples::MappingHeader&) { return true; });
 }
 
 MemFigures file_memory(pid_t pid, const std::string& path) {
-  MemFigures m;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return m;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
-  std::string line;
-  bool in_file = false;
-  while (std::getline(in, line)) {
-    m.ok = true;
-    if (is_mapping_header(line)) {
-      std::istringstream ls(line);
-      std::string range, perms, offset, dev;
-      unsigned long long inode = 0;
-      ls >> range >> perms >> offset >> dev >> inode;
-      unsigned maj = 0, min = 0;
-      std::sscanf(dev.c_str(), "%x:%x", &maj, &min);
-      in_file = inode == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev);
-    } else if (in_file) {
-      add_field(&m, line);
-    }
-  }
-  return m;
+  return examples::file_mapping_usage(path, "/proc/" + std::to_string(pid) + "/smaps");
 }
 
 bool sync_file(const std::string& path) {

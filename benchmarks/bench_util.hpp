@@ -2,6 +2,8 @@
 // mixes, and the per-run record that the closing summary turns into ratios.
 #pragma once
 
+#include "../examples/common/smaps.hpp"
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -60,15 +62,9 @@ void fill_pattern(void* p, std::size_t size, std::uint64_t seed);
 /// Live mappings (VMAs) of the file at `path` in this process, from /proc/self/maps.
 std::size_t file_vmas(const std::string& path);
 
-/// Memory counters of a process, in bytes (from /proc/<pid>/smaps_rollup or smaps).
-struct MemFigures {
-  std::uint64_t rss = 0;
-  std::uint64_t pss = 0;
-  std::uint64_t private_dirty = 0;
-  std::uint64_t private_clean = 0;
-  std::uint64_t shared_clean = 0;
-  bool ok = false;
-};
+/// Memory counters of a process, in bytes (from /proc/<pid>/smaps_rollup or smaps); `readable`
+/// is false when they could not be read.
+using MemFigures = examples::MappingUsage;
 /// The whole process (smaps_rollup).
 MemFigures process_memory(pid_t pid);
 /// Only the mappings of the file at `path` (smaps, matched by device and inode).

@@ -3,13 +3,10 @@
 // what each run cost in time and memory. Exits nonzero when run 2 finds wrong bytes.
 #include <fcntl.h>
 #include <spawn.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -18,7 +15,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +23,7 @@
 #include <vector>
 #include <weightcache/weight_cache.hpp>
 
+#include "../common/smaps.hpp"
 #include "demo_model.hpp"
 
 extern char** environ;
@@ -239,60 +236,6 @@ class Progress {
   Clock::time_point last_{};
 };
 
-// ---- /proc/self/smaps -----------------------------------------------------------------------------
-
-struct MappingMemory {
-  bool available = false;
-  std::uint64_t vmas = 0, rss = 0, pss = 0, shared_clean = 0, shared_dirty = 0, private_clean = 0, private_dirty = 0;
-};
-
-/// Sums the smaps counters of every mapping of the file at `path` (matched by device and inode,
-/// so a relative or symlinked path still matches).
-MappingMemory mapping_memory(const std::string& path) {
-  MappingMemory m;
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return m;
-  std::ifstream in("/proc/self/smaps");
-  if (!in) return m;
-  m.available = true;
-  std::string line;
-  bool in_ours = false;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    // A mapping header starts with "start-end"; counter lines start with a capitalised name.
-    const bool header = std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < line.find(' ');
-    if (header) {
-      std::istringstream hs(line);
-      std::string range, perms, offset, dev;
-      unsigned long long inode = 0;
-      hs >> range >> perms >> offset >> dev >> inode;
-      unsigned maj = 0, min = 0;
-      std::sscanf(dev.c_str(), "%x:%x", &maj, &min);
-      in_ours = inode == st.st_ino && maj == major(st.st_dev) && min == minor(st.st_dev);
-      if (in_ours) ++m.vmas;
-      continue;
-    }
-    if (!in_ours) continue;
-    const auto colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = line.substr(0, colon);
-    const std::uint64_t kb = std::strtoull(line.c_str() + colon + 1, nullptr, 10);
-    if (key == "Rss")
-      m.rss += kb * 1024;
-    else if (key == "Pss")
-      m.pss += kb * 1024;
-    else if (key == "Shared_Clean")
-      m.shared_clean += kb * 1024;
-    else if (key == "Shared_Dirty")
-      m.shared_dirty += kb * 1024;
-    else if (key == "Private_Clean")
-      m.private_clean += kb * 1024;
-    else if (key == "Private_Dirty")
-      m.private_dirty += kb * 1024;
-  }
-  return m;
-}
-
 const char* backing_name(wc::Backing b) {
   switch (b) {
     case wc::Backing::file:
@@ -371,9 +314,10 @@ int warm_run(const Args& a) {
   put("payload", payload);
   put("fingerprint", strf("%016" PRIx64, fingerprint));
 
-  const MappingMemory mem = mapping_memory(a.path);
-  put("smaps", mem.available ? 1 : 0);
-  put("vmas", mem.vmas);
+  // The cache file's mappings: their Pss and Private_Dirty show whether run 2 shares run 1's pages.
+  const wc::examples::MappingUsage mem = wc::examples::file_mapping_usage(a.path);
+  put("smaps", mem.readable ? 1 : 0);
+  put("vmas", mem.mappings);
   put("rss", mem.rss);
   put("pss", mem.pss);
   put("private_dirty", mem.private_dirty);
@@ -622,7 +566,7 @@ int cold_run(const Args& args_in, const char* argv0) {
     if (p != nullptr) fingerprint += demo::word_sum(p, demo::packed_bytes(m));
   }
   const wc::Stats s1 = cache.stats();
-  const MappingMemory mem1 = mapping_memory(a.path);
+  const wc::examples::MappingUsage mem1 = wc::examples::file_mapping_usage(a.path);
   if (s1.backing != wc::Backing::file || s1.heap_bytes != 0 || !fin) {
     std::fprintf(stderr,
                  "weightcache-demo: the weights did not all reach the cache file (backing %s, %s in heap memory%s);\n"
@@ -686,10 +630,16 @@ int cold_run(const Args& args_in, const char* argv0) {
 
   // ---- the table ----
   const double run1_ready_s = open_s + lookup_s + pack_s;
-  const MappingMemory mem2{u64("smaps") != 0,   u64("vmas"),         u64("rss"),           u64("pss"),
-                           u64("shared_clean"), u64("shared_dirty"), u64("private_clean"), u64("private_dirty")};
-  auto mem_cell = [&](const MappingMemory& m, std::uint64_t v) {
-    return m.available ? bytes_str(double(v)) : std::string("n/a");
+  const wc::examples::MappingUsage mem2{.readable = u64("smaps") != 0,
+                                         .mappings = static_cast<std::size_t>(u64("vmas")),
+                                         .rss = u64("rss"),
+                                         .pss = u64("pss"),
+                                         .shared_clean = u64("shared_clean"),
+                                         .shared_dirty = u64("shared_dirty"),
+                                         .private_clean = u64("private_clean"),
+                                         .private_dirty = u64("private_dirty")};
+  auto mem_cell = [&](const wc::examples::MappingUsage& m, std::uint64_t v) {
+    return m.readable ? bytes_str(double(v)) : std::string("n/a");
   };
   auto row = [](const std::string& a, const std::string& b, const std::string& c, const std::string& d) {
     std::string line = strf("  %-24s %-22s %-22s %s", a.c_str(), b.c_str(), c.c_str(), d.c_str());
@@ -715,7 +665,7 @@ int cold_run(const Args& args_in, const char* argv0) {
   row("backing", backing_name(s1.backing), r2["backing"], "");
   row("mapped / heap bytes", (bytes_str(double(s1.mapped_bytes)) + " / " + bytes_str(double(s1.heap_bytes))),
       (bytes_str(double(u64("mapped_bytes"))) + " / " + bytes_str(double(u64("heap_bytes")))), "");
-  row("file mappings (VMAs)", strf("%" PRIu64 " (%" PRIu64 ")", s1.mappings, mem1.vmas),
+  row("file mappings (VMAs)", strf("%" PRIu64 " (%" PRIu64 ")", s1.mappings, std::uint64_t{mem1.mappings}),
       strf("%" PRIu64 " (%" PRIu64 ")", u64("mappings"), u64("vmas")), "");
   std::printf("\n  %smemory for the weights%s %s(/proc/self/smaps, mappings of the cache file)%s\n", st.bold, st.reset,
               st.dim, st.reset);
@@ -729,7 +679,7 @@ int cold_run(const Args& args_in, const char* argv0) {
   std::printf("  the source weights, finalize and run 2's extra read are not counted.\n");
   std::printf("  Both processes map the same page-cache pages, so Pss splits them between the two; a\n");
   std::printf("  heap copy is private to each process (every touched page Private_Dirty, Pss = Rss).\n");
-  if (mem2.available && mem2.private_dirty == 0 && mem2.rss > 0)
+  if (mem2.readable && mem2.private_dirty == 0 && mem2.rss > 0)
     std::printf("  Run 2 dirtied none of them: a third process would add no private memory for the weights.\n");
   std::printf("%s", st.reset);
 

@@ -2,6 +2,7 @@
 // MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider.
 // Run it twice: the first run packs into the cache file, the second maps the packed weights.
 // See --help, and docs/INTEGRATION.md.
+#include "../common/smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
 
@@ -10,8 +11,6 @@
 
 #include <fcntl.h>
 #include <spawn.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -172,48 +171,8 @@ int parse_args(int argc, char** argv, Args* a) {
 
 // ---- where the weights live: /proc/self/smaps for the cache file's mappings -------------------
 
-struct MapUsage {
-  std::uint64_t rss = 0, pss = 0, private_dirty = 0, private_clean = 0, shared_clean = 0, shared_dirty = 0;
-  std::size_t mappings = 0;
-};
-
-MapUsage cache_file_usage(const std::string& path) {
-  MapUsage u;
-  struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) return u;
-  std::ifstream in("/proc/self/smaps");
-  std::string line;
-  bool in_match = false;
-  while (std::getline(in, line)) {
-    // Header lines: "start-end perms offset major:minor inode [path]"; field lines: "Name: value kB".
-    const auto space = line.find(' ');
-    const bool header = space != std::string::npos && line.find('-') < space && line[space - 1] != ':';
-    if (header) {
-      std::istringstream hs(line);
-      std::string range, perms, offset, dev;
-      unsigned long long inode = 0;
-      hs >> range >> perms >> offset >> dev >> inode;
-      unsigned maj = 0, min = 0;
-      in_match = std::sscanf(dev.c_str(), "%x:%x", &maj, &min) == 2 && inode == st.st_ino &&
-                 maj == major(st.st_dev) && min == minor(st.st_dev);
-      u.mappings += in_match ? 1 : 0;
-      continue;
-    }
-    if (!in_match) continue;
-    std::istringstream fs(line);
-    std::string name;
-    std::uint64_t kib = 0;
-    if (!(fs >> name >> kib)) continue;
-    const std::uint64_t b = kib * 1024;
-    if (name == "Rss:") u.rss += b;
-    else if (name == "Pss:") u.pss += b;
-    else if (name == "Private_Dirty:") u.private_dirty += b;
-    else if (name == "Private_Clean:") u.private_clean += b;
-    else if (name == "Shared_Clean:") u.shared_clean += b;
-    else if (name == "Shared_Dirty:") u.shared_dirty += b;
-  }
-  return u;
-}
+using weightcache::examples::file_mapping_usage;
+using weightcache::examples::MappingUsage;
 
 std::uint64_t process_rss() {
   std::ifstream in("/proc/self/status");
@@ -360,7 +319,7 @@ int run_sessions(const Args& args) {
     wc_xnn_adapter_stats as;
     wc_xnn_adapter_stats_init(&as);
     wc_xnn_adapter_get_stats(s->ep->adapter(), &as);
-    const MapUsage mu = cache_file_usage(args.no_cache ? std::string() : args.cache_path);
+    const MappingUsage mu = file_mapping_usage(args.no_cache ? std::string() : args.cache_path);
     std::printf(
         "[pid %ld session %zu/%zu] load %.1f ms: %zu operators, %zu packed, %zu from the cache; run %.1f ms; output "
         "%s\n"
@@ -385,7 +344,7 @@ int run_sessions(const Args& args) {
   // have measured, so the figures below show what the processes share.
   const bool child = args.sync_fds[0] >= 0;
   if (child) barrier(args.sync_fds[0], args.sync_fds[1]);
-  const MapUsage mu = cache_file_usage(args.no_cache ? std::string() : args.cache_path);
+  const MappingUsage mu = file_mapping_usage(args.no_cache ? std::string() : args.cache_path);
   const std::uint64_t rss = process_rss();
   std::printf("[pid %ld] %zu session(s) alive: process RSS %s; cache file mappings: Rss %s, Pss %s, Private_Dirty %s\n",
               pid, sessions.size(), human(rss).c_str(), human(mu.rss).c_str(), human(mu.pss).c_str(),
