@@ -72,18 +72,7 @@ void fill_cache(benchmark::State& state, bool insert) {
         break;
       }
       const Stopwatch sw;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        void* p = cache->reserve(sizes[i]);
-        if (p == nullptr) {
-          state.SkipWithError(last_error().message.c_str());
-          break;
-        }
-        fill_pattern(p, sizes[i], i);
-        if (insert && cache->look_up_or_insert(keys[i], p, sizes[i]) == kNotFound) {
-          state.SkipWithError(last_error().message.c_str());
-          break;
-        }
-      }
+      if (!reserve_fill_insert(*cache, sizes, keys, true, insert)) state.SkipWithError(last_error().message.c_str());
       benchmark::ClobberMemory();
       const Lap lap = sw.lap();
       const double t = lap.wall;

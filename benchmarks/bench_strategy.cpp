@@ -114,18 +114,7 @@ void BM_strategy_ours(benchmark::State& state, bool fill, bool insert) {
         break;
       }
       const Stopwatch sw;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        void* p = cache->reserve(sizes[i]);
-        if (p == nullptr) {
-          state.SkipWithError(last_error().message.c_str());
-          break;
-        }
-        if (fill) fill_pattern(p, sizes[i], i);
-        if (insert && cache->look_up_or_insert(keys[i], p, sizes[i]) == kNotFound) {
-          state.SkipWithError(last_error().message.c_str());
-          break;
-        }
-      }
+      if (!reserve_fill_insert(*cache, sizes, keys, fill, insert)) state.SkipWithError(last_error().message.c_str());
       benchmark::ClobberMemory();
       const Lap lap = sw.lap();
       state.SetIterationTime(lap.wall);

@@ -157,6 +157,17 @@ void fill_pattern(void* p, std::size_t size, std::uint64_t seed) {
   std::memset(static_cast<char*>(p) + n * 8, 0x5a, size - n * 8);
 }
 
+bool reserve_fill_insert(WeightCache& cache, const std::vector<std::size_t>& sizes,
+                         const std::vector<std::string>& keys, bool fill, bool insert) {
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    void* p = cache.reserve(sizes[i]);
+    if (p == nullptr) return false;
+    if (fill) fill_pattern(p, sizes[i], i);
+    if (insert && cache.look_up_or_insert(keys[i], p, sizes[i]) == kNotFound) return false;
+  }
+  return true;
+}
+
 std::size_t file_vmas(const std::string& path) {
   // /proc/self/maps lists the same mapping headers as smaps, without the counters.
   return examples::file_mapping_usage(path, "/proc/self/maps").mappings;

@@ -59,6 +59,12 @@ std::vector<std::size_t> mixed_sizes_n(std::size_t count, std::size_t lo, std::s
 /// Writes a pattern over [p, p + size) the way a packer would: every byte stored once.
 void fill_pattern(void* p, std::size_t size, std::uint64_t seed);
 
+/// The writing loop of a packer on the cache: reserves each of `sizes` in turn, writes it with
+/// fill_pattern (when `fill`) and commits it under keys[i] with look_up_or_insert (when `insert`).
+/// False at the first call that fails; last_error() says why.
+bool reserve_fill_insert(WeightCache& cache, const std::vector<std::size_t>& sizes,
+                         const std::vector<std::string>& keys, bool fill, bool insert);
+
 /// Live mappings (VMAs) of the file at `path` in this process, from /proc/self/maps.
 std::size_t file_vmas(const std::string& path);
 
