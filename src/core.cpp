@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <system_error>
 #include <thread>
 
@@ -20,6 +21,22 @@ constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation gr
 constexpr std::uint64_t kMinAddressSpace = 1ull << 30;
 
 thread_local Error t_last_error;
+
+// Seeds the index's key hash: a hostile file cannot pick keys that collide in this process's
+// tables without knowing it.
+std::uint64_t process_key_seed() noexcept {
+  static const std::uint64_t seed = [] {
+    std::uint64_t v = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    try {
+      std::random_device rd;
+      v ^= (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    } catch (...) {
+      // No entropy source: the clock alone still differs from run to run.
+    }
+    return v;
+  }();
+  return seed;
+}
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
@@ -56,7 +73,14 @@ Error fail(Error e) {
 
 const Error& last_error() noexcept { return t_last_error; }
 
-Core::Core(const Options& options, platform::Platform& pf) : pf_(pf), opts_(options) {
+std::size_t StripedCounter::stripe() noexcept {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed) % kStripes;
+  return mine;
+}
+
+Core::Core(const Options& options, platform::Platform& pf)
+    : pf_(pf), opts_(options), index_(process_key_seed()) {
   compat_hash_ = format::hash_bytes(opts_.compat_key);
   align_ = opts_.alignment;
   gran_ = std::max<std::size_t>(kMapGranularity, pf_.map_granularity());
@@ -374,45 +398,44 @@ Result<void> Core::load_file() noexcept {
 
 void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexcept {
   try {
-    // write_mu_ is held, so the maps cannot change under us: reading them without index_mu_
-    // is safe, and the exclusive lock is taken once, only to publish.
-    std::vector<std::unique_ptr<Entry>> fresh;
+    // write_mu_ is held: no other writer changes the index meanwhile.
+    std::vector<Entry*> fresh;
     fresh.reserve(records.size());
     for (auto& r : records) {
-      if (!by_key_.empty()) {
-        auto it = by_key_.find(std::string_view(r.key));
-        if (it != by_key_.end() && (it->second->offset == r.offset || !it->second->durable.load())) continue;  // ours wins
-      }
-      auto e = std::make_unique<Entry>();
-      e->key = std::move(r.key);
+      if (Entry* mine = find_entry(r.key); mine != nullptr && (mine->offset == r.offset || !mine->durable.load()))
+        continue;  // already known, or ours and not yet committed: ours wins
+      Entry* e = index_.make(r.key);
       e->offset = r.offset;
       e->size = r.size;
       e->checksum = r.checksum;
       e->in_file = true;
       e->durable.store(true, std::memory_order_relaxed);
-      fresh.push_back(std::move(e));
+      fresh.push_back(e);
     }
     if (opts_.verify == Verify::on_open) verify_all(fresh);
-    std::unique_lock<std::shared_mutex> lock(index_mu_);
-    by_key_.reserve(by_key_.size() + fresh.size());
-    by_offset_.reserve(by_offset_.size() + fresh.size());
-    for (auto& e : fresh) {
-      auto [it, inserted] = by_key_.try_emplace(std::string_view(e->key), e.get());
-      if (!inserted) {
-        if (it->second->in_file) mapped_bytes_ -= it->second->size;
-        else heap_bytes_ -= it->second->size;
-        it->second = e.get();  // the map's key still views the old entry's key: same bytes, kept alive
+    index_.reserve(index_.live_count() + fresh.size(), index_.live_count() + fresh.size());
+    for (Entry* e : fresh) {
+      if (Entry* old = index_.publish(e); old != nullptr) {
+        if (old->in_file) mapped_bytes_ -= old->size;
+        else heap_bytes_ -= old->size;
       }
       mapped_bytes_ += e->size;
-      by_offset_[e->offset] = e.get();
-      entries_.push_back(std::move(e));
     }
   } catch (...) {
     log::error("out of memory while loading the index of '{}'", opts_.path);
   }
+  recount_durable_locked();
 }
 
-void Core::verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexcept {
+void Core::recount_durable_locked() noexcept {
+  std::uint64_t bytes = 0;
+  index_.for_each_live([&](const Entry& e) {
+    if (e.durable.load(std::memory_order_relaxed)) bytes += round_size(e.size);
+  });
+  durable_live_.store(bytes, std::memory_order_relaxed);
+}
+
+void Core::verify_all(const std::vector<Entry*>& entries) noexcept {
   // Checksumming is memory-bound per core: spread big loads over the cores (entries are never
   // split, so a single huge entry still takes one core).
   std::uint64_t total = 0;
@@ -421,7 +444,7 @@ void Core::verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexce
   const unsigned workers = total < (64ull << 20) ? 1 : hw;
   std::atomic<std::size_t> next{0};
   auto work = [&] {
-    for (std::size_t i = next.fetch_add(1); i < entries.size(); i = next.fetch_add(1)) verify_entry(entries[i].get());
+    for (std::size_t i = next.fetch_add(1); i < entries.size(); i = next.fetch_add(1)) verify_entry(entries[i]);
   };
   std::vector<std::thread> threads;
   try {
@@ -431,12 +454,6 @@ void Core::verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexce
   }
   work();
   for (auto& t : threads) t.join();
-}
-
-Entry* Core::find_entry(std::string_view key) const noexcept {
-  std::shared_lock<std::shared_mutex> lock(index_mu_);
-  auto it = by_key_.find(std::string_view(key));
-  return it == by_key_.end() ? nullptr : it->second;
 }
 
 bool Core::verify_entry(Entry* e) noexcept {
@@ -464,17 +481,16 @@ std::size_t Core::look_up(std::string_view key) noexcept {
     if (lock.owns_lock() && refresh_locked()) e = find_entry(key);
   }
   if (e == nullptr || !verify_entry(e)) {
-    misses_.fetch_add(1, std::memory_order_relaxed);
+    misses_.add();
     return kNotFound;
   }
-  hits_.fetch_add(1, std::memory_order_relaxed);
+  hits_.add();
   return static_cast<std::size_t>(e->offset);
 }
 
 void* Core::offset_to_addr(std::size_t offset) const noexcept {
   if (offset == kNotFound) return nullptr;
-  std::shared_lock<std::shared_mutex> lock(index_mu_);
-  return by_offset_.count(offset) != 0 ? addr(offset) : nullptr;
+  return index_.find_offset(offset) != nullptr ? addr(offset) : nullptr;
 }
 
 Result<void> Core::refresh() noexcept {
@@ -513,13 +529,8 @@ Stats Core::stats() const noexcept {
   s.file_bytes = file_backed_ ? seen_file_size_.load(std::memory_order_relaxed) : 0;
   const std::uint64_t committed = seen_committed_.load(std::memory_order_relaxed);
   const std::uint64_t index_bytes = seen_trailer_.load(std::memory_order_relaxed);
-  std::uint64_t durable_live = 0;
-  {
-    std::shared_lock<std::shared_mutex> lock(index_mu_);
-    s.entries = by_key_.size();
-    for (const auto& [k, e] : by_key_)
-      if (e->durable.load(std::memory_order_relaxed)) durable_live += round_size(e->size);
-  }
+  const std::uint64_t durable_live = durable_live_.load(std::memory_order_relaxed);
+  s.entries = index_.live_count();
   s.mapped_bytes = mapped_bytes_.load();
   s.heap_bytes = heap_bytes_.load();
   s.mappings = mappings_.load();
@@ -754,7 +765,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
                                       old->state.load() != kBad && std::memcmp(addr(old->offset), ptr, size) == 0) {
       old->state.store(kGood, std::memory_order_release);  // matches fresh packer output
       if (res) release_reservation_locked(res->first, res->second);
-      hits_.fetch_add(1, std::memory_order_relaxed);
+      hits_.add();
       return static_cast<std::size_t>(old->offset);
     }
     Region region;
@@ -770,27 +781,19 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       region = r.value();
       std::memcpy(addr(region.offset), ptr, size);
     }
-    auto e = std::make_unique<Entry>();
-    e->key.assign(key);
-    e->offset = region.offset;
-    e->size = size;
-    e->checksum = checksum;
-    e->in_file = !region.heap;
-    e->state.store(kGood);
-    Entry* raw = e.get();
-    {
-      std::unique_lock<std::shared_mutex> ilock(index_mu_);
-      auto it = by_key_.find(std::string_view(key));
-      if (it != by_key_.end()) {
-        if (it->second->in_file) mapped_bytes_ -= it->second->size;
-        else heap_bytes_ -= it->second->size;
-        it->second = raw;
-        log::debug("'{}': replacing a stale entry", opts_.path);
-      } else {
-        by_key_.emplace(std::string_view(raw->key), raw);
-      }
-      by_offset_[raw->offset] = raw;
-      entries_.push_back(std::move(e));
+    Entry* raw = index_.make(key);
+    raw->offset = region.offset;
+    raw->size = size;
+    raw->checksum = checksum;
+    raw->in_file = !region.heap;
+    raw->state.store(kGood);
+    pending_.reserve(pending_.size() + 1);  // nothing can fail once the entry is published
+    if (Entry* old = index_.publish(raw); old != nullptr) {
+      if (old->in_file) mapped_bytes_ -= old->size;
+      else heap_bytes_ -= old->size;
+      if (old->durable.load(std::memory_order_relaxed))
+        durable_live_.fetch_sub(round_size(old->size), std::memory_order_relaxed);
+      log::debug("'{}': replacing a stale entry", opts_.path);
     }
     if (raw->in_file) {
       mapped_bytes_ += size;
@@ -814,11 +817,14 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
     return {};
   }
   std::vector<format::IndexRecord> records;
+  std::uint64_t live_bytes = 0;
   try {
-    std::shared_lock<std::shared_mutex> lock(index_mu_);
-    records.reserve(by_key_.size());
-    for (const auto& [k, e] : by_key_)
-      if (e->in_file) records.push_back({e->key, e->offset, e->size, e->checksum});
+    records.reserve(index_.live_count());
+    index_.for_each_live([&](const Entry& e) {
+      if (!e.in_file) return;
+      records.push_back({std::string(e.key), e.offset, e.size, e.checksum});
+      live_bytes += round_size(e.size);
+    });
   } catch (...) {
     return Error{Errc::no_memory, 0, "out of memory while building the index"};
   }
@@ -859,6 +865,7 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   publish_sizes_locked();
   for (Entry* e : pending_) e->durable.store(true, std::memory_order_relaxed);
   pending_.clear();
+  durable_live_.store(live_bytes, std::memory_order_relaxed);
   cursor_ = slot.committed_size;
   flush_from_ = cursor_;
   commits_.fetch_add(1, std::memory_order_relaxed);

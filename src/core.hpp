@@ -2,6 +2,7 @@
 // WeightCache handles and wc_cache handles point at it.
 #pragma once
 
+#include "entry_index.hpp"
 #include "format/format.hpp"
 #include "platform/platform.hpp"
 
@@ -9,15 +10,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace weightcache {
@@ -28,19 +26,24 @@ void set_last_error(const Error& e);
 /// "WC_ERR_NO_SPACE" etc.: the C name of a code, for log lines users grep for.
 const char* errc_name(Errc code) noexcept;
 
-struct Entry {
-  std::string key;
-  std::uint64_t offset = 0;  // file offset, or heap_base_offset_ + arena offset for heap entries
-  std::uint64_t size = 0;
-  std::uint64_t checksum = 0;
-  bool in_file = false;
-  std::atomic<bool> durable{false};  // named by a committed index (read by stats without write_mu_)
-  std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad
-};
+/// A statistics counter that many threads bump at once: one cache line per stripe, so
+/// concurrent look-ups do not fight over a single line. Reads sum the stripes.
+class StripedCounter {
+ public:
+  void add(std::uint64_t n = 1) noexcept { stripes_[stripe()].v.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t load() const noexcept {
+    std::uint64_t sum = 0;
+    for (const auto& s : stripes_) sum += s.v.load(std::memory_order_relaxed);
+    return sum;
+  }
 
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+ private:
+  static constexpr std::size_t kStripes = 16;
+  struct alignas(64) Stripe {
+    std::atomic<std::uint64_t> v{0};
+  };
+  static std::size_t stripe() noexcept;  // this thread's, fixed for its life
+  Stripe stripes_[kStripes];
 };
 
 class Core {
@@ -110,8 +113,10 @@ class Core {
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
-  void verify_all(const std::vector<std::unique_ptr<Entry>>& entries) noexcept;
-  Entry* find_entry(std::string_view key) const noexcept;
+  void verify_all(const std::vector<Entry*>& entries) noexcept;
+  Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
+  /// Recomputes durable_live_ from the index (after a merge).
+  void recount_durable_locked() noexcept;
   std::byte* addr(std::uint64_t offset) const noexcept { return base_ + offset; }
   std::uint64_t round_size(std::uint64_t size) const noexcept;
   /// Alignment of new file offsets: the file's own (from its header) when stricter than ours,
@@ -153,16 +158,14 @@ class Core {
   bool warned_fallback_ = false;
   std::uint64_t unpersisted_ = 0;   // heap entries of a file-backed cache since the last finalize
 
-  // Guarded by index_mu_ (writes also hold write_mu_).
-  mutable std::shared_mutex index_mu_;
-  std::deque<std::unique_ptr<Entry>> entries_;
-  // Keys view Entry::key; entries live until the Core dies, so the views never dangle.
-  std::unordered_map<std::string_view, Entry*, StringHash> by_key_;
-  std::unordered_map<std::uint64_t, Entry*> by_offset_;
+  // Readers search it without a lock; writers hold write_mu_ (see entry_index.hpp).
+  EntryIndex index_;
+  std::atomic<std::uint64_t> durable_live_{0};  // rounded bytes of live entries a committed index names
 
   std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
-  mutable std::atomic<std::uint64_t> hits_{0}, misses_{0}, verify_failures_{0};
+  StripedCounter hits_, misses_;
+  std::atomic<std::uint64_t> verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};
 };

@@ -1,0 +1,273 @@
+// The in-memory index of a Core: where entries and their keys live, and the two hash tables that
+// find an entry by key (look_up) and by offset (offset_to_addr).
+//
+// Readers never lock. Entries and keys are append-only and stay at their address until the
+// index dies; the tables are insert-or-replace only, and a table that grows is replaced by a
+// bigger copy while the old one stays readable. Writers (insert, replace, grow) must be
+// serialized by the caller (Core holds write_mu_). See docs/DESIGN.md, "The index".
+#pragma once
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string_view>
+#include <vector>
+
+namespace weightcache {
+
+struct Entry {
+  std::string_view key;      // bytes owned by the EntryIndex's key arena
+  std::uint64_t offset = 0;  // file offset, or heap_base_offset_ + arena offset for heap entries
+  std::uint64_t size = 0;
+  std::uint64_t checksum = 0;
+  std::uint32_t number = 0;  // position in the EntryIndex's storage
+  bool in_file = false;
+  std::atomic<bool> durable{false};    // named by a committed index (read by stats without write_mu_)
+  std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad (core.cpp)
+};
+
+namespace index_detail {
+
+/// Entry number -> Entry, in blocks of 256, 512, 1024, ... entries, so that the directory has a
+/// fixed size (no reallocation under readers) and an entry's address never changes.
+class EntryBlocks {
+ public:
+  static constexpr unsigned kFirstShift = 8;
+  static constexpr unsigned kMaxBlocks = 40;
+
+  ~EntryBlocks() {
+    for (unsigned b = 0; b < kMaxBlocks; ++b) delete[] blocks_[b].load(std::memory_order_relaxed);
+  }
+
+  Entry* at(std::uint64_t i) const noexcept {
+    const std::uint64_t j = i + (std::uint64_t{1} << kFirstShift);
+    const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
+    return blocks_[b].load(std::memory_order_acquire) + (j - (std::uint64_t{1} << (b + kFirstShift)));
+  }
+
+  /// A fresh entry and its number. Throws std::bad_alloc.
+  std::pair<Entry*, std::uint64_t> add() {
+    const std::uint64_t i = count_;
+    const std::uint64_t j = i + (std::uint64_t{1} << kFirstShift);
+    const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
+    if (blocks_[b].load(std::memory_order_relaxed) == nullptr)
+      blocks_[b].store(new Entry[std::size_t{1} << (b + kFirstShift)], std::memory_order_release);
+    ++count_;
+    return {at(i), i};
+  }
+
+  std::uint64_t size() const noexcept { return count_; }
+
+ private:
+  std::atomic<Entry*> blocks_[kMaxBlocks] = {};
+  std::uint64_t count_ = 0;  // writer only
+};
+
+/// Key bytes, packed into 64 KiB blocks (a long key gets a block of its own).
+class KeyArena {
+ public:
+  std::string_view copy(std::string_view key) {
+    constexpr std::size_t kBlock = 64 * 1024;
+    if (key.size() > kBlock / 4) {
+      blocks_.push_back(std::make_unique<char[]>(key.size()));
+      std::memcpy(blocks_.back().get(), key.data(), key.size());
+      return {blocks_.back().get(), key.size()};
+    }
+    if (blocks_.empty() || left_ < key.size()) {
+      blocks_.push_back(std::make_unique<char[]>(kBlock));
+      cur_ = blocks_.back().get();
+      left_ = kBlock;
+    }
+    char* p = cur_;
+    std::memcpy(p, key.data(), key.size());
+    cur_ += key.size();
+    left_ -= key.size();
+    return {p, key.size()};
+  }
+
+ private:
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  char* cur_ = nullptr;
+  std::size_t left_ = 0;
+};
+
+/// Open addressing with linear probing over 64-bit slots: the high 32 bits are a tag from the
+/// hash, the low 32 bits the entry number + 1 (0 = empty). A probe compares tags and touches an
+/// entry only when they match.
+class Table {
+ public:
+  explicit Table(std::size_t capacity)
+      : mask_(capacity - 1), slots_(std::make_unique<std::atomic<std::uint64_t>[]>(capacity)) {}
+
+  std::size_t capacity() const noexcept { return mask_ + 1; }
+  std::atomic<std::uint64_t>& slot(std::size_t i) const noexcept { return slots_[i & mask_]; }
+  std::size_t home(std::uint64_t hash) const noexcept { return static_cast<std::size_t>(hash) & mask_; }
+
+  static std::uint64_t pack(std::uint64_t hash, std::uint64_t entry_no) noexcept {
+    return (hash & 0xffffffff00000000ull) | (entry_no + 1);
+  }
+  static std::uint32_t tag_of(std::uint64_t slot) noexcept { return static_cast<std::uint32_t>(slot >> 32); }
+  static std::uint32_t tag_of_hash(std::uint64_t hash) noexcept { return static_cast<std::uint32_t>(hash >> 32); }
+  static std::uint64_t entry_of(std::uint64_t slot) noexcept { return (slot & 0xffffffffull) - 1; }
+
+ private:
+  std::size_t mask_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
+};
+
+}  // namespace index_detail
+
+/// Entries by key and by offset. Lock-free readers, one writer at a time (see the file comment).
+class EntryIndex {
+ public:
+  /// Up to 2^32 - 1 entries (the slot format); far beyond any file max_file_bytes allows.
+  static constexpr std::uint64_t kMaxEntries = 0xffffffffull;
+
+  explicit EntryIndex(std::uint64_t seed) : seed_(seed) {}
+
+  // --- readers: any thread, no lock ---------------------------------------------------------
+
+  Entry* find_key(std::string_view key) const noexcept {
+    const std::uint64_t h = hash_key(key);
+    const index_detail::Table* t = by_key_.load(std::memory_order_acquire);
+    if (t == nullptr) return nullptr;
+    for (std::size_t i = t->home(h);; ++i) {
+      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
+      if (s == 0) return nullptr;
+      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
+      Entry* e = entries_.at(index_detail::Table::entry_of(s));
+      if (e->key == key) return e;
+    }
+  }
+
+  Entry* find_offset(std::uint64_t offset) const noexcept {
+    const std::uint64_t h = hash_offset(offset);
+    const index_detail::Table* t = by_offset_.load(std::memory_order_acquire);
+    if (t == nullptr) return nullptr;
+    for (std::size_t i = t->home(h);; ++i) {
+      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
+      if (s == 0) return nullptr;
+      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
+      Entry* e = entries_.at(index_detail::Table::entry_of(s));
+      if (e->offset == offset) return e;
+    }
+  }
+
+  /// Live keys (each key once). Safe beside a writer: sees some of its new entries or none.
+  std::uint64_t live_count() const noexcept { return live_.load(std::memory_order_acquire); }
+
+  /// Calls f(Entry&) for each live entry (the one its key maps to now).
+  template <class F>
+  void for_each_live(F&& f) const {
+    const index_detail::Table* t = by_key_.load(std::memory_order_acquire);
+    if (t == nullptr) return;
+    for (std::size_t i = 0; i < t->capacity(); ++i) {
+      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
+      if (s != 0) f(*entries_.at(index_detail::Table::entry_of(s)));
+    }
+  }
+
+  // --- writer: one thread at a time (the caller's lock) -----------------------------------
+
+  /// A new, unpublished entry with a copy of `key`; fill it, then publish(). Throws
+  /// std::bad_alloc, or std::length_error past kMaxEntries.
+  Entry* make(std::string_view key) {
+    if (entries_.size() >= kMaxEntries) throw std::length_error("too many entries");
+    const std::string_view k = keys_.copy(key);
+    auto [e, no] = entries_.add();
+    e->key = k;
+    e->number = static_cast<std::uint32_t>(no);
+    return e;
+  }
+
+  /// Publishes an entry from make(), filled in, under its key and its offset: readers find it
+  /// from now on. Returns the entry the key mapped to before (now replaced), or nullptr. Throws
+  /// std::bad_alloc, and then nothing changed.
+  Entry* publish(Entry* e) {
+    reserve(live_.load(std::memory_order_relaxed) + 1, offsets_ + 1);
+    // Offset first: a reader that finds the key must also find its offset (offset_to_addr).
+    if (put(*by_offset_.load(std::memory_order_relaxed), hash_offset(e->offset), e->number,
+            [&](const Entry& x) { return x.offset == e->offset; }) == nullptr)
+      ++offsets_;
+    Entry* old = put(*by_key_.load(std::memory_order_relaxed), hash_key(e->key), e->number,
+                     [&](const Entry& x) { return x.key == e->key; });
+    if (old == nullptr) live_.fetch_add(1, std::memory_order_release);
+    return old;
+  }
+
+  /// Room for `keys` live keys and `offsets` offsets without growing (growth copies a table).
+  void reserve(std::uint64_t keys, std::uint64_t offsets) {
+    grow(by_key_, keys, [this](const Entry& e) { return hash_key(e.key); });
+    grow(by_offset_, offsets, [](const Entry& e) { return hash_offset(e.offset); });
+  }
+
+ private:
+  std::uint64_t hash_key(std::string_view key) const noexcept;  // entry_index.cpp
+  static std::uint64_t hash_offset(std::uint64_t offset) noexcept {
+    // A 64-bit finalizer (splitmix64): offsets are multiples of the alignment, so their low bits
+    // alone would collide.
+    std::uint64_t z = offset + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+  /// Points the slot of the matching entry, or the first empty one, at entry `no`. Returns the
+  /// entry it pointed at before, or nullptr for an empty slot.
+  template <class Match>
+  Entry* put(index_detail::Table& t, std::uint64_t h, std::uint64_t no, Match&& match) {
+    for (std::size_t i = t.home(h);; ++i) {
+      auto& slot = t.slot(i);
+      const std::uint64_t s = slot.load(std::memory_order_relaxed);
+      if (s == 0) {
+        slot.store(index_detail::Table::pack(h, no), std::memory_order_release);
+        return nullptr;
+      }
+      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
+      Entry* x = entries_.at(index_detail::Table::entry_of(s));
+      if (match(*x)) {
+        slot.store(index_detail::Table::pack(h, no), std::memory_order_release);
+        return x;
+      }
+    }
+  }
+
+  template <class Hash>
+  void grow(std::atomic<index_detail::Table*>& cur, std::uint64_t need, Hash&& hash) {
+    index_detail::Table* t = cur.load(std::memory_order_relaxed);
+    // Load factor at most 1/2: short probe sequences even for unlucky hashes.
+    if (t != nullptr && need <= t->capacity() / 2) return;
+    std::size_t cap = t == nullptr ? 64 : t->capacity();
+    while (cap / 2 < need) cap *= 2;
+    auto fresh = std::make_unique<index_detail::Table>(cap);
+    if (t != nullptr) {
+      for (std::size_t i = 0; i < t->capacity(); ++i) {
+        const std::uint64_t s = t->slot(i).load(std::memory_order_relaxed);
+        if (s == 0) continue;
+        const std::uint64_t h = hash(*entries_.at(index_detail::Table::entry_of(s)));
+        std::size_t j = fresh->home(h);
+        while (fresh->slot(j).load(std::memory_order_relaxed) != 0) ++j;
+        fresh->slot(j).store(s, std::memory_order_relaxed);
+      }
+    }
+    tables_.push_back(std::move(fresh));
+    // Readers still inside the old table finish there; it stays allocated until the index dies
+    // (all old tables together are smaller than the current one).
+    cur.store(tables_.back().get(), std::memory_order_release);
+  }
+
+  std::uint64_t seed_;
+  index_detail::EntryBlocks entries_;
+  index_detail::KeyArena keys_;
+  std::vector<std::unique_ptr<index_detail::Table>> tables_;
+  std::atomic<index_detail::Table*> by_key_{nullptr};
+  std::atomic<index_detail::Table*> by_offset_{nullptr};
+  std::atomic<std::uint64_t> live_{0};
+  std::uint64_t offsets_ = 0;  // distinct offsets in by_offset_ (writer only)
+};
+
+}  // namespace weightcache
