@@ -197,6 +197,10 @@ TEST_P(Threads, FinalizeRunsConcurrentlyWithInsertsAndLookUps) {
       start.arrive_and_wait();
       if (t < kInserters) {
         for (std::size_t i = 0; i < kPerInserter; ++i) {
+          // Halfway, wait for a finalize to have run: then at least one lands between inserts
+          // however the threads are scheduled (fast inserters could otherwise finish first).
+          if (i == kPerInserter / 2)
+            while (finalizes.load(std::memory_order_acquire) == 0) std::this_thread::yield();
           const std::string& key = keys[t][i];
           if (i % 2 == 0) {
             if (auto err = pack(cache, key, expected.at(key)); !err.empty()) errors.add(err);
@@ -207,10 +211,10 @@ TEST_P(Threads, FinalizeRunsConcurrentlyWithInsertsAndLookUps) {
         inserters_done.fetch_add(1, std::memory_order_release);
       } else if (t == kInserters) {
         // Finalize over and over while reservations are outstanding and inserts land.
-        while (inserters_done.load(std::memory_order_acquire) < kInserters) {
+        do {
           if (auto r = cache.finalize(); !r) errors.add("finalize: " + r.error().message);
-          finalizes.fetch_add(1, std::memory_order_relaxed);
-        }
+          finalizes.fetch_add(1, std::memory_order_release);
+        } while (inserters_done.load(std::memory_order_acquire) < kInserters);
       } else if (t == kInserters + 1) {
         while (inserters_done.load(std::memory_order_acquire) < kInserters) {
           const Stats s = cache.stats();
