@@ -787,7 +787,9 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     raw->checksum = checksum;
     raw->in_file = !region.heap;
     raw->state.store(kGood);
-    pending_.reserve(pending_.size() + 1);  // nothing can fail once the entry is published
+    // Nothing may fail once the entry is published: make room first (geometrically; reserving
+    // one more each time would copy the whole vector on every insert).
+    if (pending_.size() == pending_.capacity()) pending_.reserve(std::max<std::size_t>(64, 2 * pending_.capacity()));
     if (Entry* old = index_.publish(raw); old != nullptr) {
       if (old->in_file) mapped_bytes_ -= old->size;
       else heap_bytes_ -= old->size;
