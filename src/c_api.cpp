@@ -53,6 +53,7 @@ void wc_options_init(wc_options* o) {
   o->file_mode = 0644;
   o->lease_timeout_ms = 120000;
   o->max_file_bytes = std::uint64_t{256} << 30;
+  o->verify_ahead = 1;
 }
 
 void wc_stats_init(wc_stats* s) {
@@ -93,6 +94,7 @@ wc_status wc_open(const wc_options* o, wc_cache** out) {
     if (has_field(o, &wc_options::lease_timeout_ms)) opt.lease_timeout = std::chrono::milliseconds(o->lease_timeout_ms);
     if (has_field(o, &wc_options::refresh_on_miss)) opt.refresh_on_miss = o->refresh_on_miss != 0;
     if (has_field(o, &wc_options::max_file_bytes) && o->max_file_bytes != 0) opt.max_file_bytes = o->max_file_bytes;
+    if (has_field(o, &wc_options::verify_ahead)) opt.verify_ahead = o->verify_ahead != 0;
     auto core = registry::open(opt);
     if (!core) return status_of(core.error());
     *out = new wc_cache{std::move(core.value())};
@@ -166,6 +168,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   full.heap_fallbacks = s.heap_fallbacks;
   full.commits = s.commits;
   full.alignment = s.alignment;
+  full.verified_ahead = s.verified_ahead;
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
 }

@@ -14,7 +14,11 @@
 namespace weightcache {
 namespace {
 
-constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2;
+// Entry::state. kVerifying: one thread (a look-up or the verify-ahead thread) is hashing it;
+// others wait for its verdict instead of hashing the same bytes again.
+constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
+// Verify ahead only when there is enough to gain from a second core.
+constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
                                                        // multiple of every page size we know
@@ -87,6 +91,7 @@ Core::Core(const Options& options, platform::Platform& pf)
 }
 
 Core::~Core() {
+  stop_verify_ahead();
   std::lock_guard<std::mutex> lock(write_mu_);
   if (has_lease_) {
     // Drop what was grown but never committed so the file ends at its footer again. Only this
@@ -142,7 +147,10 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);
       auto r = core->init_file();
-      if (r) return core;
+      if (r) {
+        core->start_verify_ahead();
+        return core;
+      }
       if (options.backing == Backing::file) return fail(r.error());
       log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
                 options.path, errc_name(r.error().code), r.error().message);
@@ -457,17 +465,86 @@ void Core::verify_all(const std::vector<Entry*>& entries) noexcept {
 }
 
 bool Core::verify_entry(Entry* e) noexcept {
-  const std::uint8_t s = e->state.load(std::memory_order_acquire);
-  if (s != kUnverified) return s == kGood;
+  std::uint8_t s = e->state.load(std::memory_order_acquire);
+  if (s == kGood) return true;
+  if (s == kBad) return false;
   if (opts_.verify == Verify::none) return true;
-  const bool ok = format::hash_bytes(addr(e->offset), e->size) == e->checksum;
-  std::uint8_t expected = kUnverified;
-  if (e->state.compare_exchange_strong(expected, ok ? kGood : kBad) && !ok) {
-    ++verify_failures_;
-    log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path,
-              e->offset, e->size);
+  for (;;) {
+    if (s == kUnverified) {
+      if (e->state.compare_exchange_weak(s, kVerifying, std::memory_order_acq_rel)) return finish_verify(e);
+      continue;  // s now holds what another thread put there
+    }
+    if (s == kVerifying) {
+      // Being hashed by another thread of this process: wait for its verdict. After a fork the
+      // verify-ahead thread is gone in the child, and its claims with it: hash it ourselves.
+      if (verifier_pid_.load(std::memory_order_relaxed) != 0 &&
+          verifier_pid_.load(std::memory_order_relaxed) != pf_.process_id())
+        return format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+      e->state.wait(kVerifying, std::memory_order_acquire);
+      s = e->state.load(std::memory_order_acquire);
+      continue;
+    }
+    return s == kGood;
   }
-  return e->state.load(std::memory_order_acquire) == kGood;
+}
+
+bool Core::finish_verify(Entry* e) noexcept {
+  const bool ok = format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  e->state.store(ok ? kGood : kBad, std::memory_order_release);
+  e->state.notify_all();
+  if (!ok) {
+    ++verify_failures_;
+    log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,
+              e->size);
+  }
+  return ok;
+}
+
+void Core::start_verify_ahead() noexcept {
+  if (opts_.verify != Verify::first_use || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
+  try {
+    std::vector<Entry*> todo;
+    std::uint64_t bytes = 0;
+    index_.for_each_live([&](Entry& e) {
+      if (!e.in_file || e.state.load(std::memory_order_relaxed) != kUnverified) return;
+      todo.push_back(&e);
+      bytes += e.size;
+    });
+    if (bytes < kVerifyAheadMinBytes) return;
+    // From the end of the file backwards: a host usually looks its weights up in the order it
+    // packed them, so the two threads start at opposite ends and meet, instead of queueing.
+    std::sort(todo.begin(), todo.end(), [](const Entry* a, const Entry* b) { return a->offset > b->offset; });
+    verifier_pid_.store(pf_.process_id(), std::memory_order_relaxed);
+    verifier_ = std::thread([this, todo = std::move(todo)] {
+      for (Entry* e : todo) {
+        if (stop_verify_.load(std::memory_order_relaxed)) return;
+        std::uint8_t expected = kUnverified;
+        if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
+          finish_verify(e);
+          verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    });
+    log::debug("'{}': verifying {} entries ({} bytes) ahead of their first look-up", opts_.path, bytes, bytes);
+  } catch (...) {
+    // No thread (or no memory for the list): look-ups verify on first use, as without it.
+  }
+}
+
+void Core::stop_verify_ahead() noexcept {
+  if (!verifier_.joinable()) return;
+  stop_verify_.store(true, std::memory_order_relaxed);
+  if (verifier_pid_.load(std::memory_order_relaxed) == pf_.process_id()) {
+    verifier_.join();
+    return;
+  }
+  // A forked child: the thread does not exist here, so it can be neither joined nor detached
+  // (both act on a thread this process never had). Its handle is left behind, a few bytes.
+  try {
+    new std::thread(std::move(verifier_));
+  } catch (...) {
+    verifier_.detach();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,6 +620,7 @@ Stats Core::stats() const noexcept {
   s.heap_fallbacks = heap_fallbacks_.load();
   s.commits = commits_.load();
   s.alignment = align_;
+  s.verified_ahead = verified_ahead_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -763,7 +841,9 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     }
     if (Entry* old = find_entry(key); old != nullptr && old->size == size && old->checksum == checksum &&
                                       old->state.load() != kBad && std::memcmp(addr(old->offset), ptr, size) == 0) {
-      old->state.store(kGood, std::memory_order_release);  // matches fresh packer output
+      // Its bytes match fresh packer output. A thread hashing it right now reaches the same verdict.
+      if (std::uint8_t unverified = kUnverified; old->state.compare_exchange_strong(unverified, kGood))
+        old->state.notify_all();
       if (res) release_reservation_locked(res->first, res->second);
       hits_.add();
       return static_cast<std::size_t>(old->offset);

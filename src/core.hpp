@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace weightcache {
@@ -113,6 +114,11 @@ class Core {
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
+  bool finish_verify(Entry* e) noexcept;  // hashes an entry this thread claimed (kVerifying)
+  /// With verify first_use and a large cache, a thread checksums entries before their first
+  /// look-up asks for them (docs/DESIGN.md, "Verification").
+  void start_verify_ahead() noexcept;
+  void stop_verify_ahead() noexcept;
   void verify_all(const std::vector<Entry*>& entries) noexcept;
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
@@ -165,6 +171,10 @@ class Core {
   std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
   StripedCounter hits_, misses_;
+  std::thread verifier_;
+  std::atomic<bool> stop_verify_{false};
+  std::atomic<int> verifier_pid_{0};
+  std::atomic<std::uint64_t> verified_ahead_{0};
   std::atomic<std::uint64_t> verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};

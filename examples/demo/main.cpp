@@ -45,6 +45,7 @@ struct Args {
   std::size_t layers = 0;  // 0: from --size-mib or the default
   std::size_t dim = 1024;
   std::size_t size_mib = 0;
+  bool verify_ahead = true;
   // Internal: run 2, started by run 1.
   bool warm_run = false;
   int report_fd = -1;
@@ -53,6 +54,7 @@ struct Args {
 
 const char kUsage[] =
     "usage: weightcache-demo [--fresh] [--path FILE] [--size-mib N | --layers N] [--dim N]\n"
+    "                        [--no-verify-ahead]\n"
     "\n"
     "Packs a synthetic transformer's f32 weights into GEMM panels through a weightcache file\n"
     "(run 1), then re-executes itself to load them from the file in a new process (run 2), and\n"
@@ -64,6 +66,8 @@ const char kUsage[] =
     "  --size-mib N    model size in MiB of f32 weights, rounded to whole layers (default 576)\n"
     "  --layers N      number of layers (each 12*dim^2 floats; default 12)\n"
     "  --dim N         model width (default 1024)\n"
+    "  --no-verify-ahead  run 2 checksums each weight only in its own look-up, on one core\n"
+    "                  (default: a second thread verifies from the other end of the file)\n"
     "  --help          this text\n"
     "\n"
     "Exit status: 0 when run 2 served every weight byte-exact, 1 when it found wrong or missing\n"
@@ -109,6 +113,8 @@ bool parse_args(int argc, char** argv, Args* a, std::string* err) {
       a->help = true;
     } else if (arg == "--fresh") {
       a->fresh = true;
+    } else if (arg == "--no-verify-ahead") {
+      a->verify_ahead = false;
     } else if (arg == "--path") {
       if (!need("--path")) return false;
       a->path = value;
@@ -247,12 +253,13 @@ const char* backing_name(wc::Backing b) {
   }
 }
 
-wc::Options cache_options(const std::string& path, const demo::ModelConfig& cfg) {
+wc::Options cache_options(const std::string& path, const demo::ModelConfig& cfg, bool verify_ahead = true) {
   wc::Options o;
   o.path = path;
   o.compat_key = demo::compat_key(cfg);
   o.alignment = 64;  // what the microkernels' aligned loads need
   o.verify = wc::Verify::first_use;
+  o.verify_ahead = verify_ahead;
   return o;
 }
 
@@ -282,7 +289,7 @@ int warm_run(const Args& a) {
   put("pid", ::getpid());
 
   const auto t_open = Clock::now();
-  auto cache = wc::WeightCache::open(cache_options(a.path, cfg));
+  auto cache = wc::WeightCache::open(cache_options(a.path, cfg, a.verify_ahead));
   const double open_s = seconds_since(t_open);
   if (!cache) {
     put("error", std::string("open failed: ") + cache.error().message);
@@ -391,6 +398,7 @@ int spawn_warm_run(const std::string& exe, const Args& a, std::optional<std::uin
   const demo::ModelConfig cfg = model_config(a);
   args.insert(args.end(), {"--layers", std::to_string(cfg.layers)});
   if (fingerprint) args.insert(args.end(), {"--expect-fingerprint", strf("%016" PRIx64, *fingerprint)});
+  if (!a.verify_ahead) args.push_back("--no-verify-ahead");
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -617,8 +625,9 @@ int cold_run(const Args& args_in, const char* argv0) {
   const bool sample_ok = u64("sample_bad") == 0;
   std::printf("  %srun 2%s  pid %s, a new process (this binary re-executed)\n", st.bold, st.reset, r2["pid"].c_str());
   std::printf("         open                      %10s\n", time_str(num("open_s")).c_str());
-  std::printf("         look up %3zu keys          %10s   %zu hits, every entry's checksum verified on first use\n",
-              mats.size(), time_str(num("lookup_s")).c_str(), found);
+  std::printf("         look up %3zu keys          %10s   %zu hits, every entry's checksum verified on first use%s\n",
+              mats.size(), time_str(num("lookup_s")).c_str(), found,
+              a.verify_ahead ? " (2 threads)" : "");
   std::printf("         read every byte again     %10s   %sfingerprint %s%s %s\n", time_str(num("touch_s")).c_str(),
               st.dim, r2["fingerprint"].c_str(), st.reset,
               fp_ok ? (std::string(st.green) + "= run 1" + st.reset).c_str()

@@ -111,6 +111,11 @@ struct Options {
   bool refresh_on_miss = false;
   /// Address space reserved for the file mapping (the file can never grow past it).
   std::uint64_t max_file_bytes = std::uint64_t{256} << 30;
+  /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
+  /// CPUs, one background thread checksums entries (from the end of the file) before their
+  /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the
+  /// thread stops at close. The first opener of a shared cache decides.
+  bool verify_ahead = true;
 };
 
 struct Stats {
@@ -127,6 +132,8 @@ struct Stats {
   std::uint64_t heap_fallbacks = 0;
   std::uint64_t commits = 0;
   std::uint64_t alignment = 0;
+  /// Entries the verify-ahead thread checksummed before a look-up asked for them.
+  std::uint64_t verified_ahead = 0;
 };
 
 class Core;

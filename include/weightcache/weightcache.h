@@ -121,6 +121,9 @@ typedef struct wc_options {
   int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
                                  committed since the last refresh (cheap when none) */
   uint64_t max_file_bytes;    /* address space reserved for the file; default 256 GiB */
+  int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
+                                 more, a background thread checksums entries before their first
+                                 look-up (two cores for a warm load); 0 = look-ups only */
 } wc_options;
 
 typedef struct wc_stats {
@@ -138,6 +141,8 @@ typedef struct wc_stats {
   uint64_t heap_fallbacks;   /* reservations that had to be served from the heap */
   uint64_t commits;          /* finalizes that wrote the file */
   uint64_t alignment;        /* start-address alignment of every region of this cache */
+  uint64_t verified_ahead;   /* entries checksummed by the verify-ahead thread (see
+                                wc_options.verify_ahead) before a look-up asked for them */
 } wc_stats;
 
 typedef enum wc_log_level {
