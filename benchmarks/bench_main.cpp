@@ -268,10 +268,14 @@ void print_summary(std::FILE* out) {
   }
   slowdown_line(&lines, "warm open + look-ups + read all (first_use) vs mmap+read", "warm/lookup_read_first_use",
                 "warm/mmap_read_floor", 2.0, false);
+  slowdown_line(&lines, "  same without verify-ahead (checksums on one core)", "warm/lookup_read_first_use_one_thread",
+                "warm/mmap_read_floor", 0, true);
   slowdown_line(&lines, "  same with Verify::none vs mmap+read", "warm/lookup_read_none", "warm/mmap_read_floor", 0,
                 true);
   ratio_line(&lines, "demo model 576 MiB: warm load vs pack to heap", "model/load_warm", "model/pack_heap", 0, 20,
              false);
+  ratio_line(&lines, "  same without verify-ahead (checksums on one core)", "model/load_warm_one_thread",
+             "model/pack_heap", 0, 0, true);
   ratio_line(&lines, "  lazy warm load (Verify::none, nothing read) vs pack to heap", "model/load_warm_lazy",
              "model/pack_heap", 0, 0, true);
   ratio_line(&lines, "  warm load + read every byte again vs pack to heap", "model/load_warm_read", "model/pack_heap",

@@ -129,7 +129,7 @@ void BM_model_pack_cache(benchmark::State& state) {
 
 // The warm run: open, look up every matrix (with Verify::first_use each checksum is verified,
 // which reads every byte and maps every page), optionally read everything once more.
-void model_load(benchmark::State& state, Verify verify, bool read, const std::string& name) {
+void model_load(benchmark::State& state, Verify verify, bool read, const std::string& name, bool ahead = true) {
   const Model& m = model();
   if (!m.error.empty()) {
     state.SkipWithError(m.error.c_str());
@@ -137,6 +137,7 @@ void model_load(benchmark::State& state, Verify verify, bool read, const std::st
   }
   Options o = bench_options(m.warm_path, demo::compat_key(m.cfg));
   o.verify = verify;
+  o.verify_ahead = ahead;
   std::uint64_t sink = 0;
   for (auto _ : state) {
     const Stopwatch sw;
@@ -164,6 +165,10 @@ void model_load(benchmark::State& state, Verify verify, bool read, const std::st
 }
 
 void BM_model_load_warm(benchmark::State& state) { model_load(state, Verify::first_use, false, "model/load_warm"); }
+// The same with every checksum computed inside the look-ups, on one core.
+void BM_model_load_warm_one_thread(benchmark::State& state) {
+  model_load(state, Verify::first_use, false, "model/load_warm_one_thread", false);
+}
 void BM_model_load_warm_read(benchmark::State& state) {
   model_load(state, Verify::first_use, true, "model/load_warm_read");
 }
@@ -390,6 +395,11 @@ BENCHMARK(BM_model_load_warm)
     ->Name("model/load_warm_576MiB")
     ->UseManualTime()
     ->Iterations(8)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_model_load_warm_one_thread)
+    ->Name("model/load_warm_no_verify_ahead_576MiB")
+    ->UseManualTime()
+    ->Iterations(10)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_model_load_warm_lazy)
     ->Name("model/load_warm_lazy_verify_none_576MiB")

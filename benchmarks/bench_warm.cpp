@@ -20,14 +20,15 @@ namespace {
 
 constexpr std::size_t kEntries = kWarmEntries;
 
-Options warm_options(Verify verify) {
+Options warm_options(Verify verify, bool ahead) {
   Options o = bench_options(warm_file().path, warm_file().compat);
   o.verify = verify;
+  o.verify_ahead = ahead;
   return o;
 }
 
 // open + look_up of every key; with `read`, also every byte of every entry.
-void warm_open(benchmark::State& state, Verify verify, bool read, const std::string& name) {
+void warm_open(benchmark::State& state, Verify verify, bool read, const std::string& name, bool ahead = true) {
   const WarmFile& f = warm_file();
   if (!f.error.empty()) {
     state.SkipWithError(f.error.c_str());
@@ -37,7 +38,7 @@ void warm_open(benchmark::State& state, Verify verify, bool read, const std::str
   double close_s = 0;
   for (auto _ : state) {
     const Stopwatch sw;
-    auto cache = WeightCache::open(warm_options(verify));
+    auto cache = WeightCache::open(warm_options(verify, ahead));
     if (!cache) {
       state.SkipWithError(cache.error().message.c_str());
       break;
@@ -70,6 +71,9 @@ void BM_warm_lookup_first_use(benchmark::State& state) {
 }
 void BM_warm_lookup_read_first_use(benchmark::State& state) {
   warm_open(state, Verify::first_use, true, "warm/lookup_read_first_use");
+}
+void BM_warm_lookup_read_first_use_one_thread(benchmark::State& state) {
+  warm_open(state, Verify::first_use, true, "warm/lookup_read_first_use_one_thread", false);
 }
 void BM_warm_lookup_read_verify_none(benchmark::State& state) {
   warm_open(state, Verify::none, true, "warm/lookup_read_none");
@@ -178,6 +182,11 @@ BENCHMARK(BM_warm_mmap_read_floor)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_warm_lookup_read_first_use)
     ->Name("warm/open_lookup_read_10k_first_use")
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_warm_lookup_read_first_use_one_thread)
+    ->Name("warm/open_lookup_read_10k_first_use_no_verify_ahead")
     ->UseManualTime()
     ->Iterations(10)
     ->Unit(benchmark::kMillisecond);
