@@ -30,7 +30,11 @@
  *   any process reading those pages; weightcache itself never truncates below committed data and
  *   replaces files only by writing a new file and renaming it into place.
  * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
- *   wc_cache across fork(); open a new one in the child.
+ *   wc_cache across fork(); open a new one in the child. (Looking entries up and closing in a
+ *   child does work: the verify-ahead thread is not there, and the child checks entries itself.)
+ * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
+ *   wc_close stops and joins; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
+ *   worker threads that end before they return. No other library code runs on its own threads.
  * - Pointers returned by wc_reserve_space / wc_offset_to_addr stay valid, and never move, until
  *   the last wc_close of that cache in this process.
  * - Entries are durable only after wc_finalize returns WC_OK (with WC_DURABILITY_FULL: durable
@@ -178,7 +182,8 @@ WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
 WC_API void wc_close(wc_cache* cache);
 
 /** Returns the offset of the entry stored under the key, or WC_NOT_FOUND. An entry whose checksum
- * fails is a miss (logged). Thread-safe; takes no exclusive lock. */
+ * fails is a miss (logged). Thread-safe and lock-free; the first look-up of an entry may wait
+ * while another thread finishes checksumming that same entry. */
 WC_API size_t wc_look_up(wc_cache* cache, const void* key, size_t key_size);
 
 /**
