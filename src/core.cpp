@@ -19,6 +19,8 @@ namespace {
 constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
 // Verify ahead only when there is enough to gain from a second core.
 constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
+// Entries this big have their pages mapped in one call before they are hashed.
+constexpr std::uint64_t kPopulateMinBytes = 256ull << 10;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
                                                        // multiple of every page size we know
@@ -489,13 +491,22 @@ bool Core::verify_entry(Entry* e) noexcept {
 }
 
 bool Core::finish_verify(Entry* e) noexcept {
-  const bool ok = format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  // Map the entry's pages in one call before hashing (one fault per 64 KiB otherwise; 2-3x
+  // slower for a warm file in large folios). It also asks the OS, without touching them, whether
+  // the pages can be read at all: a file cut short under the mapping would SIGBUS the hash.
+  const bool readable = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
+  const bool ok = readable && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   e->state.notify_all();
   if (!ok) {
     ++verify_failures_;
-    log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,
-              e->size);
+    if (!readable)
+      log::warn("'{}': entry at offset {} ({} bytes) lies past the end of the file (was it truncated by another "
+                "program?); serving a miss. Delete the file to rebuild it.",
+                opts_.path, e->offset, e->size);
+    else
+      log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,
+                e->size);
   }
   return ok;
 }

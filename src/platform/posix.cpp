@@ -256,6 +256,24 @@ class PosixPlatform final : public Platform {
     (void)::madvise(reinterpret_cast<void*>(start), len + (a - start), MADV_WILLNEED);
   }
 
+  bool populate_read(void* addr, std::size_t len) noexcept override {
+#ifdef __linux__
+    constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ, Linux 5.14; older kernels: EINVAL
+    const std::size_t page = map_granularity();
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
+    for (;;) {
+      if (::madvise(reinterpret_cast<void*>(start), len + (a - start), kPopulateRead) == 0) return true;
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return errno != EFAULT && errno != EHWPOISON;
+    }
+#else
+    (void)addr;
+    (void)len;
+    return true;
+#endif
+  }
+
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
