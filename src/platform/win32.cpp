@@ -386,7 +386,13 @@ class Win32Platform final : public Platform {
     HANDLE h = ::CreateFileW(w.c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                              disposition, flags, nullptr);
     if (h == INVALID_HANDLE_VALUE) {
-      const DWORD err = ::GetLastError();
+      DWORD err = ::GetLastError();
+      // Windows answers "access denied" for a directory at the path, which the core reads as a
+      // read-only place (and maps the cache read-only); POSIX says EISDIR. Say what it is.
+      if (err == ERROR_ACCESS_DENIED) {
+        const DWORD attrs = ::GetFileAttributesW(w.c_str());
+        if (attrs != INVALID_FILE_ATTRIBUTES && (attrs & FILE_ATTRIBUTE_DIRECTORY) != 0) err = ERROR_DIRECTORY;
+      }
       const bool missing = err == ERROR_FILE_NOT_FOUND || err == ERROR_PATH_NOT_FOUND;
       return win_error(err, "cannot open", path, missing ? "Create the directory first, or pick another path." : nullptr);
     }
