@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs the build tree into a fresh prefix with `cmake --install --prefix`, then builds the
+# consumers the way users do: with pkg-config (C, shared), with pkg-config and the static library
+# (C++), and with find_package(weightcache CONFIG) (both targets); each runs twice on one cache
+# file (a miss that packs, then a hit with the same bytes). Finally the prefix is moved, and the
+# pkg-config build still works (the .pc file finds its prefix from where it lies).
+#   install_test.sh BUILD_DIR SOURCE_DIR C_COMPILER CXX_COMPILER
+set -euo pipefail
+build=$1 src=$2 cc=$3 cxx=$4
+work=$(mktemp -d "${TMPDIR:-/tmp}/wc-install-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+prefix=$work/prefix
+
+fail() { echo "install_test: $*" >&2; exit 1; }
+run_twice() {  # name, binary
+  local out
+  out=$("$2" "$work/$1.wcache") || fail "$1: first run failed: $out"
+  [[ $out == "miss same-bytes" ]] || fail "$1: first run printed '$out', wanted 'miss same-bytes'"
+  out=$("$2" "$work/$1.wcache") || fail "$1: second run failed: $out"
+  [[ $out == "hit same-bytes" ]] || fail "$1: second run printed '$out', wanted 'hit same-bytes'"
+  echo "install_test: $1 ok"
+}
+
+cmake --install "$build" --prefix "$prefix" >/dev/null
+[[ -f $prefix/include/weightcache/weightcache.h ]] || fail "no installed weightcache.h"
+pcdir=$(dirname "$(find "$prefix" -name weightcache.pc | head -1)")
+[[ -d $pcdir ]] || fail "no installed weightcache.pc"
+libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
+
+# 1. pkg-config, C, shared library.
+# shellcheck disable=SC2046
+"$cc" -std=c11 -Wall -Werror "$src/tests/install/consumer.c" -o "$work/c_shared" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs weightcache) -Wl,-rpath,"$libdir"
+run_twice c_shared "$work/c_shared"
+
+# 2. pkg-config, C++, static library.
+# shellcheck disable=SC2046
+"$cxx" -std=c++20 -Wall -Werror "$src/tests/install/consumer.cpp" -o "$work/cxx_static" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags weightcache) "$libdir/libweightcache.a" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --libs-only-other --static weightcache | sed 's/-lweightcache//') -pthread
+run_twice cxx_static "$work/cxx_static"
+
+# 3. find_package, both targets.
+mkdir -p "$work/consumer"
+cat >"$work/consumer/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(consumer C CXX)
+find_package(weightcache 0.1 CONFIG REQUIRED)
+add_executable(c_cmake $src/tests/install/consumer.c)
+target_link_libraries(c_cmake PRIVATE weightcache::weightcache)
+add_executable(cxx_cmake_static $src/tests/install/consumer.cpp)
+target_compile_features(cxx_cmake_static PRIVATE cxx_std_20)
+target_link_libraries(cxx_cmake_static PRIVATE weightcache::weightcache_static)
+CMAKE
+cmake -S "$work/consumer" -B "$work/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
+cmake --build "$work/consumer/build" >/dev/null
+run_twice c_cmake "$work/consumer/build/c_cmake"
+run_twice cxx_cmake_static "$work/consumer/build/cxx_cmake_static"
+
+# 4. The installed tree, moved elsewhere.
+mv "$prefix" "$work/moved"
+pcdir=${pcdir/#$prefix/$work/moved}
+libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
+# shellcheck disable=SC2046
+"$cc" -std=c11 "$src/tests/install/consumer.c" -o "$work/c_moved" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs weightcache) -Wl,-rpath,"$libdir"
+run_twice c_moved "$work/c_moved"
+echo "install_test: all consumers built and ran"
