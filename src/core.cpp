@@ -105,10 +105,17 @@ Core::~Core() {
     release_lease_locked();
   }
   pf_.release_address_space(base_, va_size_);
-  // Where the OS refuses to shrink a mapped file (Windows), the trim above failed: now that
-  // nothing of ours is mapped, cut the uncommitted tail if no other writer is at work.
-  if (file_backed_ && !opts_.read_only && fd_ != platform::kInvalidHandle && lock_fd_ != platform::kInvalidHandle &&
-      file_size_ > committed_.committed_size) {
+  // Where the OS refuses to shrink a mapped file (Windows), the trim above failed, and where
+  // mapping itself extends a file (Windows' legacy mapping mode rounds it up to 64 KiB) the file
+  // grew without our knowing: now that nothing of ours is mapped, cut the uncommitted tail if no
+  // other writer is at work. The real size decides, not the size we last set.
+  const auto grown = [&] {
+    if (!file_backed_ || opts_.read_only || fd_ == platform::kInvalidHandle || lock_fd_ == platform::kInvalidHandle)
+      return false;
+    auto info = pf_.stat_file(fd_);
+    return info && info->size > committed_.committed_size;
+  };
+  if (grown()) {
     if (auto got = pf_.try_lock(lock_fd_); got && got.value()) {
       if (auto info = pf_.stat_file(fd_); info) {
         std::vector<format::IndexRecord> records;
@@ -482,7 +489,10 @@ bool Core::verify_entry(Entry* e) noexcept {
       if (verifier_pid_.load(std::memory_order_relaxed) != 0 &&
           verifier_pid_.load(std::memory_order_relaxed) != pf_.process_id())
         return format::hash_bytes(addr(e->offset), e->size) == e->checksum;
-      e->state.wait(kVerifying, std::memory_order_acquire);
+      // A condition variable, not std::atomic::wait: libstdc++ 12's portable fallback (used on
+      // Windows) can lose a wake-up, and this must never hang a look-up.
+      std::unique_lock<std::mutex> lk(verify_mu_);
+      verify_cv_.wait(lk, [&] { return e->state.load(std::memory_order_acquire) != kVerifying; });
       s = e->state.load(std::memory_order_acquire);
       continue;
     }
@@ -497,7 +507,7 @@ bool Core::finish_verify(Entry* e) noexcept {
   const bool readable = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
   const bool ok = readable && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
-  e->state.notify_all();
+  wake_verify_waiters();
   if (!ok) {
     ++verify_failures_;
     if (!readable)
@@ -509,6 +519,12 @@ bool Core::finish_verify(Entry* e) noexcept {
                 e->size);
   }
   return ok;
+}
+
+void Core::wake_verify_waiters() noexcept {
+  // Taking the mutex orders the state store before any waiter's predicate check: no lost wake-up.
+  { std::lock_guard<std::mutex> lk(verify_mu_); }
+  verify_cv_.notify_all();
 }
 
 void Core::start_verify_ahead() noexcept {
@@ -854,7 +870,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
                                       old->state.load() != kBad && std::memcmp(addr(old->offset), ptr, size) == 0) {
       // Its bytes match fresh packer output. A thread hashing it right now reaches the same verdict.
       if (std::uint8_t unverified = kUnverified; old->state.compare_exchange_strong(unverified, kGood))
-        old->state.notify_all();
+        wake_verify_waiters();
       if (res) release_reservation_locked(res->first, res->second);
       hits_.add();
       return static_cast<std::size_t>(old->offset);

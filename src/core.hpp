@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <optional>
@@ -118,6 +119,7 @@ class Core {
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead() noexcept;
+  void wake_verify_waiters() noexcept;  // after an entry leaves kVerifying
   void stop_verify_ahead() noexcept;
   void verify_all(const std::vector<Entry*>& entries) noexcept;
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
@@ -175,6 +177,8 @@ class Core {
   std::atomic<bool> stop_verify_{false};
   std::atomic<int> verifier_pid_{0};
   std::atomic<std::uint64_t> verified_ahead_{0};
+  std::mutex verify_mu_;  // with verify_cv_: look-ups waiting for another thread's verdict
+  std::condition_variable verify_cv_;
   std::atomic<std::uint64_t> verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};
