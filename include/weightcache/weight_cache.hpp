@@ -112,7 +112,7 @@ struct Options {
   /// Address space reserved for the file mapping (the file can never grow past it).
   std::uint64_t max_file_bytes = std::uint64_t{256} << 30;
   /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
-  /// CPUs, one background thread checksums entries (from the end of the file) before their
+  /// CPUs, one background thread checksums entries (from the middle of the file on) before their
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the
   /// thread stops at close. The first opener of a shared cache decides.
   bool verify_ahead = true;
