@@ -137,8 +137,11 @@ TEST(VerifyAhead, CloseRightAfterOpenStopsTheThread) {
 TEST(Verification, AFileCutShortUnderTheMappingGivesMissesNotSigbus) {
   // Another program truncates the file while we have it mapped (we never do: docs/DESIGN.md).
   // Touching the lost pages would raise SIGBUS in the host; verification asks the kernel first
-  // (MADV_POPULATE_READ fails with EFAULT there) and serves misses. With or without the thread.
-  for (bool ahead : {false, true}) {
+  // (MADV_POPULATE_READ fails with EFAULT there) and serves misses. Without the verify-ahead
+  // thread, so that every check comes after the cut: a cut that lands between the check and the
+  // hash of an entry still faults (docs/DESIGN.md, "Known limits").
+  {
+    const bool ahead = false;
     TempDir dir;
     const std::string path = dir.file("cache.wcache");
     const auto offsets = write_big(path);
