@@ -132,29 +132,11 @@ class EntryIndex {
   // --- readers: any thread, no lock ---------------------------------------------------------
 
   Entry* find_key(std::string_view key) const noexcept {
-    const std::uint64_t h = hash_key(key);
-    const index_detail::Table* t = by_key_.load(std::memory_order_acquire);
-    if (t == nullptr) return nullptr;
-    for (std::size_t i = t->home(h);; ++i) {
-      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
-      if (s == 0) return nullptr;
-      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
-      Entry* e = entries_.at(index_detail::Table::entry_of(s));
-      if (e->key == key) return e;
-    }
+    return find(by_key_, hash_key(key), [&](const Entry& e) { return e.key == key; });
   }
 
   Entry* find_offset(std::uint64_t offset) const noexcept {
-    const std::uint64_t h = hash_offset(offset);
-    const index_detail::Table* t = by_offset_.load(std::memory_order_acquire);
-    if (t == nullptr) return nullptr;
-    for (std::size_t i = t->home(h);; ++i) {
-      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
-      if (s == 0) return nullptr;
-      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
-      Entry* e = entries_.at(index_detail::Table::entry_of(s));
-      if (e->offset == offset) return e;
-    }
+    return find(by_offset_, hash_offset(offset), [&](const Entry& e) { return e.offset == offset; });
   }
 
   /// Live keys (each key once). Safe beside a writer: sees some of its new entries or none.
@@ -214,6 +196,20 @@ class EntryIndex {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+  }
+
+  /// The entry in `table` with hash `h` that `match` accepts, or nullptr. Lock-free.
+  template <class Match>
+  Entry* find(const std::atomic<index_detail::Table*>& table, std::uint64_t h, Match&& match) const noexcept {
+    const index_detail::Table* t = table.load(std::memory_order_acquire);
+    if (t == nullptr) return nullptr;
+    for (std::size_t i = t->home(h);; ++i) {
+      const std::uint64_t s = t->slot(i).load(std::memory_order_acquire);
+      if (s == 0) return nullptr;
+      if (index_detail::Table::tag_of(s) != index_detail::Table::tag_of_hash(h)) continue;
+      Entry* e = entries_.at(index_detail::Table::entry_of(s));
+      if (match(*e)) return e;
+    }
   }
 
   /// Points the slot of the matching entry, or the first empty one, at entry `no`. Returns the
