@@ -486,9 +486,8 @@ bool Core::verify_entry(Entry* e) noexcept {
     if (s == kVerifying) {
       // Being hashed by another thread of this process: wait for its verdict. After a fork the
       // verify-ahead thread is gone in the child, and its claims with it: hash it ourselves.
-      if (verifier_pid_.load(std::memory_order_relaxed) != 0 &&
-          verifier_pid_.load(std::memory_order_relaxed) != pf_.process_id())
-        return format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+      if (const int pid = verifier_pid_.load(std::memory_order_relaxed); pid != 0 && pid != pf_.process_id())
+        return bytes_match(e, nullptr);
       // A condition variable, not std::atomic::wait: libstdc++ 12's portable fallback (used on
       // Windows) can lose a wake-up, and this must never hang a look-up.
       std::unique_lock<std::mutex> lk(verify_mu_);
@@ -500,12 +499,18 @@ bool Core::verify_entry(Entry* e) noexcept {
   }
 }
 
-bool Core::finish_verify(Entry* e) noexcept {
+bool Core::bytes_match(const Entry* e, bool* readable) const noexcept {
   // Map the entry's pages in one call before hashing (one fault per 64 KiB otherwise; 2-3x
   // slower for a warm file in large folios). It also asks the OS, without touching them, whether
   // the pages can be read at all: a file cut short under the mapping would SIGBUS the hash.
-  const bool readable = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
-  const bool ok = readable && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  const bool can_read = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
+  if (readable != nullptr) *readable = can_read;
+  return can_read && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+}
+
+bool Core::finish_verify(Entry* e) noexcept {
+  bool readable = true;
+  const bool ok = bytes_match(e, &readable);
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();
   if (!ok) {
@@ -547,6 +552,7 @@ void Core::start_verify_ahead() noexcept {
     auto mid = todo.begin();
     while (mid != todo.end() && half < bytes / 2) half += (*mid++)->size;
     std::rotate(todo.begin(), mid, todo.end());
+    const std::size_t count = todo.size();
     verifier_pid_.store(pf_.process_id(), std::memory_order_relaxed);
     verifier_ = std::thread([this, todo = std::move(todo)] {
       for (Entry* e : todo) {
@@ -558,7 +564,7 @@ void Core::start_verify_ahead() noexcept {
         }
       }
     });
-    log::debug("'{}': verifying {} entries ({} bytes) ahead of their first look-up", opts_.path, bytes, bytes);
+    log::debug("'{}': verifying {} entries ({} bytes) ahead of their first look-up", opts_.path, count, bytes);
   } catch (...) {
     // No thread (or no memory for the list): look-ups verify on first use, as without it.
   }

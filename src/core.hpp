@@ -116,6 +116,8 @@ class Core {
 
   bool verify_entry(Entry* e) noexcept;
   bool finish_verify(Entry* e) noexcept;  // hashes an entry this thread claimed (kVerifying)
+  /// Whether the entry's bytes are readable (*readable, when given) and hash to its checksum.
+  bool bytes_match(const Entry* e, bool* readable) const noexcept;
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead() noexcept;
