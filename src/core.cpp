@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <new>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -17,6 +19,8 @@ namespace {
 // Entry::state. kVerifying: one thread (a look-up or the verify-ahead thread) is hashing it;
 // others wait for its verdict instead of hashing the same bytes again.
 constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
+constexpr std::uint64_t kStreamCheckIndexBytes = 16u << 20;  // above this, checksum before allocating
+constexpr std::size_t kStreamCheckChunk = 1u << 20;
 // Verify ahead only when there is enough to gain from a second core.
 constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 // Entries this big have their pages mapped in one call before they are hashed.
@@ -98,8 +102,9 @@ Core::~Core() {
   if (has_lease_) {
     // Drop what was grown but never committed so the file ends at its footer again. Only this
     // process (holding the lease) may have touched bytes past the committed size.
-    if (file_size_ > committed_.committed_size && committed_.committed_size >= format::kHeaderSize) {
-      if (auto r = pf_.truncate(fd_, committed_.committed_size); !r)
+    const std::uint64_t keep = std::max(committed_.committed_size, written_size_);
+    if (file_size_ > keep && committed_.committed_size >= format::kHeaderSize) {
+      if (auto r = pf_.truncate(fd_, keep); !r)
         log::debug("could not trim uncommitted tail of '{}': {}", opts_.path, r.error().message);
     }
     release_lease_locked();
@@ -149,6 +154,9 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
                        std::to_string(options.size_alignment) + ")"});
     if (options.max_file_bytes < (1u << 20))
       return fail({Errc::invalid_argument, 0, "max_file_bytes must be at least 1 MiB"});
+    if ((options.file_mode & ~0777u) != 0)
+      return fail({Errc::invalid_argument, 0,
+                   "file_mode may hold permission bits only (0777 at most; no setuid, setgid or sticky bit)"});
 
     if (options.path.empty() && options.backing == Backing::file)
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
@@ -366,6 +374,16 @@ Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
       detail = "commit slot names " + std::to_string(s.committed_size) + " bytes, more than max_file_bytes";
       continue;
     }
+    // A large index is checked against the slot's checksum in small pieces before anything is
+    // allocated for it: a hostile sparse file then costs a bounded read, not its size in memory.
+    if (s.index_size > kStreamCheckIndexBytes) {
+      auto same = index_matches_slot(s);
+      if (!same) return same.error();
+      if (!same.value()) {
+        detail = "index: bad_checksum";
+        continue;
+      }
+    }
     std::vector<std::byte> t;
     try {
       t.resize(s.index_size + format::kFooterSize);
@@ -383,6 +401,19 @@ Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
     detail = std::string("index: ") + format::to_string(p) + (why.empty() ? "" : " (" + why + ")");
   }
   return Error{Errc::corrupt, 0, detail};
+}
+
+Result<bool> Core::index_matches_slot(const format::CommitSlot& s) const noexcept {
+  format::StreamHash h;
+  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kStreamCheckChunk]);
+  if (!h.ok() || buf == nullptr) return Error{Errc::no_memory, 0, "out of memory while checking the index"};
+  for (std::uint64_t done = 0; done < s.index_size;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kStreamCheckChunk, s.index_size - done));
+    if (auto r = pf_.read_at(fd_, buf.get(), n, s.index_offset + done); !r) return r.error();
+    h.update(buf.get(), n);
+    done += n;
+  }
+  return h.digest() == s.index_checksum;
 }
 
 Result<void> Core::load_file() noexcept {
@@ -591,6 +622,15 @@ void Core::stop_verify_ahead() noexcept {
 // ---------------------------------------------------------------------------------------------
 
 std::size_t Core::look_up(std::string_view key) noexcept {
+  if (key.size() > kMaxKeySize) {  // cannot be in any cache; say why instead of a bare miss
+    try {
+      set_last_error({Errc::invalid_argument, 0,
+                      "key size " + std::to_string(key.size()) + " is over the limit of " + std::to_string(kMaxKeySize)});
+    } catch (...) {
+    }
+    misses_.add();
+    return kNotFound;
+  }
   Entry* e = find_entry(key);
   if (e == nullptr && opts_.refresh_on_miss && file_backed_) {
     std::unique_lock<std::mutex> lock(write_mu_, std::try_to_lock);
@@ -606,7 +646,9 @@ std::size_t Core::look_up(std::string_view key) noexcept {
 
 void* Core::offset_to_addr(std::size_t offset) const noexcept {
   if (offset == kNotFound) return nullptr;
-  return index_.find_offset(offset) != nullptr ? addr(offset) : nullptr;
+  const Entry* e = index_.find_offset(offset);
+  // An entry whose checksum failed is never data, even for an offset learned some other way.
+  return e != nullptr && e->state.load(std::memory_order_acquire) != kBad ? addr(offset) : nullptr;
 }
 
 Result<void> Core::refresh() noexcept {
@@ -973,11 +1015,18 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   } catch (...) {
     return Error{Errc::no_memory, 0, "out of memory while encoding the index"};
   }
+  if (slot.index_size > format::kMaxIndexSize)
+    return Error{Errc::no_space, 0,
+                 "the index of '" + opts_.path + "' would exceed " + std::to_string(format::kMaxIndexSize >> 20) +
+                     " MiB (" + std::to_string(records.size()) + " entries); use fewer, larger entries or shorter keys"};
   if (auto r = grow_file_locked(slot.committed_size); !r) return r.error();
   if (auto r = pf_.write_at(fd_, trailer.data(), trailer.size(), index_offset); !r) return r.error();
   if (full)
     if (auto r = pf_.sync(fd_); !r) return r.error();
   const auto sb = format::encode_slot(slot);
+  // From here on other processes may read this slot even if we report failure: never cut the
+  // file below what it names (maybe_trim_locked, ~Core).
+  written_size_ = std::max(written_size_, slot.committed_size);
   if (auto r = pf_.write_at(fd_, sb.data(), sb.size(), format::kSlotOffset[slot.sequence % 2]); !r) return r.error();
   if (full)
     if (auto r = pf_.sync(fd_); !r) return r.error();
@@ -997,11 +1046,14 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
 
 void Core::maybe_trim_locked() noexcept {
   // Put the footer back at EOF: cut the preallocated tail, unless a reservation still lives there.
-  if (!has_lease_ || file_size_ <= committed_.committed_size) return;
+  // Never below a commit slot we wrote: one whose sync failed may still be read (from the page
+  // cache) by another process, which then maps up to its committed size.
+  const std::uint64_t keep = std::max(committed_.committed_size, written_size_);
+  if (!has_lease_ || file_size_ <= keep) return;
   for (const auto& [off, r] : reservations_)
-    if (!r.heap && off + r.capacity > committed_.committed_size) return;
-  if (auto r = pf_.truncate(fd_, committed_.committed_size); r) {
-    file_size_ = committed_.committed_size;
+    if (!r.heap && off + r.capacity > keep) return;
+  if (auto r = pf_.truncate(fd_, keep); r) {
+    file_size_ = keep;
     publish_sizes_locked();
     cursor_ = committed_.committed_size;
   }

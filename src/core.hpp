@@ -112,6 +112,7 @@ class Core {
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
   void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
   Result<void> persist_locked(std::unique_lock<std::mutex>& lk) noexcept;
+  Result<bool> index_matches_slot(const format::CommitSlot& s) const noexcept;
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
@@ -163,6 +164,7 @@ class Core {
   std::uint64_t heap_cursor_ = 0;   // arena offset
   std::uint64_t heap_committed_ = 0;
   format::CommitSlot committed_{};  // latest slot we wrote or read
+  std::uint64_t written_size_ = 0;  // largest committed_size of any slot we wrote, synced or not
   std::map<std::uint64_t, Reservation> reservations_;
   std::vector<Entry*> pending_;     // file entries not yet in a committed index
   bool warned_fallback_ = false;

@@ -24,6 +24,17 @@ std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
   return XXH3_64bits(data, size);
 }
 
+StreamHash::StreamHash() noexcept : state_(XXH3_createState()) {
+  if (state_ != nullptr) XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+StreamHash::~StreamHash() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void StreamHash::update(const void* data, std::size_t size) noexcept {
+  if (state_ != nullptr) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+}
+std::uint64_t StreamHash::digest() const noexcept {
+  return state_ != nullptr ? XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)) : 0;
+}
+
 const char* to_string(Problem p) noexcept {
   switch (p) {
     case Problem::none: return "ok";
@@ -158,7 +169,7 @@ Problem decode_header(std::span<const std::byte> b, DecodedHeader* out) noexcept
 
 bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept {
   if (s.index_offset < kHeaderSize || s.index_offset % 8 != 0) return false;
-  if (s.index_size < kIndexHeaderSize) return false;
+  if (s.index_size < kIndexHeaderSize || s.index_size > kMaxIndexSize) return false;
   if (s.index_size > file_size || s.index_offset > file_size - s.index_size) return false;
   const std::uint64_t end = s.index_offset + s.index_size;
   if (end > file_size - kFooterSize || s.committed_size != end + kFooterSize) return false;

@@ -28,6 +28,9 @@ inline constexpr std::uint32_t kFooterVersion = 0x57430001;   // ExecuTorch uses
 inline constexpr std::uint32_t kIndexMagic = 0x58494357;      // "WCIX"
 inline constexpr std::uint32_t kIndexVersion = 1;
 inline constexpr std::uint32_t kMaxKeySize = 4096;
+// An index block above this is refused by readers and never written: it bounds what a hostile
+// (sparse) file can make a reader allocate. 1 GiB holds ~8 million records with 100-byte keys.
+inline constexpr std::uint64_t kMaxIndexSize = std::uint64_t{1} << 30;
 
 // ---- header (offset 0) ----------------------------------------------------------------------
 // Byte layout of the fixed part:
@@ -121,6 +124,21 @@ inline std::uint64_t get_u64(const std::byte* p) {
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept;
 inline std::uint64_t hash_bytes(std::string_view s) noexcept { return hash_bytes(s.data(), s.size()); }
+
+/// XXH3-64 over data that arrives in pieces; equals hash_bytes() of the concatenation.
+class StreamHash {
+ public:
+  StreamHash() noexcept;
+  ~StreamHash();
+  StreamHash(const StreamHash&) = delete;
+  StreamHash& operator=(const StreamHash&) = delete;
+  bool ok() const noexcept { return state_ != nullptr; }  // false when out of memory
+  void update(const void* data, std::size_t size) noexcept;
+  std::uint64_t digest() const noexcept;
+
+ private:
+  void* state_;
+};
 
 // ---- encode ---------------------------------------------------------------------------------
 /// A whole kHeaderSize header with both slots (either may be zero).
