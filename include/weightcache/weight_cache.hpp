@@ -103,7 +103,8 @@ struct Options {
   bool private_cache = false;
   /// Follow a symlink at `path` (refused by default).
   bool allow_symlink = false;
-  /// Permission bits of a newly created cache file (filtered by the umask, as open(2) does).
+  /// Permission bits of a newly created cache file (filtered by the umask, as open(2) does);
+  /// 0777 at most: setuid, setgid and sticky bits make open() fail with invalid_argument.
   unsigned file_mode = 0644;
   /// How long a would-be writer waits for another process's writer lease before packing to heap.
   std::chrono::milliseconds lease_timeout{120000};

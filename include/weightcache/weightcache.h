@@ -120,7 +120,8 @@ typedef struct wc_options {
   wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default) */
-  unsigned file_mode;         /* mode of a newly created cache file; default 0644 */
+  unsigned file_mode;         /* permission bits (0777 at most) of a new cache file, under the
+                                 umask; default 0644; setuid/setgid/sticky: INVALID_ARGUMENT */
   uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */
   int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
                                  committed since the last refresh (cheap when none) */

@@ -125,6 +125,26 @@ TEST(Security, ConfiguredFileModeIsUsedExactly) {
   }
 }
 
+TEST(Security, FileModeBeyondPermissionBitsIsRefused) {
+  test::TempDir dir("wc-sec");
+  const std::string path = dir.file("cache.wc");
+  for (unsigned mode : {04644u, 02644u, 01644u, 010644u}) {
+    Options o = cache_options(path, Backing::file);
+    o.file_mode = mode;
+    auto c = WeightCache::open(o);
+    ASSERT_FALSE(c.ok()) << std::oct << "file_mode 0" << mode << " was accepted";
+    EXPECT_EQ(c.error().code, Errc::invalid_argument);
+    EXPECT_FALSE(fs::exists(path)) << "a refused open created the file";
+  }
+  wc_options o;
+  wc_options_init(&o);
+  o.path = path.c_str();
+  o.file_mode = 06755;
+  wc_cache* cc = nullptr;
+  EXPECT_EQ(wc_open(&o, &cc), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(cc, nullptr);
+}
+
 // ---- descriptors ----
 
 /// Descriptors of this process that name `paths`, as "<fd> -> <target>".
@@ -324,7 +344,11 @@ TEST(Security, KeysLongerThanTheLimitAreRejected) {
     EXPECT_EQ(last_error().code, Errc::invalid_argument);
     EXPECT_EQ(cache.insert(too_long, "bytes"), kNotFound);
     EXPECT_EQ(last_error().code, Errc::invalid_argument);
+    // Leave another error behind first, so the check below sees the look-up's own.
+    (void)WeightCache::open(cache_options(dir.file("no-such-dir/cache.wc"), Backing::file));
+    ASSERT_NE(last_error().code, Errc::invalid_argument);
     EXPECT_EQ(cache.look_up(too_long), kNotFound);
+    EXPECT_EQ(last_error().code, Errc::invalid_argument) << "a look-up of an over-long key should say why it missed";
     EXPECT_EQ(cache.stats().entries, 0u);
     EXPECT_NE(cache.look_up_or_insert(longest, p, 64), kNotFound) << last_error().message;
     auto r = cache.finalize();
