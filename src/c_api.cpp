@@ -169,6 +169,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   full.commits = s.commits;
   full.alignment = s.alignment;
   full.verified_ahead = s.verified_ahead;
+  full.lease_timeouts = s.lease_timeouts;
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
 }

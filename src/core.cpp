@@ -654,6 +654,7 @@ void* Core::offset_to_addr(std::size_t offset) const noexcept {
 Result<void> Core::refresh() noexcept {
   if (!file_backed_) return {};
   std::lock_guard<std::mutex> lock(write_mu_);
+  lease_gave_up_ = false;  // the next allocation may wait for the lease again
   auto r = refresh_locked();
   if (!r) return fail(r.error());
   return {};
@@ -702,6 +703,7 @@ Stats Core::stats() const noexcept {
   s.commits = commits_.load();
   s.alignment = align_;
   s.verified_ahead = verified_ahead_.load(std::memory_order_relaxed);
+  s.lease_timeouts = lease_timeouts_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -713,15 +715,21 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexce
   if (has_lease_) return {};
   if (lock_fd_ == platform::kInvalidHandle)
     return Error{Errc::read_only, 0, "cache is open read-only"};
-  const auto deadline = std::chrono::steady_clock::now() + opts_.lease_timeout;
+  // After one full wait timed out, later allocations only try once until the next finalize or
+  // refresh: a packer with hundreds of weights must not wait lease_timeout for each of them.
+  const auto wait = lease_gave_up_ ? std::chrono::milliseconds(0) : opts_.lease_timeout;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   auto backoff = std::chrono::microseconds(200);
   for (;;) {
-    auto got = pf_.try_lock(lock_fd_);
+    auto got = try_lock_both_locked();
     if (!got) return got.error();
     if (got.value()) break;
-    if (std::chrono::steady_clock::now() >= deadline)
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (!lease_gave_up_) lease_timeouts_.fetch_add(1, std::memory_order_relaxed);
+      lease_gave_up_ = true;
       return Error{Errc::busy, 0,
                    "another process held the writer lease on '" + lock_path_ + "' for longer than lease_timeout"};
+    }
     // Wait without the write mutex, so this process's readers can refresh and other threads
     // can commit their reservations meanwhile; callers re-read state after this returns.
     if (lk != nullptr) lk->unlock();
@@ -733,6 +741,7 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexce
     backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
   }
   has_lease_ = true;
+  lease_gave_up_ = false;
   if (fd_ == platform::kInvalidHandle) return {};  // creating the file: nothing to catch up on
   // The path may now name another file (a rebuild or compaction elsewhere): never append to an
   // inode others no longer read.
@@ -763,8 +772,27 @@ void Core::publish_sizes_locked() noexcept {
   seen_trailer_.store(committed_.index_size + format::kFooterSize, std::memory_order_relaxed);
 }
 
+Result<bool> Core::try_lock_both_locked() noexcept {
+  // The sidecar orders creation and rebuilds, which happen before there is a file to lock. The
+  // data file's own lock makes appends exclusive per file, not per name: two processes that
+  // open one file through two hard links hold different sidecars. Always sidecar first.
+  auto got = pf_.try_lock(lock_fd_);
+  if (!got || !got.value() || fd_ == platform::kInvalidHandle) return got;
+  auto data = pf_.try_lock(fd_);
+  if (!data || !data.value()) {
+    pf_.unlock(lock_fd_);
+    return data;
+  }
+  data_locked_ = fd_;
+  return true;
+}
+
 void Core::release_lease_locked() noexcept {
   if (!has_lease_) return;
+  if (data_locked_ != platform::kInvalidHandle) {
+    pf_.unlock(data_locked_);
+    data_locked_ = platform::kInvalidHandle;
+  }
   pf_.unlock(lock_fd_);
   has_lease_ = false;
 }
@@ -1062,6 +1090,7 @@ void Core::maybe_trim_locked() noexcept {
 Result<void> Core::finalize() noexcept {
   try {
     std::unique_lock<std::mutex> lock(write_mu_);
+    lease_gave_up_ = false;  // a new packing phase may wait for the lease again
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);

@@ -113,6 +113,7 @@ class Core {
   void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
   Result<void> persist_locked(std::unique_lock<std::mutex>& lk) noexcept;
   Result<bool> index_matches_slot(const format::CommitSlot& s) const noexcept;
+  Result<bool> try_lock_both_locked() noexcept;
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
@@ -157,6 +158,8 @@ class Core {
   // Guarded by write_mu_.
   mutable std::mutex write_mu_;
   bool has_lease_ = false;
+  bool lease_gave_up_ = false;  // a full lease wait timed out: only quick tries until finalize/refresh
+  platform::Handle data_locked_ = platform::kInvalidHandle;  // data file locked with the lease
   std::uint64_t file_size_ = 0;     // current size of the file
   std::uint64_t mapped_end_ = 0;    // file bytes [0, mapped_end_) are mapped
   std::uint64_t cursor_ = 0;        // next free file offset (valid with the lease)
@@ -181,6 +184,7 @@ class Core {
   std::atomic<bool> stop_verify_{false};
   std::atomic<int> verifier_pid_{0};
   std::atomic<std::uint64_t> verified_ahead_{0};
+  std::atomic<std::uint64_t> lease_timeouts_{0};
   std::mutex verify_mu_;  // with verify_cv_: look-ups waiting for another thread's verdict
   std::condition_variable verify_cv_;
   std::atomic<std::uint64_t> verify_failures_{0};

@@ -31,6 +31,30 @@ std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::ui
   return it == reg.caches.end() ? nullptr : it->second.lock();
 }
 
+// Whether this file is open in this process under another compatibility key. Opening it would
+// find it incompatible and rebuild it under the lease, which this process may hold already (a
+// wait of lease_timeout against ourselves), or rename a new file over the live cache's.
+bool open_with_other_key_locked(Registry& reg, const Options& options, std::uint64_t compat) {
+  auto st = platform::os().stat_path(options.path, options.allow_symlink);
+  if (!st) return false;
+  for (const auto& [k, w] : reg.caches)
+    if (std::get<0>(k) == st->device && std::get<1>(k) == st->inode && std::get<2>(k) != compat && !w.expired())
+      return true;
+  return false;
+}
+
+Result<std::shared_ptr<Core>> refuse_other_key(const Options& options) {
+  Error e{Errc::incompatible, 0,
+          "'" + options.path +
+              "' is open in this process under another compatibility key; close that cache first, or give "
+              "each compatibility key its own path"};
+  if (options.backing == Backing::file) return fail(e);
+  log::warn("{}; using a private heap cache", e.message);
+  Options heap = options;
+  heap.private_cache = true;
+  return Core::open(heap, platform::os());
+}
+
 // A shared cache serves a second opener only if it honours that opener's alignment; the other
 // options of the first opener stay in force (documented on Options).
 Result<std::shared_ptr<Core>> share(std::shared_ptr<Core> core, const Options& options) {
@@ -76,6 +100,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
     {
       std::lock_guard<std::mutex> lock(reg.mu);
       if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);
+      if (open_with_other_key_locked(reg, options, compat)) return refuse_other_key(options);
     }
     auto core = Core::open(options, platform::os());
     if (!core) return core;

@@ -135,6 +135,9 @@ struct Stats {
   std::uint64_t alignment = 0;
   /// Entries the verify-ahead thread checksummed before a look-up asked for them.
   std::uint64_t verified_ahead = 0;
+  /// Waits for another process's writer lease that ran out (Options::lease_timeout). After one,
+  /// allocations only try the lease once, without waiting, until the next finalize or refresh.
+  std::uint64_t lease_timeouts = 0;
 };
 
 class Core;

@@ -148,6 +148,9 @@ typedef struct wc_stats {
   uint64_t alignment;        /* start-address alignment of every region of this cache */
   uint64_t verified_ahead;   /* entries checksummed by the verify-ahead thread (see
                                 wc_options.verify_ahead) before a look-up asked for them */
+  uint64_t lease_timeouts;   /* waits for another process's writer lease that ran out
+                                (lease_timeout_ms); after one, reservations try the lease once
+                                without waiting until the next finalize or refresh */
 } wc_stats;
 
 typedef enum wc_log_level {

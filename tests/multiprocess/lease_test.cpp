@@ -118,6 +118,9 @@ TEST(MultiProcess, AWriterThatCannotGetTheLeaseInTimePacksToHeapAndLeavesTheFile
   s = late.stats();
   EXPECT_EQ(s.heap_fallbacks, 2u);
   EXPECT_GE(s.heap_bytes, 2 * kSize);
+  // Only the first fallback waited lease_timeout; the second tried the lease once and moved on
+  // (a packer with hundreds of weights must not wait for each).
+  EXPECT_EQ(s.lease_timeouts, 1u);
   const auto fin = late.finalize();
   EXPECT_TRUE(late.is_finalized());
   std::printf("finalize of the heap-only entries: %s\n", fin.ok() ? "ok" : fin.error().message.c_str());
@@ -143,6 +146,7 @@ TEST(MultiProcess, AWriterThatCannotGetTheLeaseInTimePacksToHeapAndLeavesTheFile
   const std::string k2 = own_key("late", 2);
   ASSERT_NE(late.insert(k2, bytes_for_key(k2, kSize)), kNotFound) << last_error().message;
   EXPECT_EQ(late.stats().heap_fallbacks, 2u);
+  EXPECT_EQ(late.stats().lease_timeouts, 1u);
   ASSERT_TRUE(late.finalize().ok()) << last_error().message;
   const FileIndex fi = decode_file(path);
   ASSERT_EQ(fi.problem, "");

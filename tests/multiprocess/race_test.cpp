@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iterator>
+#include <string>
+#include <vector>
 
 namespace weightcache::test::mp {
 namespace {
@@ -18,14 +21,15 @@ struct Race {
   std::size_t size = 0;
 };
 
-// Launches the racers held behind one gate and opens it once all are started.
-void run_race(const TempDir& dir, const std::string& path, const Race& race) {
+// Launches the racers held behind one gate and opens it once all are started. Racer i opens
+// names[i % names.size()] (several names: hard links to one file).
+void run_race(const TempDir& dir, const std::vector<std::string>& names, const Race& race) {
   Children kids;
   Pipe gate(Pipe::Inherit::read_end);
   std::vector<std::string> results;
   for (std::size_t i = 0; i < race.processes; ++i) {
     results.push_back(dir.file("results" + std::to_string(i)));
-    kids.start("pack", {arg("path", path), arg("tag", "p" + std::to_string(i)), arg("shared", race.shared),
+    kids.start("pack", {arg("path", names[i % names.size()]), arg("tag", "p" + std::to_string(i)), arg("shared", race.shared),
                         arg("own", race.own), arg("rounds", race.rounds), arg("size", race.size),
                         arg("rotate", i * 4), arg("gate_fd", gate.read_fd()), arg("results", results.back())});
   }
@@ -73,7 +77,7 @@ TEST(MultiProcess, ColdStartRaceOfEightProcessesLeavesEachKeyOnce) {
   TempDir dir("wc-mp");
   const std::string path = dir.file("cache.wcache");  // does not exist: every racer may create it
   const Race race{8, 32, 4, 1, 128 * 1024};
-  run_race(dir, path, race);
+  run_race(dir, {path}, race);
   if (HasFatalFailure()) return;
   check_file(path, race);
 }
@@ -91,7 +95,27 @@ TEST(MultiProcess, ConcurrentAppendsOfDifferentKeysAreAllKept) {
   // Three finalizes per process: leases alternate between processes, and each commit must
   // keep what the others committed in between.
   const Race race{6, 1, 12, 3, 64 * 1024};
-  run_race(dir, path, race);
+  run_race(dir, {path}, race);
+  if (HasFatalFailure()) return;
+  check_file(path, race);
+}
+
+// Hard links give one file several names, and so several sidecar lock files: the writer lease
+// must still be one per file, or two processes append at the same offsets.
+TEST(MultiProcess, AppendsThroughTwoHardLinksToOneFileAreAllKept) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache"), link = dir.file("other-name.wcache");
+  {
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    ASSERT_NE(opened->insert(shared_key(0), bytes_for_key(shared_key(0), 64 * 1024)), kNotFound);
+    ASSERT_TRUE(opened->finalize().ok());
+  }
+  std::error_code ec;
+  std::filesystem::create_hard_link(path, link, ec);
+  if (ec) GTEST_SKIP() << "no hard links here: " << ec.message();
+  const Race race{6, 1, 12, 3, 64 * 1024};
+  run_race(dir, {path, link}, race);
   if (HasFatalFailure()) return;
   check_file(path, race);
 }

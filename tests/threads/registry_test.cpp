@@ -232,6 +232,45 @@ TEST(Registry, DifferentCompatibilityKeysOnDifferentFilesCoexist) {
   }
 }
 
+// One file under two compatibility keys in one process: the second open would find the file
+// incompatible and rebuild it, under a lease this process already holds (a wait of lease_timeout
+// against itself) or by renaming a new file over the live cache. It is refused at once instead.
+TEST(Registry, OneFileUnderAnotherCompatibilityKeyIsRefusedWithoutHarm) {
+  TempDir dir("wc-registry");
+  const std::string path = dir.file("cache.wcache");
+  Options oa = thread_options(path), ob = thread_options(path);
+  oa.compat_key = "model A / packer 1";
+  ob.compat_key = "model B / packer 2";
+  ob.lease_timeout = std::chrono::milliseconds(1000);
+  {
+    WeightCache a = open_ok(oa);
+    ASSERT_TRUE(a);
+    ASSERT_NE(a.insert("w", "bytes for A"), kNotFound);  // holds the writer lease until finalize
+
+    ob.backing = Backing::file;
+    auto refused = WeightCache::open(ob);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::incompatible) << refused.error().message;
+
+    ob.backing = Backing::automatic;
+    WeightCache b = open_ok(ob);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b.stats().backing, Backing::heap);
+    EXPECT_EQ(b.look_up("w"), kNotFound) << "B must not see A's entries";
+    ASSERT_NE(b.insert("w", "bytes for B!"), kNotFound);
+    EXPECT_TRUE(b.finalize().ok());
+
+    EXPECT_EQ(check_bytes(a, "w", "bytes for A"), "");
+    ASSERT_TRUE(a.finalize().ok()) << last_error().message;
+    EXPECT_EQ(a.stats().heap_fallbacks, 0u);
+  }
+  // A's file was neither replaced nor changed by B.
+  WeightCache a = open_ok(oa);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a.stats().backing, Backing::file);
+  EXPECT_EQ(check_bytes(a, "w", "bytes for A"), "");
+}
+
 TEST(Registry, ClosingTheLastHandleReleasesEverything) {
   TempDir dir("wc-registry");
   const std::string path = dir.file("cache.wcache");
