@@ -49,8 +49,8 @@
  * name, bias name or "none"): no two different tuples share a key, whatever the names contain.
  * - A kernel (or a non-NULL bias) with no name cannot be persisted. Its packed weights are kept
  *   in a private heap owned by the adapter, keyed by address, for this process only; the first
- *   such buffer is logged once (warning) and all are counted in wc_xnn_adapter_stats. Naming
- *   every weight buffer avoids this.
+ *   such buffer is logged (a warning, once per process, whatever the number of adapters) and
+ *   all are counted in wc_xnn_adapter_stats. Naming every weight buffer avoids this.
  * - alias_data(alias, original) (XNNPACK calls it when it converts static weights, e.g. bf16 or
  *   fp16 to fp32, into a new buffer): a key whose kernel or bias is `alias` resolves to the
  *   name of `original`.
@@ -74,7 +74,9 @@
  *   old binding. A look-up carries no size, so stale bindings cannot be detected otherwise.
  * - reserve_space refuses (returns NULL, XNNPACK fails the operator creation cleanly) when the
  *   cache cannot provide memory. Once reserve_space succeeded, look_up_or_insert does not fail:
- *   if the cache cannot commit the entry, the bytes are kept in the adapter's private heap.
+ *   if the cache cannot commit the entry, the bytes are copied to the adapter's private heap
+ *   and the cache's reservation is released. Only if that heap cannot take them either does
+ *   look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK does not check it).
  */
 #ifndef WEIGHTCACHE_XNNPACK_H
 #define WEIGHTCACHE_XNNPACK_H

@@ -96,6 +96,9 @@ struct Hint {
 };
 thread_local Hint t_hint;
 std::atomic<std::uint64_t> g_next_adapter_id{1};
+// The unnamed-buffer warning is logged once per process, however many adapters (one per model,
+// per session) a runtime creates: the stats count every occurrence.
+std::atomic<bool> g_warned_unnamed{false};
 
 }  // namespace
 
@@ -120,7 +123,6 @@ struct wc_xnn_adapter {
   std::atomic<std::uint64_t> local_fallbacks{0};  // named keys kept in the heap
   std::atomic<std::uint64_t> unique_counter{0};
 
-  std::atomic<bool> warned_unnamed{false};
   std::atomic<bool> warned_fallback{false};
   std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0},
       unnamed_inserts{0};
@@ -175,12 +177,12 @@ struct wc_xnn_adapter {
   }
 
   void note_unnamed(const wc_xnn_weights_cache_look_up_key& k, const Key& key) {
-    if (key.persistable || k.kernel == nullptr || warned_unnamed.exchange(true)) return;
+    if (key.persistable || k.kernel == nullptr || g_warned_unnamed.exchange(true)) return;
     const void* which = key.addresses[0] != nullptr ? key.addresses[0] : key.addresses[1];
     weightcache::log::warn(
         "XNNPACK weights cache: weight buffer {} (seed {:#x}) has no name; its packed weights stay in this "
         "process's heap and are not persisted. Name every weight and bias buffer with "
-        "wc_xnn_adapter_name_buffer (logged once; see wc_xnn_adapter_stats.unnamed_inserts)",
+        "wc_xnn_adapter_name_buffer (logged once per process; see wc_xnn_adapter_stats.unnamed_inserts)",
         which != nullptr ? which : k.kernel, k.seed);
   }
 
@@ -211,6 +213,11 @@ struct wc_xnn_adapter {
     }
     std::unique_lock<std::shared_mutex> lock(local_mu);
     return ensure_heap_locked() ? heap : nullptr;
+  }
+
+  bool local_table_full() const {
+    std::shared_lock<std::shared_mutex> lock(local_mu);
+    return local_offsets.size() >= kMaxLocal;
   }
 
   std::size_t look_up_local(const std::string& key) const {
@@ -286,6 +293,13 @@ struct wc_xnn_adapter {
   void* reserve_space(std::size_t n) {
     const bool local = t_hint.adapter == id && t_hint.local;
     t_hint = Hint{};
+    if (local && local_table_full()) {
+      // insert_local could not hand out a handle for these bytes: refuse now, which XNNPACK
+      // checks, rather than return SIZE_MAX from look_up_or_insert, which it does not.
+      weightcache::set_last_error({weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights"});
+      reserve_failures.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
     wc_cache* target = local ? heap_for_reserve() : cache;
     void* p = target != nullptr ? wc_reserve_space(target, n) : nullptr;
     (p != nullptr ? reservations : reserve_failures).fetch_add(1, std::memory_order_relaxed);
@@ -301,8 +315,9 @@ struct wc_xnn_adapter {
     }
     const Key key = make_key(*k);
     note_unnamed(*k, key);
+    std::size_t off = SIZE_MAX;
     if (key.persistable) {
-      const std::size_t off = wc_look_up_or_insert(cache, key.bytes.data(), key.bytes.size(), ptr, size);
+      off = wc_look_up_or_insert(cache, key.bytes.data(), key.bytes.size(), ptr, size);
       if (off != SIZE_MAX && !is_handle(off)) return off;
       // XNNPACK does not check this result (it would feed SIZE_MAX to offset_to_addr later):
       // keep the bytes for this process instead of failing.
@@ -311,8 +326,27 @@ struct wc_xnn_adapter {
                                "them in this process's heap",
                                wc_last_error());
       local_fallbacks.fetch_add(1, std::memory_order_relaxed);
+      off = insert_local(key, ptr, size);
+      // insert_local copied the bytes (or failed): either way the cache's reservation at `ptr`
+      // will never be committed. Give it back, or it stays outstanding as dead space. A pointer
+      // that is no longer an outstanding reservation is refused harmlessly; keep the error that
+      // explains the fallback for wc_last_error.
+      const weightcache::Error why = weightcache::last_error();
+      (void)wc_release_space(cache, ptr);
+      weightcache::set_last_error(why);
+    } else {
+      off = insert_local(key, ptr, size);
     }
-    return insert_local(key, ptr, size);
+    if (off == SIZE_MAX) {
+      // The one way SIZE_MAX reaches XNNPACK after a successful reserve_space (the heap itself
+      // could not take the bytes). XNNPACK does not check it: say what will happen next.
+      weightcache::log::error(
+          "XNNPACK weights cache: packed weights (seed {:#x}, {} bytes) could be kept neither in the cache nor in "
+          "this process's heap ({}); returning SIZE_MAX to XNNPACK, which does not check it: offset_to_addr will "
+          "return NULL for this operator",
+          k->seed, size, wc_last_error());
+    }
+    return off;
   }
 
   void* offset_to_addr(std::size_t offset) const {

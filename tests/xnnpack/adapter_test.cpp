@@ -382,7 +382,10 @@ TEST_F(XnnAdapterTest, UnnamedBuffersAreServedFromTheHeapCountedAndLoggedOnce) {
   EXPECT_EQ(as.unnamed_inserts, 5u);
   EXPECT_EQ(as.unnamed_entries, 5u);
   EXPECT_GE(as.unnamed_bytes, total_packed(model));
-  EXPECT_EQ(logs.count("has no name"), 1u);
+  // Once per process: an earlier test of this binary may have logged it already (see
+  // UnnamedBufferWarningIsLoggedOncePerProcess for the exact count in a fresh process).
+  const std::size_t warnings = logs.count("has no name");
+  EXPECT_LE(warnings, 1u);
 
   // Nothing of it reached the cache or its file (not even an abandoned reservation).
   EXPECT_EQ(fxnn_setup(s.provider()), fxnn_status_success);
@@ -410,7 +413,13 @@ TEST_F(XnnAdapterTest, UnnamedBuffersAreServedFromTheHeapCountedAndLoggedOnce) {
   EXPECT_EQ(s.stats().unnamed_inserts, 5u + with_bias);
   EXPECT_EQ(cache_stats(cache_).entries, partly.size() - with_bias);
   EXPECT_EQ(check_runtime(&rp, partly), "");
-  EXPECT_EQ(logs.count("has no name"), 1u);
+  EXPECT_EQ(logs.count("has no name"), warnings);
+}
+
+TEST_F(XnnAdapterTest, UnnamedBufferWarningIsLoggedOncePerProcess) {
+  // Three adapters in a fresh process each pack unnamed buffers: one warning between them.
+  const auto st = run_child("unnamed", 44, 3);
+  EXPECT_TRUE(st.ok()) << st.describe() << " (4: the warning was not logged exactly once)";
 }
 
 TEST_F(XnnAdapterTest, RebindingAnAddressDropsWhatWasPackedFromIt) {

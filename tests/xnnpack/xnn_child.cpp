@@ -3,20 +3,59 @@
 //
 //   weightcache_xnn_child <cache> warm  <model-seed> <layers>   every layer must hit
 //   weightcache_xnn_child <cache> alias <model-seed> <layers>   same, kernels converted from bf16
+//   weightcache_xnn_child <cache> unnamed <model-seed> <layers>  a fresh process: three adapters
+//                                                               pack unnamed buffers; prints how
+//                                                               often "has no name" was logged
 //
-// Exit status: 0 every layer hit with the right bytes and nothing was packed; 1 wrong bytes;
-// 2 usage or cache error; 3 something was packed (reserve_space or look_up_or_insert called).
+// Exit status: 0 every layer hit with the right bytes and nothing was packed (unnamed: the
+// warning was logged exactly once); 1 wrong bytes; 2 usage or cache error; 3 something was
+// packed (reserve_space or look_up_or_insert called); 4 (unnamed) the warning count was not 1.
 #include "xnn_test_model.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 using namespace weightcache::xnn_test;
 
+namespace {
+
+std::atomic<int> g_no_name_lines{0};
+
+void count_no_name(void*, wc_log_level, const char* message, size_t size) {
+  if (std::string_view(message, size).find("has no name") != std::string_view::npos) ++g_no_name_lines;
+}
+
+// The unnamed-buffer warning is per process: several adapters (a runtime's sessions, models)
+// packing unnamed buffers log it once between them.
+int run_unnamed(wc_cache* cache, const std::vector<Linear>& model) {
+  wc_set_log_callback(count_no_name, nullptr);
+  int rc = 0;
+  for (int a = 0; a < 3 && rc == 0; ++a) {
+    wc_xnn_adapter* adapter = nullptr;
+    if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return 2;
+    Runtime rt;
+    if (create_runtime(static_cast<fxnn_weights_cache_t>(wc_xnn_adapter_provider(adapter)), model, &rt) !=
+        fxnn_status_success)
+      rc = 2;
+    wc_xnn_adapter_stats st;
+    wc_xnn_adapter_stats_init(&st);
+    if (rc == 0 && (wc_xnn_adapter_get_stats(adapter, &st) != WC_OK || st.unnamed_inserts != model.size())) rc = 3;
+    if (rc == 0 && !check_runtime(&rt, model).empty()) rc = 1;
+    wc_xnn_adapter_destroy(adapter);
+  }
+  wc_set_log_callback(nullptr, nullptr);
+  std::printf("has-no-name warnings=%d\n", g_no_name_lines.load());
+  return rc != 0 ? rc : g_no_name_lines.load() == 1 ? 0 : 4;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: weightcache_xnn_child <cache> warm|alias <model-seed> <layers>\n");
+    std::fprintf(stderr, "usage: weightcache_xnn_child <cache> warm|alias|unnamed <model-seed> <layers>\n");
     return 2;
   }
   const std::string mode = argv[2];
@@ -25,6 +64,11 @@ int main(int argc, char** argv) {
   if (open_cache(argv[1], &cache) != WC_OK) {
     std::fprintf(stderr, "xnn_child: open failed: %s\n", wc_last_error());
     return 2;
+  }
+  if (mode == "unnamed") {
+    const int rc = run_unnamed(cache, model);
+    wc_close(cache);
+    return rc;
   }
   wc_xnn_adapter* adapter = nullptr;
   if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return 2;
