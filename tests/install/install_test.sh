@@ -2,8 +2,10 @@
 # Installs the build tree into a fresh prefix with `cmake --install --prefix`, then builds the
 # consumers the way users do: with pkg-config (C, shared), with pkg-config and the static library
 # (C++), and with find_package(weightcache CONFIG) (both targets); each runs twice on one cache
-# file (a miss that packs, then a hit with the same bytes). Finally the prefix is moved, and the
-# pkg-config build still works (the .pc file finds its prefix from where it lies).
+# file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
+# <weightcache/xnnpack.h>) is built against the shared and the static library both ways too.
+# Finally the prefix is moved, and the pkg-config build still works (the .pc file finds its
+# prefix from where it lies).
 #   install_test.sh BUILD_DIR SOURCE_DIR C_COMPILER CXX_COMPILER
 set -euo pipefail
 build=$1 src=$2 cc=$3 cxx=$4
@@ -22,10 +24,18 @@ run_twice() {  # name, binary
 }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-[[ -f $prefix/include/weightcache/weightcache.h ]] || fail "no installed weightcache.h"
+for h in weightcache.h weight_cache.hpp xnnpack.h; do
+  [[ -f $prefix/include/weightcache/$h ]] || fail "no installed weightcache/$h"
+done
 pcdir=$(dirname "$(find "$prefix" -name weightcache.pc | head -1)")
 [[ -d $pcdir ]] || fail "no installed weightcache.pc"
 libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
+# The shared library exports the C ABI, the XNNPACK adapter included (and nothing of it is
+# left to the static archive alone).
+exports=$(nm -D --defined-only "$libdir/libweightcache.so") || fail "cannot list the exports of libweightcache.so"
+for sym in wc_open wc_xnn_adapter_create wc_xnn_adapter_destroy wc_xnn_adapter_name_buffer wc_xnn_adapter_provider; do
+  grep -qw "$sym" <<<"$exports" || fail "libweightcache.so does not export $sym"
+done
 
 # 1. pkg-config, C, shared library.
 # shellcheck disable=SC2046
@@ -40,7 +50,22 @@ run_twice c_shared "$work/c_shared"
   $(PKG_CONFIG_PATH=$pcdir pkg-config --libs-only-other --static weightcache | sed 's/-lweightcache//') -pthread
 run_twice cxx_static "$work/cxx_static"
 
-# 3. find_package, both targets.
+# 3. The XNNPACK adapter through pkg-config, from C: shared, then static (the C++ runtime and
+# threads come from Libs.private).
+# shellcheck disable=SC2046
+"$cc" -std=c11 -Wall -Werror "$src/tests/install/consumer_xnnpack.c" -o "$work/xnn_shared" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs weightcache) -Wl,-rpath,"$libdir"
+run_twice xnn_shared "$work/xnn_shared"
+# shellcheck disable=SC2046
+"$cc" -std=c11 -Wall -Werror "$src/tests/install/consumer_xnnpack.c" -o "$work/xnn_static" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags weightcache) \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --libs --static weightcache | sed "s|-lweightcache|$libdir/libweightcache.a|")
+if readelf -d "$work/xnn_static" | grep -q 'NEEDED.*libweightcache'; then
+  fail "xnn_static was linked against the shared library"
+fi
+run_twice xnn_static "$work/xnn_static"
+
+# 4. find_package, both targets.
 mkdir -p "$work/consumer"
 cat >"$work/consumer/CMakeLists.txt" <<CMAKE
 cmake_minimum_required(VERSION 3.25)
@@ -51,14 +76,20 @@ target_link_libraries(c_cmake PRIVATE weightcache::weightcache)
 add_executable(cxx_cmake_static $src/tests/install/consumer.cpp)
 target_compile_features(cxx_cmake_static PRIVATE cxx_std_20)
 target_link_libraries(cxx_cmake_static PRIVATE weightcache::weightcache_static)
+add_executable(xnn_cmake $src/tests/install/consumer_xnnpack.c)
+target_link_libraries(xnn_cmake PRIVATE weightcache::weightcache)
+add_executable(xnn_cmake_static $src/tests/install/consumer_xnnpack.c)
+target_link_libraries(xnn_cmake_static PRIVATE weightcache::weightcache_static)
 CMAKE
 cmake -S "$work/consumer" -B "$work/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
 cmake --build "$work/consumer/build" >/dev/null
 run_twice c_cmake "$work/consumer/build/c_cmake"
 run_twice cxx_cmake_static "$work/consumer/build/cxx_cmake_static"
+run_twice xnn_cmake "$work/consumer/build/xnn_cmake"
+run_twice xnn_cmake_static "$work/consumer/build/xnn_cmake_static"
 
-# 4. The installed tree, moved elsewhere.
+# 5. The installed tree, moved elsewhere.
 mv "$prefix" "$work/moved"
 pcdir=${pcdir/#$prefix/$work/moved}
 libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
