@@ -28,6 +28,14 @@ std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::ui
   auto st = platform::os().stat_path(options.path, options.allow_symlink);
   if (!st) return nullptr;
   auto it = reg.caches.find(Key{st->device, st->inode, compat, options.read_only});
+  if (it != reg.caches.end()) return it->second.lock();
+  // A symlink to a file this process already has open as a cache names that cache: share it.
+  // Nothing is opened or created through the link, so the refusal of symlinks (which guards
+  // against being steered into writing some other file) does not apply.
+  if (options.allow_symlink || !st->symlink) return nullptr;
+  auto target = platform::os().stat_path(options.path, true);
+  if (!target) return nullptr;
+  it = reg.caches.find(Key{target->device, target->inode, compat, options.read_only});
   return it == reg.caches.end() ? nullptr : it->second.lock();
 }
 

@@ -101,7 +101,8 @@ struct Options {
   /// Opt out of the process-wide registry: get a private heap cache of one's own (nothing is
   /// read from or written to `path`).
   bool private_cache = false;
-  /// Follow a symlink at `path` (refused by default).
+  /// Follow a symlink at `path`. Refused by default, except a link to a file this process
+  /// already has open as a cache, which is shared (nothing new is opened through the link).
   bool allow_symlink = false;
   /// Permission bits of a newly created cache file (filtered by the umask, as open(2) does);
   /// 0777 at most: setuid, setgid and sticky bits make open() fail with invalid_argument.

@@ -119,7 +119,8 @@ typedef struct wc_options {
   /* ---- fields below were added after the first release; wc_options_init sets them ---- */
   wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
-  int allow_symlink;          /* nonzero: follow a symlink at path (refused by default) */
+  int allow_symlink;          /* nonzero: follow a symlink at path (refused by default, but a
+                                 link to a cache this process has open shares that cache) */
   unsigned file_mode;         /* permission bits (0777 at most) of a new cache file, under the
                                  umask; default 0644; setuid/setgid/sticky: INVALID_ARGUMENT */
   uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */

@@ -135,20 +135,33 @@ TEST(Registry, ThreadsOpeningANewFileAtOnceGetOneCache) {
   }
 }
 
-TEST(Registry, ASymlinkToTheFileIsRefusedUnlessAllowed) {
+// A symlink at the path is never opened without allow_symlink; but a symlink to a file this
+// process already has open as a cache names that cache, and shares it (nothing is opened or
+// written through the link that was not open already).
+TEST(Registry, ASymlinkToTheFileIsRefusedUnlessAllowedOrAlreadyOpen) {
   TempDir dir("wc-registry");
   const std::string path = dir.file("cache.wcache");
   const std::string link = dir.file("link.wcache");
-  WeightCache real = open_ok(thread_options(path));
-  ASSERT_TRUE(real);
-  const std::size_t off = real.insert("k", "bytes");
-  ASSERT_NE(off, kNotFound);
   fs::create_symlink(path, link);
-
+  {
+    WeightCache real = open_ok(thread_options(path));
+    ASSERT_TRUE(real);
+    ASSERT_NE(real.insert("k", "bytes"), kNotFound);
+    ASSERT_TRUE(real.finalize().ok());
+  }
   Options refused = thread_options(link);
   refused.backing = Backing::file;
   auto r = WeightCache::open(refused);
   EXPECT_FALSE(r.ok()) << "a symlink at the cache path was followed without allow_symlink";
+
+  WeightCache real = open_ok(thread_options(path));
+  ASSERT_TRUE(real);
+  const std::size_t off = real.look_up("k");
+  ASSERT_NE(off, kNotFound);
+  WeightCache shared = open_ok(refused);  // backing=file, no allow_symlink: the open cache
+  ASSERT_TRUE(shared);
+  EXPECT_EQ(shared.look_up("k"), off);
+  EXPECT_EQ(shared.offset_to_addr(off), real.offset_to_addr(off));
 
   Options allowed = thread_options(link);
   allowed.allow_symlink = true;
