@@ -30,6 +30,8 @@ struct MappingUsage {
 
 /// A mapping's header line: "start-end perms offset major:minor inode [path]".
 struct MappingHeader {
+  std::uintptr_t start = 0;  // the mapping's addresses: [start, end)
+  std::uintptr_t end = 0;
   unsigned dev_major = 0;
   unsigned dev_minor = 0;
   unsigned long long inode = 0;  // 0 for anonymous memory
@@ -44,6 +46,11 @@ inline bool parse_mapping_header(const std::string& line, MappingHeader* h) {
   std::istringstream in(line);
   std::string range, perms, offset, dev;
   in >> range >> perms >> offset >> dev >> h->inode;
+  unsigned long long start = 0, end = 0;
+  if (std::sscanf(range.c_str(), "%llx-%llx", &start, &end) == 2) {
+    h->start = static_cast<std::uintptr_t>(start);
+    h->end = static_cast<std::uintptr_t>(end);
+  }
   std::sscanf(dev.c_str(), "%x:%x", &h->dev_major, &h->dev_minor);
   std::getline(in >> std::ws, h->path);
   const std::string deleted = " (deleted)";
@@ -101,6 +108,25 @@ inline MappingUsage file_mapping_usage(const std::string& file, const std::strin
   struct stat st {};
   if (file.empty() || ::stat(file.c_str(), &st) != 0) return {};
   return sum_mappings(smaps_path, [&](const MappingHeader& h) { return maps_file(h, st); });
+}
+
+/// A range of this process's memory: [start, start + size).
+struct AddressRange {
+  std::uintptr_t start = 0;
+  std::size_t size = 0;
+};
+
+/// The anonymous (private, not file-backed) mappings that hold any byte of `ranges`: where a
+/// runtime's heap-packed weights live. Counts whole mappings, so memory is best kept in mappings
+/// of its own (a large allocation is one; guard pages keep the kernel from merging neighbours).
+template <class Ranges>
+MappingUsage anonymous_usage_of(const Ranges& ranges, const std::string& smaps_path = "/proc/self/smaps") {
+  return sum_mappings(smaps_path, [&](const MappingHeader& h) {
+    if (h.inode != 0) return false;
+    for (const AddressRange& r : ranges)
+      if (r.size != 0 && r.start < h.end && h.start < r.start + r.size) return true;
+    return false;
+  });
 }
 
 }  // namespace weightcache::examples

@@ -1,18 +1,72 @@
 // The reference execution provider: a small CPU runtime that creates one fully-connected
-// operator per layer through an XNNPACK-shaped weights-cache provider (wc_xnn_adapter), exactly
-// as XNNPACK's operator-creation path drives it, then runs the model from the packed panels.
+// operator per layer and runs the model from the packed panels. Where the packed weights come
+// from is the mode:
+//  - adapter: through the XNNPACK-shaped weights-cache provider (wc_xnn_adapter), its function
+//    pointers called exactly as XNNPACK's operator-creation path calls them;
+//  - direct:  no weightcache at all: packed by the same function into private memory of the
+//    session's own (the baseline every output is compared with).
 #pragma once
 
 #include "model.hpp"
 
+#include <weightcache/weightcache.h>
 #include <weightcache/xnnpack.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace refep {
+
+enum class Mode { adapter, direct };
+
+inline const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::adapter: return "XNNPACK-shaped provider";
+    case Mode::direct: return "no cache";
+  }
+  return "?";
+}
+
+/// Private, 64-byte aligned memory for packed weights, in one anonymous mapping of its own
+/// (what malloc returns for buffers this large), between two guard pages so the kernel never
+/// merges it with a neighbour: /proc/self/smaps then accounts for exactly these pages.
+class PrivateBuffer {
+ public:
+  PrivateBuffer() = default;
+  explicit PrivateBuffer(std::size_t size) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    size_ = (size + page - 1) / page * page;
+    map_size_ = size_ + 2 * page;
+    void* p = ::mmap(nullptr, map_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<std::byte*>(p);
+    if (::mprotect(base_ + page, size_, PROT_READ | PROT_WRITE) != 0) return;
+    data_ = base_ + page;
+  }
+  ~PrivateBuffer() {
+    if (base_ != nullptr) ::munmap(base_, map_size_);
+  }
+  PrivateBuffer(PrivateBuffer&& o) noexcept { *this = std::move(o); }
+  PrivateBuffer& operator=(PrivateBuffer&& o) noexcept {
+    std::swap(base_, o.base_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    std::swap(map_size_, o.map_size_);
+    return *this;
+  }
+  std::byte* data() const { return data_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0, map_size_ = 0;
+};
 
 struct LoadCounts {
   std::size_t packed = 0;  // operators whose weights were packed in this session
@@ -21,16 +75,23 @@ struct LoadCounts {
 
 class ExecutionProvider {
  public:
-  /// `cache` and `source` are borrowed and must outlive the provider.
-  ExecutionProvider(wc_cache* cache, SourceModel* source, const Config& config)
-      : cache_(cache), source_(source), config_(config), layers_(model_layers(config)) {}
+  /// `cache` (NULL in direct mode) and `source` are borrowed and must outlive the provider.
+  ExecutionProvider(Mode mode, wc_cache* cache, SourceModel* source, const Config& config)
+      : mode_(mode), cache_(cache), source_(source), config_(config), layers_(model_layers(config)) {}
   ~ExecutionProvider() { wc_xnn_adapter_destroy(adapter_); }
   ExecutionProvider(const ExecutionProvider&) = delete;
   ExecutionProvider& operator=(const ExecutionProvider&) = delete;
 
-  /// Creates the adapter and names every weight and bias buffer after its tensor in the model:
-  /// the cache keys are built from these names, never from the buffers' addresses.
+  /// Adapter mode: creates the adapter and names every weight and bias buffer after its tensor
+  /// in the model: the cache keys are built from these names, never from the buffers' addresses.
+  /// Direct mode: allocates the private memory every layer is packed into.
   std::string init() {
+    if (mode_ == Mode::direct) {
+      std::size_t total = 0;
+      for (const Linear& l : layers_) total += align64(packed_bytes(l));
+      private_ = PrivateBuffer(total);
+      return private_.data() != nullptr ? std::string() : "cannot allocate " + std::to_string(total) + " bytes";
+    }
     if (wc_xnn_adapter_create(cache_, &adapter_) != WC_OK) return std::string("adapter: ") + wc_last_error();
     provider_ = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(adapter_));
     for (const auto& t : source_->tensors()) {
@@ -40,26 +101,31 @@ class ExecutionProvider {
     return {};
   }
 
-  /// What xnn_create_runtime does for each fully-connected node: look_up; on a miss
-  /// reserve_space, zero, pack, look_up_or_insert. Operators keep offsets, not pointers.
+  /// Creates one fully-connected operator per layer. Operators keep offsets, not pointers.
   std::string create_operators(LoadCounts* counts) {
     ops_.assign(layers_.size(), Op{});
+    std::size_t direct_offset = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const Linear& l = layers_[i];
+      const std::size_t n = packed_bytes(l);
+      if (mode_ == Mode::direct) {  // what the runtime does without a cache: pack, every time
+        void* mem = private_.data() + direct_offset;
+        direct_offset += align64(n);
+        pack_layer(i, mem, n);
+        ops_[i].packed = static_cast<const float*>(mem);
+        ++counts->packed;
+        continue;
+      }
+      // What xnn_create_runtime does for each fully-connected node: look_up; on a miss
+      // reserve_space, zero, pack, look_up_or_insert (whose result XNNPACK does not check).
       const wc_xnn_weights_cache_look_up_key key{seed_of(l), source_->weight(i).data, source_->bias(i).data,
                                                  kFingerprintId};
       std::size_t offset = provider_->look_up(provider_->context, &key);
       if (offset == SIZE_MAX) {
-        const std::size_t n = packed_bytes(l);
         void* mem = provider_->reserve_space(provider_->context, n);
         if (mem == nullptr)
           return "reserve_space refused " + std::to_string(n) + " bytes for " + l.weight_name + ": " + wc_last_error();
-        std::memset(mem, 0, n);
-        source_->materialize(2 * i);
-        source_->materialize(2 * i + 1);
-        pack_panels(source_->weight(i).data, source_->bias(i).data, l.rows, l.cols, static_cast<float*>(mem));
-        source_->release(2 * i);
-        source_->release(2 * i + 1);
+        pack_layer(i, mem, n);
         offset = provider_->look_up_or_insert(provider_->context, &key, mem, n);
         ++counts->packed;
       } else {
@@ -70,21 +136,35 @@ class ExecutionProvider {
     return {};
   }
 
-  /// The runtime's own job with a custom provider: finalize before setup.
+  /// The runtime's own job with a cache: finalize before setup (with the XNNPACK-shaped
+  /// provider, setup is refused until is_finalized says so).
   std::string finalize() {
-    if (provider_->is_finalized(provider_->context)) return {};
+    if (mode_ == Mode::direct || provider_->is_finalized(provider_->context)) return {};
     if (wc_finalize(cache_) != WC_OK) return std::string("wc_finalize: ") + wc_last_error();
     return {};
   }
 
   /// Reshape: resolve every operator's packed weights (XNNPACK does this at every reshape).
   std::string reshape() {
+    if (mode_ == Mode::direct) return {};
     if (!provider_->is_finalized(provider_->context)) return "setup refused: the weights cache is not finalized";
     for (std::size_t i = 0; i < ops_.size(); ++i) {
       ops_[i].packed = static_cast<const float*>(provider_->offset_to_addr(provider_->context, ops_[i].offset));
       if (ops_[i].packed == nullptr) return "offset_to_addr failed for " + layers_[i].weight_name;
     }
     return {};
+  }
+
+  /// Where every operator's packed weights are (after reshape): [address, address + bytes).
+  std::vector<std::pair<const void*, std::size_t>> packed_ranges() const {
+    std::vector<std::pair<const void*, std::size_t>> out;
+    for (std::size_t i = 0; i < ops_.size(); ++i) out.emplace_back(ops_[i].packed, packed_bytes(layers_[i]));
+    return out;
+  }
+  std::size_t packed_total() const {
+    std::size_t n = 0;
+    for (const Linear& l : layers_) n += packed_bytes(l);
+    return n;
   }
 
   /// One forward pass over `tokens` rows of activations.
@@ -112,12 +192,27 @@ class ExecutionProvider {
     const float* packed = nullptr;
   };
 
+  static std::size_t align64(std::size_t n) { return (n + 63) / 64 * 64; }
+
+  /// Zeroes `mem` (as XNNPACK zeroes a reservation) and packs layer i into it from the source
+  /// tensors, which are dropped again afterwards (a runtime frees unpacked weights once packed).
+  void pack_layer(std::size_t i, void* mem, std::size_t n) {
+    const Linear& l = layers_[i];
+    std::memset(mem, 0, n);
+    source_->materialize(2 * i);
+    source_->materialize(2 * i + 1);
+    pack_panels(source_->weight(i).data, source_->bias(i).data, l.rows, l.cols, static_cast<float*>(mem));
+    source_->release(2 * i);
+    source_->release(2 * i + 1);
+  }
+
   /// XNNPACK's seed mixes the operator's shape, tile sizes and flags; this one its shape.
   static std::uint32_t seed_of(const Linear& l) {
     const std::uint64_t shape[3] = {l.rows, l.cols, kNr};
     return static_cast<std::uint32_t>(fnv1a(shape, sizeof shape));
   }
 
+  Mode mode_;
   wc_cache* cache_;
   SourceModel* source_;
   Config config_;
@@ -125,6 +220,7 @@ class ExecutionProvider {
   wc_xnn_adapter* adapter_ = nullptr;
   wc_xnn_weights_cache_provider* provider_ = nullptr;
   std::vector<Op> ops_;
+  PrivateBuffer private_;  // direct mode
 };
 
 }  // namespace refep

@@ -1,7 +1,7 @@
 // weightcache-ref-ep: a reference CPU execution provider that runs a stack of transformer-style
-// MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider.
-// Run it twice: the first run packs into the cache file, the second maps the packed weights.
-// See --help, and docs/INTEGRATION.md.
+// MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider (or,
+// as the baseline, without weightcache at all). Run it twice: the first run packs into the
+// cache file, the second maps the packed weights. See --help, and docs/INTEGRATION.md.
 #include "../common/smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
@@ -48,8 +48,8 @@ std::string human(std::uint64_t bytes) {
 // ---- arguments --------------------------------------------------------------------------------
 
 const char kUsage[] =
-    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--fresh] [--size-mib N | --layers N]\n"
-    "                          [--dim N] [--hidden N] [--tokens N] [--seed N]\n"
+    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--fresh]\n"
+    "                          [--size-mib N | --layers N] [--dim N] [--hidden N] [--tokens N] [--seed N]\n"
     "                          [--sessions K] [--processes N] [--report FILE]\n"
     "\n"
     "A reference CPU execution provider: runs a stack of transformer-style MLP blocks (f32 GEMM from\n"
@@ -59,7 +59,8 @@ const char kUsage[] =
     "\n"
     "  --cache FILE     cache file (default $XDG_CACHE_HOME/weightcache/ref-ep.wcache, else\n"
     "                   ~/.cache/weightcache/ref-ep.wcache)\n"
-    "  --no-cache       pack every session into private heap memory (the baseline)\n"
+    "  --no-cache       the baseline: no weightcache at all; every session packs (same packer)\n"
+    "                   into private memory of its own and runs from it\n"
     "  --fresh          delete the cache file first (a cold start)\n"
     "  --size-mib N     weights in MiB, rounded to whole blocks (default 512)\n"
     "  --layers N       number of MLP blocks (default 16)\n"
@@ -76,7 +77,8 @@ const char kUsage[] =
 struct Args {
   refep::Config config;
   std::string cache_path;
-  bool no_cache = false;
+  refep::Mode mode = refep::Mode::adapter;
+  bool no_cache = false;  // mode == direct
   bool fresh = false;
   std::size_t size_mib = 0;
   bool layers_set = false;
@@ -151,6 +153,11 @@ int parse_args(int argc, char** argv, Args* a) {
       return 2;
     }
   }
+  if (a->no_cache && !a->cache_path.empty()) {
+    std::fprintf(stderr, "weightcache-ref-ep: --no-cache uses no cache: it excludes --cache\n");
+    return 2;
+  }
+  a->mode = a->no_cache ? refep::Mode::direct : refep::Mode::adapter;
   if (a->size_mib != 0 && !a->layers_set) {
     const double per_layer = static_cast<double>(refep::layer_weight_bytes(a->config));
     a->config.layers = std::max<std::size_t>(1, static_cast<std::size_t>(a->size_mib * double(1 << 20) / per_layer + 0.5));
@@ -169,10 +176,35 @@ int parse_args(int argc, char** argv, Args* a) {
   return -1;
 }
 
-// ---- where the weights live: /proc/self/smaps for the cache file's mappings -------------------
+// ---- where the weights live: /proc/self/smaps ---------------------------------------------------
+// Two places: the cache file's mappings (page-cache pages, shared by every process mapping the
+// file) and private anonymous memory (the baseline's buffers, or a cache's heap fallback).
+// Both are measured from the kernel's account, never assumed.
 
+using weightcache::examples::AddressRange;
+using weightcache::examples::anonymous_usage_of;
 using weightcache::examples::file_mapping_usage;
 using weightcache::examples::MappingUsage;
+
+std::vector<AddressRange> ranges_of(const refep::ExecutionProvider& ep) {
+  std::vector<AddressRange> out;
+  for (const auto& [p, n] : ep.packed_ranges()) out.push_back({reinterpret_cast<std::uintptr_t>(p), n});
+  return out;
+}
+
+// One row of the "where the weights live" table.
+void print_row(const char* where, const std::string& bytes, const MappingUsage& u) {
+  std::printf("      %-24s %11s %11s %11s %14s\n", where, bytes.c_str(), human(u.rss).c_str(), human(u.pss).c_str(),
+              human(u.private_dirty).c_str());
+}
+
+void print_table(const char* title, bool cache, const std::string& mapped_bytes, const MappingUsage& mapped,
+                 const std::string& private_bytes, const MappingUsage& priv) {
+  std::printf("    %-26s %11s %11s %11s %14s\n", title, "bytes", "Rss", "Pss", "Private_Dirty");
+  if (cache) print_row("cache file (shared)", mapped_bytes, mapped);
+  else std::printf("      %-24s %11s\n", "cache file (shared)", "not used");
+  print_row("private memory (heap)", private_bytes, priv);
+}
 
 std::uint64_t process_rss() {
   std::ifstream in("/proc/self/status");
@@ -261,9 +293,11 @@ int run_sessions(const Args& args) {
   const auto input = refep::make_input(cfg);
   const std::uint64_t weight_bytes = refep::layer_weight_bytes(cfg) * cfg.layers;
   const long pid = static_cast<long>(::getpid());
+  const bool cached = args.mode != refep::Mode::direct;
   std::printf("[pid %ld] model: %zu MLP blocks, dim %zu, hidden %zu, %s of f32 weights, %zu tokens; %s\n", pid,
               cfg.layers, cfg.dim, cfg.hidden, human(weight_bytes).c_str(), cfg.tokens,
-              args.no_cache ? "no cache (private heap)" : ("cache " + args.cache_path).c_str());
+              cached ? (std::string(refep::mode_name(args.mode)) + " over " + args.cache_path).c_str()
+                     : "no cache: every session packs into private memory");
   std::fflush(stdout);
 
   std::vector<std::unique_ptr<Session>> sessions;
@@ -272,27 +306,24 @@ int run_sessions(const Args& args) {
   for (std::size_t k = 1; k <= args.sessions; ++k) {
     auto s = std::make_unique<Session>();
     const auto t0 = Clock::now();
-    wc_options o;
-    wc_options_init(&o);
-    if (args.no_cache) {
-      o.private_cache = 1;
-      o.backing = WC_BACKING_HEAP;
-    } else {
+    if (cached) {
+      wc_options o;
+      wc_options_init(&o);
       o.path = args.cache_path.c_str();
       o.compat_key = key.data();
       o.compat_key_size = key.size();
       o.refresh_on_miss = 1;  // pick up what concurrent processes committed meanwhile
-    }
-    if (wc_open(&o, &s->cache) != WC_OK) {
-      std::fprintf(stderr, "weightcache-ref-ep: cannot open the cache: %s\n", wc_last_error());
-      return 2;
+      if (wc_open(&o, &s->cache) != WC_OK) {
+        std::fprintf(stderr, "weightcache-ref-ep: cannot open the cache: %s\n", wc_last_error());
+        return 2;
+      }
     }
     s->source = std::make_unique<refep::SourceModel>(cfg, refep::model_layers(cfg));
     if (!s->source->ok()) {
       std::fprintf(stderr, "weightcache-ref-ep: cannot map %s for the model\n", human(weight_bytes).c_str());
       return 2;
     }
-    s->ep = std::make_unique<refep::ExecutionProvider>(s->cache, s->source.get(), cfg);
+    s->ep = std::make_unique<refep::ExecutionProvider>(args.mode, s->cache, s->source.get(), cfg);
     refep::LoadCounts counts;
     std::string err = s->ep->init();
     if (err.empty()) err = s->ep->create_operators(&counts);
@@ -313,29 +344,35 @@ int run_sessions(const Args& args) {
     if (first_hash.empty()) first_hash = hash;
     identical = identical && first_hash == hash;
 
+    // Where this session's weights live: bytes from the library's account (in the baseline,
+    // the buffers it packed into), pages from the kernel's. The cache file's mappings are one per
+    // process, whatever the number of sessions; private memory is this session's own.
     wc_stats cs;
     wc_stats_init(&cs);
-    wc_get_stats(s->cache, &cs);
     wc_xnn_adapter_stats as;
     wc_xnn_adapter_stats_init(&as);
-    wc_xnn_adapter_get_stats(s->ep->adapter(), &as);
-    const MappingUsage mu = file_mapping_usage(args.no_cache ? std::string() : args.cache_path);
-    std::printf(
-        "[pid %ld session %zu/%zu] load %.1f ms: %zu operators, %zu packed, %zu from the cache; run %.1f ms; output "
-        "%s\n"
-        "    weights: %s mapped from the cache file, %s in heap (%s unnamed); cache file mappings: Rss %s, Pss %s, "
-        "Private_Dirty %s\n",
-        pid, k, args.sessions, load_ms, s->ep->operators(), counts.packed, counts.hits, run_ms, hash,
-        human(cs.mapped_bytes).c_str(), human(cs.heap_bytes).c_str(), human(as.unnamed_bytes).c_str(),
-        human(mu.rss).c_str(), human(mu.pss).c_str(), human(mu.private_dirty).c_str());
+    if (cached) wc_get_stats(s->cache, &cs);
+    if (s->ep->adapter() != nullptr) wc_xnn_adapter_get_stats(s->ep->adapter(), &as);
+    const std::uint64_t reserves = cached ? as.reservations : counts.packed;
+    const std::uint64_t private_bytes = cached ? cs.heap_bytes + as.unnamed_bytes : s->ep->packed_total();
+    const MappingUsage mapped = file_mapping_usage(cached ? args.cache_path : std::string());
+    const MappingUsage priv = anonymous_usage_of(ranges_of(*s->ep));
+    std::printf("[pid %ld session %zu/%zu] load %.1f ms: %zu operators, %zu packed, %zu from the cache; run %.1f ms; "
+                "output %s\n",
+                pid, k, args.sessions, load_ms, s->ep->operators(), counts.packed, counts.hits, run_ms, hash);
+    print_table(("weights (" + human(s->ep->packed_total()) + " packed)").c_str(), cached, human(cs.mapped_bytes),
+                mapped, human(private_bytes), priv);
     std::fflush(stdout);
-    char line[512];
+    char line[640];
     std::snprintf(line, sizeof line,
-                  "pid=%ld session=%zu hash=%s load_ms=%.3f run_ms=%.3f packed=%zu hits=%zu reserves=%" PRIu64
-                  " mapped_bytes=%" PRIu64 " heap_bytes=%" PRIu64 " unnamed_bytes=%" PRIu64 " rss=%" PRIu64
-                  " pss=%" PRIu64 " private_dirty=%" PRIu64,
-                  pid, k, hash, load_ms, run_ms, counts.packed, counts.hits, as.reservations, cs.mapped_bytes,
-                  cs.heap_bytes, as.unnamed_bytes, mu.rss, mu.pss, mu.private_dirty);
+                  "pid=%ld session=%zu mode=%s hash=%s load_ms=%.3f run_ms=%.3f packed=%zu hits=%zu reserves=%" PRIu64
+                  " weights=%zu mapped_bytes=%" PRIu64 " heap_bytes=%" PRIu64 " unnamed_bytes=%" PRIu64 " rss=%" PRIu64
+                  " pss=%" PRIu64 " private_dirty=%" PRIu64 " heap_rss=%" PRIu64 " heap_pss=%" PRIu64
+                  " heap_private_dirty=%" PRIu64,
+                  pid, k, cached ? "adapter" : "direct", hash, load_ms,
+                  run_ms, counts.packed, counts.hits, reserves, s->ep->packed_total(), cs.mapped_bytes, private_bytes,
+                  as.unnamed_bytes, mapped.rss, mapped.pss, mapped.private_dirty, priv.rss, priv.pss,
+                  priv.private_dirty);
     report.line(line);
     sessions.push_back(std::move(s));
   }
@@ -344,17 +381,24 @@ int run_sessions(const Args& args) {
   // have measured, so the figures below show what the processes share.
   const bool child = args.sync_fds[0] >= 0;
   if (child) barrier(args.sync_fds[0], args.sync_fds[1]);
-  const MappingUsage mu = file_mapping_usage(args.no_cache ? std::string() : args.cache_path);
+  const MappingUsage mu = file_mapping_usage(cached ? args.cache_path : std::string());
+  std::vector<AddressRange> all;
+  for (const auto& s : sessions) {
+    const auto r = ranges_of(*s->ep);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  const MappingUsage priv = anonymous_usage_of(all);
   const std::uint64_t rss = process_rss();
-  std::printf("[pid %ld] %zu session(s) alive: process RSS %s; cache file mappings: Rss %s, Pss %s, Private_Dirty %s\n",
-              pid, sessions.size(), human(rss).c_str(), human(mu.rss).c_str(), human(mu.pss).c_str(),
-              human(mu.private_dirty).c_str());
+  std::printf("[pid %ld] %zu session(s) alive, process RSS %s\n", pid, sessions.size(), human(rss).c_str());
+  // With one session in one process that is the table above; otherwise the total, measured
+  // while every session (and, with --processes, every process) is alive.
+  if (sessions.size() > 1 || child) print_table("all sessions' weights", cached, "", mu, "", priv);
   std::fflush(stdout);
-  char line[256];
+  char line[384];
   std::snprintf(line, sizeof line,
                 "pid=%ld summary=1 sessions=%zu process_rss=%" PRIu64 " rss=%" PRIu64 " pss=%" PRIu64
-                " private_dirty=%" PRIu64,
-                pid, sessions.size(), rss, mu.rss, mu.pss, mu.private_dirty);
+                " private_dirty=%" PRIu64 " heap_rss=%" PRIu64 " heap_pss=%" PRIu64 " heap_private_dirty=%" PRIu64,
+                pid, sessions.size(), rss, mu.rss, mu.pss, mu.private_dirty, priv.rss, priv.pss, priv.private_dirty);
   report.line(line);
   if (child) barrier(args.sync_fds[2], args.sync_fds[3]);
   if (!identical) {
@@ -419,7 +463,7 @@ int run_processes(int argc, char** argv, const Args& args) {
     if (a == "--fresh") continue;  // done once, below
     child_args.push_back(a);
   }
-  if (args.fresh && !args.no_cache) {
+  if (args.fresh && args.mode != refep::Mode::direct) {
     std::error_code ec;
     std::filesystem::remove(args.cache_path, ec);
   }
@@ -465,13 +509,15 @@ int run_processes(int argc, char** argv, const Args& args) {
   std::string l, hash;
   std::size_t n = 0, seen = 0;
   bool identical = true;
-  std::uint64_t pss = 0, rss = 0;
+  std::uint64_t pss = 0, rss = 0, heap_pss = 0, heap_rss = 0;
   while (std::getline(in, l)) {
     if (n++ < lines_before) continue;
     auto kv = parse_report_line(l);
     if (kv.count("summary") != 0) {
       pss += std::strtoull(kv["pss"].c_str(), nullptr, 10);
       rss += std::strtoull(kv["rss"].c_str(), nullptr, 10);
+      heap_pss += std::strtoull(kv["heap_pss"].c_str(), nullptr, 10);
+      heap_rss += std::strtoull(kv["heap_rss"].c_str(), nullptr, 10);
       continue;
     }
     ++seen;
@@ -487,9 +533,11 @@ int run_processes(int argc, char** argv, const Args& args) {
     std::fprintf(stderr, "weightcache-ref-ep: processes produced different outputs\n");
     return 1;
   }
-  std::printf("%zu processes x %zu session(s): every output %s; cache file mappings across processes: Rss %s, "
-              "Pss %s\n",
-              args.processes, args.sessions, hash.c_str(), human(rss).c_str(), human(pss).c_str());
+  std::printf("%zu processes x %zu session(s): every output %s\n"
+              "    weights across processes: cache file mappings Rss %s, Pss %s (shared pages count once in Pss); "
+              "private memory Rss %s, Pss %s\n",
+              args.processes, args.sessions, hash.c_str(), human(rss).c_str(), human(pss).c_str(),
+              human(heap_rss).c_str(), human(heap_pss).c_str());
   return rc;
 }
 
@@ -499,7 +547,7 @@ int main(int argc, char** argv) {
   Args args;
   if (const int rc = parse_args(argc, argv, &args); rc >= 0) return rc;
   if (args.processes > 0) return run_processes(argc, argv, args);
-  if (args.fresh && !args.no_cache) {
+  if (args.fresh && args.mode != refep::Mode::direct) {
     std::error_code ec;
     std::filesystem::remove(args.cache_path, ec);
   }

@@ -1,6 +1,8 @@
 // The reference execution provider end to end (examples/reference_ep): a small model run with
 // and without the cache, cold and warm, in several sessions and several processes. Every run
-// must compute bit-identical outputs, and warm runs must pack nothing.
+// must compute bit-identical outputs, and warm runs must pack nothing. "Without the cache" is
+// --no-cache: weightcache is not used at all (same packer, private memory), so the reference
+// output owes nothing to the library under test.
 #include "spawn.hpp"
 #include "temp_dir.hpp"
 
@@ -72,20 +74,30 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
   std::vector<Line> s;
   ASSERT_EQ(run({"--no-cache"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["mode"], "direct");
   const std::string reference = s[0]["hash"];
   ASSERT_EQ(reference.size(), 16u);
+  EXPECT_EQ(num(s[0], "packed"), kOperators);
   EXPECT_EQ(num(s[0], "mapped_bytes"), 0u);
-  EXPECT_GT(num(s[0], "heap_bytes"), 0u);
+  EXPECT_EQ(num(s[0], "rss"), 0u);  // no cache file mapped
+  const std::uint64_t weights = num(s[0], "weights");
+  EXPECT_GT(weights, 3u << 20);
+  // The baseline's weights are private memory, and the kernel says so: every packed page is
+  // resident and dirty in this process alone.
+  EXPECT_EQ(num(s[0], "heap_bytes"), weights);
+  EXPECT_GE(num(s[0], "heap_private_dirty"), weights);
+  EXPECT_GE(num(s[0], "heap_pss"), weights);
 
-  // Cold: everything packed, straight into the cache file.
+  // Cold: everything packed, straight into the cache file; nothing in private memory.
   ASSERT_EQ(run({"--cache", cache_, "--fresh"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["mode"], "adapter");
   EXPECT_EQ(s[0]["hash"], reference);
   EXPECT_EQ(num(s[0], "packed"), kOperators);
   EXPECT_EQ(num(s[0], "reserves"), kOperators);
-  const std::uint64_t weights = num(s[0], "mapped_bytes");
-  EXPECT_GT(weights, 3u << 20);
+  EXPECT_EQ(num(s[0], "mapped_bytes"), weights);
   EXPECT_EQ(num(s[0], "heap_bytes"), 0u);
+  EXPECT_EQ(num(s[0], "heap_rss"), 0u);
 
   // Warm, in a new process: nothing packed, the same bytes mapped, the same output.
   ASSERT_EQ(run({"--cache", cache_}, &s), 0);
@@ -95,6 +107,7 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
   EXPECT_EQ(num(s[0], "hits"), kOperators);
   EXPECT_EQ(num(s[0], "mapped_bytes"), weights);
   EXPECT_EQ(num(s[0], "heap_bytes"), 0u);
+  EXPECT_EQ(num(s[0], "heap_rss"), 0u);
   EXPECT_GE(num(s[0], "rss"), weights);  // the GEMM read every packed byte from the file mapping
   // Reading never copies a page: at most the file's last page may still be dirty in the page
   // cache from the previous run's close.
@@ -108,13 +121,17 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
     EXPECT_EQ(num(l, "reserves"), 0u);
   }
 
-  // Without the cache, several sessions each pack again, and still agree.
-  ASSERT_EQ(run({"--no-cache", "--sessions", "2"}, &s), 0);
+  // Without the cache, several sessions each pack again into memory of their own, and agree.
+  std::vector<Line> sum;
+  ASSERT_EQ(run({"--no-cache", "--sessions", "2"}, &s, &sum), 0);
   ASSERT_EQ(s.size(), 2u);
   for (auto& l : s) {
     EXPECT_EQ(l["hash"], reference);
-    EXPECT_EQ(num(l, "reserves"), kOperators);
+    EXPECT_EQ(num(l, "packed"), kOperators);
+    EXPECT_GE(num(l, "heap_private_dirty"), weights);
   }
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_GE(num(sum[0], "heap_private_dirty"), 2 * weights);
 }
 
 TEST_F(RefEpTest, ProcessesShareOneCacheColdAndWarm) {
