@@ -3,6 +3,8 @@
 // from is the mode:
 //  - adapter: through the XNNPACK-shaped weights-cache provider (wc_xnn_adapter), its function
 //    pointers called exactly as XNNPACK's operator-creation path calls them;
+//  - c_abi:   through the C ABI directly (wc_look_up, wc_reserve_space, wc_look_up_or_insert),
+//    as a backend that packs its own weights would;
 //  - direct:  no weightcache at all: packed by the same function into private memory of the
 //    session's own (the baseline every output is compared with).
 #pragma once
@@ -18,16 +20,18 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace refep {
 
-enum class Mode { adapter, direct };
+enum class Mode { adapter, c_abi, direct };
 
 inline const char* mode_name(Mode m) {
   switch (m) {
     case Mode::adapter: return "XNNPACK-shaped provider";
+    case Mode::c_abi: return "C ABI";
     case Mode::direct: return "no cache";
   }
   return "?";
@@ -92,6 +96,7 @@ class ExecutionProvider {
       private_ = PrivateBuffer(total);
       return private_.data() != nullptr ? std::string() : "cannot allocate " + std::to_string(total) + " bytes";
     }
+    if (mode_ == Mode::c_abi) return {};
     if (wc_xnn_adapter_create(cache_, &adapter_) != WC_OK) return std::string("adapter: ") + wc_last_error();
     provider_ = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(adapter_));
     for (const auto& t : source_->tensors()) {
@@ -116,20 +121,40 @@ class ExecutionProvider {
         ++counts->packed;
         continue;
       }
-      // What xnn_create_runtime does for each fully-connected node: look_up; on a miss
-      // reserve_space, zero, pack, look_up_or_insert (whose result XNNPACK does not check).
-      const wc_xnn_weights_cache_look_up_key key{seed_of(l), source_->weight(i).data, source_->bias(i).data,
-                                                 kFingerprintId};
-      std::size_t offset = provider_->look_up(provider_->context, &key);
-      if (offset == SIZE_MAX) {
-        void* mem = provider_->reserve_space(provider_->context, n);
-        if (mem == nullptr)
-          return "reserve_space refused " + std::to_string(n) + " bytes for " + l.weight_name + ": " + wc_last_error();
-        pack_layer(i, mem, n);
-        offset = provider_->look_up_or_insert(provider_->context, &key, mem, n);
-        ++counts->packed;
+      std::size_t offset = SIZE_MAX;
+      if (mode_ == Mode::adapter) {
+        // What xnn_create_runtime does for each fully-connected node: look_up; on a miss
+        // reserve_space, zero, pack, look_up_or_insert (whose result XNNPACK does not check).
+        const wc_xnn_weights_cache_look_up_key key{seed_of(l), source_->weight(i).data, source_->bias(i).data,
+                                                   kFingerprintId};
+        offset = provider_->look_up(provider_->context, &key);
+        if (offset == SIZE_MAX) {
+          void* mem = provider_->reserve_space(provider_->context, n);
+          if (mem == nullptr)
+            return "reserve_space refused " + std::to_string(n) + " bytes for " + l.weight_name + ": " + wc_last_error();
+          pack_layer(i, mem, n);
+          offset = provider_->look_up_or_insert(provider_->context, &key, mem, n);
+          ++counts->packed;
+        } else {
+          ++counts->hits;
+        }
       } else {
-        ++counts->hits;
+        // A backend that packs its own weights: the same steps through the C ABI, with a key
+        // of its own making (names, never addresses; length-prefixed).
+        const std::string key = c_abi_key(l);
+        offset = wc_look_up(cache_, key.data(), key.size());
+        if (offset == WC_NOT_FOUND) {
+          void* mem = wc_reserve_space(cache_, n);
+          if (mem == nullptr)
+            return "wc_reserve_space refused " + std::to_string(n) + " bytes for " + l.weight_name + ": " +
+                   wc_last_error();
+          pack_layer(i, mem, n);
+          offset = wc_look_up_or_insert(cache_, key.data(), key.size(), mem, n);
+          if (offset == WC_NOT_FOUND) return "wc_look_up_or_insert failed for " + l.weight_name + ": " + wc_last_error();
+          ++counts->packed;
+        } else {
+          ++counts->hits;
+        }
       }
       ops_[i].offset = offset;
     }
@@ -139,7 +164,10 @@ class ExecutionProvider {
   /// The runtime's own job with a cache: finalize before setup (with the XNNPACK-shaped
   /// provider, setup is refused until is_finalized says so).
   std::string finalize() {
-    if (mode_ == Mode::direct || provider_->is_finalized(provider_->context)) return {};
+    if (mode_ == Mode::direct) return {};
+    const bool finalized =
+        mode_ == Mode::adapter ? provider_->is_finalized(provider_->context) : wc_is_finalized(cache_) != 0;
+    if (finalized) return {};
     if (wc_finalize(cache_) != WC_OK) return std::string("wc_finalize: ") + wc_last_error();
     return {};
   }
@@ -147,9 +175,12 @@ class ExecutionProvider {
   /// Reshape: resolve every operator's packed weights (XNNPACK does this at every reshape).
   std::string reshape() {
     if (mode_ == Mode::direct) return {};
-    if (!provider_->is_finalized(provider_->context)) return "setup refused: the weights cache is not finalized";
+    if (mode_ == Mode::adapter && !provider_->is_finalized(provider_->context))
+      return "setup refused: the weights cache is not finalized";
     for (std::size_t i = 0; i < ops_.size(); ++i) {
-      ops_[i].packed = static_cast<const float*>(provider_->offset_to_addr(provider_->context, ops_[i].offset));
+      ops_[i].packed = static_cast<const float*>(mode_ == Mode::adapter
+                                                     ? provider_->offset_to_addr(provider_->context, ops_[i].offset)
+                                                     : wc_offset_to_addr(cache_, ops_[i].offset));
       if (ops_[i].packed == nullptr) return "offset_to_addr failed for " + layers_[i].weight_name;
     }
     return {};
@@ -204,6 +235,21 @@ class ExecutionProvider {
     pack_panels(source_->weight(i).data, source_->bias(i).data, l.rows, l.cols, static_cast<float*>(mem));
     source_->release(2 * i);
     source_->release(2 * i + 1);
+  }
+
+  /// The C-ABI mode's key: a tag, then the weight name, the bias name and the packed shape,
+  /// each length-prefixed, so no two layers share a key whatever their names contain.
+  static std::string c_abi_key(const Linear& l) {
+    std::string k = "refep-c-abi/1";
+    auto put = [&](std::string_view field) {
+      const std::uint32_t n = static_cast<std::uint32_t>(field.size());
+      for (int b = 0; b < 4; ++b) k.push_back(static_cast<char>((n >> (8 * b)) & 0xff));
+      k.append(field);
+    };
+    put(l.weight_name);
+    put(l.bias_name);
+    put(std::to_string(l.rows) + "x" + std::to_string(l.cols) + "/nr" + std::to_string(kNr));
+    return k;
   }
 
   /// XNNPACK's seed mixes the operator's shape, tile sizes and flags; this one its shape.

@@ -1,7 +1,8 @@
 // weightcache-ref-ep: a reference CPU execution provider that runs a stack of transformer-style
-// MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider (or,
-// as the baseline, without weightcache at all). Run it twice: the first run packs into the
-// cache file, the second maps the packed weights. See --help, and docs/INTEGRATION.md.
+// MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider (or
+// its C ABI, or, as the baseline, without weightcache at all). Run it twice: the first run
+// packs into the cache file, the second maps the packed weights. See --help, and
+// docs/INTEGRATION.md.
 #include "../common/smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
@@ -48,7 +49,7 @@ std::string human(std::uint64_t bytes) {
 // ---- arguments --------------------------------------------------------------------------------
 
 const char kUsage[] =
-    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--fresh]\n"
+    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--c-abi] [--fresh]\n"
     "                          [--size-mib N | --layers N] [--dim N] [--hidden N] [--tokens N] [--seed N]\n"
     "                          [--sessions K] [--processes N] [--report FILE]\n"
     "\n"
@@ -61,6 +62,8 @@ const char kUsage[] =
     "                   ~/.cache/weightcache/ref-ep.wcache)\n"
     "  --no-cache       the baseline: no weightcache at all; every session packs (same packer)\n"
     "                   into private memory of its own and runs from it\n"
+    "  --c-abi          pack through the C ABI (wc_look_up, wc_reserve_space, wc_look_up_or_insert)\n"
+    "                   instead of the XNNPACK-shaped provider, as a backend packing on its own would\n"
     "  --fresh          delete the cache file first (a cold start)\n"
     "  --size-mib N     weights in MiB, rounded to whole blocks (default 512)\n"
     "  --layers N       number of MLP blocks (default 16)\n"
@@ -79,6 +82,7 @@ struct Args {
   std::string cache_path;
   refep::Mode mode = refep::Mode::adapter;
   bool no_cache = false;  // mode == direct
+  bool c_abi = false;
   bool fresh = false;
   std::size_t size_mib = 0;
   bool layers_set = false;
@@ -121,6 +125,8 @@ int parse_args(int argc, char** argv, Args* a) {
       ++i;
     } else if (arg == "--no-cache") {
       a->no_cache = true;
+    } else if (arg == "--c-abi") {
+      a->c_abi = true;
     } else if (arg == "--fresh") {
       a->fresh = true;
     } else if (arg == "--size-mib") {
@@ -153,11 +159,11 @@ int parse_args(int argc, char** argv, Args* a) {
       return 2;
     }
   }
-  if (a->no_cache && !a->cache_path.empty()) {
-    std::fprintf(stderr, "weightcache-ref-ep: --no-cache uses no cache: it excludes --cache\n");
+  if (a->no_cache && (a->c_abi || !a->cache_path.empty())) {
+    std::fprintf(stderr, "weightcache-ref-ep: --no-cache uses no cache: it excludes --c-abi and --cache\n");
     return 2;
   }
-  a->mode = a->no_cache ? refep::Mode::direct : refep::Mode::adapter;
+  a->mode = a->no_cache ? refep::Mode::direct : a->c_abi ? refep::Mode::c_abi : refep::Mode::adapter;
   if (a->size_mib != 0 && !a->layers_set) {
     const double per_layer = static_cast<double>(refep::layer_weight_bytes(a->config));
     a->config.layers = std::max<std::size_t>(1, static_cast<std::size_t>(a->size_mib * double(1 << 20) / per_layer + 0.5));
@@ -353,7 +359,7 @@ int run_sessions(const Args& args) {
     wc_xnn_adapter_stats_init(&as);
     if (cached) wc_get_stats(s->cache, &cs);
     if (s->ep->adapter() != nullptr) wc_xnn_adapter_get_stats(s->ep->adapter(), &as);
-    const std::uint64_t reserves = cached ? as.reservations : counts.packed;
+    const std::uint64_t reserves = args.mode == refep::Mode::adapter ? as.reservations : counts.packed;
     const std::uint64_t private_bytes = cached ? cs.heap_bytes + as.unnamed_bytes : s->ep->packed_total();
     const MappingUsage mapped = file_mapping_usage(cached ? args.cache_path : std::string());
     const MappingUsage priv = anonymous_usage_of(ranges_of(*s->ep));
@@ -369,7 +375,7 @@ int run_sessions(const Args& args) {
                   " weights=%zu mapped_bytes=%" PRIu64 " heap_bytes=%" PRIu64 " unnamed_bytes=%" PRIu64 " rss=%" PRIu64
                   " pss=%" PRIu64 " private_dirty=%" PRIu64 " heap_rss=%" PRIu64 " heap_pss=%" PRIu64
                   " heap_private_dirty=%" PRIu64,
-                  pid, k, cached ? "adapter" : "direct", hash, load_ms,
+                  pid, k, args.mode == refep::Mode::adapter ? "adapter" : cached ? "c-abi" : "direct", hash, load_ms,
                   run_ms, counts.packed, counts.hits, reserves, s->ep->packed_total(), cs.mapped_bytes, private_bytes,
                   as.unnamed_bytes, mapped.rss, mapped.pss, mapped.private_dirty, priv.rss, priv.pss,
                   priv.private_dirty);

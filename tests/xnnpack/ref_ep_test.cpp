@@ -134,6 +134,33 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
   EXPECT_GE(num(sum[0], "heap_private_dirty"), 2 * weights);
 }
 
+TEST_F(RefEpTest, TheCAbiPathComputesTheSameOutputColdAndWarm) {
+  std::vector<Line> s;
+  ASSERT_EQ(run({"--no-cache"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  const std::string reference = s[0]["hash"];
+
+  ASSERT_EQ(run({"--cache", cache_, "--fresh", "--c-abi"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["mode"], "c-abi");
+  EXPECT_EQ(s[0]["hash"], reference);
+  EXPECT_EQ(num(s[0], "packed"), kOperators);
+  EXPECT_EQ(num(s[0], "heap_bytes"), 0u);
+
+  ASSERT_EQ(run({"--cache", cache_, "--c-abi"}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["hash"], reference);
+  EXPECT_EQ(num(s[0], "packed"), 0u);
+  EXPECT_EQ(num(s[0], "hits"), kOperators);
+  EXPECT_EQ(num(s[0], "heap_rss"), 0u);
+
+  // Its keys are its own: the adapter finds nothing of it in the same file, packs, and agrees.
+  ASSERT_EQ(run({"--cache", cache_}, &s), 0);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["hash"], reference);
+  EXPECT_EQ(num(s[0], "packed"), kOperators);
+}
+
 TEST_F(RefEpTest, ProcessesShareOneCacheColdAndWarm) {
   std::vector<Line> s, sum;
   ASSERT_EQ(run({"--no-cache"}, &s), 0);
