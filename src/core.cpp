@@ -948,13 +948,20 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
         reservations_.erase(it);
       }
     }
-    if (Entry* old = find_entry(key); old != nullptr && old->size == size && old->checksum == checksum &&
-                                      old->state.load() != kBad && std::memcmp(addr(old->offset), ptr, size) == 0) {
+    // The key already holds exactly these bytes: keep that entry.
+    auto same = [&]() -> Entry* {
+      Entry* old = find_entry(key);
+      if (old == nullptr || old->size != size || old->checksum != checksum || old->state.load() == kBad ||
+          std::memcmp(addr(old->offset), ptr, size) != 0)
+        return nullptr;
       // Its bytes match fresh packer output. A thread hashing it right now reaches the same verdict.
       if (std::uint8_t unverified = kUnverified; old->state.compare_exchange_strong(unverified, kGood))
         wake_verify_waiters();
-      if (res) release_reservation_locked(res->first, res->second);
       hits_.add();
+      return old;
+    };
+    if (Entry* old = same()) {
+      if (res) release_reservation_locked(res->first, res->second);
       return static_cast<std::size_t>(old->offset);
     }
     Region region;
@@ -962,12 +969,19 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       region = Region{res->first, res->second.heap};
     } else {
       bool fell_back = false;
-      auto r = allocate_locked(round_size(size), &fell_back, lock);
+      const std::uint64_t cap = round_size(size);
+      auto r = allocate_locked(cap, &fell_back, lock);
       if (!r) {
         set_last_error(r.error());
         return kNotFound;
       }
       region = r.value();
+      // Waiting for the lease let go of the write mutex, and taking it merged other processes'
+      // commits: the same bytes may have arrived meanwhile.
+      if (Entry* old = same()) {
+        release_reservation_locked(region.offset, Reservation{cap, region.heap});
+        return static_cast<std::size_t>(old->offset);
+      }
       std::memcpy(addr(region.offset), ptr, size);
     }
     Entry* raw = index_.make(key);
