@@ -20,9 +20,31 @@ namespace weightcache::platform {
 namespace {
 
 const PosixCalls kDefaultCalls = {
-    [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
-    ::close, ::fstat, ::pread, ::pwrite, ::posix_fallocate, ::ftruncate, ::fdatasync, ::fsync,
-    ::rename, ::mmap, ::munmap, ::mprotect, ::msync, ::flock,
+    .open = [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
+    .close = ::close,
+    .fstat = ::fstat,
+    .pread = ::pread,
+    .pwrite = ::pwrite,
+    .posix_fallocate = ::posix_fallocate,
+    .ftruncate = ::ftruncate,
+    .fdatasync = ::fdatasync,
+    .fsync = ::fsync,
+    .rename = ::rename,
+    .mmap = ::mmap,
+    .munmap = ::munmap,
+    .mprotect = ::mprotect,
+    .msync = ::msync,
+    .flock = ::flock,
+    .stat = [](const char* path, struct stat* st) { return ::stat(path, st); },
+    .lstat = [](const char* path, struct stat* st) { return ::lstat(path, st); },
+    .fcntl = [](int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); },
+    .unlink = ::unlink,
+    .madvise = ::madvise,
+    .getrlimit = [](int resource, struct rlimit* rl) {
+      return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
+    },
+    .sysconf = ::sysconf,
+    .getpid = ::getpid,
 };
 PosixCalls g_calls = kDefaultCalls;
 PosixCalls& sys() { return g_calls; }
@@ -97,8 +119,10 @@ class PosixPlatform final : public Platform {
       return Error{Errc::invalid_argument, 0,
                    "'" + path + "' is not a regular file; remove it or choose another cache path."};
     }
-    const int fl = ::fcntl(fd, F_GETFL);
-    if (fl >= 0) (void)::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    // Harmless if it fails: on a regular file O_NONBLOCK changes nothing on Linux, and where it
+    // could (mandatory locks) a read would fail with EAGAIN, which read_at reports as an error.
+    const int fl = sys().fcntl(fd, F_GETFL, 0);
+    if (fl >= 0) (void)sys().fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
     return static_cast<Handle>(fd);
   }
 
@@ -114,7 +138,7 @@ class PosixPlatform final : public Platform {
 
   Result<FileInfo> stat_path(const std::string& path, bool follow) noexcept override {
     struct stat st {};
-    const int rc = follow ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st);
+    const int rc = follow ? sys().stat(path.c_str(), &st) : sys().lstat(path.c_str(), &st);
     if (rc != 0) return os_error(errno, "cannot stat", path);
     return info_of(st);
   }
@@ -197,7 +221,8 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  void remove(const std::string& path) noexcept override { (void)::unlink(path.c_str()); }
+  // A file left behind is a temporary that the next writer's clean-up removes.
+  void remove(const std::string& path) noexcept override { (void)sys().unlink(path.c_str()); }
 
   Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
     const std::size_t total = size + align;
@@ -235,7 +260,7 @@ class PosixPlatform final : public Platform {
     // any process mapping them later (at addresses that agree with the file offsets modulo
     // 2 MiB, as ours do) gets one page-table entry per 2 MiB instead of 512. Advisory: a kernel
     // without file THP ignores it, so its result does not matter.
-    (void)::madvise(p, len, MADV_HUGEPAGE);
+    (void)sys().madvise(p, len, MADV_HUGEPAGE);
 #endif
     return {};
   }
@@ -260,7 +285,7 @@ class PosixPlatform final : public Platform {
     const std::size_t page = map_granularity();
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
-    (void)::madvise(reinterpret_cast<void*>(start), len + (a - start), MADV_WILLNEED);
+    (void)sys().madvise(reinterpret_cast<void*>(start), len + (a - start), MADV_WILLNEED);
   }
 
   bool populate_read(void* addr, std::size_t len) noexcept override {
@@ -270,7 +295,7 @@ class PosixPlatform final : public Platform {
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
     for (;;) {
-      if (::madvise(reinterpret_cast<void*>(start), len + (a - start), kPopulateRead) == 0) return true;
+      if (sys().madvise(reinterpret_cast<void*>(start), len + (a - start), kPopulateRead) == 0) return true;
       if (errno == EINTR || errno == EAGAIN) continue;
       return errno != EFAULT && errno != EHWPOISON;
     }
@@ -293,15 +318,21 @@ class PosixPlatform final : public Platform {
   void unlock(Handle h) noexcept override { (void)sys().flock(static_cast<int>(h), LOCK_UN); }
 
   std::size_t map_granularity() const noexcept override {
-    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    // Cannot fail where mmap exists; if it somehow did, a wrong guess makes maps fail (an
+    // error), where a page of -1 would make every alignment in the cache wrong.
+    static const std::size_t page = [] {
+      const long p = sys().sysconf(_SC_PAGESIZE);
+      return p > 0 ? static_cast<std::size_t>(p) : std::size_t{4096};
+    }();
     return page;
   }
 
-  int process_id() const noexcept override { return static_cast<int>(::getpid()); }
+  int process_id() const noexcept override { return static_cast<int>(sys().getpid()); }
 
   std::uint64_t file_size_limit() const noexcept override {
     struct rlimit rl {};
-    if (::getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    // getrlimit fails only for a bad resource or pointer, neither of which this call has.
+    if (sys().getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
     return static_cast<std::uint64_t>(rl.rlim_cur);
   }
 };

@@ -1,8 +1,10 @@
 // Every system call the POSIX platform makes, as a table of function pointers. The product path
 // uses the libc defaults; fault-injection tests swap entries to fail the Nth call with EIO,
 // ENOSPC, EINTR, short writes, mmap or msync failures, below the retry loops that handle them.
+// posix.cpp calls the OS only through this table: a call made around it could not be failed.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -26,6 +28,14 @@ struct PosixCalls {
   int (*mprotect)(void* addr, size_t len, int prot);
   int (*msync)(void* addr, size_t len, int flags);
   int (*flock)(int fd, int op);
+  int (*stat)(const char* path, struct stat* st);
+  int (*lstat)(const char* path, struct stat* st);
+  int (*fcntl)(int fd, int cmd, int arg);  // the commands with an int argument (F_GETFL, F_SETFL)
+  int (*unlink)(const char* path);
+  int (*madvise)(void* addr, size_t len, int advice);
+  int (*getrlimit)(int resource, struct rlimit* rl);
+  long (*sysconf)(int name);
+  pid_t (*getpid)();
 };
 
 /// The table in use (mutable for tests; swap entries only while no cache is open).

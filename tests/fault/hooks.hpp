@@ -1,5 +1,7 @@
 // Syscall-level hooks over platform::posix_calls() for fault injection and crash simulation.
-// Installed for the life of a Hooks object; everything the library does to the OS passes here.
+// Installed for the life of a Hooks object; everything the platform layer does to the OS passes
+// here. Not the std::filesystem calls of src/core.cpp and src/registry.cpp (symlink resolution,
+// removal of stale temporaries, canonical paths): those fail into their error_code paths unseen.
 #pragma once
 
 #include "platform/posix_calls.hpp"
@@ -21,12 +23,17 @@
 
 namespace wctest {
 
+// Every entry of the call table that can fail. Not here: getpid, which cannot, and
+// sysconf(_SC_PAGESIZE), which cannot where mmap exists and is asked once per process.
 enum class Call { open, close, fstat, pread, pwrite, fallocate, ftruncate, fdatasync, fsync, rename, mmap, munmap,
-                  mprotect, msync, flock };
+                  mprotect, msync, flock, stat, lstat, fcntl, unlink, madvise, getrlimit };
+inline constexpr int kCallCount = static_cast<int>(Call::getrlimit) + 1;
 
 inline const char* call_name(Call c) {
-  static const char* names[] = {"open", "close", "fstat", "pread", "pwrite", "fallocate", "ftruncate", "fdatasync",
-                                "fsync", "rename", "mmap", "munmap", "mprotect", "msync", "flock"};
+  static const char* names[] = {"open",   "close",  "fstat",    "pread", "pwrite", "fallocate", "ftruncate",
+                                "fdatasync", "fsync", "rename", "mmap", "munmap", "mprotect", "msync",
+                                "flock",  "stat",   "lstat",    "fcntl", "unlink", "madvise",   "getrlimit"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kCallCount);
   return names[static_cast<int>(c)];
 }
 
@@ -126,6 +133,33 @@ class Hooks {
     t.flock = [](int fd, int op) -> int {
       if (auto d = decide(Call::flock); d.kind != Decision::pass) return (errno = d.err, -1);
       return weightcache::platform::default_posix_calls().flock(fd, op);
+    };
+    t.stat = [](const char* p, struct stat* st) -> int {
+      if (auto d = decide(Call::stat); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().stat(p, st);
+    };
+    t.lstat = [](const char* p, struct stat* st) -> int {
+      if (auto d = decide(Call::lstat); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().lstat(p, st);
+    };
+    t.fcntl = [](int fd, int cmd, int arg) -> int {
+      if (auto d = decide(Call::fcntl); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().fcntl(fd, cmd, arg);
+    };
+    t.unlink = [](const char* p) -> int {
+      if (auto d = decide(Call::unlink); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().unlink(p);
+    };
+    t.madvise = [](void* a, size_t l, int advice) -> int {
+      if (auto d = decide(Call::madvise); d.kind != Decision::pass) return (errno = d.err, -1);
+      // Observed whenever it reaches the OS, with the advice in `flags`: the result of an advice
+      // is the caller's business (an old kernel refuses MADV_POPULATE_READ).
+      instance()->observe(Call::madvise, -1, a, l, 0, advice);
+      return weightcache::platform::default_posix_calls().madvise(a, l, advice);
+    };
+    t.getrlimit = [](int resource, struct rlimit* rl) -> int {
+      if (auto d = decide(Call::getrlimit); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().getrlimit(resource, rl);
     };
   }
 
