@@ -294,9 +294,11 @@ class PosixPlatform final : public Platform {
     const std::size_t page = map_granularity();
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
-    for (;;) {
+    // EAGAIN is "try again", but only a few times: populating is an optimization, and the
+    // caller's reads fault the pages in anyway. Only EFAULT and EHWPOISON say they cannot.
+    for (int again = 0;;) {
       if (sys().madvise(reinterpret_cast<void*>(start), len + (a - start), kPopulateRead) == 0) return true;
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR || (errno == EAGAIN && ++again < 4)) continue;
       return errno != EFAULT && errno != EHWPOISON;
     }
 #else
