@@ -63,8 +63,10 @@ class Hooks {
     };
     t.close = [](int fd) -> int {
       instance()->note_close(fd);
-      (void)decide(Call::close);  // a failing close still releases the descriptor
-      return weightcache::platform::default_posix_calls().close(fd);
+      const Decision d = decide(Call::close);
+      const int r = weightcache::platform::default_posix_calls().close(fd);
+      if (d.kind != Decision::pass) return (errno = d.err, -1);  // as Linux: released all the same
+      return r;
     };
     t.fstat = [](int fd, struct stat* st) -> int {
       if (auto d = decide(Call::fstat); d.kind != Decision::pass) return (errno = d.err, -1);
