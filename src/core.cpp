@@ -121,13 +121,16 @@ Core::~Core() {
     return info && info->size > committed_.committed_size;
   };
   if (grown()) {
-    if (auto got = pf_.try_lock(lock_fd_); got && got.value()) {
+    // The whole lease (the data file's lock too): a writer on another name of this file (a
+    // hard link) holds its own sidecar, and the tail we would cut is the one it is filling.
+    if (auto got = try_lock_both_locked(); got && got.value()) {
+      has_lease_ = true;
       if (auto info = pf_.stat_file(fd_); info) {
         std::vector<format::IndexRecord> records;
         if (auto slot = read_latest_slot(0, &records, info->size); slot && info->size > slot->committed_size)
           (void)pf_.truncate(fd_, slot->committed_size);
       }
-      pf_.unlock(lock_fd_);
+      release_lease_locked();
     }
   }
   pf_.close_file(fd_);
