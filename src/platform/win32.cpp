@@ -22,6 +22,7 @@
 // does), and a read-only one copies the last partial chunk into private memory and re-reads it
 // when the file is stat'ed again (committed bytes never change, so re-reading is harmless).
 #include "platform/platform.hpp"
+#include "platform/win32_calls.hpp"
 
 #ifndef WIN32_LEAN_AND_MEAN
 #define WIN32_LEAN_AND_MEAN
@@ -79,24 +80,11 @@ constexpr auto kFileRenameInfoEx = static_cast<FILE_INFO_BY_HANDLE_CLASS>(22);
 // (Windows locks are mandatory) never trips over it.
 constexpr std::uint64_t kLockOffset = std::uint64_t{1} << 40;
 
-// Windows 10 1803+ (kernelbase.dll). Looked up at run time: mingw's import libraries may lack
-// them, and the library must still load on older systems.
+// Windows 10 1803+ (kernelbase.dll) and Windows 8+ (kernel32.dll). Looked up at run time:
+// mingw's import libraries may lack them, and the library must still load on older systems.
 using VirtualAlloc2Fn = PVOID(WINAPI*)(HANDLE, PVOID, SIZE_T, ULONG, ULONG, void*, ULONG);
 using MapViewOfFile3Fn = PVOID(WINAPI*)(HANDLE, HANDLE, PVOID, ULONG64, SIZE_T, ULONG, ULONG, void*, ULONG);
-struct MemoryRange {
-  PVOID start;
-  SIZE_T size;
-};
-using PrefetchVirtualMemoryFn = BOOL(WINAPI*)(HANDLE, ULONG_PTR, MemoryRange*, ULONG);
-
-struct Api {
-  VirtualAlloc2Fn virtual_alloc2 = nullptr;
-  MapViewOfFile3Fn map_view3 = nullptr;
-  PrefetchVirtualMemoryFn prefetch = nullptr;
-  bool placeholders = false;  // probed: the calls exist and work as documented
-  std::size_t page = 4096;
-  std::size_t granularity = 65536;
-};
+using PrefetchVirtualMemoryFn = BOOL(WINAPI*)(HANDLE, ULONG_PTR, Win32MemoryRange*, ULONG);
 
 template <class Fn>
 Fn proc(HMODULE m, const char* name) {
@@ -104,36 +92,136 @@ Fn proc(HMODULE m, const char* name) {
   return reinterpret_cast<Fn>(reinterpret_cast<void*>(::GetProcAddress(m, name)));
 }
 
+struct Resolved {
+  VirtualAlloc2Fn virtual_alloc2 = nullptr;
+  MapViewOfFile3Fn map_view3 = nullptr;
+  PrefetchVirtualMemoryFn prefetch = nullptr;
+};
+
+const Resolved& resolved() {
+  static const Resolved r = [] {
+    Resolved out;
+    HMODULE kb = ::GetModuleHandleW(L"kernelbase.dll");
+    if (kb == nullptr) kb = ::LoadLibraryW(L"kernelbase.dll");
+    out.virtual_alloc2 = proc<VirtualAlloc2Fn>(kb, "VirtualAlloc2");
+    out.map_view3 = proc<MapViewOfFile3Fn>(kb, "MapViewOfFile3");
+    HMODULE k32 = ::GetModuleHandleW(L"kernel32.dll");
+    out.prefetch = proc<PrefetchVirtualMemoryFn>(k32, "PrefetchVirtualMemory");
+    return out;
+  }();
+  return r;
+}
+
+// The defaults of the looked-up entries: the OS's function, or "not implemented" without it.
+PVOID WINAPI default_virtual_alloc2(HANDLE process, PVOID at, SIZE_T n, ULONG type, ULONG protect, void* params,
+                                    ULONG count) {
+  if (resolved().virtual_alloc2 == nullptr) {
+    ::SetLastError(ERROR_CALL_NOT_IMPLEMENTED);
+    return nullptr;
+  }
+  return resolved().virtual_alloc2(process, at, n, type, protect, params, count);
+}
+
+PVOID WINAPI default_map_view_of_file3(HANDLE section, HANDLE process, PVOID at, ULONG64 offset, SIZE_T n, ULONG type,
+                                       ULONG protect, void* params, ULONG count) {
+  if (resolved().map_view3 == nullptr) {
+    ::SetLastError(ERROR_CALL_NOT_IMPLEMENTED);
+    return nullptr;
+  }
+  return resolved().map_view3(section, process, at, offset, n, type, protect, params, count);
+}
+
+BOOL WINAPI default_prefetch_virtual_memory(HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags) {
+  if (resolved().prefetch == nullptr) {
+    ::SetLastError(ERROR_CALL_NOT_IMPLEMENTED);
+    return FALSE;
+  }
+  return resolved().prefetch(process, count, ranges, flags);
+}
+
+Win32Calls make_default_calls() {
+  Win32Calls c{};
+  c.create_file_w = ::CreateFileW;
+  c.close_handle = ::CloseHandle;
+  c.duplicate_handle = ::DuplicateHandle;
+  c.read_file = ::ReadFile;
+  c.write_file = ::WriteFile;
+  c.get_file_information_by_handle = ::GetFileInformationByHandle;
+  c.get_file_information_by_handle_ex = ::GetFileInformationByHandleEx;
+  c.set_file_information_by_handle = ::SetFileInformationByHandle;
+  c.get_file_type = ::GetFileType;
+  c.get_file_size_ex = ::GetFileSizeEx;
+  c.get_file_attributes_w = ::GetFileAttributesW;
+  c.get_full_path_name_w = ::GetFullPathNameW;
+  c.move_file_ex_w = ::MoveFileExW;
+  c.delete_file_w = ::DeleteFileW;
+  c.flush_file_buffers = ::FlushFileBuffers;
+  c.lock_file_ex = ::LockFileEx;
+  c.unlock_file_ex = ::UnlockFileEx;
+  c.create_file_mapping_w = ::CreateFileMappingW;
+  c.map_view_of_file_ex = ::MapViewOfFileEx;
+  c.unmap_view_of_file = ::UnmapViewOfFile;
+  c.virtual_alloc = ::VirtualAlloc;
+  c.virtual_free = ::VirtualFree;
+  c.flush_view_of_file = ::FlushViewOfFile;
+  c.get_system_info = ::GetSystemInfo;
+  c.get_current_process_id = ::GetCurrentProcessId;
+  c.virtual_alloc2 = default_virtual_alloc2;
+  c.map_view_of_file3 = default_map_view_of_file3;
+  c.prefetch_virtual_memory = default_prefetch_virtual_memory;
+  return c;
+}
+
+// Function-local statics: initialized on first use, whatever the order of static initializers.
+const Win32Calls& defaults() {
+  static const Win32Calls c = make_default_calls();
+  return c;
+}
+
+Win32Calls& calls_in_use() {
+  static Win32Calls c = defaults();
+  return c;
+}
+
+Win32Calls& sys() { return calls_in_use(); }
+
+struct Api {
+  bool placeholders = false;  // probed: the calls exist and work as documented
+  std::size_t page = 4096;
+  std::size_t granularity = 65536;
+};
+
 // Tries every placeholder operation the mapping code relies on, on a scratch range. Wine before
 // 9.x and Windows before 10 1803 fail here; then legacy mode is used.
 bool probe_placeholders(const Api& api) {
-  if (api.virtual_alloc2 == nullptr || api.map_view3 == nullptr) return false;
   const std::size_t g = api.granularity;
-  auto* base = static_cast<char*>(api.virtual_alloc2(::GetCurrentProcess(), nullptr, 2 * g,
-                                                     MEM_RESERVE | MEM_RESERVE_PLACEHOLDER, PAGE_NOACCESS, nullptr, 0));
+  auto* base = static_cast<char*>(sys().virtual_alloc2(
+      ::GetCurrentProcess(), nullptr, 2 * g, MEM_RESERVE | MEM_RESERVE_PLACEHOLDER, PAGE_NOACCESS, nullptr, 0));
   if (base == nullptr) return false;
-  const bool ok = ::VirtualFree(base, g, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
+  const bool ok = sys().virtual_free(base, g, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
   bool view = false, committed = false, second = false;
-  HANDLE section = ok ? ::CreateFileMappingW(INVALID_HANDLE_VALUE, nullptr, PAGE_READWRITE, 0, static_cast<DWORD>(g), nullptr)
-                      : nullptr;
+  HANDLE section =
+      ok ? sys().create_file_mapping_w(INVALID_HANDLE_VALUE, nullptr, PAGE_READWRITE, 0, static_cast<DWORD>(g), nullptr)
+         : nullptr;
   if (section != nullptr) {
     // A view at a page (not 64 KiB) offset of the section: what hole filling needs.
-    second = ::VirtualFree(base, api.page, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
-    view = second && api.map_view3(section, ::GetCurrentProcess(), base + api.page, api.page, g - api.page,
-                                   MEM_REPLACE_PLACEHOLDER, PAGE_READWRITE, nullptr, 0) != nullptr;
-    ::CloseHandle(section);
+    second = sys().virtual_free(base, api.page, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
+    view = second && sys().map_view_of_file3(section, ::GetCurrentProcess(), base + api.page, api.page, g - api.page,
+                                             MEM_REPLACE_PLACEHOLDER, PAGE_READWRITE, nullptr, 0) != nullptr;
+    sys().close_handle(section);
   }
   if (ok) {
-    committed = api.virtual_alloc2(::GetCurrentProcess(), base + g, g, MEM_RESERVE | MEM_COMMIT | MEM_REPLACE_PLACEHOLDER,
-                                   PAGE_READWRITE, nullptr, 0) != nullptr;
+    committed =
+        sys().virtual_alloc2(::GetCurrentProcess(), base + g, g, MEM_RESERVE | MEM_COMMIT | MEM_REPLACE_PLACEHOLDER,
+                             PAGE_READWRITE, nullptr, 0) != nullptr;
     if (second) {
-      if (view) ::UnmapViewOfFile(base + api.page);
-      else ::VirtualFree(base + api.page, 0, MEM_RELEASE);
+      if (view) sys().unmap_view_of_file(base + api.page);
+      else sys().virtual_free(base + api.page, 0, MEM_RELEASE);
     }
-    ::VirtualFree(base, 0, MEM_RELEASE);
-    ::VirtualFree(base + g, 0, MEM_RELEASE);  // committed memory or a placeholder
+    sys().virtual_free(base, 0, MEM_RELEASE);
+    sys().virtual_free(base + g, 0, MEM_RELEASE);  // committed memory or a placeholder
   } else {
-    ::VirtualFree(base, 0, MEM_RELEASE);
+    sys().virtual_free(base, 0, MEM_RELEASE);
   }
   return ok && view && committed;
 }
@@ -142,15 +230,9 @@ const Api& api() {
   static const Api a = [] {
     Api r;
     SYSTEM_INFO si;
-    ::GetSystemInfo(&si);
+    sys().get_system_info(&si);
     r.page = si.dwPageSize;
     r.granularity = si.dwAllocationGranularity;
-    HMODULE kb = ::GetModuleHandleW(L"kernelbase.dll");
-    if (kb == nullptr) kb = ::LoadLibraryW(L"kernelbase.dll");
-    r.virtual_alloc2 = proc<VirtualAlloc2Fn>(kb, "VirtualAlloc2");
-    r.map_view3 = proc<MapViewOfFile3Fn>(kb, "MapViewOfFile3");
-    HMODULE k32 = ::GetModuleHandleW(L"kernel32.dll");
-    r.prefetch = proc<PrefetchVirtualMemoryFn>(k32, "PrefetchVirtualMemory");
     // WEIGHTCACHE_WIN32_MAPPING=legacy forces the fallback, so it can be tested where
     // placeholders exist.
     const char* force = std::getenv("WEIGHTCACHE_WIN32_MAPPING");
@@ -303,25 +385,25 @@ HANDLE as_handle(Handle h) { return reinterpret_cast<HANDLE>(h); }
 
 bool reparse_is_link(HANDLE h) {
   FILE_ATTRIBUTE_TAG_INFO tag{};
-  if (!::GetFileInformationByHandleEx(h, FileAttributeTagInfo, &tag, sizeof tag)) return true;
+  if (!sys().get_file_information_by_handle_ex(h, FileAttributeTagInfo, &tag, sizeof tag)) return true;
   return (tag.FileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
          (tag.ReparseTag == IO_REPARSE_TAG_SYMLINK || tag.ReparseTag == IO_REPARSE_TAG_MOUNT_POINT);
 }
 
 bool info_of(HANDLE h, FileInfo* out) {
   BY_HANDLE_FILE_INFORMATION bi{};
-  if (!::GetFileInformationByHandle(h, &bi)) return false;
+  if (!sys().get_file_information_by_handle(h, &bi)) return false;
   out->size = (static_cast<std::uint64_t>(bi.nFileSizeHigh) << 32) | bi.nFileSizeLow;
   out->device = bi.dwVolumeSerialNumber;
   out->inode = (static_cast<std::uint64_t>(bi.nFileIndexHigh) << 32) | bi.nFileIndexLow;
-  out->regular = (bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) == 0 && ::GetFileType(h) == FILE_TYPE_DISK;
+  out->regular = (bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) == 0 && sys().get_file_type(h) == FILE_TYPE_DISK;
   out->symlink = false;
   return true;
 }
 
 bool file_size_of(HANDLE h, std::uint64_t* size) {
   LARGE_INTEGER li;
-  if (!::GetFileSizeEx(h, &li)) return false;
+  if (!sys().get_file_size_ex(h, &li)) return false;
   *size = static_cast<std::uint64_t>(li.QuadPart);
   return true;
 }
@@ -337,7 +419,7 @@ struct FileRef {
   HANDLE h = nullptr;
   std::uint64_t device = 0, inode = 0;
   ~FileRef() {
-    if (h != nullptr) ::CloseHandle(h);
+    if (h != nullptr) sys().close_handle(h);
   }
 };
 
@@ -383,14 +465,14 @@ class Win32Platform final : public Platform {
     // Every sharing mode: other handles and processes may read, write, map, rename and delete
     // while we hold the file, as on POSIX. A narrower mode is what made a second mapper of one
     // cache file fail with "Access is denied" elsewhere.
-    HANDLE h = ::CreateFileW(w.c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                             disposition, flags, nullptr);
+    HANDLE h = sys().create_file_w(w.c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                                   disposition, flags, nullptr);
     if (h == INVALID_HANDLE_VALUE) {
       DWORD err = ::GetLastError();
       // Windows answers "access denied" for a directory at the path, which the core reads as a
       // read-only place (and maps the cache read-only); POSIX says EISDIR. Say what it is.
       if (err == ERROR_ACCESS_DENIED) {
-        const DWORD attrs = ::GetFileAttributesW(w.c_str());
+        const DWORD attrs = sys().get_file_attributes_w(w.c_str());
         if (attrs != INVALID_FILE_ATTRIBUTES && (attrs & FILE_ATTRIBUTE_DIRECTORY) != 0) err = ERROR_DIRECTORY;
       }
       const bool missing = err == ERROR_FILE_NOT_FOUND || err == ERROR_PATH_NOT_FOUND;
@@ -400,23 +482,23 @@ class Win32Platform final : public Platform {
     const bool got = info_of(h, &info);
     if (got && !follow_symlink) {
       BY_HANDLE_FILE_INFORMATION bi{};
-      if (::GetFileInformationByHandle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
+      if (sys().get_file_information_by_handle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
           reparse_is_link(h)) {
-        ::CloseHandle(h);
+        sys().close_handle(h);
         return Error{Errc::invalid_argument, ELOOP,
                      "refusing to open a symlink at '" + path +
                          "'. Point the cache at a regular file, or set allow_symlink."};
       }
     }
     if (!got || !info.regular) {
-      ::CloseHandle(h);
+      sys().close_handle(h);
       return Error{Errc::invalid_argument, 0, "'" + path + "' is not a regular file; remove it or choose another cache path."};
     }
     return reinterpret_cast<Handle>(h);
   }
 
   void close_file(Handle h) noexcept override {
-    if (h != kInvalidHandle && h != 0) ::CloseHandle(as_handle(h));
+    if (h != kInvalidHandle && h != 0) sys().close_handle(as_handle(h));
   }
 
   Result<FileInfo> stat_file(Handle h) noexcept override {
@@ -433,21 +515,22 @@ class Win32Platform final : public Platform {
     if (!widen(path, &w)) return bad_path(path);
     DWORD flags = FILE_FLAG_BACKUP_SEMANTICS;  // lets directories open too, to be reported as such
     if (!follow) flags |= FILE_FLAG_OPEN_REPARSE_POINT;
-    HANDLE h = ::CreateFileW(w.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                             nullptr, OPEN_EXISTING, flags, nullptr);
+    HANDLE h =
+        sys().create_file_w(w.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                            nullptr, OPEN_EXISTING, flags, nullptr);
     if (h == INVALID_HANDLE_VALUE) return win_error(::GetLastError(), "cannot stat", path);
     FileInfo info;
     const bool ok = info_of(h, &info);
     const DWORD err = ::GetLastError();
     if (ok && !follow) {
       BY_HANDLE_FILE_INFORMATION bi{};
-      if (::GetFileInformationByHandle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
+      if (sys().get_file_information_by_handle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
           reparse_is_link(h)) {
         info.symlink = true;
         info.regular = false;
       }
     }
-    ::CloseHandle(h);
+    sys().close_handle(h);
     if (!ok) return win_error(err, "cannot stat", path);
     return info;
   }
@@ -460,7 +543,7 @@ class Win32Platform final : public Platform {
       ov.Offset = static_cast<DWORD>(offset);
       ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
       DWORD got = 0;
-      if (!::ReadFile(as_handle(h), p, n, &got, &ov)) {
+      if (!sys().read_file(as_handle(h), p, n, &got, &ov)) {
         const DWORD err = ::GetLastError();
         if (err == ERROR_HANDLE_EOF) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
         return win_error(err, "read failed on", "<cache>");
@@ -481,7 +564,8 @@ class Win32Platform final : public Platform {
       ov.Offset = static_cast<DWORD>(offset);
       ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
       DWORD put = 0;
-      if (!::WriteFile(as_handle(h), p, n, &put, &ov)) return win_error(::GetLastError(), "write failed on", "<cache>");
+      if (!sys().write_file(as_handle(h), p, n, &put, &ov))
+        return win_error(::GetLastError(), "write failed on", "<cache>");
       if (put == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
       p += put;
       size -= put;
@@ -502,7 +586,7 @@ class Win32Platform final : public Platform {
       // shrinks, like posix_fallocate.
       FILE_ALLOCATION_INFO alloc{};
       alloc.AllocationSize.QuadPart = static_cast<LONGLONG>(target);
-      if (!::SetFileInformationByHandle(as_handle(h), FileAllocationInfo, &alloc, sizeof alloc)) {
+      if (!sys().set_file_information_by_handle(as_handle(h), FileAllocationInfo, &alloc, sizeof alloc)) {
         const DWORD err = ::GetLastError();
         if (errc_of_win(err) == Errc::no_space)
           return win_error(err, "cannot allocate disk space for", "<cache>", "Free disk space.");
@@ -510,7 +594,7 @@ class Win32Platform final : public Platform {
       }
       FILE_END_OF_FILE_INFO eof{};
       eof.EndOfFile.QuadPart = static_cast<LONGLONG>(target);
-      if (!::SetFileInformationByHandle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
+      if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
         return win_error(::GetLastError(), "cannot allocate disk space for", "<cache>", "Free disk space.");
     }
     FileInfo info;
@@ -523,13 +607,14 @@ class Win32Platform final : public Platform {
     // tolerates that (the file then keeps its preallocated tail past the footer).
     FILE_END_OF_FILE_INFO eof{};
     eof.EndOfFile.QuadPart = static_cast<LONGLONG>(size);
-    if (!::SetFileInformationByHandle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
+    if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
       return win_error(::GetLastError(), "cannot resize", "<cache>");
     return {};
   }
 
   Result<void> sync(Handle h) noexcept override {
-    if (!::FlushFileBuffers(as_handle(h))) return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
+    if (!sys().flush_file_buffers(as_handle(h)))
+      return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
     return {};
   }
 
@@ -537,7 +622,7 @@ class Win32Platform final : public Platform {
     std::wstring wf, wt;
     if (!widen(from, &wf)) return bad_path(from);
     if (!widen(to, &wt)) return bad_path(to);
-    if (::MoveFileExW(wf.c_str(), wt.c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return {};
+    if (sys().move_file_ex_w(wf.c_str(), wt.c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) return {};
     const DWORD err = ::GetLastError();
     // Classic rename refuses to replace a file that another handle holds open; POSIX-semantics
     // rename (Windows 10 1709+, NTFS) replaces it as rename(2) does, the old file living on for
@@ -557,15 +642,15 @@ class Win32Platform final : public Platform {
     std::wstring w;
     if (!widen(path, &w)) return;
     // POSIX-semantics delete frees the name at once even while others hold the file open.
-    HANDLE h = ::CreateFileW(w.c_str(), DELETE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                             OPEN_EXISTING, FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+    HANDLE h = sys().create_file_w(w.c_str(), DELETE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                                   OPEN_EXISTING, FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
     if (h != INVALID_HANDLE_VALUE) {
       DWORD flags = FILE_DISPOSITION_FLAG_DELETE | FILE_DISPOSITION_FLAG_POSIX_SEMANTICS;
-      const bool done = ::SetFileInformationByHandle(h, kFileDispositionInfoEx, &flags, sizeof flags) != 0;
-      ::CloseHandle(h);
+      const bool done = sys().set_file_information_by_handle(h, kFileDispositionInfoEx, &flags, sizeof flags) != 0;
+      sys().close_handle(h);
       if (done) return;
     }
-    (void)::DeleteFileW(w.c_str());
+    (void)sys().delete_file_w(w.c_str());
   }
 
   // ---- address space ----
@@ -578,8 +663,9 @@ class Win32Platform final : public Platform {
     if (a.placeholders) {
       // Reserve more than asked, then split off and free the unaligned head and the tail:
       // never releases what it keeps, so nothing can race into it.
-      auto* p = static_cast<char*>(a.virtual_alloc2(::GetCurrentProcess(), nullptr, size + align,
-                                                    MEM_RESERVE | MEM_RESERVE_PLACEHOLDER, PAGE_NOACCESS, nullptr, 0));
+      auto* p =
+          static_cast<char*>(sys().virtual_alloc2(::GetCurrentProcess(), nullptr, size + align,
+                                                  MEM_RESERVE | MEM_RESERVE_PLACEHOLDER, PAGE_NOACCESS, nullptr, 0));
       if (p == nullptr) return no_address_space(size, ::GetLastError());
       const auto start = reinterpret_cast<std::uintptr_t>(p);
       base = static_cast<std::uintptr_t>(align_up(start, align));
@@ -587,33 +673,34 @@ class Win32Platform final : public Platform {
       std::uintptr_t held = start;  // where the placeholder we still hold begins
       bool ok = true;
       if (base > start) {
-        ok = ::VirtualFree(p, base - start, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
+        ok = sys().virtual_free(p, base - start, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
         if (ok) {
-          ::VirtualFree(p, 0, MEM_RELEASE);
+          sys().virtual_free(p, 0, MEM_RELEASE);
           held = base;
         }
       }
       if (ok && tail > 0) {
-        ok = ::VirtualFree(reinterpret_cast<void*>(base), size, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
-        if (ok) ::VirtualFree(reinterpret_cast<void*>(base + size), 0, MEM_RELEASE);
+        ok = sys().virtual_free(reinterpret_cast<void*>(base), size, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER) != 0;
+        if (ok) sys().virtual_free(reinterpret_cast<void*>(base + size), 0, MEM_RELEASE);
       }
       if (!ok) {
         const DWORD err = ::GetLastError();
-        ::VirtualFree(reinterpret_cast<void*>(held), 0, MEM_RELEASE);
+        sys().virtual_free(reinterpret_cast<void*>(held), 0, MEM_RELEASE);
         return no_address_space(size, err);
       }
     } else {
       // Find an aligned range, then reserve exactly it; another thread may take it in between.
       DWORD err = ERROR_NOT_ENOUGH_MEMORY;
       for (int attempt = 0; attempt < 16 && base == 0; ++attempt) {
-        void* p = ::VirtualAlloc(nullptr, size + align, MEM_RESERVE, PAGE_NOACCESS);
+        void* p = sys().virtual_alloc(nullptr, size + align, MEM_RESERVE, PAGE_NOACCESS);
         if (p == nullptr) {
           err = ::GetLastError();
           break;
         }
         const std::uintptr_t want = static_cast<std::uintptr_t>(align_up(reinterpret_cast<std::uintptr_t>(p), align));
-        ::VirtualFree(p, 0, MEM_RELEASE);
-        if (::VirtualAlloc(reinterpret_cast<void*>(want), size, MEM_RESERVE, PAGE_NOACCESS) == reinterpret_cast<void*>(want))
+        sys().virtual_free(p, 0, MEM_RELEASE);
+        if (sys().virtual_alloc(reinterpret_cast<void*>(want), size, MEM_RESERVE, PAGE_NOACCESS) ==
+            reinterpret_cast<void*>(want))
           base = want;
       }
       if (base == 0) return no_address_space(size, err);
@@ -625,7 +712,7 @@ class Win32Platform final : public Platform {
       r.segs[base] = Segment{base + size, Kind::reserved, nullptr, 0, false};
       reservations_[base] = std::move(r);
     } catch (...) {
-      ::VirtualFree(reinterpret_cast<void*>(base), 0, MEM_RELEASE);
+      sys().virtual_free(reinterpret_cast<void*>(base), 0, MEM_RELEASE);
       return Error{Errc::no_memory, ENOMEM, "out of memory while reserving address space"};
     }
     return reinterpret_cast<void*>(base);
@@ -648,8 +735,8 @@ class Win32Platform final : public Platform {
       if (res == nullptr)
         return Error{Errc::invalid_argument, EINVAL, "map_file outside a reservation or over a used range"};
       auto file = std::make_shared<FileRef>();
-      if (!::DuplicateHandle(::GetCurrentProcess(), as_handle(h), ::GetCurrentProcess(), &file->h, 0, FALSE,
-                             DUPLICATE_SAME_ACCESS)) {
+      if (!sys().duplicate_handle(::GetCurrentProcess(), as_handle(h), ::GetCurrentProcess(), &file->h, 0, FALSE,
+                                  DUPLICATE_SAME_ACCESS)) {
         file->h = nullptr;
         return win_error(::GetLastError(), "cannot duplicate the handle of", "<cache>");
       }
@@ -713,7 +800,7 @@ class Win32Platform final : public Platform {
       BOOL ok = FALSE;
       DWORD err = 0;
       for (int attempt = 0; attempt < 100 && !ok; ++attempt) {
-        ok = ::FlushViewOfFile(reinterpret_cast<void*>(p.start), p.len);
+        ok = sys().flush_view_of_file(reinterpret_cast<void*>(p.start), p.len);
         err = ok ? 0 : ::GetLastError();
         if (!ok && err != ERROR_LOCK_VIOLATION) break;
         if (!ok) ::SwitchToThread();
@@ -724,15 +811,14 @@ class Win32Platform final : public Platform {
     // FlushViewOfFile hands the pages to the file system; FlushFileBuffers waits until they
     // (and the file's metadata) are on the disk.
     for (HANDLE f : files)
-      if (!::FlushFileBuffers(f)) return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
+      if (!sys().flush_file_buffers(f)) return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
     return {};
   }
 
   void prefetch(void* addr, std::size_t len) noexcept override {
-    const Api& a = api();
-    if (a.prefetch == nullptr || len == 0) return;
-    MemoryRange r{addr, len};
-    (void)a.prefetch(::GetCurrentProcess(), 1, &r, 0);
+    if (len == 0) return;
+    Win32MemoryRange r{addr, len};
+    (void)sys().prefetch_virtual_memory(::GetCurrentProcess(), 1, &r, 0);
   }
 
   // ---- locks ----
@@ -743,7 +829,8 @@ class Win32Platform final : public Platform {
     OVERLAPPED ov{};
     ov.Offset = static_cast<DWORD>(kLockOffset);
     ov.OffsetHigh = static_cast<DWORD>(kLockOffset >> 32);
-    if (::LockFileEx(as_handle(h), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov)) return true;
+    if (sys().lock_file_ex(as_handle(h), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov))
+      return true;
     const DWORD err = ::GetLastError();
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
     return win_error(err, "cannot lock", "<cache>.lock");
@@ -753,13 +840,13 @@ class Win32Platform final : public Platform {
     OVERLAPPED ov{};
     ov.Offset = static_cast<DWORD>(kLockOffset);
     ov.OffsetHigh = static_cast<DWORD>(kLockOffset >> 32);
-    (void)::UnlockFileEx(as_handle(h), 0, 1, 0, &ov);
+    (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
   }
 
   // ---- facts ----
 
   std::size_t map_granularity() const noexcept override { return api().granularity; }
-  int process_id() const noexcept override { return static_cast<int>(::GetCurrentProcessId()); }
+  int process_id() const noexcept override { return static_cast<int>(sys().get_current_process_id()); }
   std::uint64_t file_size_limit() const noexcept override { return UINT64_MAX; }
 
  private:
@@ -772,14 +859,15 @@ class Win32Platform final : public Platform {
   }
 
   static bool posix_rename(const std::wstring& from, const std::wstring& to) {
-    const DWORD full = ::GetFullPathNameW(to.c_str(), 0, nullptr, nullptr);
+    const DWORD full = sys().get_full_path_name_w(to.c_str(), 0, nullptr, nullptr);
     if (full == 0) return false;
     std::wstring target(full, L'\0');
-    const DWORD n = ::GetFullPathNameW(to.c_str(), full, target.data(), nullptr);
+    const DWORD n = sys().get_full_path_name_w(to.c_str(), full, target.data(), nullptr);
     if (n == 0 || n >= full) return false;
     target.resize(n);
-    HANDLE h = ::CreateFileW(from.c_str(), DELETE | SYNCHRONIZE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                             nullptr, OPEN_EXISTING, FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+    HANDLE h =
+        sys().create_file_w(from.c_str(), DELETE | SYNCHRONIZE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                            nullptr, OPEN_EXISTING, FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
     if (h == INVALID_HANDLE_VALUE) return false;
     // FILE_RENAME_INFO with the RS1 Flags field in place of ReplaceIfExists.
     const std::size_t bytes = offsetof(FILE_RENAME_INFO, FileName) + (target.size() + 1) * sizeof(wchar_t);
@@ -790,9 +878,9 @@ class Win32Platform final : public Platform {
     info->RootDirectory = nullptr;
     info->FileNameLength = static_cast<DWORD>(target.size() * sizeof(wchar_t));
     std::memcpy(info->FileName, target.c_str(), (target.size() + 1) * sizeof(wchar_t));
-    const bool ok = ::SetFileInformationByHandle(h, kFileRenameInfoEx, info, static_cast<DWORD>(bytes)) != 0;
-    if (ok) (void)::FlushFileBuffers(h);
-    ::CloseHandle(h);
+    const bool ok = sys().set_file_information_by_handle(h, kFileRenameInfoEx, info, static_cast<DWORD>(bytes)) != 0;
+    if (ok) (void)sys().flush_file_buffers(h);
+    sys().close_handle(h);
     return ok;
   }
 
@@ -820,9 +908,9 @@ class Win32Platform final : public Platform {
 
   void free_segment(std::uintptr_t start, const Segment& seg) noexcept {
     switch (seg.kind) {
-      case Kind::view: ::UnmapViewOfFile(reinterpret_cast<void*>(start)); break;
+      case Kind::view: sys().unmap_view_of_file(reinterpret_cast<void*>(start)); break;
       case Kind::reserved:
-      case Kind::committed: ::VirtualFree(reinterpret_cast<void*>(start), 0, MEM_RELEASE); break;
+      case Kind::committed: sys().virtual_free(reinterpret_cast<void*>(start), 0, MEM_RELEASE); break;
       case Kind::lost: break;
     }
   }
@@ -835,7 +923,7 @@ class Win32Platform final : public Platform {
     auto it = containing(res, start);
     if (it->first < start) {
       const std::uintptr_t s = it->first;
-      if (!::VirtualFree(reinterpret_cast<void*>(s), start - s, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
+      if (!sys().virtual_free(reinterpret_cast<void*>(s), start - s, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
         return win_error(::GetLastError(), "cannot split the address range of", "<cache>");
       Segment tail = it->second;
       tail.file_offset += start - s;
@@ -843,7 +931,7 @@ class Win32Platform final : public Platform {
       it = res.segs.emplace(start, std::move(tail)).first;
     }
     if (it->second.end > end) {
-      if (!::VirtualFree(reinterpret_cast<void*>(start), end - start, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
+      if (!sys().virtual_free(reinterpret_cast<void*>(start), end - start, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
         return win_error(::GetLastError(), "cannot split the address range of", "<cache>");
       Segment tail = it->second;
       tail.file_offset += end - start;
@@ -859,13 +947,13 @@ class Win32Platform final : public Platform {
                           std::uintptr_t start, std::uint64_t avail, bool writable) {
     const std::uint64_t vlen = align_up(avail, api().page);
     const std::uint64_t section_size = offset + avail;
-    HANDLE section = ::CreateFileMappingW(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
-                                          static_cast<DWORD>(section_size >> 32), static_cast<DWORD>(section_size),
-                                          nullptr);
+    HANDLE section =
+        sys().create_file_mapping_w(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
+                                    static_cast<DWORD>(section_size >> 32), static_cast<DWORD>(section_size), nullptr);
     if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", "<cache>");
     auto it = split(res, start, start + vlen);
     if (!it) {
-      ::CloseHandle(section);
+      sys().close_handle(section);
       return it.error();
     }
     // The documented view size is a page multiple, but a data section's size is checked byte
@@ -875,12 +963,12 @@ class Win32Platform final : public Platform {
     DWORD err = 0;
     const std::uint64_t sizes[3] = {vlen, avail, 0};
     for (int i = 0; i < (vlen == avail ? 1 : 3) && v == nullptr; ++i) {
-      v = api().map_view3(section, ::GetCurrentProcess(), reinterpret_cast<void*>(start), offset,
-                          static_cast<SIZE_T>(sizes[i]), MEM_REPLACE_PLACEHOLDER,
-                          writable ? PAGE_READWRITE : PAGE_READONLY, nullptr, 0);
+      v = sys().map_view_of_file3(section, ::GetCurrentProcess(), reinterpret_cast<void*>(start), offset,
+                                  static_cast<SIZE_T>(sizes[i]), MEM_REPLACE_PLACEHOLDER,
+                                  writable ? PAGE_READWRITE : PAGE_READONLY, nullptr, 0);
       if (v == nullptr) err = ::GetLastError();
     }
-    ::CloseHandle(section);  // the view keeps the mapping object alive
+    sys().close_handle(section);  // the view keeps the mapping object alive
     if (v == nullptr) return win_error(err, "cannot map", "<cache>");
     Segment& seg = it.value()->second;
     seg.kind = Kind::view;
@@ -918,7 +1006,7 @@ class Win32Platform final : public Platform {
     auto it = containing(res, start);
     const std::uintptr_t s = it->first, e = it->second.end;
     Segment proto = it->second;
-    if (!::VirtualFree(reinterpret_cast<void*>(s), 0, MEM_RELEASE))
+    if (!sys().virtual_free(reinterpret_cast<void*>(s), 0, MEM_RELEASE))
       return win_error(::GetLastError(), "cannot release the address range of", "<cache>");
     Result<void> r = use();
     res.segs.erase(it);
@@ -927,7 +1015,8 @@ class Win32Platform final : public Platform {
       Segment seg = proto;
       seg.file_offset += a - s;
       seg.end = b;
-      if (::VirtualAlloc(reinterpret_cast<void*>(a), b - a, MEM_RESERVE, PAGE_NOACCESS) != reinterpret_cast<void*>(a)) {
+      if (sys().virtual_alloc(reinterpret_cast<void*>(a), b - a, MEM_RESERVE, PAGE_NOACCESS) !=
+          reinterpret_cast<void*>(a)) {
         seg.kind = Kind::lost;
         seg.file = nullptr;
       }
@@ -951,21 +1040,21 @@ class Win32Platform final : public Platform {
     const std::uint64_t whole = writable ? len : align_down(avail, g);
     if (whole > 0) {
       const std::uint64_t section_size = offset + whole;
-      HANDLE section = ::CreateFileMappingW(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
-                                            static_cast<DWORD>(section_size >> 32), static_cast<DWORD>(section_size),
-                                            nullptr);
+      HANDLE section = sys().create_file_mapping_w(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
+                                                   static_cast<DWORD>(section_size >> 32),
+                                                   static_cast<DWORD>(section_size), nullptr);
       if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", "<cache>");
       DWORD err = 0;
       auto r = carve(res, start, start + whole, [&]() -> Result<void> {
-        void* v = ::MapViewOfFileEx(section, writable ? FILE_MAP_READ | FILE_MAP_WRITE : FILE_MAP_READ,
-                                    static_cast<DWORD>(offset >> 32), static_cast<DWORD>(offset),
-                                    static_cast<SIZE_T>(whole), reinterpret_cast<void*>(start));
+        void* v = sys().map_view_of_file_ex(section, writable ? FILE_MAP_READ | FILE_MAP_WRITE : FILE_MAP_READ,
+                                            static_cast<DWORD>(offset >> 32), static_cast<DWORD>(offset),
+                                            static_cast<SIZE_T>(whole), reinterpret_cast<void*>(start));
         if (v == reinterpret_cast<void*>(start)) return {};
         err = ::GetLastError();
-        if (v != nullptr) ::UnmapViewOfFile(v);
+        if (v != nullptr) sys().unmap_view_of_file(v);
         return win_error(err != 0 ? err : ERROR_INVALID_ADDRESS, "cannot map", "<cache>");
       });
-      ::CloseHandle(section);
+      sys().close_handle(section);
       if (!r) return r;
       Segment& seg = res.segs[start];
       seg.end = start + whole;
@@ -1002,8 +1091,9 @@ class Win32Platform final : public Platform {
     if (a.placeholders) {
       auto it = split(res, start, start + len);
       if (!it) return it.error();
-      if (a.virtual_alloc2(::GetCurrentProcess(), reinterpret_cast<void*>(start), len,
-                           MEM_RESERVE | MEM_COMMIT | MEM_REPLACE_PLACEHOLDER, PAGE_READWRITE, nullptr, 0) == nullptr) {
+      if (sys().virtual_alloc2(::GetCurrentProcess(), reinterpret_cast<void*>(start), len,
+                               MEM_RESERVE | MEM_COMMIT | MEM_REPLACE_PLACEHOLDER, PAGE_READWRITE, nullptr,
+                               0) == nullptr) {
         const DWORD err = ::GetLastError();
         return Error{Errc::no_memory, errno_of(err),
                      "cannot commit " + std::to_string(len) + " bytes of heap memory: " + win_message(err)};
@@ -1013,10 +1103,10 @@ class Win32Platform final : public Platform {
     }
     DWORD err = 0;
     auto r = carve(res, start, start + len, [&]() -> Result<void> {
-      void* p = ::VirtualAlloc(reinterpret_cast<void*>(start), len, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+      void* p = sys().virtual_alloc(reinterpret_cast<void*>(start), len, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
       if (p == reinterpret_cast<void*>(start)) return {};
       err = ::GetLastError();
-      if (p != nullptr) ::VirtualFree(p, 0, MEM_RELEASE);
+      if (p != nullptr) sys().virtual_free(p, 0, MEM_RELEASE);
       return Error{Errc::no_memory, errno_of(err), "cannot commit " + std::to_string(len) + " bytes of heap memory"};
     });
     if (!r) return r;
@@ -1076,6 +1166,9 @@ Platform& os() noexcept {
   static Win32Platform platform;
   return platform;
 }
+
+Win32Calls& win32_calls() noexcept { return calls_in_use(); }
+const Win32Calls& default_win32_calls() noexcept { return defaults(); }
 
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
   std::string msg = what + " '" + path + "': " + std::strerror(err) + ".";
