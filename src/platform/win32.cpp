@@ -390,14 +390,20 @@ bool reparse_is_link(HANDLE h) {
          (tag.ReparseTag == IO_REPARSE_TAG_SYMLINK || tag.ReparseTag == IO_REPARSE_TAG_MOUNT_POINT);
 }
 
-bool info_of(HANDLE h, FileInfo* out) {
+// Fails (with the thread's last error set) when either query fails: a file whose type cannot
+// be read is not thereby "not a regular file". `attributes` gets the FILE_ATTRIBUTE_* bits.
+bool info_of(HANDLE h, FileInfo* out, DWORD* attributes = nullptr) {
   BY_HANDLE_FILE_INFORMATION bi{};
   if (!sys().get_file_information_by_handle(h, &bi)) return false;
+  ::SetLastError(NO_ERROR);  // GetFileType's FILE_TYPE_UNKNOWN is a failure only with an error
+  const DWORD type = sys().get_file_type(h);
+  if (type == FILE_TYPE_UNKNOWN && ::GetLastError() != NO_ERROR) return false;
   out->size = (static_cast<std::uint64_t>(bi.nFileSizeHigh) << 32) | bi.nFileSizeLow;
   out->device = bi.dwVolumeSerialNumber;
   out->inode = (static_cast<std::uint64_t>(bi.nFileIndexHigh) << 32) | bi.nFileIndexLow;
-  out->regular = (bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) == 0 && sys().get_file_type(h) == FILE_TYPE_DISK;
+  out->regular = (bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) == 0 && type == FILE_TYPE_DISK;
   out->symlink = false;
+  if (attributes != nullptr) *attributes = bi.dwFileAttributes;
   return true;
 }
 
@@ -479,20 +485,24 @@ class Win32Platform final : public Platform {
       return win_error(err, "cannot open", path, missing ? "Create the directory first, or pick another path." : nullptr);
     }
     FileInfo info;
-    const bool got = info_of(h, &info);
-    if (got && !follow_symlink) {
-      BY_HANDLE_FILE_INFORMATION bi{};
-      if (sys().get_file_information_by_handle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
-          reparse_is_link(h)) {
-        sys().close_handle(h);
-        return Error{Errc::invalid_argument, ELOOP,
-                     "refusing to open a symlink at '" + path +
-                         "'. Point the cache at a regular file, or set allow_symlink."};
-      }
-    }
-    if (!got || !info.regular) {
+    DWORD attrs = 0;
+    if (!info_of(h, &info, &attrs)) {
+      // A failed query says nothing about what the file is: report the OS error, not "not a
+      // regular file; remove it".
+      const DWORD err = ::GetLastError();
       sys().close_handle(h);
-      return Error{Errc::invalid_argument, 0, "'" + path + "' is not a regular file; remove it or choose another cache path."};
+      return win_error(err, "cannot query", path);
+    }
+    if (!follow_symlink && (attrs & FILE_ATTRIBUTE_REPARSE_POINT) != 0 && reparse_is_link(h)) {
+      sys().close_handle(h);
+      return Error{Errc::invalid_argument, ELOOP,
+                   "refusing to open a symlink at '" + path +
+                       "'. Point the cache at a regular file, or set allow_symlink."};
+    }
+    if (!info.regular) {
+      sys().close_handle(h);
+      return Error{Errc::invalid_argument, 0,
+                   "'" + path + "' is not a regular file; remove it or choose another cache path."};
     }
     return reinterpret_cast<Handle>(h);
   }
@@ -520,15 +530,12 @@ class Win32Platform final : public Platform {
                             nullptr, OPEN_EXISTING, flags, nullptr);
     if (h == INVALID_HANDLE_VALUE) return win_error(::GetLastError(), "cannot stat", path);
     FileInfo info;
-    const bool ok = info_of(h, &info);
+    DWORD attrs = 0;
+    const bool ok = info_of(h, &info, &attrs);
     const DWORD err = ::GetLastError();
-    if (ok && !follow) {
-      BY_HANDLE_FILE_INFORMATION bi{};
-      if (sys().get_file_information_by_handle(h, &bi) && (bi.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
-          reparse_is_link(h)) {
-        info.symlink = true;
-        info.regular = false;
-      }
+    if (ok && !follow && (attrs & FILE_ATTRIBUTE_REPARSE_POINT) != 0 && reparse_is_link(h)) {
+      info.symlink = true;
+      info.regular = false;
     }
     sys().close_handle(h);
     if (!ok) return win_error(err, "cannot stat", path);
@@ -698,7 +705,12 @@ class Win32Platform final : public Platform {
           break;
         }
         const std::uintptr_t want = static_cast<std::uintptr_t>(align_up(reinterpret_cast<std::uintptr_t>(p), align));
-        sys().virtual_free(p, 0, MEM_RELEASE);
+        if (!sys().virtual_free(p, 0, MEM_RELEASE)) {
+          // The aligned range lies inside the one we could not let go: trying again would only
+          // hold more address space.
+          err = ::GetLastError();
+          break;
+        }
         if (sys().virtual_alloc(reinterpret_cast<void*>(want), size, MEM_RESERVE, PAGE_NOACCESS) ==
             reinterpret_cast<void*>(want))
           base = want;
@@ -731,9 +743,9 @@ class Win32Platform final : public Platform {
     try {
       std::lock_guard<std::mutex> lock(mu_);
       const auto start = reinterpret_cast<std::uintptr_t>(at);
-      Reservation* res = find_free_range(start, len);
-      if (res == nullptr)
-        return Error{Errc::invalid_argument, EINVAL, "map_file outside a reservation or over a used range"};
+      auto found = find_free_range(start, len, "map_file");
+      if (!found) return found.error();
+      Reservation* res = found.value();
       auto file = std::make_shared<FileRef>();
       if (!sys().duplicate_handle(::GetCurrentProcess(), as_handle(h), ::GetCurrentProcess(), &file->h, 0, FALSE,
                                   DUPLICATE_SAME_ACCESS)) {
@@ -757,9 +769,9 @@ class Win32Platform final : public Platform {
     try {
       std::lock_guard<std::mutex> lock(mu_);
       const auto start = reinterpret_cast<std::uintptr_t>(at);
-      Reservation* res = find_free_range(start, len);
-      if (res == nullptr)
-        return Error{Errc::invalid_argument, EINVAL, "commit_memory outside a reservation or over a used range"};
+      auto found = find_free_range(start, len, "commit_memory");
+      if (!found) return found.error();
+      Reservation* res = found.value();
       if (auto r = commit_locked(*res, start, len); !r) return r;
       return {};
     } catch (...) {
@@ -892,13 +904,57 @@ class Win32Platform final : public Platform {
   }
 
   // The reservation holding [start, start+len) if that range is one plain reserved segment's
-  // part (the core never maps or commits a range twice).
-  Reservation* find_free_range(std::uintptr_t start, std::size_t len) {
+  // part (the core never maps or commits a range twice). Where the range lies in a lost
+  // segment (legacy mode), it is reserved again first if it is free by now: the allocation
+  // that took part of the segment may hold none of this range, may be gone, or the reservation
+  // may only have failed for a moment.
+  Result<Reservation*> find_free_range(std::uintptr_t start, std::size_t len, const char* what) {
     Reservation* res = find(start);
-    if (res == nullptr || len == 0 || start + len > res->end || start + len < start) return nullptr;
+    if (res == nullptr || len == 0 || start + len > res->end || start + len < start)
+      return Error{Errc::invalid_argument, EINVAL, std::string(what) + " outside a reservation"};
     auto it = containing(*res, start);
-    if (it->second.kind != Kind::reserved || it->second.file != nullptr || it->second.end < start + len) return nullptr;
+    if (it->second.kind == Kind::lost && it->second.end >= start + len) {
+      if (!reclaim(*res, it, start, start + len))
+        return Error{Errc::no_memory, ENOMEM,
+                     "another allocation took part of the cache's address range (Windows without placeholder "
+                     "support maps a file by releasing that range and reserving the rest again)"};
+      it = containing(*res, start);
+    }
+    const Segment& seg = it->second;
+    if (seg.kind != Kind::reserved || seg.file != nullptr || seg.end < start + len)
+      return Error{Errc::invalid_argument, EINVAL, std::string(what) + " over a used range"};
     return res;
+  }
+
+  // Reserves [start, end), a part of the lost segment `it`, again: the whole segment if it is
+  // all free, else just that part (the rest stays lost). False if the part is taken.
+  bool reclaim(Reservation& res, SegIt it, std::uintptr_t start, std::uintptr_t end) {
+    const std::uintptr_t s = it->first, e = it->second.end;
+    if (sys().virtual_alloc(reinterpret_cast<void*>(s), e - s, MEM_RESERVE, PAGE_NOACCESS) ==
+        reinterpret_cast<void*>(s)) {
+      it->second.kind = Kind::reserved;
+      return true;
+    }
+    if (sys().virtual_alloc(reinterpret_cast<void*>(start), end - start, MEM_RESERVE, PAGE_NOACCESS) !=
+        reinterpret_cast<void*>(start))
+      return false;
+    // The new segments are built apart and spliced in, so that running out of memory on the
+    // way leaves the bookkeeping as it was.
+    std::map<std::uintptr_t, Segment> parts;
+    Segment part = it->second;
+    part.end = end;
+    part.kind = Kind::reserved;
+    try {
+      if (s < start) parts.emplace(start, part);
+      if (end < e) parts.emplace(end, it->second);  // the rest stays lost (its end is e)
+    } catch (...) {
+      sys().virtual_free(reinterpret_cast<void*>(start), 0, MEM_RELEASE);
+      throw;
+    }
+    if (s < start) it->second.end = start;
+    else it->second = part;
+    res.segs.merge(parts);
+    return true;
   }
 
   static SegIt containing(Reservation& res, std::uintptr_t addr) {
