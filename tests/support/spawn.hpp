@@ -69,8 +69,11 @@ inline std::string helper_exe(const std::string& configured) {
 }
 
 /// Starts `exe` with `args` (argv[0] is `exe`) and the current environment; kNoProcess on
-/// failure with errno (GetLastError() on Windows) in *spawn_errno.
-inline Process spawn_process(const std::string& exe, const std::vector<std::string>& args, int* spawn_errno = nullptr) {
+/// failure with errno (GetLastError() on Windows) in *spawn_errno. A POSIX child inherits every
+/// descriptor without FD_CLOEXEC; a Windows child inherits the handles marked inheritable only
+/// when `inherit_handles` (bInheritHandles), which suites that hand pipes to children ask for.
+inline Process spawn_process(const std::string& exe, const std::vector<std::string>& args, int* spawn_errno = nullptr,
+                             [[maybe_unused]] bool inherit_handles = false) {
 #ifdef _WIN32
   const std::wstring app = wide(exe);
   std::wstring cmd = quote_arg(app);
@@ -85,7 +88,8 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) ::Sleep(100u * static_cast<DWORD>(attempt));
     std::wstring line = cmd;  // CreateProcessW may modify the command line in place
-    if (::CreateProcessW(app.c_str(), line.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si, &pi) != 0) {
+    const BOOL inherit = inherit_handles ? TRUE : FALSE;
+    if (::CreateProcessW(app.c_str(), line.data(), nullptr, nullptr, inherit, 0, nullptr, nullptr, &si, &pi) != 0) {
       ::CloseHandle(pi.hThread);
       if (spawn_errno != nullptr) *spawn_errno = 0;
       return pi.hProcess;
@@ -141,6 +145,31 @@ inline ExitStatus wait_process(Process process) {
   }
 #endif
   return st;
+}
+
+#ifdef _WIN32
+/// What a Windows process ended by kill_process exits with (128 + SIGKILL, as shells show it).
+inline constexpr int kKilledExitCode = 137;
+#endif
+
+/// Ends `process` at once, as SIGKILL does (TerminateProcess on Windows): no handler and no
+/// clean-up of its own run; the OS closes its files and drops its locks. Neither waits for it
+/// nor releases it: wait_process does.
+inline bool kill_process(Process process) {
+#ifdef _WIN32
+  return ::TerminateProcess(process, static_cast<UINT>(kKilledExitCode)) != 0;
+#else
+  return ::kill(process, SIGKILL) == 0;
+#endif
+}
+
+/// Whether `st` is how a process ended by kill_process ends.
+inline bool ended_by_kill(const ExitStatus& st) {
+#ifdef _WIN32
+  return st.exited && st.code == kKilledExitCode;
+#else
+  return !st.exited && st.signal == SIGKILL;
+#endif
 }
 
 /// Runs `exe` to completion.

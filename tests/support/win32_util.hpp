@@ -1,5 +1,6 @@
 // Small Win32 helpers the test suites share on Windows: UTF-8 <-> UTF-16, the directory of the
-// running executable, command-line quoting, and whether Wine is what runs us.
+// running executable, command-line quoting, whole-file locks, whether a file is held open, and
+// whether Wine is what runs us.
 #pragma once
 #ifdef _WIN32
 
@@ -64,6 +65,34 @@ inline std::wstring quote_arg(const std::wstring& arg) {
   out.append(2 * slashes, L'\\');
   out += L'"';
   return out;
+}
+
+/// Takes an exclusive byte-range lock on every byte of the file `h` (0 to 2^63), waiting for it
+/// when `wait`, else failing at once when any part is locked by another handle. Any lock someone
+/// else holds anywhere in the file conflicts with it, wherever the library puts its lease byte:
+/// tests use it on "<cache>.lock" as an independent probe of the writer lease (Windows locks
+/// belong to the handle, like flock, so it conflicts with this process's own caches too).
+inline bool lock_whole_file(HANDLE h, bool wait) {
+  OVERLAPPED ov{};
+  const DWORD flags = LOCKFILE_EXCLUSIVE_LOCK | (wait ? 0 : LOCKFILE_FAIL_IMMEDIATELY);
+  return ::LockFileEx(h, flags, 0, MAXDWORD, 0x7fffffff, &ov) != 0;
+}
+
+inline void unlock_whole_file(HANDLE h) {
+  OVERLAPPED ov{};
+  (void)::UnlockFileEx(h, 0, MAXDWORD, 0x7fffffff, &ov);
+}
+
+/// Whether some handle keeps the file at `path` (UTF-8) open, in this process or another: an
+/// open that shares nothing is refused then (ERROR_SHARING_VIOLATION). A view of the file keeps
+/// it open too, so when this says false nothing maps it either. False if there is no such file.
+inline bool file_held_open(const std::string& path) {
+  HANDLE h = ::CreateFileW(wide(path).c_str(), GENERIC_READ, 0, nullptr, OPEN_EXISTING, FILE_ATTRIBUTE_NORMAL, nullptr);
+  if (h != INVALID_HANDLE_VALUE) {
+    ::CloseHandle(h);
+    return false;
+  }
+  return ::GetLastError() == ERROR_SHARING_VIOLATION;
 }
 
 /// True under Wine (ntdll exports wine_get_version), where a few Windows behaviours differ.
