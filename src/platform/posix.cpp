@@ -114,7 +114,12 @@ class PosixPlatform final : public Platform {
                       err == ENOENT ? "Create the directory first, or pick another path." : nullptr);
     }
     struct stat st {};
-    if (sys().fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (sys().fstat(fd, &st) != 0) {
+      const int err = errno;
+      sys().close(fd);
+      return os_error(err, "cannot stat", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
       sys().close(fd);
       return Error{Errc::invalid_argument, 0,
                    "'" + path + "' is not a regular file; remove it or choose another cache path."};
