@@ -1,39 +1,91 @@
 // A thread waiting for another process's writer lease (up to lease_timeout, two minutes by
 // default) must not stall the reading threads of its process: look_up, offset_to_addr, stats
-// and refresh go on. The lease is held here through a descriptor of our own on "<cache>.lock"
-// (flock conflicts between open file descriptions even within one process), and the library's
-// flock calls are observed through the platform's call table to know when the waiter waits.
+// and refresh go on. The lease is held here through a handle of our own on "<cache>.lock"
+// (tests/support/lease_probe.hpp: it conflicts with the library's lock even within one
+// process), and the library's lock attempts are observed to know when the waiter waits: through
+// the POSIX platform's call table, or on Windows, which has none, through a platform that
+// forwards to the OS and counts (the cache is then opened on it without the registry: the
+// mutexes this test is about belong to the cache, not to the registry).
+#include "lease_probe.hpp"
 #include "thread_test_util.hpp"
 
+#ifdef _WIN32
+#include "core.hpp"
+#include "platform/platform.hpp"
+#else
 #include "platform/posix_calls.hpp"
+
+#include <sys/file.h>
+#endif
 
 #include <atomic>
 #include <chrono>
 #include <thread>
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 namespace weightcache::test {
 namespace {
 
-std::atomic<int> g_busy_flocks{0};
+std::atomic<int> g_busy_locks{0};
 
+#ifdef _WIN32
+class ObservingPlatform final : public platform::Platform {
+ public:
+  using Handle = platform::Handle;
+  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
+    return os_.open_file(p, m, perm, f);
+  }
+  void close_file(Handle h) noexcept override { os_.close_file(h); }
+  Result<platform::FileInfo> stat_file(Handle h) noexcept override { return os_.stat_file(h); }
+  Result<platform::FileInfo> stat_path(const std::string& p, bool f) noexcept override { return os_.stat_path(p, f); }
+  Result<void> read_at(Handle h, void* b, std::size_t n, std::uint64_t o) noexcept override {
+    return os_.read_at(h, b, n, o);
+  }
+  Result<void> write_at(Handle h, const void* b, std::size_t n, std::uint64_t o) noexcept override {
+    return os_.write_at(h, b, n, o);
+  }
+  Result<void> allocate(Handle h, std::uint64_t o, std::uint64_t n) noexcept override { return os_.allocate(h, o, n); }
+  Result<void> truncate(Handle h, std::uint64_t n) noexcept override { return os_.truncate(h, n); }
+  Result<void> sync(Handle h) noexcept override { return os_.sync(h); }
+  Result<void> rename(const std::string& a, const std::string& b) noexcept override { return os_.rename(a, b); }
+  Result<void> sync_parent_dir(const std::string& p) noexcept override { return os_.sync_parent_dir(p); }
+  void remove(const std::string& p) noexcept override { os_.remove(p); }
+  Result<void*> reserve_address_space(std::size_t n, std::size_t a) noexcept override {
+    return os_.reserve_address_space(n, a);
+  }
+  void release_address_space(void* b, std::size_t n) noexcept override { os_.release_address_space(b, n); }
+  Result<void> map_file(Handle h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
+    return os_.map_file(h, o, n, at, w);
+  }
+  Result<void> commit_memory(void* at, std::size_t n) noexcept override { return os_.commit_memory(at, n); }
+  Result<void> flush_mapping(void* a, std::size_t n, bool w) noexcept override { return os_.flush_mapping(a, n, w); }
+  void prefetch(void* a, std::size_t n) noexcept override { os_.prefetch(a, n); }
+  bool populate_read(void* a, std::size_t n) noexcept override { return os_.populate_read(a, n); }
+  Result<bool> try_lock(Handle h) noexcept override {
+    auto r = os_.try_lock(h);
+    if (r && !r.value()) g_busy_locks.fetch_add(1);
+    return r;
+  }
+  void unlock(Handle h) noexcept override { os_.unlock(h); }
+  std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
+  int process_id() const noexcept override { return os_.process_id(); }
+  std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }
+
+ private:
+  platform::Platform& os_ = platform::os();
+};
+#else
 int observing_flock(int fd, int op) {
   const int r = platform::default_posix_calls().flock(fd, op);
-  if (r != 0 && errno == EWOULDBLOCK) g_busy_flocks.fetch_add(1);
+  if (r != 0 && errno == EWOULDBLOCK) g_busy_locks.fetch_add(1);
   return r;
 }
 
 // Installs the observer for the life of the object (no cache may be open across either edge).
 struct FlockObserver {
-  FlockObserver() {
-    g_busy_flocks = 0;
-    platform::posix_calls().flock = &observing_flock;
-  }
+  FlockObserver() { platform::posix_calls().flock = &observing_flock; }
   ~FlockObserver() { platform::posix_calls().flock = platform::default_posix_calls().flock; }
 };
+#endif
 
 TEST(LeaseWait, ReadersOfAProcessAreNotStalledByItsThreadWaitingForTheLease) {
   TempDir dir("wc-leasewait");
@@ -46,52 +98,57 @@ TEST(LeaseWait, ReadersOfAProcessAreNotStalledByItsThreadWaitingForTheLease) {
     ASSERT_TRUE(w->finalize().ok());
   }
 
+  g_busy_locks = 0;
+  Options o = thread_options(path);
+  o.lease_timeout = std::chrono::milliseconds(3000);
+#ifdef _WIN32
+  ObservingPlatform observer;
+  auto opened = Core::open(o, observer);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& cache = *opened.value();
+#else
   FlockObserver observer;
-  {
-    Options o = thread_options(path);
-    o.lease_timeout = std::chrono::milliseconds(3000);
-    auto opened = WeightCache::open(o);
-    ASSERT_TRUE(opened.ok()) << opened.error().message;
-    WeightCache& cache = opened.value();
+  auto opened = WeightCache::open(o);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  WeightCache& cache = opened.value();
+#endif
 
-    const int lease = ::open((path + ".lock").c_str(), O_RDWR | O_CLOEXEC);
-    ASSERT_GE(lease, 0);
-    ASSERT_EQ(::flock(lease, LOCK_EX | LOCK_NB), 0);
+  LeaseProbe lease(path);
+  ASSERT_TRUE(lease.valid());
+  ASSERT_TRUE(lease.try_take());
 
-    std::atomic<bool> writer_done{false};
-    std::uint64_t writer_fallbacks = 0;
-    std::thread writer([&] {
-      const std::string bytes = bytes_for_key("new", 70000);
-      void* p = cache.reserve(bytes.size());  // waits for the lease we hold
-      if (p != nullptr) {
-        std::memcpy(p, bytes.data(), bytes.size());
-        (void)cache.look_up_or_insert("new", p, bytes.size());
-      }
-      writer_fallbacks = cache.stats().heap_fallbacks;
-      writer_done = true;
-    });
-    // The writer has tried the lease and found it taken: it is in its wait now, and stays
-    // there until we let go (or its lease_timeout passes).
-    while (g_busy_flocks.load() == 0 && !writer_done) std::this_thread::yield();
-    const bool writer_waited = g_busy_flocks.load() > 0;
+  std::atomic<bool> writer_done{false};
+  std::uint64_t writer_fallbacks = 0;
+  std::thread writer([&] {
+    const std::string bytes = bytes_for_key("new", 70000);
+    void* p = cache.reserve(bytes.size());  // waits for the lease we hold
+    if (p != nullptr) {
+      std::memcpy(p, bytes.data(), bytes.size());
+      (void)cache.look_up_or_insert("new", p, bytes.size());
+    }
+    writer_fallbacks = cache.stats().heap_fallbacks;
+    writer_done = true;
+  });
+  // The writer has tried the lease and found it taken: it is in its wait now, and stays
+  // there until we let go (or its lease_timeout passes).
+  while (g_busy_locks.load() == 0 && !writer_done) std::this_thread::yield();
+  const bool writer_waited = g_busy_locks.load() > 0;
 
-    EXPECT_EQ(check_bytes(cache, "old", old_bytes), "");
-    EXPECT_EQ(cache.stats().entries, 1u);
-    const bool refresh_ok = cache.refresh().ok();
+  EXPECT_EQ(check_bytes(cache, "old", old_bytes), "");
+  EXPECT_EQ(cache.stats().entries, 1u);
+  const bool refresh_ok = cache.refresh().ok();
 
-    // Let go. A writer still waiting takes the lease now and packs into the file; one whose
-    // wait already timed out (because refresh() could not return before) packed to the heap.
-    ::flock(lease, LOCK_UN);
-    ::close(lease);
-    writer.join();
+  // Let go. A writer still waiting takes the lease now and packs into the file; one whose
+  // wait already timed out (because refresh() could not return before) packed to the heap.
+  lease.release();
+  writer.join();
 
-    ASSERT_TRUE(writer_waited) << "the writer never found the lease taken";
-    EXPECT_TRUE(refresh_ok) << last_error().message;
-    EXPECT_EQ(writer_fallbacks, 0u)
-        << "refresh() returned only after the writer thread's lease wait timed out: it waits on the mutex the "
-           "writer holds while it waits for another process's lease";
-    EXPECT_EQ(check_bytes(cache, "new", bytes_for_key("new", 70000)), "");
-  }
+  ASSERT_TRUE(writer_waited) << "the writer never found the lease taken";
+  EXPECT_TRUE(refresh_ok) << last_error().message;
+  EXPECT_EQ(writer_fallbacks, 0u)
+      << "refresh() returned only after the writer thread's lease wait timed out: it waits on the mutex the "
+         "writer holds while it waits for another process's lease";
+  EXPECT_EQ(check_bytes(cache, "new", bytes_for_key("new", 70000)), "");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Helpers of the in-process sharing suite: entry bytes derived from the key alone, a
-// thread-safe error sink (threads record, the test thread asserts), and the usual options.
+// thread-safe error sink (threads record, the test thread asserts), a barrier, and the usual
+// options.
 #pragma once
 
 #include "key_content.hpp"
@@ -10,6 +11,7 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -30,6 +32,33 @@ inline Options thread_options(const std::string& path) {
   o.durability = Durability::none;
   return o;
 }
+
+/// A reusable barrier for `count` threads, like std::barrier without a completion. Not
+/// std::barrier itself: libstdc++ 12 builds it on std::atomic::wait, whose fallback for
+/// targets without a futex (mingw-w64's, on winpthreads condition variables) can miss a
+/// wake-up: the suite hung under Wine with all eight threads inside std::barrier's wait.
+class Barrier {
+ public:
+  explicit Barrier(std::size_t count) : count_(count) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::uint64_t phase = phase_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++phase_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return phase_ != phase; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::size_t count_;
+  std::size_t arrived_ = 0;
+  std::uint64_t phase_ = 0;
+};
 
 /// Failures seen on worker threads, asserted on the test thread.
 class Errors {
@@ -53,8 +82,10 @@ class Errors {
   std::size_t count_ = 0;
 };
 
-/// "" when `key` hits with exactly `want`, else what is wrong (thread-safe).
-inline std::string check_bytes(WeightCache& cache, const std::string& key, const std::string& want) {
+/// "" when `key` hits with exactly `want`, else what is wrong (thread-safe). `Cache` is a
+/// WeightCache, or the Core behind one where a test opens it on a platform of its own.
+template <class Cache>
+std::string check_bytes(Cache& cache, const std::string& key, const std::string& want) {
   const std::size_t off = cache.look_up(key);
   if (off == kNotFound) return "'" + key + "' misses";
   const void* p = cache.offset_to_addr(off);

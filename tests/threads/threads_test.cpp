@@ -4,7 +4,6 @@
 #include "thread_test_util.hpp"
 
 #include <atomic>
-#include <barrier>
 #include <cstdio>
 #include <map>
 #include <thread>
@@ -82,7 +81,7 @@ TEST_P(Threads, LookUpsRunWhileOtherThreadsReserveAndInsert) {
     Errors errors;
     std::atomic<std::size_t> writers_done{0};
     std::atomic<std::uint64_t> reader_hits{0};
-    std::barrier start(kThreads);
+    Barrier start(kThreads);
     run_threads([&](std::size_t t) {
       start.arrive_and_wait();
       if (t < kWriters) {
@@ -139,7 +138,7 @@ TEST_P(Threads, AKeyRacedByEveryThreadEndsAsOneEntry) {
     ASSERT_TRUE(cache);
     Errors errors;
     std::vector<std::vector<std::size_t>> got(kThreads, std::vector<std::size_t>(kKeys, kNotFound));
-    std::barrier sync(kThreads);
+    Barrier sync(kThreads);
     run_threads([&](std::size_t t) {
       for (std::size_t k = 0; k < kKeys; ++k) {
         sync.arrive_and_wait();  // all threads on the same key at the same moment
@@ -192,7 +191,7 @@ TEST_P(Threads, FinalizeRunsConcurrentlyWithInsertsAndLookUps) {
     Errors errors;
     std::atomic<std::size_t> inserters_done{0};
     std::atomic<std::uint64_t> finalizes{0};
-    std::barrier start(kThreads);
+    Barrier start(kThreads);
     run_threads([&](std::size_t t) {
       start.arrive_and_wait();
       if (t < kInserters) {
@@ -263,7 +262,7 @@ TEST_P(Threads, OffsetToAddrFromManyThreadsWhileTheCacheGrows) {
   ASSERT_TRUE(cache.finalize().ok());
 
   Errors errors;
-  std::barrier start(kThreads);
+  Barrier start(kThreads);
   run_threads([&](std::size_t t) {
     start.arrive_and_wait();
     if (t < kGrowers) {
