@@ -3,10 +3,10 @@
 // rename under a process that still maps the old one.
 #include "mp_test_util.hpp"
 
+#include "platform/platform.hpp"
+
 #include <chrono>
 #include <cstdio>
-
-#include <sys/stat.h>
 
 namespace weightcache::test::mp {
 namespace {
@@ -52,11 +52,12 @@ TEST(MultiProcess, AWriterKilledWhileHoldingTheLeaseDoesNotBlockTheNextWriter) {
   ASSERT_TRUE(probe.valid());
   EXPECT_FALSE(probe.try_take()) << "the holder's reservation should hold the writer lease";
 
-  ASSERT_EQ(::kill(kids.pid(holder.index), SIGKILL), 0);
+  // SIGKILL, or TerminateProcess on Windows: no handler or destructor of the writer runs.
+  ASSERT_TRUE(kids.kill(holder.index));
   const ExitStatus st = kids.wait(holder.index);
-  EXPECT_EQ(st.signal, SIGKILL) << st.describe();
+  EXPECT_TRUE(ended_by_kill(st)) << st.describe();
   // The OS released the dead process's lease: free at once, no timeout involved.
-  ASSERT_TRUE(probe.try_take()) << "the lease of a SIGKILLed writer is still held";
+  ASSERT_TRUE(probe.try_take()) << "the lease of a killed writer is still held";
   probe.release();
 
   {
@@ -73,7 +74,7 @@ TEST(MultiProcess, AWriterKilledWhileHoldingTheLeaseDoesNotBlockTheNextWriter) {
                       arg("results", results)});
   ASSERT_TRUE(kids.all_succeed());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("next writer after the SIGKILL: started, packed 4 entries and exited in %.1f ms\n", ms);
+  std::printf("next writer after the kill: started, packed 4 entries and exited in %.1f ms\n", ms);
   EXPECT_EQ(read_results(results)["heap_fallbacks"], 0u);
 
   const FileIndex fi = decode_file(path);
@@ -167,11 +168,19 @@ TEST(MultiProcess, AFileReplacedByRenameKeepsServingTheOldMappingAndIsNeverWritt
 
   // Another process rebuilds the cache under the lease and renames the new file into place.
   Children kids;
-  kids.start("replace", {arg("path", path), arg("tag", "new"), arg("count", 4), arg("size", kSize)});
-  ASSERT_TRUE(kids.all_succeed());
+  const std::size_t replacer =
+      kids.start("replace", {arg("path", path), arg("tag", "new"), arg("count", 4), arg("size", kSize)});
+  const ExitStatus rs = kids.wait(replacer);
+#ifdef _WIN32
+  // Replacing a file that another process maps needs a POSIX-semantics rename (Windows 10
+  // 1709+ on NTFS); Wine 8 refuses it (docs/PLATFORMS.md), and the library falls back to heap
+  // there instead, which tests/windows covers.
+  if (rs.exited && rs.code == kRefused && under_wine()) GTEST_SKIP() << "Wine refuses to replace a mapped file";
+#endif
+  ASSERT_TRUE(rs.ok()) << "replace: " << rs.describe() << " (14: the OS refused the rename)";
   const std::string new_file = read_file(path);
-  struct stat new_st {};
-  ASSERT_EQ(::stat(path.c_str(), &new_st), 0);
+  auto new_id = platform::os().stat_path(path, false);
+  ASSERT_TRUE(new_id) << new_id.error().message;
 
   // The old mapping keeps serving the old file's bytes.
   for (std::size_t j = 0; j < 6; ++j) EXPECT_EQ(check_entry(old_cache, own_key("old", j), kSize), "");
@@ -196,9 +205,10 @@ TEST(MultiProcess, AFileReplacedByRenameKeepsServingTheOldMappingAndIsNeverWritt
   const auto fin = old_cache.finalize();
   std::printf("finalize after the replacement: %s\n", fin.ok() ? "ok" : fin.error().message.c_str());
 
-  struct stat after {};
-  ASSERT_EQ(::stat(path.c_str(), &after), 0);
-  EXPECT_EQ(after.st_ino, new_st.st_ino);
+  auto after = platform::os().stat_path(path, false);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_EQ(after->inode, new_id->inode);
+  EXPECT_EQ(after->device, new_id->device);
   EXPECT_EQ(read_file(path), new_file) << "the process holding the old mapping wrote into the new file";
   const FileIndex fi = decode_file(path);
   ASSERT_EQ(fi.problem, "");

@@ -1,6 +1,7 @@
-// Helper process of the multi-process suite: each instance is a fresh process (posix_spawn, so a
-// fresh address space and a fresh registry) playing one role against a shared cache file.
-// Arguments are name=value pairs after the mode. Exit codes: see mp_util.hpp.
+// Helper process of the multi-process suite: each instance is a fresh process (posix_spawn, or
+// CreateProcessW on Windows: a fresh address space and a fresh registry) playing one role
+// against a shared cache file. Arguments are name=value pairs after the mode; *_fd arguments
+// are inherited pipe ends (descriptors, or handle values on Windows). Exit codes: mp_util.hpp.
 //
 //   pack     path tag shared own size [rounds=1] [gate_fd] [results] [lease_ms] [rotate]
 //            Packs shared/0..shared-1 and own/<tag>/0..own-1 through look_up -> reserve -> fill ->
@@ -13,19 +14,23 @@
 //            signals ready, and waits for a byte on go_fd (then inserts + finalizes) or EOF.
 //   replace  path tag count size
 //            Under the writer lease, builds a new file with own/<tag>/0..count-1 and renames it
-//            over path, as compaction does.
-//   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]
+//            over path, as compaction does. Exits 14 when the OS refuses to replace the file.
+//   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
 //            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
 //            smaps figures for the cache file, signals done and waits for exit_fd to close.
+#include "lease_probe.hpp"
 #include "mp_util.hpp"
-#include "smaps.hpp"
+
+#include "platform/platform.hpp"
 
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include <sched.h>
-#include <sys/file.h>
+#ifndef _WIN32
+#include "smaps.hpp"
+#endif
 
 using namespace weightcache;
 using namespace weightcache::test;
@@ -34,7 +39,7 @@ using namespace weightcache::test::mp;
 namespace {
 
 int fail(int code, const std::string& what) {
-  std::fprintf(stderr, "mp_child[%d]: %s\n", static_cast<int>(::getpid()), what.c_str());
+  std::fprintf(stderr, "mp_child[%d]: %s\n", weightcache::platform::os().process_id(), what.c_str());
   return code;
 }
 
@@ -42,19 +47,19 @@ std::uint64_t num(const KeyValues& kv, const std::string& name, std::uint64_t df
   auto it = kv.find(name);
   return it == kv.end() ? dflt : std::strtoull(it->second.c_str(), nullptr, 10);
 }
-int fd_arg(const KeyValues& kv, const std::string& name) {
+PipeEnd fd_arg(const KeyValues& kv, const std::string& name) {
   auto it = kv.find(name);
-  return it == kv.end() ? -1 : std::atoi(it->second.c_str());
+  return it == kv.end() ? kNoPipe : parse_pipe_end(it->second);
 }
 std::string str(const KeyValues& kv, const std::string& name) {
   auto it = kv.find(name);
   return it == kv.end() ? std::string() : it->second;
 }
 
-void wait_gate(int fd) {
-  if (fd < 0) return;
+void wait_gate(PipeEnd fd) {
+  if (fd == kNoPipe) return;
   (void)read_byte(fd);  // a byte or EOF: both mean "go"
-  ::close(fd);
+  close_pipe_end(fd);
 }
 
 std::map<std::string, std::uint64_t> stats_results(const Stats& s) {
@@ -119,7 +124,7 @@ int run_reader(const KeyValues& kv) {
   const std::string path = str(kv, "path"), writer = str(kv, "writer"), results = str(kv, "results");
   const std::size_t init = num(kv, "init", 0), count = num(kv, "count", 0), size = num(kv, "size", 0);
   const bool on_miss = num(kv, "on_miss", 0) != 0;
-  int progress_fd = fd_arg(kv, "progress_fd");
+  PipeEnd progress_fd = fd_arg(kv, "progress_fd");
   if (path.empty() || writer.empty() || size == 0) return fail(kUsage, "reader: path, writer and size are required");
 
   Options o = cache_options(path);
@@ -136,10 +141,10 @@ int run_reader(const KeyValues& kv) {
       if (auto err = check_entry(cache, "init/" + std::to_string(j), size); !err.empty()) return fail(kMismatch, err);
     if (auto r = cache.refresh(); !r) return fail(kCacheError, "refresh: " + r.error().message);
   }
-  if (progress_fd >= 0) {
+  if (progress_fd != kNoPipe) {
     if (!write_byte(progress_fd)) return fail(kUsage, "cannot signal progress");
-    ::close(progress_fd);
-    progress_fd = -1;
+    close_pipe_end(progress_fd);
+    progress_fd = kNoPipe;
   }
 
   std::vector<std::size_t> seen(count, kNotFound);
@@ -164,7 +169,7 @@ int run_reader(const KeyValues& kv) {
     }
     if (hits != last_hits) ++views;  // a distinct state of the file this reader observed
     last_hits = hits;
-    ::sched_yield();
+    std::this_thread::yield();
   }
   for (std::size_t j = 0; j < count; ++j)
     if (auto err = check_entry(cache, own_key(writer, j), size); !err.empty()) return fail(kMismatch, err);
@@ -179,9 +184,9 @@ int run_reader(const KeyValues& kv) {
 int run_hold(const KeyValues& kv) {
   const std::string path = str(kv, "path"), tag = str(kv, "tag");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
-  int ready_fd = fd_arg(kv, "ready_fd");
-  const int go_fd = fd_arg(kv, "go_fd");
-  if (path.empty() || tag.empty() || size == 0 || ready_fd < 0 || go_fd < 0)
+  const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
+  const PipeEnd go_fd = fd_arg(kv, "go_fd");
+  if (path.empty() || tag.empty() || size == 0 || ready_fd == kNoPipe || go_fd == kNoPipe)
     return fail(kUsage, "hold: path, tag, size, ready_fd and go_fd are required");
   auto opened = WeightCache::open(cache_options(path));
   if (!opened) return fail(kCacheError, "open: " + opened.error().message);
@@ -197,7 +202,7 @@ int run_hold(const KeyValues& kv) {
   if (cache.stats().heap_fallbacks != 0) return fail(kFellBack, "the held reservation is not in the file");
   fill_for_key(pending, p, size);
   if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
-  ::close(ready_fd);
+  close_pipe_end(ready_fd);
 
   if (!read_byte(go_fd)) return kOk;  // told to just close
   if (cache.look_up_or_insert(pending, p, size) == kNotFound)
@@ -213,8 +218,8 @@ int run_replace(const KeyValues& kv) {
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
   if (path.empty() || tag.empty() || size == 0) return fail(kUsage, "replace: path, tag and size are required");
   // The lease every writer of `path` takes (the CLI's compact does the same).
-  const int lock_fd = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX) != 0) return fail(kCacheError, "cannot take the lease");
+  LeaseProbe lease(path);
+  if (!lease.valid() || !lease.take()) return fail(kCacheError, "cannot take the lease");
   const std::string rebuilt = path + ".rebuild";
   {
     auto opened = WeightCache::open(cache_options(rebuilt));
@@ -224,17 +229,19 @@ int run_replace(const KeyValues& kv) {
       if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
     if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
   }
-  if (::rename(rebuilt.c_str(), path.c_str()) != 0) return fail(kCacheError, "rename failed");
-  ::unlink((rebuilt + ".lock").c_str());
-  ::close(lock_fd);
+  // The library's rename, as the CLI's compact uses: rename(2), or on Windows MoveFileExW and
+  // then a POSIX-semantics rename over a file others hold open, which not every system allows.
+  if (auto r = weightcache::platform::os().rename(rebuilt, path); !r) return fail(kRefused, r.error().message);
+  weightcache::platform::os().remove(rebuilt + ".lock");
   return kOk;
 }
 
+#ifndef _WIN32
 int run_smaps(const KeyValues& kv) {
   const std::string path = str(kv, "path"), results = str(kv, "results");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
-  const int ready_fd = fd_arg(kv, "ready_fd");
-  if (path.empty() || results.empty() || size == 0 || ready_fd < 0)
+  const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
+  if (path.empty() || results.empty() || size == 0 || ready_fd == kNoPipe)
     return fail(kUsage, "smaps: path, size, ready_fd and results are required");
   Options o = cache_options(path);
   auto opened = WeightCache::open(o);
@@ -243,7 +250,7 @@ int run_smaps(const KeyValues& kv) {
   for (std::size_t j = 0; j < count; ++j)
     if (auto err = check_entry(cache, own_key("smaps", j), size); !err.empty()) return fail(kMismatch, err);
   if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
-  ::close(ready_fd);
+  close_pipe_end(ready_fd);
   // Measure only once every reader has touched every page, so each page is shared by all.
   wait_gate(fd_arg(kv, "gate_fd"));
   const SmapsUsage u = smaps_usage(path);
@@ -257,13 +264,14 @@ int run_smaps(const KeyValues& kv) {
   out["vmas"] = u.mappings;
   if (!write_results(results, out)) return fail(kUsage, "cannot write results");
   // Stay mapped until every reader has measured: an early exit would raise the others' Pss.
-  if (const int done_fd = fd_arg(kv, "done_fd"); done_fd >= 0) {
+  if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
     if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
-    ::close(done_fd);
+    close_pipe_end(done_fd);
   }
   wait_gate(fd_arg(kv, "exit_fd"));
   return kOk;
 }
+#endif
 
 }  // namespace
 
@@ -275,6 +283,8 @@ int main(int argc, char** argv) {
   if (mode == "reader") return run_reader(kv);
   if (mode == "hold") return run_hold(kv);
   if (mode == "replace") return run_replace(kv);
-  if (mode == "smaps") return run_smaps(kv);
+#ifndef _WIN32
+  if (mode == "smaps") return run_smaps(kv);  // reads /proc/self/smaps
+#endif
   return fail(kUsage, "unknown mode '" + mode + "'");
 }

@@ -1,8 +1,10 @@
 // GoogleTest side of the multi-process suite: spawning helper processes (and never leaving one
 // behind), pipes for start gates and ready signals, and an independent decode of a cache file
 // through the format code, so a test checks the file itself and not only what the API says.
+// The lease is probed with tests/support/lease_probe.hpp.
 #pragma once
 
+#include "lease_probe.hpp"
 #include "mp_util.hpp"
 #include "spawn.hpp"
 #include "temp_dir.hpp"
@@ -21,31 +23,41 @@
 #include <string>
 #include <vector>
 
+#ifndef _WIN32
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
 #include <unistd.h>
+#endif
 
 namespace weightcache::test::mp {
 
 #ifndef WEIGHTCACHE_MP_CHILD
 #error "WEIGHTCACHE_MP_CHILD must name the helper executable (see tests/multiprocess/CMakeLists.txt)"
 #endif
-inline const std::string kChildExe = WEIGHTCACHE_MP_CHILD;
+inline const std::string kChildExe = helper_exe(WEIGHTCACHE_MP_CHILD);
 
-/// A pipe whose one end is inherited by spawned helpers (the other stays close-on-exec), so a
-/// parent can release many children at once (gate: children read, parent closes its end) or
-/// collect "ready" bytes (children write; EOF once every child wrote and closed, or died).
+/// A pipe whose one end is inherited by spawned helpers (the other is not), so a parent can
+/// release many children at once (gate: children read, parent closes its end) or collect
+/// "ready" bytes (children write; EOF once every child wrote and closed, or died). On Windows
+/// the inherited end is an inheritable handle and Children starts helpers with bInheritHandles.
 class Pipe {
  public:
   enum class Inherit { read_end, write_end };
   explicit Pipe(Inherit which) {
+#ifdef _WIN32
+    HANDLE r = nullptr, w = nullptr;
+    if (::CreatePipe(&r, &w, nullptr, 0) == 0) throw std::runtime_error("CreatePipe failed");
+    read_ = reinterpret_cast<PipeEnd>(r);
+    write_ = reinterpret_cast<PipeEnd>(w);
+    const HANDLE inherited = which == Inherit::read_end ? r : w;
+    ::SetHandleInformation(inherited, HANDLE_FLAG_INHERIT, HANDLE_FLAG_INHERIT);
+#else
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
     read_ = fds[0];
     write_ = fds[1];
-    const int inherited = which == Inherit::read_end ? read_ : write_;
+    const int inherited = which == Inherit::read_end ? fds[0] : fds[1];
     ::fcntl(inherited, F_SETFD, 0);
+#endif
   }
   ~Pipe() {
     close_read();
@@ -53,15 +65,15 @@ class Pipe {
   }
   Pipe(const Pipe&) = delete;
   Pipe& operator=(const Pipe&) = delete;
-  int read_fd() const noexcept { return read_; }
-  int write_fd() const noexcept { return write_; }
+  PipeEnd read_fd() const noexcept { return read_; }
+  PipeEnd write_fd() const noexcept { return write_; }
   void close_read() noexcept {
-    if (read_ >= 0) ::close(read_);
-    read_ = -1;
+    close_pipe_end(read_);
+    read_ = kNoPipe;
   }
   void close_write() noexcept {
-    if (write_ >= 0) ::close(write_);
-    write_ = -1;
+    close_pipe_end(write_);
+    write_ = kNoPipe;
   }
   /// Reads `n` bytes, one per child; false when the writers closed early (a child failed).
   bool read_bytes(std::size_t n) {
@@ -71,7 +83,7 @@ class Pipe {
   }
 
  private:
-  int read_ = -1, write_ = -1;
+  PipeEnd read_ = kNoPipe, write_ = kNoPipe;
 };
 
 /// Helper processes of one test. Whatever happens to the test, none outlives it: the destructor
@@ -82,36 +94,44 @@ class Children {
   Children(const Children&) = delete;
   Children& operator=(const Children&) = delete;
   ~Children() {
-    for (pid_t pid : pids_)
-      if (pid > 0) {
-        ::kill(pid, SIGKILL);
-        (void)wait_process(pid);
+    for (Process p : procs_)
+      if (p != kNoProcess) {
+        kill_process(p);
+        (void)wait_process(p);
       }
   }
 
-  /// Starts `mp_child <mode> args...`; returns its index (its pid is pid(index)).
+  /// Starts `mp_child <mode> args...` (with the inheritable pipe ends); returns its index.
   std::size_t start(const std::string& mode, std::vector<std::string> args) {
     args.insert(args.begin(), mode);
     int err = 0;
-    const pid_t pid = spawn_process(kChildExe, args, &err);
-    EXPECT_GT(pid, 0) << "cannot start " << kChildExe << ": " << std::strerror(err);
-    pids_.push_back(pid);
-    return pids_.size() - 1;
+    const Process p = spawn_process(kChildExe, args, &err, /*inherit_handles=*/true);
+    if (p == kNoProcess) {
+      ExitStatus st;
+      st.spawn_errno = err;
+      ADD_FAILURE() << "cannot start " << kChildExe << ": " << st.describe();
+    }
+    procs_.push_back(p);
+    return procs_.size() - 1;
   }
-  pid_t pid(std::size_t i) const { return pids_.at(i); }
-  std::size_t size() const noexcept { return pids_.size(); }
+  /// Ends child `i` at once (SIGKILL; TerminateProcess on Windows); wait(i) then reaps it.
+  bool kill(std::size_t i) {
+    const Process p = procs_.at(i);
+    return p != kNoProcess && kill_process(p);
+  }
+  std::size_t size() const noexcept { return procs_.size(); }
 
   ExitStatus wait(std::size_t i) {
-    const pid_t pid = pids_.at(i);
-    if (pid <= 0) return ExitStatus{};
-    pids_[i] = -1;
-    return wait_process(pid);
+    const Process p = procs_.at(i);
+    if (p == kNoProcess) return ExitStatus{};
+    procs_[i] = kNoProcess;
+    return wait_process(p);
   }
   /// Asserts that every child not yet waited for exits 0.
   ::testing::AssertionResult all_succeed() {
     std::string failures;
-    for (std::size_t i = 0; i < pids_.size(); ++i) {
-      if (pids_[i] <= 0) continue;
+    for (std::size_t i = 0; i < procs_.size(); ++i) {
+      if (procs_[i] == kNoProcess) continue;
       const ExitStatus st = wait(i);
       if (!st.ok()) failures += " child " + std::to_string(i) + " " + st.describe() + ";";
     }
@@ -122,27 +142,7 @@ class Children {
   }
 
  private:
-  std::vector<pid_t> pids_;
-};
-
-/// A descriptor of our own on "<cache>.lock": a separate open file description, so its flock
-/// conflicts with every library writer's, in this process and others.
-class LeaseProbe {
- public:
-  explicit LeaseProbe(const std::string& cache_path)
-      : fd_(::open((cache_path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {}
-  ~LeaseProbe() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  LeaseProbe(const LeaseProbe&) = delete;
-  LeaseProbe& operator=(const LeaseProbe&) = delete;
-  bool valid() const noexcept { return fd_ >= 0; }
-  /// True when the lease was free and is now ours.
-  bool try_take() noexcept { return ::flock(fd_, LOCK_EX | LOCK_NB) == 0; }
-  void release() noexcept { (void)::flock(fd_, LOCK_UN); }
-
- private:
-  int fd_ = -1;
+  std::vector<Process> procs_;
 };
 
 inline std::string read_file(const std::string& path) {

@@ -1,6 +1,7 @@
 // Shared by the multi-process tests and their helper process (no GoogleTest here): entry bytes
 // that every process derives from the key alone, the options every process opens with, a tiny
-// key=value argument / results format, and pipe helpers for start gates and "ready" signals.
+// key=value argument / results format, and pipe helpers for start gates and "ready" signals
+// (POSIX descriptors or Windows handles, both passed to children as numbers).
 #pragma once
 
 #include "key_content.hpp"
@@ -18,8 +19,12 @@
 #include <string>
 #include <string_view>
 
+#ifdef _WIN32
+#include "win32_util.hpp"
+#else
 #include <fcntl.h>
 #include <unistd.h>
+#endif
 
 namespace weightcache::test::mp {
 
@@ -29,6 +34,7 @@ inline constexpr int kUsage = 10;
 inline constexpr int kCacheError = 11;  // a library call failed
 inline constexpr int kMismatch = 12;    // wrong bytes, or a key missing / present where it must not be
 inline constexpr int kFellBack = 13;    // an entry went to the heap where the file was expected
+inline constexpr int kRefused = 14;     // the OS refused to rename a file over one others hold open
 
 inline std::string shared_key(std::size_t i) { return "shared/" + std::to_string(i); }
 inline std::string own_key(std::string_view tag, std::size_t i) {
@@ -93,25 +99,57 @@ inline std::map<std::string, std::uint64_t> read_results(const std::string& path
 
 // ---- pipes ------------------------------------------------------------------------------------
 
+/// One end of a pipe as a number a command line can carry: a descriptor on POSIX, the value of
+/// an inherited HANDLE on Windows (an inherited handle has the same value in the child).
+using PipeEnd = std::intptr_t;
+inline constexpr PipeEnd kNoPipe = -1;
+
+inline PipeEnd parse_pipe_end(const std::string& s) {
+  return s.empty() ? kNoPipe : static_cast<PipeEnd>(std::strtoll(s.c_str(), nullptr, 10));
+}
+
 /// Blocks until the other end writes a byte (returns true) or every writer closed it (false).
-inline bool read_byte(int fd) {
+inline bool read_byte(PipeEnd end) {
   char c = 0;
+#ifdef _WIN32
   for (;;) {
-    const ssize_t n = ::read(fd, &c, 1);
+    DWORD n = 0;
+    // Every write handle closed (or its process gone): ERROR_BROKEN_PIPE, the EOF of a pipe.
+    if (::ReadFile(reinterpret_cast<HANDLE>(end), &c, 1, &n, nullptr) == 0) return false;
+    if (n == 1) return true;
+  }
+#else
+  for (;;) {
+    const ssize_t n = ::read(static_cast<int>(end), &c, 1);
     if (n == 1) return true;
     if (n == 0) return false;
     if (errno != EINTR) return false;
   }
+#endif
 }
 
-inline bool write_byte(int fd) {
+inline bool write_byte(PipeEnd end) {
   const char c = 1;
+#ifdef _WIN32
+  DWORD n = 0;
+  return ::WriteFile(reinterpret_cast<HANDLE>(end), &c, 1, &n, nullptr) != 0 && n == 1;
+#else
   for (;;) {
-    const ssize_t n = ::write(fd, &c, 1);
+    const ssize_t n = ::write(static_cast<int>(end), &c, 1);
     if (n == 1) return true;
     if (n < 0 && errno == EINTR) continue;
     return false;
   }
+#endif
+}
+
+inline void close_pipe_end(PipeEnd end) {
+  if (end == kNoPipe) return;
+#ifdef _WIN32
+  ::CloseHandle(reinterpret_cast<HANDLE>(end));
+#else
+  ::close(static_cast<int>(end));
+#endif
 }
 
 }  // namespace weightcache::test::mp
