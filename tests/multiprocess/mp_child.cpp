@@ -18,6 +18,9 @@
 //   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
 //            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
 //            smaps figures for the cache file, signals done and waits for exit_fd to close.
+//   pages    the same arguments and steps as smaps                          (Windows)
+//            Reports how many pages of those entries are resident and how many of them are
+//            shared (file) pages rather than private copies, from QueryWorkingSetEx.
 #include "lease_probe.hpp"
 #include "mp_util.hpp"
 
@@ -28,7 +31,10 @@
 #include <thread>
 #include <vector>
 
-#ifndef _WIN32
+#ifdef _WIN32
+#include <psapi.h>  // after <windows.h>, which mp_util.hpp includes
+#include <set>
+#else
 #include "smaps.hpp"
 #endif
 
@@ -236,7 +242,57 @@ int run_replace(const KeyValues& kv) {
   return kOk;
 }
 
-#ifndef _WIN32
+#ifdef _WIN32
+int run_pages(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), results = str(kv, "results");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
+  if (path.empty() || results.empty() || size == 0 || ready_fd == kNoPipe)
+    return fail(kUsage, "pages: path, size, ready_fd and results are required");
+  auto opened = WeightCache::open(cache_options(path));
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  SYSTEM_INFO si{};
+  ::GetSystemInfo(&si);
+  const std::uintptr_t page = si.dwPageSize;
+  std::set<std::uintptr_t> pages;  // every page holding bytes of an entry
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::string key = own_key("smaps", j);
+    if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kMismatch, err);
+    const auto begin = reinterpret_cast<std::uintptr_t>(cache.offset_to_addr(cache.look_up(key)));
+    for (std::uintptr_t p = begin / page * page; p < begin + size; p += page) pages.insert(p);
+  }
+  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+  close_pipe_end(ready_fd);
+  wait_gate(fd_arg(kv, "gate_fd"));  // every reader has read everything and still maps it
+  std::vector<PSAPI_WORKING_SET_EX_INFORMATION> ws;
+  for (std::uintptr_t p : pages) {
+    PSAPI_WORKING_SET_EX_INFORMATION e{};
+    e.VirtualAddress = reinterpret_cast<void*>(p);
+    ws.push_back(e);
+  }
+  if (!::QueryWorkingSetEx(::GetCurrentProcess(), ws.data(), static_cast<DWORD>(ws.size() * sizeof ws[0])))
+    return fail(kCacheError, "QueryWorkingSetEx failed: Windows error " + std::to_string(::GetLastError()));
+  std::uint64_t valid = 0, shared = 0;
+  for (const auto& e : ws) {
+    if (!e.VirtualAttributes.Valid) continue;
+    ++valid;
+    if (e.VirtualAttributes.Shared) ++shared;
+  }
+  auto out = stats_results(cache.stats());
+  out["pages"] = ws.size();
+  out["page_size"] = page;
+  out["valid"] = valid;
+  out["shared"] = shared;
+  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
+  if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
+    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
+    close_pipe_end(done_fd);
+  }
+  wait_gate(fd_arg(kv, "exit_fd"));
+  return kOk;
+}
+#else
 int run_smaps(const KeyValues& kv) {
   const std::string path = str(kv, "path"), results = str(kv, "results");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
@@ -276,14 +332,16 @@ int run_smaps(const KeyValues& kv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|smaps name=value...");
+  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|smaps|pages name=value...");
   const std::string mode = argv[1];
   const KeyValues kv = parse_args(argc, argv, 2);
   if (mode == "pack") return run_pack(kv);
   if (mode == "reader") return run_reader(kv);
   if (mode == "hold") return run_hold(kv);
   if (mode == "replace") return run_replace(kv);
-#ifndef _WIN32
+#ifdef _WIN32
+  if (mode == "pages") return run_pages(kv);  // QueryWorkingSetEx
+#else
   if (mode == "smaps") return run_smaps(kv);  // reads /proc/self/smaps
 #endif
   return fail(kUsage, "unknown mode '" + mode + "'");
