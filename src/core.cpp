@@ -298,6 +298,10 @@ Result<void> Core::init_file() noexcept {
   if (auto r = acquire_lease_locked(nullptr); !r) return r.error();
   auto second = try_load();
   if (!second) {
+    // Let go of the unusable file before renaming a new one over it: Windows (and Wine) refuse
+    // to replace a file this process still has open.
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
     if (auto r = create_fresh_file(); !r) {
       release_lease_locked();
       return r.error();
