@@ -51,11 +51,10 @@ bool open_with_other_key_locked(Registry& reg, const Options& options, std::uint
   return false;
 }
 
-Result<std::shared_ptr<Core>> refuse_other_key(const Options& options) {
-  Error e{Errc::incompatible, 0,
-          "'" + options.path +
-              "' is open in this process under another compatibility key; close that cache first, or give "
-              "each compatibility key its own path"};
+// This process cannot share its cache with an opener: with backing=file that is an error, with
+// automatic backing the opener gets a private heap cache and one warning.
+Result<std::shared_ptr<Core>> cannot_share(const Options& options, const std::string& why) {
+  Error e{Errc::incompatible, 0, "'" + options.path + why};
   if (options.backing == Backing::file) return fail(e);
   log::warn("{}; using a private heap cache", e.message);
   Options heap = options;
@@ -63,19 +62,19 @@ Result<std::shared_ptr<Core>> refuse_other_key(const Options& options) {
   return Core::open(heap, platform::os());
 }
 
+Result<std::shared_ptr<Core>> refuse_other_key(const Options& options) {
+  return cannot_share(options,
+                      "' is open in this process under another compatibility key; close that cache first, or "
+                      "give each compatibility key its own path");
+}
+
 // A shared cache serves a second opener only if it honours that opener's alignment; the other
 // options of the first opener stay in force (documented on Options).
 Result<std::shared_ptr<Core>> share(std::shared_ptr<Core> core, const Options& options) {
   if (core->alignment() % options.alignment == 0) return core;
-  Error e{Errc::incompatible, 0,
-          "'" + options.path + "' is already open in this process with alignment " +
-              std::to_string(core->alignment()) + ", weaker than the " + std::to_string(options.alignment) +
-              " asked for; open it with one alignment everywhere"};
-  if (options.backing == Backing::file) return fail(e);
-  log::warn("{}; using a private heap cache", e.message);
-  Options heap = options;
-  heap.private_cache = true;
-  return Core::open(heap, platform::os());
+  return cannot_share(options, "' is already open in this process with alignment " +
+                                   std::to_string(core->alignment()) + ", weaker than the " +
+                                   std::to_string(options.alignment) + " asked for; open it with one alignment everywhere");
 }
 
 // A key for "an open of this file is in progress", known before the file's identity is: the
