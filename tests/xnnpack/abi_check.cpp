@@ -1,7 +1,7 @@
 // Compiled only when CMake found an xnnpack.h that declares struct xnn_weights_cache_provider:
-// pins our mirror types to the real ones, member by member: offsets and sizes (the layout XNNPACK
-// reads), then the type of every member (what a call through each function pointer means: a
-// provider whose is_finalized returned int would have the same layout and be wrong).
+// pins our mirror types to the real ones, member by member: offset and size (the layout XNNPACK
+// reads) and type (what a call through each function pointer means: a provider whose
+// is_finalized returned int would have the same layout and be wrong).
 // Point it at an XNNPACK checkout with -DWEIGHTCACHE_XNNPACK_INCLUDE=<XNNPACK>/include (and
 // -DWEIGHTCACHE_PTHREADPOOL_INCLUDE=... when pthreadpool.h is elsewhere); see docs/INTEGRATION.md.
 #include <xnnpack.h>
@@ -22,33 +22,6 @@ using MirrorKey = wc_xnn_weights_cache_look_up_key;
 using Mirror = wc_xnn_weights_cache_provider;
 
 static_assert(sizeof(MirrorKey) == sizeof(Key));
-static_assert(offsetof(MirrorKey, seed) == offsetof(Key, seed));
-static_assert(offsetof(MirrorKey, kernel) == offsetof(Key, kernel));
-static_assert(offsetof(MirrorKey, bias) == offsetof(Key, bias));
-static_assert(offsetof(MirrorKey, fingerprint_id) == offsetof(Key, fingerprint_id));
-
-#define WC_SAME_SIZE(T, U, field) static_assert(sizeof(T::field) == sizeof(U::field))
-WC_SAME_SIZE(MirrorKey, Key, seed);
-WC_SAME_SIZE(MirrorKey, Key, kernel);
-WC_SAME_SIZE(MirrorKey, Key, bias);
-WC_SAME_SIZE(MirrorKey, Key, fingerprint_id);
-WC_SAME_SIZE(Mirror, Provider, context);
-WC_SAME_SIZE(Mirror, Provider, look_up);
-WC_SAME_SIZE(Mirror, Provider, reserve_space);
-WC_SAME_SIZE(Mirror, Provider, look_up_or_insert);
-WC_SAME_SIZE(Mirror, Provider, is_finalized);
-WC_SAME_SIZE(Mirror, Provider, offset_to_addr);
-WC_SAME_SIZE(Mirror, Provider, delete_cache);
-#undef WC_SAME_SIZE
-
-static_assert(offsetof(Mirror, context) == offsetof(Provider, context));
-static_assert(offsetof(Mirror, look_up) == offsetof(Provider, look_up));
-static_assert(offsetof(Mirror, reserve_space) == offsetof(Provider, reserve_space));
-static_assert(offsetof(Mirror, look_up_or_insert) == offsetof(Provider, look_up_or_insert));
-static_assert(offsetof(Mirror, is_finalized) == offsetof(Provider, is_finalized));
-static_assert(offsetof(Mirror, offset_to_addr) == offsetof(Provider, offset_to_addr));
-static_assert(offsetof(Mirror, delete_cache) == offsetof(Provider, delete_cache));
-
 static_assert(sizeof(wc_xnn_status) == sizeof(enum xnn_status));
 static_assert(static_cast<int>(WC_XNN_STATUS_SUCCESS) == static_cast<int>(xnn_status_success));
 static_assert(static_cast<int>(WC_XNN_STATUS_INVALID_PARAMETER) == static_cast<int>(xnn_status_invalid_parameter));
@@ -92,12 +65,15 @@ static_assert(std::is_same_v<decltype(Key::kernel), const void*>, "key.kernel is
 static_assert(std::is_same_v<decltype(Key::bias), const void*>, "key.bias is not const void* in xnnpack.h");
 static_assert(std::is_same_v<decltype(Key::fingerprint_id), std::uint32_t>,
               "key.fingerprint_id is not uint32_t in xnnpack.h");
-#define WC_SAME_TYPE(T, U, field) \
+// A member of our mirror at XNNPACK's offset, of its size, and of its type once translated.
+#define WC_SAME_MEMBER(T, U, field)                                                                  \
+  static_assert(offsetof(T, field) == offsetof(U, field), #field ": offset differs from xnnpack.h"); \
+  static_assert(sizeof(T::field) == sizeof(U::field), #field ": size differs from xnnpack.h");       \
   static_assert(std::is_same_v<real_t<decltype(T::field)>, decltype(U::field)>, #field ": type differs from xnnpack.h")
-WC_SAME_TYPE(MirrorKey, Key, seed);
-WC_SAME_TYPE(MirrorKey, Key, kernel);
-WC_SAME_TYPE(MirrorKey, Key, bias);
-WC_SAME_TYPE(MirrorKey, Key, fingerprint_id);
+WC_SAME_MEMBER(MirrorKey, Key, seed);
+WC_SAME_MEMBER(MirrorKey, Key, kernel);
+WC_SAME_MEMBER(MirrorKey, Key, bias);
+WC_SAME_MEMBER(MirrorKey, Key, fingerprint_id);
 
 // The provider: every function pointer's return and parameter types, as current XNNPACK
 // declares them (a change in XNNPACK names the member here), then ours translated.
@@ -115,14 +91,14 @@ static_assert(std::is_same_v<decltype(Provider::offset_to_addr), void* (*)(void*
               "offset_to_addr is not void*(void*, size_t) in xnnpack.h");
 static_assert(std::is_same_v<decltype(Provider::delete_cache), enum xnn_status (*)(void*)>,
               "delete_cache is not enum xnn_status(void*) in xnnpack.h");
-WC_SAME_TYPE(Mirror, Provider, context);
-WC_SAME_TYPE(Mirror, Provider, look_up);
-WC_SAME_TYPE(Mirror, Provider, reserve_space);
-WC_SAME_TYPE(Mirror, Provider, look_up_or_insert);
-WC_SAME_TYPE(Mirror, Provider, is_finalized);
-WC_SAME_TYPE(Mirror, Provider, offset_to_addr);
-WC_SAME_TYPE(Mirror, Provider, delete_cache);
-#undef WC_SAME_TYPE
+WC_SAME_MEMBER(Mirror, Provider, context);
+WC_SAME_MEMBER(Mirror, Provider, look_up);
+WC_SAME_MEMBER(Mirror, Provider, reserve_space);
+WC_SAME_MEMBER(Mirror, Provider, look_up_or_insert);
+WC_SAME_MEMBER(Mirror, Provider, is_finalized);
+WC_SAME_MEMBER(Mirror, Provider, offset_to_addr);
+WC_SAME_MEMBER(Mirror, Provider, delete_cache);
+#undef WC_SAME_MEMBER
 
 // The translation itself must not make unequal types equal: spot checks.
 static_assert(std::is_same_v<real_t<decltype(Mirror::look_up)>, std::size_t (*)(void*, const Key*)>);
