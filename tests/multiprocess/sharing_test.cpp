@@ -58,19 +58,34 @@ std::vector<std::map<std::string, std::uint64_t>> measure(const TempDir& dir, co
   return out;
 }
 
+// What a sharing test measures: the cache it wrote and each reader's results.
+struct Shared {
+  FileIndex fi;
+  std::vector<std::map<std::string, std::uint64_t>> res;
+};
+
+// Writes a cache of `entries` entries of `size` bytes in `dir`, checks that it decodes with
+// every entry, and has `readers` helpers in `mode` read and measure it (see measure). The
+// caller returns if HasFailure().
+void write_and_measure(const TempDir& dir, const std::string& mode, std::size_t readers, std::size_t entries,
+                       std::size_t size, Shared* out) {
+  const std::string path = dir.file("cache.wcache");
+  write_cache(path, entries, size);
+  if (::testing::Test::HasFatalFailure()) return;
+  out->fi = decode_file(path);
+  ASSERT_EQ(out->fi.problem, "");
+  ASSERT_EQ(out->fi.records.size(), entries);
+  out->res = measure(dir, mode, path, readers, entries, size);
+}
+
 #ifndef _WIN32
 TEST(MultiProcess, ReadersShareTheCachesPagesPssAndPrivateDirty) {
   constexpr std::size_t kReaders = 4, kEntries = 256, kSize = 256 * 1024;  // 64 MiB
   TempDir dir("wc-mp");
-  const std::string path = dir.file("cache.wcache");
-  write_cache(path, kEntries, kSize);
-  if (HasFatalFailure()) return;
-  const FileIndex fi = decode_file(path);
-  ASSERT_EQ(fi.problem, "");
-  ASSERT_EQ(fi.records.size(), kEntries);
-
-  const auto res = measure(dir, "smaps", path, kReaders, kEntries, kSize);
+  Shared shared;
+  write_and_measure(dir, "smaps", kReaders, kEntries, kSize, &shared);
   if (HasFailure()) return;
+  const auto& [fi, res] = shared;
 
   const double mib = 1024.0 * 1024.0;
   std::uint64_t sum_pss = 0, max_rss = 0;
@@ -102,15 +117,10 @@ TEST(MultiProcess, ReadersShareTheCachesPagesPssAndPrivateDirty) {
 TEST(MultiProcess, ReadersAreServedSharedPagesNotPrivateCopies) {
   constexpr std::size_t kReaders = 4, kEntries = 64, kSize = 256 * 1024;  // 16 MiB
   TempDir dir("wc-mp");
-  const std::string path = dir.file("cache.wcache");
-  write_cache(path, kEntries, kSize);
-  if (HasFatalFailure()) return;
-  const FileIndex fi = decode_file(path);
-  ASSERT_EQ(fi.problem, "");
-  ASSERT_EQ(fi.records.size(), kEntries);
-
-  const auto res = measure(dir, "pages", path, kReaders, kEntries, kSize);
+  Shared shared;
+  write_and_measure(dir, "pages", kReaders, kEntries, kSize, &shared);
   if (HasFailure()) return;
+  const auto& [fi, res] = shared;
 
   std::printf("sharing: %zu processes, %zu entries of %zu KiB\n", kReaders, kEntries, kSize / 1024);
   std::printf("  proc   entry pages   resident   shared   private\n");
