@@ -242,6 +242,20 @@ int run_replace(const KeyValues& kv) {
   return kOk;
 }
 
+// The end of a measuring reader (pages, smaps): writes its results, tells the parent it has
+// measured, and stays mapped until the parent opens the exit gate: an early exit would change
+// the others' figures (on Linux, raise their Pss).
+int report_measured(const KeyValues& kv, const std::string& results,
+                    const std::map<std::string, std::uint64_t>& out) {
+  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
+  if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
+    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
+    close_pipe_end(done_fd);
+  }
+  wait_gate(fd_arg(kv, "exit_fd"));
+  return kOk;
+}
+
 #ifdef _WIN32
 int run_pages(const KeyValues& kv) {
   const std::string path = str(kv, "path"), results = str(kv, "results");
@@ -284,13 +298,7 @@ int run_pages(const KeyValues& kv) {
   out["page_size"] = page;
   out["valid"] = valid;
   out["shared"] = shared;
-  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
-  if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
-    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
-    close_pipe_end(done_fd);
-  }
-  wait_gate(fd_arg(kv, "exit_fd"));
-  return kOk;
+  return report_measured(kv, results, out);
 }
 #else
 int run_smaps(const KeyValues& kv) {
@@ -318,14 +326,7 @@ int run_smaps(const KeyValues& kv) {
   out["shared_clean"] = u.shared_clean;
   out["shared_dirty"] = u.shared_dirty;
   out["vmas"] = u.mappings;
-  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
-  // Stay mapped until every reader has measured: an early exit would raise the others' Pss.
-  if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
-    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
-    close_pipe_end(done_fd);
-  }
-  wait_gate(fd_arg(kv, "exit_fd"));
-  return kOk;
+  return report_measured(kv, results, out);
 }
 #endif
 
