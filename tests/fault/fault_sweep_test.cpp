@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -92,16 +93,10 @@ void run_one(std::uint64_t n, bool persistent, const FaultKind& kind, const Clea
     });
     out = wctest::run_scenario(path, 2, 4);
   }
-  out.durable.insert(seeded.durable.begin(), seeded.durable.end());
-  out.all.insert(out.all.end(), seeded.all.begin(), seeded.all.end());
-  auto c = weightcache::WeightCache::open(wctest::scenario_options(path));
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  const wctest::Damage d = wctest::damage_after(c.value(), out);
-  EXPECT_EQ(d.wrong, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
-  EXPECT_EQ(d.lost, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
-  totals->runs++;
-  totals->wrong += d.wrong;
-  totals->lost += d.lost;
+  wctest::check_reopened(wctest::scenario_options(path), std::move(out), seeded,
+                         "fault " + std::string(kind.name) + " at call " + std::to_string(n) +
+                             (persistent ? " (persistent)" : ""),
+                         totals);
 }
 
 CleanRun clean_run(bool seed_first) {

@@ -7,6 +7,8 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,9 +34,13 @@ struct Outcome {
   std::uint64_t wrong_bytes = 0;  // hits during the run with other bytes
 };
 
-inline weightcache::Options scenario_options(const std::string& path) {
+// `max_file_bytes` defaults to the library's; a smaller one makes opening cheaper where reserving
+// the address range is slow (Wine).
+inline weightcache::Options scenario_options(const std::string& path,
+                                             std::uint64_t max_file_bytes = weightcache::Options{}.max_file_bytes) {
   weightcache::Options o;
   o.path = path;
+  o.max_file_bytes = max_file_bytes;
   o.compat_key = "scenario-v1";
   o.durability = weightcache::Durability::full;
   o.lease_timeout = std::chrono::milliseconds(2000);
@@ -71,16 +77,40 @@ inline Damage damage_after(weightcache::WeightCache& reopened, const Outcome& ou
   return d;
 }
 
-// Rounds: each opens the cache, checks what is there, packs `per_round` new keys (half through
-// reservations, half copied in), finalizes, closes. Odd rounds open with allow_symlink, so the
-// path is looked at with stat as well as lstat.
-inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_round = 6) {
+/// After a faulted run `out` (that followed `seeded`, empty if none): the cache reopens with
+/// `options`, no hit ever had other bytes and no key made durable is missing. `what` names the
+/// fault in failures; the run and its damage are counted in `totals` (runs, wrong, lost).
+template <class Totals>
+void check_reopened(const weightcache::Options& options, Outcome out, const Outcome& seeded, const std::string& what,
+                    Totals* totals) {
+  out.durable.insert(seeded.durable.begin(), seeded.durable.end());
+  out.all.insert(out.all.end(), seeded.all.begin(), seeded.all.end());
+  auto c = weightcache::WeightCache::open(options);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const Damage d = damage_after(c.value(), out);
+  EXPECT_EQ(d.wrong, 0u) << what;
+  EXPECT_EQ(d.lost, 0u) << what;
+  totals->runs++;
+  totals->wrong += d.wrong;
+  totals->lost += d.lost;
+}
+
+// Rounds: each opens the cache (scenario_options(path, max_file_bytes)), checks what is there,
+// packs `per_round` new keys (half through reservations, half copied in), finalizes, closes. Odd
+// rounds open with allow_symlink, so the path is looked at with stat as well as lstat. The errors
+// open and finalize returned go to `errors` if given.
+inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_round = 6,
+                            std::uint64_t max_file_bytes = weightcache::Options{}.max_file_bytes,
+                            std::vector<weightcache::Error>* errors = nullptr) {
   Outcome out;
   for (int r = 0; r < rounds; ++r) {
-    weightcache::Options options = scenario_options(path);
+    weightcache::Options options = scenario_options(path, max_file_bytes);
     options.allow_symlink = r % 2 == 1;
     auto opened = weightcache::WeightCache::open(options);
-    if (!opened) continue;
+    if (!opened) {
+      if (errors != nullptr) errors->push_back(opened.error());
+      continue;
+    }
     auto& c = opened.value();
     out.wrong_bytes += check_hits(c, out.all);
     std::vector<std::string> added;
@@ -102,10 +132,12 @@ inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_rou
       if (q == nullptr || std::memcmp(q, bytes.data(), bytes.size()) != 0) ++out.wrong_bytes;
       // Only entries placed in the file can be durable; heap fallbacks (offsets past the file's
       // address range) live and die with this process.
-      if (c.stats().backing == weightcache::Backing::file && off < scenario_options(path).max_file_bytes)
-        added.push_back(key);
+      if (c.stats().backing == weightcache::Backing::file && off < options.max_file_bytes) added.push_back(key);
     }
-    if (c.finalize()) out.durable.insert(added.begin(), added.end());
+    if (auto f = c.finalize(); f)
+      out.durable.insert(added.begin(), added.end());
+    else if (errors != nullptr)
+      errors->push_back(f.error());
   }
   return out;
 }

@@ -3,8 +3,8 @@
 // Nth) and persistent (the Nth and every later one the kind applies to); then reopens without
 // faults and checks that no wrong bytes were ever served, that every entry of a finalize that
 // returned ok is still there, and that the run left no file handle or view behind. The run is
-// tests/fault/scenario.hpp's (its keys, contents and checks; its rounds repeated below with a
-// smaller address range), so both platforms sweep the same work.
+// tests/fault/scenario.hpp's (its keys, contents, checks and rounds, with a smaller address
+// range), so both platforms sweep the same work.
 //
 // CI samples N with a stride of 7, at a phase that differs per kind and persistence (so the
 // kinds that apply to every call fail every N between them), and always at the first and last
@@ -165,13 +165,13 @@ std::string by_call(const PerCall& counts) {
   return s;
 }
 
-// The scenario's options with a smaller address range: Wine keeps a byte per page of every
-// reservation, so a cache's default 512 GiB (max_file_bytes and the heap arena after it) costs
-// 25 ms to reserve there, and legacy mode reserves the rest again after each view it maps.
+// The scenario's address range here: Wine keeps a byte per page of every reservation, so a
+// cache's default 512 GiB (max_file_bytes and the heap arena after it) costs 25 ms to reserve
+// there, and legacy mode reserves the rest again after each view it maps.
+constexpr std::uint64_t kSweepMaxFileBytes = std::uint64_t{64} << 20;
+
 weightcache::Options sweep_options(const std::string& path) {
-  weightcache::Options o = wctest::scenario_options(path);
-  o.max_file_bytes = std::uint64_t{64} << 20;
-  return o;
+  return wctest::scenario_options(path, kSweepMaxFileBytes);
 }
 
 // wctest::run_scenario with sweep_options: rounds that each open the cache, check what is
@@ -179,44 +179,7 @@ weightcache::Options sweep_options(const std::string& path) {
 // Odd rounds open with allow_symlink. The errors open and finalize returned go to `errors`.
 wctest::Outcome run_rounds(const std::string& path, int rounds, int per_round,
                            std::vector<weightcache::Error>* errors = nullptr) {
-  wctest::Outcome out;
-  for (int r = 0; r < rounds; ++r) {
-    weightcache::Options options = sweep_options(path);
-    options.allow_symlink = r % 2 == 1;
-    auto opened = weightcache::WeightCache::open(options);
-    if (!opened) {
-      if (errors != nullptr) errors->push_back(opened.error());
-      continue;
-    }
-    auto& c = opened.value();
-    out.wrong_bytes += wctest::check_hits(c, out.all);
-    std::vector<std::string> added;
-    for (int i = 0; i < per_round; ++i) {
-      const std::string key = "round" + std::to_string(r) + "/w" + std::to_string(i);
-      out.all.push_back(key);
-      const std::string bytes = wctest::content_for(key);
-      std::size_t off;
-      if (i % 2 == 0) {
-        void* p = c.reserve(bytes.size());
-        if (p == nullptr) continue;
-        std::memcpy(p, bytes.data(), bytes.size());
-        off = c.look_up_or_insert(key, p, bytes.size());
-      } else {
-        off = c.insert(key, bytes);
-      }
-      if (off == weightcache::kNotFound) continue;
-      const auto* q = static_cast<const char*>(c.offset_to_addr(off));
-      if (q == nullptr || std::memcmp(q, bytes.data(), bytes.size()) != 0) ++out.wrong_bytes;
-      // Only entries placed in the file can be durable; heap fallbacks (offsets past the file's
-      // address range) live and die with this process.
-      if (c.stats().backing == weightcache::Backing::file && off < options.max_file_bytes) added.push_back(key);
-    }
-    if (auto r = c.finalize(); r)
-      out.durable.insert(added.begin(), added.end());
-    else if (errors != nullptr)
-      errors->push_back(r.error());
-  }
-  return out;
+  return wctest::run_scenario(path, rounds, per_round, kSweepMaxFileBytes, errors);
 }
 
 // Runs the scenario with call `n` (and, if persistent, every later call `kind` applies to) faulted.
@@ -263,16 +226,10 @@ void run_one(std::uint64_t n, bool persistent, const FaultKind& kind, const std:
     totals->views_left += views;
     totals->reservations_left += hooks.release_leaked_reservations();
   }
-  out.durable.insert(seeded.durable.begin(), seeded.durable.end());
-  out.all.insert(out.all.end(), seeded.all.begin(), seeded.all.end());
-  auto c = weightcache::WeightCache::open(sweep_options(path));
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  const wctest::Damage d = wctest::damage_after(c.value(), out);
-  EXPECT_EQ(d.wrong, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
-  EXPECT_EQ(d.lost, 0u) << "fault " << kind.name << " at call " << n << (persistent ? " (persistent)" : "");
-  totals->runs++;
-  totals->wrong += d.wrong;
-  totals->lost += d.lost;
+  wctest::check_reopened(sweep_options(path), std::move(out), seeded,
+                         "fault " + std::string(kind.name) + " at call " + std::to_string(n) +
+                             (persistent ? " (persistent)" : ""),
+                         totals);
 }
 
 // The calls of an undisturbed run, in order: seq[i - 1] is call number i.
