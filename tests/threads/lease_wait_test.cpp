@@ -11,7 +11,7 @@
 
 #ifdef _WIN32
 #include "core.hpp"
-#include "platform/platform.hpp"
+#include "forwarding_platform.hpp"
 #else
 #include "platform/posix_calls.hpp"
 
@@ -28,50 +28,14 @@ namespace {
 std::atomic<int> g_busy_locks{0};
 
 #ifdef _WIN32
-class ObservingPlatform final : public platform::Platform {
+// Counts the library's lock attempts that find the lock held.
+class ObservingPlatform final : public ForwardingPlatform {
  public:
-  using Handle = platform::Handle;
-  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
-    return os_.open_file(p, m, perm, f);
-  }
-  void close_file(Handle h) noexcept override { os_.close_file(h); }
-  Result<platform::FileInfo> stat_file(Handle h) noexcept override { return os_.stat_file(h); }
-  Result<platform::FileInfo> stat_path(const std::string& p, bool f) noexcept override { return os_.stat_path(p, f); }
-  Result<void> read_at(Handle h, void* b, std::size_t n, std::uint64_t o) noexcept override {
-    return os_.read_at(h, b, n, o);
-  }
-  Result<void> write_at(Handle h, const void* b, std::size_t n, std::uint64_t o) noexcept override {
-    return os_.write_at(h, b, n, o);
-  }
-  Result<void> allocate(Handle h, std::uint64_t o, std::uint64_t n) noexcept override { return os_.allocate(h, o, n); }
-  Result<void> truncate(Handle h, std::uint64_t n) noexcept override { return os_.truncate(h, n); }
-  Result<void> sync(Handle h) noexcept override { return os_.sync(h); }
-  Result<void> rename(const std::string& a, const std::string& b) noexcept override { return os_.rename(a, b); }
-  Result<void> sync_parent_dir(const std::string& p) noexcept override { return os_.sync_parent_dir(p); }
-  void remove(const std::string& p) noexcept override { os_.remove(p); }
-  Result<void*> reserve_address_space(std::size_t n, std::size_t a) noexcept override {
-    return os_.reserve_address_space(n, a);
-  }
-  void release_address_space(void* b, std::size_t n) noexcept override { os_.release_address_space(b, n); }
-  Result<void> map_file(Handle h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
-    return os_.map_file(h, o, n, at, w);
-  }
-  Result<void> commit_memory(void* at, std::size_t n) noexcept override { return os_.commit_memory(at, n); }
-  Result<void> flush_mapping(void* a, std::size_t n, bool w) noexcept override { return os_.flush_mapping(a, n, w); }
-  void prefetch(void* a, std::size_t n) noexcept override { os_.prefetch(a, n); }
-  bool populate_read(void* a, std::size_t n) noexcept override { return os_.populate_read(a, n); }
   Result<bool> try_lock(Handle h) noexcept override {
     auto r = os_.try_lock(h);
     if (r && !r.value()) g_busy_locks.fetch_add(1);
     return r;
   }
-  void unlock(Handle h) noexcept override { os_.unlock(h); }
-  std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
-  int process_id() const noexcept override { return os_.process_id(); }
-  std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }
-
- private:
-  platform::Platform& os_ = platform::os();
 };
 #else
 int observing_flock(int fd, int op) {

@@ -3,7 +3,7 @@
 // while the first holds it (the "Access is denied" a narrower share mode gives), heap fallback
 // when the file cannot be opened or mapped, files past 4 GiB, and the legacy mapping mode.
 #include "core.hpp"
-#include "platform/platform.hpp"
+#include "forwarding_platform.hpp"
 #include "temp_dir.hpp"
 #include "windows_test_util.hpp"
 
@@ -230,48 +230,16 @@ TEST(WindowsCache, ADirectoryAtThePathFallsBackToHeap) {
 // Every call goes to the real backend, except map_file, which fails from the `fail_from`th
 // call on: what a mapping refused by the OS (address space, quota, a file system without
 // mappings) looks like to the core.
-class RefusingMaps final : public platform::Platform {
+class RefusingMaps final : public ForwardingPlatform {
  public:
   explicit RefusingMaps(int fail_from) : fail_from_(fail_from) {}
-  platform::Platform& os_ = platform::os();
   int fail_from_;
   int calls_ = 0;
 
-  Result<platform::Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm,
-                                     bool f) noexcept override { return os_.open_file(p, m, perm, f); }
-  void close_file(platform::Handle h) noexcept override { os_.close_file(h); }
-  Result<platform::FileInfo> stat_file(platform::Handle h) noexcept override { return os_.stat_file(h); }
-  Result<platform::FileInfo> stat_path(const std::string& p, bool f) noexcept override { return os_.stat_path(p, f); }
-  Result<void> read_at(platform::Handle h, void* b, std::size_t n, std::uint64_t o) noexcept override {
-    return os_.read_at(h, b, n, o);
-  }
-  Result<void> write_at(platform::Handle h, const void* b, std::size_t n, std::uint64_t o) noexcept override {
-    return os_.write_at(h, b, n, o);
-  }
-  Result<void> allocate(platform::Handle h, std::uint64_t o, std::uint64_t n) noexcept override {
-    return os_.allocate(h, o, n);
-  }
-  Result<void> truncate(platform::Handle h, std::uint64_t n) noexcept override { return os_.truncate(h, n); }
-  Result<void> sync(platform::Handle h) noexcept override { return os_.sync(h); }
-  Result<void> rename(const std::string& a, const std::string& b) noexcept override { return os_.rename(a, b); }
-  Result<void> sync_parent_dir(const std::string& p) noexcept override { return os_.sync_parent_dir(p); }
-  void remove(const std::string& p) noexcept override { os_.remove(p); }
-  Result<void*> reserve_address_space(std::size_t n, std::size_t a) noexcept override {
-    return os_.reserve_address_space(n, a);
-  }
-  void release_address_space(void* b, std::size_t n) noexcept override { os_.release_address_space(b, n); }
   Result<void> map_file(platform::Handle h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
     if (++calls_ >= fail_from_) return Error{Errc::no_memory, ENOMEM, "mapping refused by the test"};
     return os_.map_file(h, o, n, at, w);
   }
-  Result<void> commit_memory(void* at, std::size_t n) noexcept override { return os_.commit_memory(at, n); }
-  Result<void> flush_mapping(void* a, std::size_t n, bool w) noexcept override { return os_.flush_mapping(a, n, w); }
-  void prefetch(void* a, std::size_t n) noexcept override { os_.prefetch(a, n); }
-  Result<bool> try_lock(platform::Handle h) noexcept override { return os_.try_lock(h); }
-  void unlock(platform::Handle h) noexcept override { os_.unlock(h); }
-  std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
-  int process_id() const noexcept override { return os_.process_id(); }
-  std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }
 };
 
 TEST(WindowsCache, UnmappableFileFallsBackToHeap) {

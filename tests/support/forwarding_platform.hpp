@@ -1,0 +1,56 @@
+// A platform that forwards every call to the real backend (platform::os()): tests derive from
+// it and override only the calls they observe or fail.
+#pragma once
+
+#include "platform/platform.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace weightcache::test {
+
+class ForwardingPlatform : public platform::Platform {
+ public:
+  using Handle = platform::Handle;
+
+  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
+    return os_.open_file(p, m, perm, f);
+  }
+  void close_file(Handle h) noexcept override { os_.close_file(h); }
+  Result<platform::FileInfo> stat_file(Handle h) noexcept override { return os_.stat_file(h); }
+  Result<platform::FileInfo> stat_path(const std::string& p, bool f) noexcept override { return os_.stat_path(p, f); }
+  Result<void> read_at(Handle h, void* b, std::size_t n, std::uint64_t o) noexcept override {
+    return os_.read_at(h, b, n, o);
+  }
+  Result<void> write_at(Handle h, const void* b, std::size_t n, std::uint64_t o) noexcept override {
+    return os_.write_at(h, b, n, o);
+  }
+  Result<void> allocate(Handle h, std::uint64_t o, std::uint64_t n) noexcept override { return os_.allocate(h, o, n); }
+  Result<void> truncate(Handle h, std::uint64_t n) noexcept override { return os_.truncate(h, n); }
+  Result<void> sync(Handle h) noexcept override { return os_.sync(h); }
+  Result<void> rename(const std::string& a, const std::string& b) noexcept override { return os_.rename(a, b); }
+  Result<void> sync_parent_dir(const std::string& p) noexcept override { return os_.sync_parent_dir(p); }
+  void remove(const std::string& p) noexcept override { os_.remove(p); }
+  Result<void*> reserve_address_space(std::size_t n, std::size_t a) noexcept override {
+    return os_.reserve_address_space(n, a);
+  }
+  void release_address_space(void* b, std::size_t n) noexcept override { os_.release_address_space(b, n); }
+  Result<void> map_file(Handle h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
+    return os_.map_file(h, o, n, at, w);
+  }
+  Result<void> commit_memory(void* at, std::size_t n) noexcept override { return os_.commit_memory(at, n); }
+  Result<void> flush_mapping(void* a, std::size_t n, bool w) noexcept override { return os_.flush_mapping(a, n, w); }
+  void prefetch(void* a, std::size_t n) noexcept override { os_.prefetch(a, n); }
+  bool populate_read(void* a, std::size_t n) noexcept override { return os_.populate_read(a, n); }
+  Result<bool> try_lock(Handle h) noexcept override { return os_.try_lock(h); }
+  void unlock(Handle h) noexcept override { os_.unlock(h); }
+  std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
+  int process_id() const noexcept override { return os_.process_id(); }
+  std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }
+
+ protected:
+  platform::Platform& os_ = platform::os();
+};
+
+}  // namespace weightcache::test
