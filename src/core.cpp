@@ -90,7 +90,7 @@ std::size_t StripedCounter::stripe() noexcept {
 }
 
 Core::Core(const Options& options, platform::Platform& pf)
-    : pf_(pf), opts_(options), index_(process_key_seed()) {
+    : pf_(pf), opts_(options), index_(process_key_seed()), opener_pid_(pf.process_id()) {
   compat_hash_ = format::hash_bytes(opts_.compat_key);
   align_ = opts_.alignment;
   gran_ = std::max<std::size_t>(kMapGranularity, pf_.map_granularity());
@@ -98,6 +98,19 @@ Core::Core(const Options& options, platform::Platform& pf)
 
 Core::~Core() {
   stop_verify_ahead();
+  if (in_forked_child()) {
+    // The lease, the file's tail and every mutex belong to the parent, which goes on using them:
+    // a flock is shared with it through the inherited descriptor (unlocking here would unlock
+    // the parent), trimming the tail would cut pages under the parent's reservations (SIGBUS
+    // there), and a mutex or condition variable held or waited on by a parent thread at the
+    // fork stays so forever here. Drop only what is this process's own: its view of the
+    // mappings and its descriptors (the parent's keep the lock).
+    (void)verify_sync_.release();
+    pf_.release_address_space(base_, va_size_);
+    pf_.close_file(fd_);
+    pf_.close_file(lock_fd_);
+    return;
+  }
   std::lock_guard<std::mutex> lock(write_mu_);
   if (has_lease_) {
     // Drop what was grown but never committed so the file ends at its footer again. Only this
@@ -524,12 +537,11 @@ bool Core::verify_entry(Entry* e) noexcept {
     if (s == kVerifying) {
       // Being hashed by another thread of this process: wait for its verdict. After a fork the
       // verify-ahead thread is gone in the child, and its claims with it: hash it ourselves.
-      if (const int pid = verifier_pid_.load(std::memory_order_relaxed); pid != 0 && pid != pf_.process_id())
-        return bytes_match(e, nullptr);
+      if (in_forked_child()) return bytes_match(e, nullptr);
       // A condition variable, not std::atomic::wait: libstdc++ 12's portable fallback (used on
       // Windows) can lose a wake-up, and this must never hang a look-up.
-      std::unique_lock<std::mutex> lk(verify_mu_);
-      verify_cv_.wait(lk, [&] { return e->state.load(std::memory_order_acquire) != kVerifying; });
+      std::unique_lock<std::mutex> lk(verify_sync_->mu);
+      verify_sync_->cv.wait(lk, [&] { return e->state.load(std::memory_order_acquire) != kVerifying; });
       s = e->state.load(std::memory_order_acquire);
       continue;
     }
@@ -565,9 +577,16 @@ bool Core::finish_verify(Entry* e) noexcept {
 }
 
 void Core::wake_verify_waiters() noexcept {
+  // In a forked child nobody waits (a claimed entry is hashed by whoever finds it), and the
+  // mutex may be held forever by a thread that did not survive the fork.
+  if (in_forked_child()) return;
   // Taking the mutex orders the state store before any waiter's predicate check: no lost wake-up.
-  { std::lock_guard<std::mutex> lk(verify_mu_); }
-  verify_cv_.notify_all();
+  { std::lock_guard<std::mutex> lk(verify_sync_->mu); }
+  verify_sync_->cv.notify_all();
+}
+
+bool Core::in_forked_child() const noexcept {
+  return pf_.process_id() != opener_pid_;
 }
 
 void Core::start_verify_ahead() noexcept {
@@ -591,17 +610,27 @@ void Core::start_verify_ahead() noexcept {
     while (mid != todo.end() && half < bytes / 2) half += (*mid++)->size;
     std::rotate(todo.begin(), mid, todo.end());
     const std::size_t count = todo.size();
-    verifier_pid_.store(pf_.process_id(), std::memory_order_relaxed);
-    verifier_ = std::thread([this, todo = std::move(todo)] {
-      for (Entry* e : todo) {
-        if (stop_verify_.load(std::memory_order_relaxed)) return;
-        std::uint8_t expected = kUnverified;
-        if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
-          finish_verify(e);
-          verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+    VerifySync* sync = verify_sync_.get();
+    sync->ahead_running.store(true, std::memory_order_relaxed);
+    try {
+      std::thread([this, sync, todo = std::move(todo)] {
+        for (Entry* e : todo) {
+          if (sync->stop.load(std::memory_order_relaxed)) break;
+          std::uint8_t expected = kUnverified;
+          if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
+            finish_verify(e);
+            verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+          }
         }
-      }
-    });
+        // The last touch of the cache: close may free it (and `sync`) once the mutex is free.
+        std::lock_guard<std::mutex> lk(sync->mu);
+        sync->ahead_running.store(false, std::memory_order_release);
+        sync->cv.notify_all();
+      }).detach();
+    } catch (...) {
+      sync->ahead_running.store(false, std::memory_order_relaxed);
+      throw;
+    }
     log::debug("'{}': verifying {} entries ({} bytes) ahead of their first look-up", opts_.path, count, bytes);
   } catch (...) {
     // No thread (or no memory for the list): look-ups verify on first use, as without it.
@@ -609,19 +638,17 @@ void Core::start_verify_ahead() noexcept {
 }
 
 void Core::stop_verify_ahead() noexcept {
-  if (!verifier_.joinable()) return;
-  stop_verify_.store(true, std::memory_order_relaxed);
-  if (verifier_pid_.load(std::memory_order_relaxed) == pf_.process_id()) {
-    verifier_.join();
+  VerifySync& sync = *verify_sync_;
+  sync.stop.store(true, std::memory_order_relaxed);
+  if (in_forked_child()) {
+    // The thread is not here. Where it had ended before the fork, this orders all it did before
+    // what the child's close does next (ThreadSanitizer checks it); where it was running, the
+    // entry it held is checked by whoever looks it up (verify_entry).
+    (void)sync.ahead_running.load(std::memory_order_acquire);
     return;
   }
-  // A forked child: the thread does not exist here, so it can be neither joined nor detached
-  // (both act on a thread this process never had). Its handle is left behind, a few bytes.
-  try {
-    new std::thread(std::move(verifier_));
-  } catch (...) {
-    verifier_.detach();
-  }
+  std::unique_lock<std::mutex> lk(sync.mu);
+  sync.cv.wait(lk, [&] { return !sync.ahead_running.load(std::memory_order_acquire); });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -124,6 +124,9 @@ class Core {
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead() noexcept;
   void wake_verify_waiters() noexcept;  // after an entry leaves kVerifying
+  // True in a child forked after open: the verify-ahead thread is not here, and the parent's
+  // threads may have left verify_sync_ locked or waited on at the fork.
+  bool in_forked_child() const noexcept;
   void stop_verify_ahead() noexcept;
   void verify_all(const std::vector<Entry*>& entries) noexcept;
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
@@ -180,13 +183,21 @@ class Core {
   std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
   StripedCounter hits_, misses_;
-  std::thread verifier_;
-  std::atomic<bool> stop_verify_{false};
-  std::atomic<int> verifier_pid_{0};
+  const int opener_pid_;  // the process that opened the cache (see in_forked_child)
   std::atomic<std::uint64_t> verified_ahead_{0};
   std::atomic<std::uint64_t> lease_timeouts_{0};
-  std::mutex verify_mu_;  // with verify_cv_: look-ups waiting for another thread's verdict
-  std::condition_variable verify_cv_;
+  // What look-ups waiting for another thread's verdict, and close waiting for the verify-ahead
+  // thread, wait on. The thread is detached (a forked child can neither join nor detach a thread
+  // it never had) and says it is done, under `mu`, as its last act. On the heap so that a forked
+  // child can leave it behind untouched: the parent's threads may have held the mutex or waited
+  // on the condition variable at the fork, and locking or destroying either then hangs the child.
+  struct VerifySync {
+    std::mutex mu;
+    std::condition_variable cv;  // an entry left kVerifying, or the verify-ahead thread ended
+    std::atomic<bool> stop{false};
+    std::atomic<bool> ahead_running{false};
+  };
+  std::unique_ptr<VerifySync> verify_sync_ = std::make_unique<VerifySync>();
   std::atomic<std::uint64_t> verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};

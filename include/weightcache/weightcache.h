@@ -31,9 +31,10 @@
  *   replaces files only by writing a new file and renaming it into place.
  * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
  *   wc_cache across fork(); open a new one in the child. (Looking entries up and closing in a
- *   child does work: the verify-ahead thread is not there, and the child checks entries itself.)
+ *   child does work: the child checks entries itself, and its close leaves the parent's lease,
+ *   file and reservations alone.)
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
- *   wc_close stops and joins; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
+ *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
  *   worker threads that end before they return. No other library code runs on its own threads.
  * - Pointers returned by wc_reserve_space / wc_offset_to_addr stay valid, and never move, until
  *   the last wc_close of that cache in this process.
