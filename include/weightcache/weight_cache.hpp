@@ -33,6 +33,7 @@ enum class Errc : int {
   read_only = 9,
 };
 
+/// What a code means, in words; the same text as wc_status_string. Static storage.
 WC_API const char* to_string(Errc code) noexcept;
 
 /// What failed: a code, the OS errno (0 if none) and a message that says what to do next.
@@ -42,7 +43,8 @@ struct Error {
   std::string message;
 };
 
-/// expected-like result. Check with `ok()` / `operator bool` before `value()`.
+/// expected-like result. Check with `ok()` / `operator bool` before `value()`: calling value()
+/// (or * and ->) on an error, or error() on a value, is a precondition violation.
 template <class T>
 class [[nodiscard]] Result {
  public:
@@ -150,9 +152,15 @@ class WC_API WeightCache {
   /// Opens or creates the cache. See wc_open for the policy on bad files and fallback.
   static Result<WeightCache> open(const Options& options) noexcept;
 
+  /// An empty handle (operator bool is false); every call on it fails or misses harmlessly.
   WeightCache() noexcept;
+  /// Drops this handle. The last handle on a cache in this process closes it (see wc_close):
+  /// entries inserted since the last successful finalize are not persisted, and every pointer
+  /// the cache returned becomes invalid.
   ~WeightCache();
+  /// Moves the handle; the source becomes empty. Pointers and offsets are unaffected.
   WeightCache(WeightCache&&) noexcept;
+  /// Drops this handle (as the destructor does), then takes the other's.
   WeightCache& operator=(WeightCache&&) noexcept;
   WeightCache(const WeightCache&) = delete;
   WeightCache& operator=(const WeightCache&) = delete;
@@ -176,9 +184,11 @@ class WC_API WeightCache {
   void* offset_to_addr(std::size_t offset) const noexcept;
   /// Makes inserted entries durable; see wc_finalize.
   Result<void> finalize() noexcept;
+  /// True when nothing was inserted since the last finalize or open (see wc_is_finalized).
   bool is_finalized() const noexcept;
-  /// Maps entries other processes finalized since open or the last refresh.
+  /// Maps entries other processes finalized since open or the last refresh; see wc_refresh.
   Result<void> refresh() noexcept;
+  /// A snapshot of the counters and where the entries live; see wc_get_stats.
   Stats stats() const noexcept;
   /// Effective alignment of region start addresses.
   std::size_t alignment() const noexcept;
