@@ -33,7 +33,7 @@ enum class Errc : int {
   read_only = 9,
 };
 
-/// What a code means, in words; the same text as wc_status_string. Static storage.
+/// Static English name of a code, never null; the same text as wc_status_string.
 WC_API const char* to_string(Errc code) noexcept;
 
 /// What failed: a code, the OS errno (0 if none) and a message that says what to do next.

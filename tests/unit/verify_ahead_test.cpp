@@ -125,7 +125,9 @@ TEST(VerifyAhead, CloseRightAfterOpenStopsTheThread) {
   for (int i = 0; i < 20; ++i) {
     WeightCache cache = open_or_fail(ahead_options(path, true));
     ASSERT_TRUE(cache);
-    if (i % 2 == 1) EXPECT_EQ(verify_entry(cache, entry_key(0), entry_bytes(kBig, 0), "entry 0"), "");
+    if (i % 2 == 1) {
+      EXPECT_EQ(verify_entry(cache, entry_key(0), entry_bytes(kBig, 0), "entry 0"), "");
+    }
   }
   // The file is untouched and a last open serves everything.
   WeightCache cache = open_or_fail(ahead_options(path, true));
