@@ -1,13 +1,10 @@
 // The C ABI: handles, struct-size versioning, status codes. No exception crosses it.
+#include "c_api_internal.hpp"
 #include "registry.hpp"
 
 #include <weightcache/weightcache.h>
 
 #include <cstring>
-
-struct wc_cache {
-  std::shared_ptr<weightcache::Core> core;
-};
 
 using namespace weightcache;
 

@@ -678,11 +678,15 @@ std::size_t Core::look_up(std::string_view key) noexcept {
   return static_cast<std::size_t>(e->offset);
 }
 
-void* Core::offset_to_addr(std::size_t offset) const noexcept {
+void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept {
   if (offset == kNotFound) return nullptr;
   const Entry* e = index_.find_offset(offset);
   // An entry whose checksum failed is never data, even for an offset learned some other way.
-  return e != nullptr && e->state.load(std::memory_order_acquire) != kBad ? addr(offset) : nullptr;
+  if (e == nullptr || e->state.load(std::memory_order_acquire) == kBad) return nullptr;
+  // Nor is one replaced under its key (here or, after a refresh, by another process): the key
+  // names other bytes now, as it does for a process that opens the file afresh.
+  if (!replaced_too && find_entry(e->key) != e) return nullptr;
+  return addr(offset);
 }
 
 Result<void> Core::refresh() noexcept {
@@ -991,7 +995,6 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       // Its bytes match fresh packer output. A thread hashing it right now reaches the same verdict.
       if (std::uint8_t unverified = kUnverified; old->state.compare_exchange_strong(unverified, kGood))
         wake_verify_waiters();
-      hits_.add();
       return old;
     };
     if (Entry* old = same()) {

@@ -64,7 +64,10 @@ class Core {
   void* reserve(std::size_t size) noexcept;
   Result<void> release(void* ptr) noexcept;
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
-  void* offset_to_addr(std::size_t offset) const noexcept;
+  /// Address of the live entry at `offset`, or nullptr. With `replaced_too`, also of an entry
+  /// since replaced under its key (its bytes stay mapped until close): for a caller that holds
+  /// an offset it was given before the replacement and cannot take a null (the XNNPACK adapter).
+  void* offset_to_addr(std::size_t offset, bool replaced_too = false) const noexcept;
   Result<void> finalize() noexcept;
   bool is_finalized() const noexcept { return finalized_.load(std::memory_order_acquire); }
   Result<void> refresh() noexcept;

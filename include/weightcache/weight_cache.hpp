@@ -178,9 +178,9 @@ class WC_API WeightCache {
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
   /// Copies `bytes` in under `key` (a convenience over look_up_or_insert).
   std::size_t insert(std::string_view key, std::string_view bytes) noexcept;
-  /// Entry address for an offset, or nullptr when the offset is not an entry's. An offset whose
-  /// entry was later replaced under its key still resolves in this process (its bytes stay
-  /// valid until close), but look_up never returns it again.
+  /// Entry address for an offset, or nullptr when the offset is not a live entry's: the offset
+  /// of an entry since replaced under its key gives nullptr, as in a process that opens the file
+  /// afresh (a pointer obtained before the replacement stays readable until close).
   void* offset_to_addr(std::size_t offset) const noexcept;
   /// Makes inserted entries durable; see wc_finalize.
   Result<void> finalize() noexcept;

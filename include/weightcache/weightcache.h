@@ -41,7 +41,8 @@
  * - Entries are durable only after wc_finalize returns WC_OK (with WC_DURABILITY_FULL: durable
  *   against power loss; otherwise against a crash of the process). Closing without finalize
  *   discards entries inserted since the last finalize.
- * - Keys are arbitrary bytes of at most WC_MAX_KEY_SIZE bytes.
+ * - Keys are arbitrary bytes (NULs included), 1 to WC_MAX_KEY_SIZE of them. The empty key is
+ *   never found and cannot be inserted (WC_ERR_INVALID_ARGUMENT), as in LMDB.
  */
 #ifndef WEIGHTCACHE_WEIGHTCACHE_H
 #define WEIGHTCACHE_WEIGHTCACHE_H
@@ -221,7 +222,12 @@ WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_
                                    size_t size);
 
 /** Address of the entry at `offset` (from look_up / look_up_or_insert), or NULL for an offset that
- * is not an entry's (WC_NOT_FOUND included). O(1); valid until wc_close. Thread-safe. */
+ * is not a live entry's: WC_NOT_FOUND, an entry whose checksum failed, or one since replaced
+ * under its key (here, or by another process and seen through wc_refresh), so stale bytes are
+ * never reached through an old offset; a pointer obtained before the replacement stays readable
+ * until wc_close. O(1); valid until wc_close. Thread-safe. (The XNNPACK adapter's
+ * offset_to_addr also resolves a replaced entry's offset: XNNPACK keeps offsets and cannot take
+ * a NULL.) */
 WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
 
 /**

@@ -10,6 +10,7 @@
 // reads past delete_cache. tests/xnnpack checks the layout against a real xnnpack.h when found.
 #include <weightcache/xnnpack.h>
 
+#include "c_api_internal.hpp"
 #include "core.hpp"
 #include "log.hpp"
 
@@ -351,7 +352,10 @@ struct wc_xnn_adapter {
 
   void* offset_to_addr(std::size_t offset) const {
     if (offset == SIZE_MAX) return nullptr;
-    if (!is_handle(offset)) return wc_offset_to_addr(cache, offset);
+    // An offset XNNPACK holds stays usable even if its key was replaced since (two threads that
+    // both missed and packed different bytes): XNNPACK would dereference a null. The bytes are
+    // the ones it was given for that operator, and stay mapped until close.
+    if (!is_handle(offset)) return cache->core->offset_to_addr(offset, /*replaced_too=*/true);
     const std::size_t index = SIZE_MAX - 1 - offset;
     std::shared_lock<std::shared_mutex> lock(local_mu);
     return index < local_offsets.size() ? wc_offset_to_addr(heap, local_offsets[index]) : nullptr;

@@ -107,6 +107,36 @@ TEST_P(InsertSemantics, SameKeySameBytesReturnsExistingOffset) {
   EXPECT_EQ(cache_.look_up_or_insert("same", p, bytes.size()), off);
   EXPECT_EQ(cache_.stats().entries, before.entries);
   EXPECT_EQ(cache_.stats().mapped_bytes + cache_.stats().heap_bytes, before.mapped_bytes + before.heap_bytes);
+  // Inserts are not look-ups: only look_up (and look_up_or_insert with ptr == NULL) count.
+  EXPECT_EQ(cache_.stats().hits, before.hits);
+  EXPECT_EQ(cache_.stats().misses, before.misses);
+  ASSERT_NE(cache_.insert("same", random_bytes(60, 3000)), kNotFound);  // other bytes: a replacement
+  EXPECT_EQ(cache_.stats().hits, before.hits);
+  EXPECT_EQ(cache_.stats().misses, before.misses);
+}
+
+TEST_P(InsertSemantics, AReplacedEntrysOffsetNoLongerResolves) {
+  const std::string stale = random_bytes(61, 5000), fresh = random_bytes(62, 5000);
+  const std::size_t old_off = cache_.insert("w", stale);
+  ASSERT_NE(old_off, kNotFound);
+  const auto* old_addr = static_cast<const char*>(cache_.offset_to_addr(old_off));
+  ASSERT_NE(old_addr, nullptr);
+  const std::size_t new_off = cache_.insert("w", fresh);
+  ASSERT_NE(new_off, kNotFound);
+  ASSERT_NE(new_off, old_off);
+  EXPECT_EQ(cache_.look_up("w"), new_off);
+  EXPECT_EQ(cache_.offset_to_addr(old_off), nullptr) << "the stale entry is reachable through its old offset";
+  const auto* new_addr = static_cast<const char*>(cache_.offset_to_addr(new_off));
+  ASSERT_NE(new_addr, nullptr);
+  EXPECT_EQ(std::string(new_addr, fresh.size()), fresh);
+  // The old pointer itself stays readable until close (no pointer is ever invalidated early).
+  EXPECT_EQ(std::string(old_addr, stale.size()), stale);
+  // Replacing back with the first bytes makes a third entry; neither earlier offset revives.
+  const std::size_t third = cache_.insert("w", stale);
+  ASSERT_NE(third, kNotFound);
+  EXPECT_EQ(cache_.offset_to_addr(old_off), nullptr);
+  EXPECT_EQ(cache_.offset_to_addr(new_off), nullptr);
+  EXPECT_NE(cache_.offset_to_addr(third), nullptr);
 }
 
 TEST_P(InsertSemantics, IsFinalizedTracksInserts) {

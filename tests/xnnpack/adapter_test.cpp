@@ -366,6 +366,41 @@ TEST_F(XnnAdapterTest, AliasCyclesAndNullArgumentsAreHandled) {
   EXPECT_EQ(cache_stats(cache_).entries, 1u);
 }
 
+TEST_F(XnnAdapterTest, AnOffsetXnnpackHoldsStaysUsableAfterItsKeyIsReplaced) {
+  // Two threads both miss one weight and pack it; the second packs other bytes (a packer that is
+  // not deterministic) and its insert replaces the first. The first operator keeps its offset and
+  // XNNPACK feeds it to offset_to_addr at every reshape without checking: it must not get NULL.
+  // Through the plain C ABI the replaced offset is no longer an entry's.
+  Session s(cache_);
+  float w[16] = {};
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, w, "layer0.weight"), WC_OK);
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  wc_xnn_weights_cache_look_up_key key{7, w, nullptr, 3};
+  ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  auto pack = [&](unsigned char fill) {
+    void* mem = p->reserve_space(p->context, 256);
+    EXPECT_NE(mem, nullptr);
+    if (mem == nullptr) return SIZE_MAX;
+    std::memset(mem, fill, 256);
+    return p->look_up_or_insert(p->context, &key, mem, 256);
+  };
+  const std::size_t first = pack(0x11);
+  const std::size_t second = pack(0x22);
+  ASSERT_NE(first, SIZE_MAX);
+  ASSERT_NE(second, SIZE_MAX);
+  ASSERT_NE(first, second);
+  EXPECT_EQ(p->look_up(p->context, &key), second);
+  const auto* a = static_cast<const unsigned char*>(p->offset_to_addr(p->context, first));
+  const auto* b = static_cast<const unsigned char*>(p->offset_to_addr(p->context, second));
+  ASSERT_NE(a, nullptr) << "XNNPACK would dereference this";
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a[0], 0x11);
+  EXPECT_EQ(a[255], 0x11);
+  EXPECT_EQ(b[0], 0x22);
+  EXPECT_EQ(wc_offset_to_addr(cache_, first), nullptr);
+  EXPECT_EQ(wc_offset_to_addr(cache_, second), b);
+}
+
 // ---- unnamed buffers -----------------------------------------------------------------------
 
 TEST_F(XnnAdapterTest, UnnamedBuffersAreServedFromTheHeapCountedAndLoggedOnce) {
