@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the build tree into a fresh prefix with `cmake --install --prefix`, then builds the
 # consumers the way users do: with pkg-config (C, shared), with pkg-config and the static library
-# (C++), and with find_package(weightcache CONFIG) (both targets); each runs twice on one cache
-# file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
+# (C++), and with find_package(weightcache CONFIG) (both targets, also from a C-only project);
+# each runs twice on one cache file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
 # <weightcache/xnnpack.h>) is built against the shared and the static library both ways too.
 # Finally the prefix is moved, and the pkg-config build still works (the .pc file finds its
 # prefix from where it lies).
@@ -89,7 +89,25 @@ run_twice cxx_cmake_static "$work/consumer/build/cxx_cmake_static"
 run_twice xnn_cmake "$work/consumer/build/xnn_cmake"
 run_twice xnn_cmake_static "$work/consumer/build/xnn_cmake_static"
 
-# 5. The installed tree, moved elsewhere.
+# 5. find_package from a project that enables C only: the static target must bring the C++
+# runtime itself (the C linker does not add it).
+mkdir -p "$work/c_only"
+cat >"$work/c_only/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(c_only C)
+find_package(weightcache 0.1 CONFIG REQUIRED)
+add_executable(c_only_shared $src/tests/install/consumer.c)
+target_link_libraries(c_only_shared PRIVATE weightcache::weightcache)
+add_executable(c_only_static $src/tests/install/consumer_xnnpack.c)
+target_link_libraries(c_only_static PRIVATE weightcache::weightcache_static)
+CMAKE
+cmake -S "$work/c_only" -B "$work/c_only/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" >/dev/null
+cmake --build "$work/c_only/build" >/dev/null || fail "a C-only project cannot link the installed targets"
+run_twice c_only_shared "$work/c_only/build/c_only_shared"
+run_twice c_only_static "$work/c_only/build/c_only_static"
+
+# 6. The installed tree, moved elsewhere.
 mv "$prefix" "$work/moved"
 pcdir=${pcdir/#$prefix/$work/moved}
 libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
