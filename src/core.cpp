@@ -789,7 +789,9 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexce
     release_lease_locked();
     file_disabled_ = true;
     return Error{Errc::busy, 0,
-                 "'" + opts_.path + "' was replaced by another process; new entries stay in memory until reopened"};
+                 "'" + opts_.path + "' was replaced by another process; " +
+                     (opts_.backing == Backing::file ? std::string("reopen the cache to write to the new file")
+                                                     : std::string("new entries stay in heap memory until reopened"))};
   }
   if (auto r = refresh_locked(); !r) {
     release_lease_locked();
@@ -1146,9 +1148,14 @@ Result<void> Core::finalize() noexcept {
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);
     if (unpersisted_ != 0) {
-      log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted "
-                "(see stats().heap_fallbacks and the earlier warning for why)",
-                opts_.path, unpersisted_);
+      if (opts_.read_only)
+        log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted: "
+                  "the cache is open read-only (open it read-write to persist them)",
+                  opts_.path, unpersisted_);
+      else
+        log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted "
+                  "(see stats().heap_fallbacks and the earlier warning for why)",
+                  opts_.path, unpersisted_);
       unpersisted_ = 0;
     }
     if (!file_backed_ || opts_.read_only) return {};
