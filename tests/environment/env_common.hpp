@@ -2,6 +2,7 @@
 // bytes follow from their index, a log capture, and checks that return what went wrong.
 #pragma once
 
+#include "log_capture.hpp"
 #include "random_bytes.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -13,6 +14,8 @@
 #include <vector>
 
 namespace weightcache::env {
+
+using test::LogCapture;
 
 inline std::string key_of(std::uint64_t index) { return test::entry_key(index); }
 inline std::string bytes_of(std::uint64_t index, std::size_t size) {
@@ -57,40 +60,6 @@ inline std::string check_absent_or_right(WeightCache& cache, const Packed& e) {
   if (cache.look_up(key_of(e.index)) == kNotFound) return {};
   return check(cache, e);
 }
-
-/// Collects the library's log messages (level warn and up) while alive.
-class LogCapture {
- public:
-  LogCapture() {
-    set_log_level(LogLevel::warn);
-    set_log_callback(&LogCapture::on_message, this);
-  }
-  ~LogCapture() { set_log_callback(nullptr, nullptr); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-
-  bool contains(const std::string& needle) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& m : messages_)
-      if (m.find(needle) != std::string::npos) return true;
-    return false;
-  }
-  std::string all() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::string s;
-    for (const auto& m : messages_) s += m + "\n";
-    return s;
-  }
-
- private:
-  static void on_message(void* user, wc_log_level, const char* message, size_t size) {
-    auto* self = static_cast<LogCapture*>(user);
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->messages_.emplace_back(message, size);
-  }
-  mutable std::mutex mu_;
-  std::vector<std::string> messages_;
-};
 
 inline Options cache_options(const std::string& path, Backing backing) {
   Options o;

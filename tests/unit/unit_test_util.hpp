@@ -3,6 +3,7 @@
 
 #include "cache_test_util.hpp"
 #include "file_time.hpp"
+#include "log_capture.hpp"
 #include "spawn.hpp"
 #include "temp_dir.hpp"
 
@@ -75,39 +76,5 @@ inline bool open_may_grow_file() {
   return false;
 #endif
 }
-
-/// Captures the library's log while alive (level warn and up), then restores the stderr sink.
-class LogCapture {
- public:
-  struct Message {
-    wc_log_level level;
-    std::string text;
-  };
-
-  LogCapture() {
-    set_log_level(LogLevel::warn);
-    set_log_callback(&LogCapture::on_message, this);
-  }
-  ~LogCapture() { set_log_callback(nullptr, nullptr); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-
-  std::vector<Message> at_least(wc_log_level level) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Message> out;
-    for (const auto& m : messages_)
-      if (m.level >= level && m.level != WC_LOG_OFF) out.push_back(m);
-    return out;
-  }
-
- private:
-  static void on_message(void* user, wc_log_level level, const char* message, size_t size) {
-    auto* self = static_cast<LogCapture*>(user);
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->messages_.push_back({level, std::string(message, size)});
-  }
-  mutable std::mutex mu_;
-  std::vector<Message> messages_;
-};
 
 }  // namespace weightcache::test

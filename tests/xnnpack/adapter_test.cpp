@@ -1,6 +1,7 @@
 // The XNNPACK provider adapter, driven through the C stand-in for XNNPACK's operator-creation
 // path (fake_xnnpack.c): what is packed, what hits, what lives where, across runtimes, threads
 // and processes.
+#include "log_capture.hpp"
 #include "spawn.hpp"
 #include "temp_dir.hpp"
 #include "xnn_test_model.hpp"
@@ -17,6 +18,7 @@
 #include <vector>
 
 using namespace weightcache::xnn_test;
+using weightcache::test::LogCapture;
 using weightcache::test::TempDir;
 
 // ---- layout: our mirror against an independent C declaration of XNNPACK's structs ----------
@@ -57,28 +59,6 @@ std::uint64_t file_size(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_size) : 0;
 }
-
-// Collects the library's log lines for the duration of a test.
-class LogCapture {
- public:
-  LogCapture() { wc_set_log_callback(&LogCapture::sink, this); }
-  ~LogCapture() { wc_set_log_callback(nullptr, nullptr); }
-  std::size_t count(const std::string& needle) {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::size_t n = 0;
-    for (const auto& l : lines_) n += l.find(needle) != std::string::npos ? 1 : 0;
-    return n;
-  }
-
- private:
-  static void sink(void* user, wc_log_level, const char* message, size_t size) {
-    auto* self = static_cast<LogCapture*>(user);
-    std::lock_guard<std::mutex> lock(self->mu_);
-    self->lines_.emplace_back(message, size);
-  }
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
 
 // One adapter over one cache, with the counting shim in front (what XNNPACK would be handed).
 struct Session {
