@@ -12,6 +12,7 @@
 //
 // WEIGHTCACHE_FULL=1 (or WEIGHTCACHE_FORMAT_FULL=1) flips every bit of every structural byte instead of one per byte.
 #include "file_image.hpp"
+#include "log_capture.hpp"
 #include "random_bytes.hpp"
 #include "temp_dir.hpp"
 
@@ -873,6 +874,11 @@ TEST(Corruption, DamagedFilesNeverServeWrongBytes) {
     }
   }
   for (auto& v : extra) all.push_back(std::move(v));
+  // No damage may make the reader allocate or map far beyond what the file needs: every child
+  // runs with its address space capped (16 GiB more than at start, where the cap is available;
+  // the base file is tiny, so any large claim a damaged file makes would hit it).
+  for (auto& v : all)
+    if (v.address_headroom == 0) v.address_headroom = std::uint64_t{16} << 30;
 
   // Windows runs every variant in this process, and under Wine each costs tens of milliseconds
   // of emulated file I/O (all of them: over three minutes). There every 4th bit-flip and
@@ -1005,9 +1011,18 @@ TEST_F(VerifyModes, FirstUseTurnsADamagedEntryIntoAMiss) {
   ASSERT_TRUE(cache) << cache.error().message;
   ASSERT_EQ(cache->stats().backing, Backing::file);
   EXPECT_EQ(cache->stats().verify_failures, 0u);  // nothing checked before it is used
-  EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
-  EXPECT_EQ(cache->stats().verify_failures, 1u);
-  EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
+  {
+    test::LogCapture log;
+    EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
+    EXPECT_EQ(cache->stats().verify_failures, 1u);
+    // Logged once, as a warning naming the file and the checksum failure.
+    const auto warnings = log.at_least(WC_LOG_WARN);
+    ASSERT_EQ(warnings.size(), 1u) << log.all();
+    EXPECT_NE(warnings[0].text.find("fails its checksum"), std::string::npos) << warnings[0].text;
+    EXPECT_NE(warnings[0].text.find(o.path), std::string::npos) << warnings[0].text;
+    EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
+    EXPECT_EQ(log.at_least(WC_LOG_WARN).size(), 1u) << "a failing entry is logged once, not per look-up";
+  }
   EXPECT_EQ(cache->stats().verify_failures, 1u);  // counted once per entry
   for (std::size_t i = 0; i < kEntries; ++i)
     if (i != kVictim) EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
