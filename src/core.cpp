@@ -685,7 +685,7 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept
   if (e == nullptr || e->state.load(std::memory_order_acquire) == kBad) return nullptr;
   // Nor is one replaced under its key (here or, after a refresh, by another process): the key
   // names other bytes now, as it does for a process that opens the file afresh.
-  if (!replaced_too && find_entry(e->key) != e) return nullptr;
+  if (!replaced_too && e->replaced.load(std::memory_order_acquire)) return nullptr;
   return addr(offset);
 }
 

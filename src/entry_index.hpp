@@ -28,6 +28,7 @@ struct Entry {
   bool in_file = false;
   std::atomic<bool> durable{false};    // named by a committed index (read by stats without write_mu_)
   std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad (core.cpp)
+  std::atomic<bool> replaced{false};   // a later entry took its key: no longer an entry's offset
 };
 
 namespace index_detail {
@@ -178,6 +179,7 @@ class EntryIndex {
     Entry* old = put(*by_key_.load(std::memory_order_relaxed), hash_key(e->key), e->number,
                      [&](const Entry& x) { return x.key == e->key; });
     if (old == nullptr) live_.fetch_add(1, std::memory_order_release);
+    else old->replaced.store(true, std::memory_order_release);
     return old;
   }
 
