@@ -90,7 +90,11 @@ std::size_t StripedCounter::stripe() noexcept {
 }
 
 Core::Core(const Options& options, platform::Platform& pf)
-    : pf_(pf), opts_(options), index_(process_key_seed()), opener_pid_(pf.process_id()) {
+    : pf_(pf),
+      opts_(options),
+      index_(process_key_seed()),
+      opener_forks_(platform::fork_generation()),
+      opener_pid_(pf.process_id()) {
   compat_hash_ = format::hash_bytes(opts_.compat_key);
   align_ = opts_.alignment;
   gran_ = std::max<std::size_t>(kMapGranularity, pf_.map_granularity());
@@ -586,6 +590,8 @@ void Core::wake_verify_waiters() noexcept {
 }
 
 bool Core::in_forked_child() const noexcept {
+  // Asked once per entry checked: one atomic load, not a getpid system call each time.
+  if (opener_forks_ != platform::kForkGenerationUnknown) return platform::fork_generation() != opener_forks_;
   return pf_.process_id() != opener_pid_;
 }
 

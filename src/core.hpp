@@ -186,7 +186,8 @@ class Core {
   std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
   StripedCounter hits_, misses_;
-  const int opener_pid_;  // the process that opened the cache (see in_forked_child)
+  const std::uint64_t opener_forks_;  // platform::fork_generation() at open (see in_forked_child)
+  const int opener_pid_;               // the process that opened the cache (the fallback)
   std::atomic<std::uint64_t> verified_ahead_{0};
   std::atomic<std::uint64_t> lease_timeouts_{0};
   // What look-ups waiting for another thread's verdict, and close waiting for the verify-ahead

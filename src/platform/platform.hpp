@@ -95,6 +95,13 @@ class Platform {
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.
 Platform& os() noexcept;
 
+/// Counts the forks this process descends from since the first call (a pthread_atfork child
+/// handler bumps it), so a cache tells it is in a forked child with one atomic load instead of a
+/// getpid per call. 0 forever where there is no fork (Windows); kForkGenerationUnknown if the
+/// handler could not be registered (the caller then compares process ids).
+inline constexpr std::uint64_t kForkGenerationUnknown = ~std::uint64_t{0};
+std::uint64_t fork_generation() noexcept;
+
 /// Builds an Error from an errno-style code with the message "<what> '<path>': <strerror>. <hint>".
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint = nullptr);
 

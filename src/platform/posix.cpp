@@ -6,10 +6,12 @@
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -352,6 +354,18 @@ const PosixCalls& default_posix_calls() noexcept { return kDefaultCalls; }
 Platform& os() noexcept {
   static PosixPlatform platform;
   return platform;
+}
+
+namespace {
+std::atomic<std::uint64_t> g_fork_generation{0};
+void count_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+std::uint64_t fork_generation() noexcept {
+  // Outside the call table: registering a handler is neither I/O nor anything a test needs to
+  // fail (a failure is handled: the caller falls back to comparing process ids).
+  static const bool registered = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child) == 0;
+  return registered ? g_fork_generation.load(std::memory_order_relaxed) : kForkGenerationUnknown;
 }
 
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {

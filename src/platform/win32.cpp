@@ -1226,6 +1226,8 @@ Platform& os() noexcept {
 Win32Calls& win32_calls() noexcept { return calls_in_use(); }
 const Win32Calls& default_win32_calls() noexcept { return defaults(); }
 
+std::uint64_t fork_generation() noexcept { return 0; }  // no fork on Windows
+
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
   std::string msg = what + " '" + path + "': " + std::strerror(err) + ".";
   if (hint != nullptr) {
