@@ -1,10 +1,12 @@
 // The C ABI: handles, struct-size versioning, status codes. No exception crosses it.
 #include "c_api_internal.hpp"
+#include "compact.hpp"
 #include "registry.hpp"
 
 #include <weightcache/weightcache.h>
 
 #include <cstring>
+#include <string>
 
 using namespace weightcache;
 
@@ -12,8 +14,8 @@ namespace {
 
 wc_status status_of(const Error& e) { return static_cast<wc_status>(e.code); }
 
-wc_status invalid(const char* what) {
-  set_last_error({Errc::invalid_argument, 0, what});
+wc_status invalid(std::string what) {
+  set_last_error({Errc::invalid_argument, 0, std::move(what)});
   return WC_ERR_INVALID_ARGUMENT;
 }
 
@@ -49,6 +51,8 @@ void wc_options_init(wc_options* o) {
   o->verify = WC_VERIFY_FIRST_USE;
   o->file_mode = 0644;
   o->lease_timeout_ms = 120000;
+  o->compact_dead_percent = 50;
+  o->compact_min_dead_bytes = std::uint64_t{16} << 20;
   o->max_file_bytes = std::uint64_t{256} << 30;
   o->verify_ahead = 1;
 }
@@ -59,39 +63,59 @@ void wc_stats_init(wc_stats* s) {
   s->struct_size = sizeof(wc_stats);
 }
 
+}  // extern "C"
+
+namespace {
+
+// The C options as the C++ Options; WC_OK or the status of what is wrong (wc_last_error says it).
+wc_status options_from(const wc_options* o, const char* call, Options* out) {
+  const std::string who(call);
+  if (o->struct_size < offsetof(wc_options, read_only) + sizeof(int) || o->struct_size > (1u << 16))
+    return invalid(who + ": options.struct_size is not set; call wc_options_init first");
+  Options& opt = *out;
+  if (o->path != nullptr) opt.path = o->path;
+  if (o->compat_key_size != 0) {
+    if (o->compat_key == nullptr) return invalid(who + ": compat_key is NULL but compat_key_size is not 0");
+    opt.compat_key.assign(static_cast<const char*>(o->compat_key), o->compat_key_size);
+  }
+  opt.alignment = o->alignment == 0 ? 64 : o->alignment;
+  opt.size_alignment = o->size_alignment == 0 ? 1 : o->size_alignment;
+  const int backing = raw_enum(o->backing), durability = raw_enum(o->durability);
+  if (backing < WC_BACKING_AUTO || backing > WC_BACKING_HEAP) return invalid(who + ": unknown backing");
+  if (durability < WC_DURABILITY_NONE || durability > WC_DURABILITY_FULL) return invalid(who + ": unknown durability");
+  opt.backing = static_cast<Backing>(backing);
+  opt.durability = static_cast<Durability>(durability);
+  opt.read_only = o->read_only != 0;
+  if (has_field(o, &wc_options::verify)) {
+    const int verify = raw_enum(o->verify);
+    if (verify < WC_VERIFY_FIRST_USE || verify > WC_VERIFY_NONE) return invalid(who + ": unknown verify mode");
+    opt.verify = static_cast<Verify>(verify);
+  }
+  if (has_field(o, &wc_options::private_cache)) opt.private_cache = o->private_cache != 0;
+  if (has_field(o, &wc_options::allow_symlink)) opt.allow_symlink = o->allow_symlink != 0;
+  if (has_field(o, &wc_options::file_mode) && o->file_mode != 0) opt.file_mode = o->file_mode;
+  if (has_field(o, &wc_options::lease_timeout_ms)) opt.lease_timeout = std::chrono::milliseconds(o->lease_timeout_ms);
+  if (has_field(o, &wc_options::refresh_on_miss)) opt.refresh_on_miss = o->refresh_on_miss != 0;
+  if (has_field(o, &wc_options::max_file_bytes) && o->max_file_bytes != 0) opt.max_file_bytes = o->max_file_bytes;
+  if (has_field(o, &wc_options::verify_ahead)) opt.verify_ahead = o->verify_ahead != 0;
+  if (has_field(o, &wc_options::compact_dead_percent)) {
+    if (o->compact_dead_percent > 100) return invalid(who + ": compact_dead_percent is a percentage (0 to 100)");
+    opt.compact_dead_percent = o->compact_dead_percent;
+  }
+  if (has_field(o, &wc_options::compact_min_dead_bytes)) opt.compact_min_dead_bytes = o->compact_min_dead_bytes;
+  return WC_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
 wc_status wc_open(const wc_options* o, wc_cache** out) {
   if (out != nullptr) *out = nullptr;
   if (o == nullptr || out == nullptr) return invalid("wc_open: options and out must not be NULL");
-  if (o->struct_size < offsetof(wc_options, read_only) + sizeof(int) || o->struct_size > (1u << 16))
-    return invalid("wc_open: options.struct_size is not set; call wc_options_init first");
   try {
     Options opt;
-    if (o->path != nullptr) opt.path = o->path;
-    if (o->compat_key_size != 0) {
-      if (o->compat_key == nullptr) return invalid("wc_open: compat_key is NULL but compat_key_size is not 0");
-      opt.compat_key.assign(static_cast<const char*>(o->compat_key), o->compat_key_size);
-    }
-    opt.alignment = o->alignment == 0 ? 64 : o->alignment;
-    opt.size_alignment = o->size_alignment == 0 ? 1 : o->size_alignment;
-    const int backing = raw_enum(o->backing), durability = raw_enum(o->durability);
-    if (backing < WC_BACKING_AUTO || backing > WC_BACKING_HEAP) return invalid("wc_open: unknown backing");
-    if (durability < WC_DURABILITY_NONE || durability > WC_DURABILITY_FULL)
-      return invalid("wc_open: unknown durability");
-    opt.backing = static_cast<Backing>(backing);
-    opt.durability = static_cast<Durability>(durability);
-    opt.read_only = o->read_only != 0;
-    if (has_field(o, &wc_options::verify)) {
-      const int verify = raw_enum(o->verify);
-      if (verify < WC_VERIFY_FIRST_USE || verify > WC_VERIFY_NONE) return invalid("wc_open: unknown verify mode");
-      opt.verify = static_cast<Verify>(verify);
-    }
-    if (has_field(o, &wc_options::private_cache)) opt.private_cache = o->private_cache != 0;
-    if (has_field(o, &wc_options::allow_symlink)) opt.allow_symlink = o->allow_symlink != 0;
-    if (has_field(o, &wc_options::file_mode) && o->file_mode != 0) opt.file_mode = o->file_mode;
-    if (has_field(o, &wc_options::lease_timeout_ms)) opt.lease_timeout = std::chrono::milliseconds(o->lease_timeout_ms);
-    if (has_field(o, &wc_options::refresh_on_miss)) opt.refresh_on_miss = o->refresh_on_miss != 0;
-    if (has_field(o, &wc_options::max_file_bytes) && o->max_file_bytes != 0) opt.max_file_bytes = o->max_file_bytes;
-    if (has_field(o, &wc_options::verify_ahead)) opt.verify_ahead = o->verify_ahead != 0;
+    if (wc_status st = options_from(o, "wc_open", &opt); st != WC_OK) return st;
     auto core = registry::open(opt);
     if (!core) return status_of(core.error());
     *out = new wc_cache{std::move(core.value())};
@@ -101,6 +125,46 @@ wc_status wc_open(const wc_options* o, wc_cache** out) {
     return WC_ERR_NO_MEMORY;
   }
 }
+
+void wc_compact_report_init(wc_compact_report* report) {
+  if (report == nullptr) return;
+  std::memset(report, 0, sizeof(*report));
+  report->struct_size = sizeof(wc_compact_report);
+}
+
+wc_status wc_compact_ex(const wc_options* o, unsigned flags, wc_compact_report* report) {
+  if (o == nullptr) return invalid("wc_compact: options must not be NULL");
+  if (report != nullptr && report->struct_size < sizeof(std::size_t) + sizeof(int))
+    return invalid("wc_compact: report.struct_size is not set; call wc_compact_report_init first");
+  if ((flags & ~unsigned{WC_COMPACT_DROP_CORRUPT | WC_COMPACT_ANY_KEY}) != 0)
+    return invalid("wc_compact: unknown flags");
+  try {
+    Options opt;
+    if (wc_status st = options_from(o, "wc_compact", &opt); st != WC_OK) return st;
+    CompactSettings settings;
+    settings.drop_corrupt = (flags & WC_COMPACT_DROP_CORRUPT) != 0;
+    settings.any_key = (flags & WC_COMPACT_ANY_KEY) != 0;
+    settings.durability = opt.durability;
+    auto r = compact_path(opt, settings);
+    if (!r) return status_of(fail(r.error()));
+    if (report != nullptr) {
+      wc_compact_report full{};
+      full.struct_size = report->struct_size;
+      full.compacted = r->rewritten ? 1 : 0;
+      full.entries = r->entries;
+      full.dropped_entries = r->dropped;
+      full.bytes_before = r->bytes_before;
+      full.bytes_after = r->bytes_after;
+      std::memcpy(report, &full, std::min(report->struct_size, sizeof(full)));
+    }
+    return WC_OK;
+  } catch (...) {
+    set_last_error({Errc::no_memory, 0, "wc_compact: out of memory"});
+    return WC_ERR_NO_MEMORY;
+  }
+}
+
+wc_status wc_compact(const wc_options* options) { return wc_compact_ex(options, 0, nullptr); }
 
 void wc_close(wc_cache* c) { delete c; }
 
@@ -167,6 +231,9 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   full.alignment = s.alignment;
   full.verified_ahead = s.verified_ahead;
   full.lease_timeouts = s.lease_timeouts;
+  full.unpersisted_entries = s.unpersisted_entries;
+  full.unpersisted_bytes = s.unpersisted_bytes;
+  full.compactions = s.compactions;
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
 }

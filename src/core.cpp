@@ -1,5 +1,7 @@
 #include "core.hpp"
 
+#include "compact.hpp"
+#include "file_state.hpp"
 #include "log.hpp"
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <new>
 #include <random>
@@ -19,8 +22,6 @@ namespace {
 // Entry::state. kVerifying: one thread (a look-up or the verify-ahead thread) is hashing it;
 // others wait for its verdict instead of hashing the same bytes again.
 constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
-constexpr std::uint64_t kStreamCheckIndexBytes = 16u << 20;  // above this, checksum before allocating
-constexpr std::size_t kStreamCheckChunk = 1u << 20;
 // Verify ahead only when there is enough to gain from a second core.
 constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 // Entries this big have their pages mapped in one call before they are hashed.
@@ -48,10 +49,43 @@ std::uint64_t process_key_seed() noexcept {
   return seed;
 }
 
+// Which cache of this process holds the writer lease on a lock file (by the lock file's identity):
+// a second cache of the same path, opened after the file there was replaced, must not wait for the
+// lease its own process holds.
+struct LeaseHolders {
+  std::mutex mu;
+  std::map<std::pair<std::uint64_t, std::uint64_t>, const Core*> by_lock_file;
+};
+LeaseHolders& lease_holders() {
+  static LeaseHolders* h = new LeaseHolders();  // outlives static destructors of hosts
+  return *h;
+}
+
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 }  // namespace
+
+const Core* Core::lease_holder(const Identity& lock) noexcept {
+  if (lock.device == 0 && lock.inode == 0) return nullptr;
+  auto& h = lease_holders();
+  std::lock_guard<std::mutex> g(h.mu);
+  auto it = h.by_lock_file.find({lock.device, lock.inode});
+  return it == h.by_lock_file.end() ? nullptr : it->second;
+}
+
+void Core::set_lease_holder(const Identity& lock, const Core* holder) noexcept {
+  if (lock.device == 0 && lock.inode == 0) return;
+  auto& h = lease_holders();
+  std::lock_guard<std::mutex> g(h.mu);
+  try {
+    if (holder != nullptr) h.by_lock_file[{lock.device, lock.inode}] = holder;
+    else if (auto it = h.by_lock_file.find({lock.device, lock.inode}); it != h.by_lock_file.end() && it->second == this)
+      h.by_lock_file.erase(it);
+  } catch (...) {
+    // Out of memory: the next cache of this path may wait for the lease instead of failing fast.
+  }
+}
 
 const char* errc_name(Errc code) noexcept {
   switch (code) {
@@ -178,6 +212,8 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       return fail({Errc::invalid_argument, 0,
                    "file_mode may hold permission bits only (0777 at most; no setuid, setgid or sticky bit)"});
 
+    if (options.compact_dead_percent > 100)
+      return fail({Errc::invalid_argument, 0, "compact_dead_percent is a percentage (0 to 100)"});
     if (options.path.empty() && options.backing == Backing::file)
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
     const bool want_file = !options.path.empty() && options.backing != Backing::heap && !options.private_cache;
@@ -191,10 +227,12 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       if (options.backing == Backing::file) return fail(r.error());
       log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
                 options.path, errc_name(r.error().code), r.error().message);
+      set_last_error(r.error());
     }
     Options heap_opts = options;
     auto core = std::make_shared<Core>(heap_opts, pf);
     if (auto r = core->init_heap_only(); !r) return fail(r.error());
+    if (want_file) core->set_heap_reason(last_error());
     return core;
   } catch (const std::bad_alloc&) {
     return fail({Errc::no_memory, 0, "out of memory while opening the cache"});
@@ -279,189 +317,274 @@ Result<void> Core::init_file() noexcept {
   if (!opts_.read_only) {
     auto lk = pf_.open_file(lock_path_, platform::OpenMode::lock_file, opts_.file_mode, opts_.allow_symlink);
     if (!lk) {
-      // A cache shipped in a read-only place (a system image, another user's directory) is still
-      // worth mapping: use it read-only and keep new entries in memory.
       const int err = lk.error().sys_errno;
       if (err != EACCES && err != EROFS && err != EPERM) return lk.error();
+      // A cache shipped in a read-only place (a system image, another user's directory) is still
+      // worth mapping; but a caller who asked for a writable file cache must hear it cannot be.
+      if (opts_.backing == Backing::file)
+        return Error{Errc::read_only, err,
+                     "cannot create the lock file '" + lock_path_ + "' (" + lk.error().message +
+                         "); a writable cache needs it beside the file. Make the directory writable, or open "
+                         "with read_only to use the cache without adding entries"};
       log::warn("cannot create the lock file '{}' ({}); using the cache read-only", lock_path_, lk.error().message);
-      opts_.read_only = true;
+      make_read_only("its lock file '" + lock_path_ + "' cannot be created");
     } else {
       lock_fd_ = lk.value();
+      if (auto id = pf_.stat_file(lock_fd_)) lock_identity_ = {id->device, id->inode};
     }
   }
 
-  auto try_load = [&]() -> Result<void> {
+  const auto deadline = std::chrono::steady_clock::now() + opts_.lease_timeout;
+  for (int round = 0;; ++round) {
+    auto opened = open_in_use(deadline);
+    if (!opened) {
+      if (opened.error().sys_errno != ENOENT || opts_.read_only) return opened.error();
+      if (auto r = create_missing_file(); !r) return r;
+      continue;
+    }
+    const bool alone = opened.value();
+    auto st = read_state();
+    if (st) {
+      // Nobody else has the file open: the moment to reclaim what replaced entries left behind.
+      if (alone && round < 2 && compaction_due(st.value())) {
+        if (compact_in_place(st.value())) continue;  // reopen the new file
+      }
+      if (alone)
+        if (auto r = pf_.try_lock_in_use(fd_, false); !r || !r.value()) continue;  // lost it: start again
+      return attach(st.value());
+    }
+    const Error& why = st.error();
+    const bool rebuildable = why.code == Errc::corrupt || why.code == Errc::incompatible;
+    if (!rebuildable || opts_.read_only) return why;
+    if (!alone)
+      return Error{Errc::busy, 0,
+                   "cache file '" + opts_.path + "' is not usable (" + why.message +
+                       ") and another process has it open, so it cannot be replaced now; the next open that finds "
+                       "it unused rebuilds it"};
+    if (round >= 2) return why;  // rebuilt, and still not usable: say why rather than loop
+    log::warn("cache file '{}' is not usable ({}); building a fresh one", opts_.path, why.message);
+    if (auto r = rebuild_file(); !r) return r;
+  }
+}
+
+void Core::make_read_only(std::string why) noexcept {
+  opts_.read_only = true;
+  try {
+    read_only_why_ = std::move(why);
+  } catch (...) {
+  }
+  if (lock_fd_ != platform::kInvalidHandle) {
+    pf_.close_file(lock_fd_);
+    lock_fd_ = platform::kInvalidHandle;
+  }
+}
+
+Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) noexcept {
+  auto backoff = std::chrono::microseconds(200);
+  for (;;) {
     pf_.close_file(fd_);
     fd_ = platform::kInvalidHandle;
     auto fd = pf_.open_file(opts_.path, opts_.read_only ? platform::OpenMode::read : platform::OpenMode::read_write,
                             opts_.file_mode, opts_.allow_symlink);
+    if (!fd && !opts_.read_only && (fd.error().sys_errno == EACCES || fd.error().sys_errno == EROFS ||
+                                    fd.error().sys_errno == EPERM)) {
+      // A file we may read but not write (mode 0444, a read-only mount): its entries are still
+      // worth serving. A caller who asked for a writable file cache hears that it cannot be.
+      if (opts_.backing == Backing::file)
+        return Error{Errc::read_only, fd.error().sys_errno,
+                     fd.error().message + " Open it with read_only to use its entries without adding new ones."};
+      log::warn("cannot open '{}' for writing ({}); using the cache read-only", opts_.path, fd.error().message);
+      make_read_only("the file '" + opts_.path + "' is not writable");
+      continue;
+    }
     if (!fd) return fd.error();
     fd_ = fd.value();
-    return load_file();
-  };
+    // Try for the file alone (no other process has it open) when we could rebuild or compact it;
+    // otherwise share it. An exclusive holder is rebuilding, compacting or deleting it: wait.
+    bool alone = false;
+    if (!opts_.read_only) {
+      auto ex = pf_.try_lock_in_use(fd_, true);
+      alone = ex && ex.value();
+    }
+    if (!alone) {
+      auto sh = pf_.try_lock_in_use(fd_, false);
+      if (!sh) {
+        // No such lock here (a filesystem without byte-range locks): use the file all the same;
+        // nothing of ours replaces it then, because nothing can prove it unused.
+        log::debug("'{}': no in-use lock ({}); the file is never replaced or compacted from here", opts_.path,
+                   sh.error().message);
+      } else if (!sh.value()) {
+        if (std::chrono::steady_clock::now() >= deadline)
+          return Error{Errc::busy, 0,
+                       "'" + opts_.path + "' was being rebuilt, compacted or removed by another process for longer "
+                       "than lease_timeout"};
+        std::this_thread::sleep_for(backoff);
+        backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+        continue;
+      }
+    }
+    // Locked: the path must still name this file (it may have been replaced or removed while we
+    // waited), or we would hold a file no one else will ever open.
+    auto at_path = pf_.stat_path(opts_.path, opts_.allow_symlink);
+    auto ours = pf_.stat_file(fd_);
+    if (!ours) return ours.error();
+    if (!at_path && at_path.error().sys_errno != ENOENT) return at_path.error();
+    if (!at_path || at_path->inode != ours->inode || at_path->device != ours->device) {
+      if (std::chrono::steady_clock::now() >= deadline)
+        return Error{Errc::busy, 0, "'" + opts_.path + "' kept being replaced for longer than lease_timeout"};
+      continue;
+    }
+    return alone;
+  }
+}
 
-  auto first = try_load();
-  if (first) return {};
-  const Error& why = first.error();
-  const bool missing = why.sys_errno == ENOENT;
-  const bool rebuildable = missing || why.code == Errc::corrupt || why.code == Errc::incompatible;
-  if (!rebuildable || opts_.read_only) return why;
-  if (!missing) log::warn("cache file '{}' is not usable ({}); building a fresh one", opts_.path, why.message);
-
+Result<void> Core::create_missing_file() noexcept {
   // Build under the lease so concurrent openers build once; re-check first: another process may
-  // have put a good file in place while we waited.
+  // have put a file in place while we waited.
   pf_.close_file(fd_);
   fd_ = platform::kInvalidHandle;
   if (auto r = acquire_lease_locked(nullptr); !r) return r.error();
-  auto second = try_load();
-  if (!second) {
-    // Let go of the unusable file before renaming a new one over it: Windows (and Wine) refuse
-    // to replace a file this process still has open.
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
-    if (auto r = create_fresh_file(); !r) {
-      release_lease_locked();
-      return r.error();
-    }
-    second = try_load();
+  Result<void> out;
+  if (auto st = pf_.stat_path(opts_.path, opts_.allow_symlink); !st && st.error().sys_errno == ENOENT) {
+    out = create_fresh_file();
   }
   release_lease_locked();
-  return second;
+  return out;
+}
+
+Result<void> Core::rebuild_file() noexcept {
+  // We hold the file alone (exclusive in-use lock on fd_): no process has it open, and any that
+  // tries waits until the new file has taken the name. The lease keeps a creator of a missing
+  // file, or the CLI, from racing us.
+  if (auto r = acquire_lease_locked(nullptr, false); !r) return r.error();
+  auto out = create_fresh_file();
+  release_lease_locked();
+  // Let go of the unusable file only now (and before reopening: Windows refuses to replace, and
+  // our caller reopens, a file this process still has open).
+  pf_.close_file(fd_);
+  fd_ = platform::kInvalidHandle;
+  return out;
 }
 
 Result<void> Core::create_fresh_file() noexcept {
-  static std::atomic<unsigned> counter{0};
   try {
     remove_stale_temporaries(opts_.path);
   } catch (...) {
   }
-  const std::string tmp = opts_.path + ".tmp." + std::to_string(pf_.process_id()) + "." +
-                          std::to_string(counter.fetch_add(1));
-  auto h = pf_.open_file(tmp, platform::OpenMode::create_new, opts_.file_mode, false);
-  if (!h) return h.error();
+  auto tmp = TempFile::create(pf_, opts_.path, opts_.file_mode);
+  if (!tmp) return tmp.error();
   format::HeaderFixed fixed;
   fixed.alignment = align_;
   fixed.size_alignment = opts_.size_alignment;
   fixed.compat_hash = compat_hash_;
   format::CommitSlot slot;
   slot.sequence = 1;
-  const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
-  const auto header = format::encode_header(fixed, {}, slot);
-  Result<void> r = pf_.write_at(h.value(), header.data(), header.size(), 0);
-  if (r) r = pf_.write_at(h.value(), trailer.data(), trailer.size(), format::kHeaderSize);
-  if (r && opts_.durability != Durability::none) r = pf_.sync(h.value());
-  pf_.close_file(h.value());
-  if (r) r = pf_.rename(tmp, opts_.path);
-  if (!r) {
-    pf_.remove(tmp);
-    return r.error();
+  try {
+    const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
+    const auto header = format::encode_header(fixed, {}, slot);
+    if (auto r = pf_.write_at(tmp->handle(), header.data(), header.size(), 0); !r) return r.error();
+    if (auto r = pf_.write_at(tmp->handle(), trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while creating '" + opts_.path + "'"};
   }
-  if (opts_.durability == Durability::full) (void)pf_.sync_parent_dir(opts_.path);
+  if (opts_.durability == Durability::full) {
+    if (auto r = tmp->commit(true); !r) return r.error();
+  } else {
+    if (opts_.durability == Durability::async)
+      if (auto r = pf_.sync(tmp->handle()); !r) return r.error();
+    if (auto r = tmp->commit(false); !r) return r.error();
+  }
   log::info("created cache file '{}'", opts_.path);
+  return {};
+}
+
+bool Core::compaction_due(const CommittedState& st) const noexcept {
+  if (opts_.compact_dead_percent == 0 || opts_.read_only) return false;
+  const std::uint64_t dead = dead_bytes_of(st, state_size_);
+  return dead >= opts_.compact_min_dead_bytes && dead * 100 >= state_size_ * opts_.compact_dead_percent;
+}
+
+bool Core::compact_in_place(const CommittedState& st) noexcept {
+  // Under the lease too: a writer reaching the file through another name (a hard link) would
+  // hold the in-use lock as well, but the CLI and creators of a missing file take only the lease.
+  if (auto r = acquire_lease_locked(nullptr, false); !r) {
+    log::debug("'{}': not compacted at open: {}", opts_.path, r.error().message);
+    return false;
+  }
+  CompactSettings settings;
+  settings.durability = opts_.durability;
+  CompactResult out;
+  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out);
+  release_lease_locked();
+  if (!r) {
+    log::warn("'{}': could not compact the cache at open ({}: {}); using it as it is", opts_.path,
+              errc_name(r.error().code), r.error().message);
+    return false;
+  }
+  if (!out.rewritten) return false;
+  log::info("'{}': compacted at open, {} -> {} bytes ({} entries)", opts_.path, out.bytes_before, out.bytes_after,
+            out.entries);
+  compactions_.fetch_add(1, std::memory_order_relaxed);
+  pf_.close_file(fd_);  // the old file; its in-use lock goes with it
+  fd_ = platform::kInvalidHandle;
+  return true;
+}
+
+Result<CommittedState> Core::read_state() noexcept {
+  auto info = pf_.stat_file(fd_);
+  if (!info) return info.error();
+  if (info->size < format::kHeaderSize)
+    return Error{Errc::corrupt, 0, "file is shorter than its header (" + std::to_string(info->size) + " bytes)"};
+  state_size_ = info->size;
+  state_mode_ = info->mode;
+  identity_ = {info->device, info->inode};
+  auto st = read_committed(pf_, fd_, opts_.path, info->size, file_span_, 0);
+  if (!st) return st.error();
+  if (st->fixed.compat_hash != compat_hash_)
+    return Error{Errc::incompatible, 0, "written for another compatibility key"};
+  if (st->fixed.alignment % align_ != 0)
+    return Error{Errc::incompatible, 0,
+                 "written with alignment " + std::to_string(st->fixed.alignment) + ", below the " +
+                     std::to_string(align_) + " asked for"};
+  file_align_ = st->fixed.alignment;
+  file_fixed_ = st->fixed;
+  return st;
+}
+
+Result<void> Core::attach(CommittedState& st) noexcept {
+  if (st.slot.committed_size > file_span_)
+    return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
+  file_size_ = state_size_;
+  publish_sizes_locked();
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (auto r = ensure_mapped_locked(st.slot.committed_size); !r) return r.error();
+    committed_ = st.slot;
+    publish_sizes_locked();
+    merge_records_locked(st.records);
+  }
+  // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
+  // that opening never changes the cache file's.
+  if (lock_fd_ != platform::kInvalidHandle) pf_.touch(lock_fd_);
+  log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, st.records.size(), committed_.committed_size);
   return {};
 }
 
 Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
                                                   std::vector<format::IndexRecord>* records,
                                                   std::uint64_t file_size) noexcept {
-  std::vector<std::byte> hb(format::kHeaderSize);
-  if (auto r = pf_.read_at(fd_, hb.data(), hb.size(), 0); !r) return r.error();
-  format::DecodedHeader h;
-  const auto problem = format::decode_header(hb, &h);
-  if (problem != format::Problem::none) {
-    const bool incompatible = problem == format::Problem::version || problem == format::Problem::byte_order;
-    return Error{incompatible ? Errc::incompatible : Errc::corrupt, 0,
-                 std::string("header: ") + format::to_string(problem)};
-  }
-  if (h.fixed.compat_hash != compat_hash_)
+  auto st = read_committed(pf_, fd_, opts_.path, file_size, file_span_, newer_than);
+  if (!st) return st.error();
+  if (st->fixed.compat_hash != compat_hash_)
     return Error{Errc::incompatible, 0, "written for another compatibility key"};
-  file_align_ = h.fixed.alignment;
-  if (h.fixed.alignment % align_ != 0)
+  file_align_ = st->fixed.alignment;
+  file_fixed_ = st->fixed;
+  if (st->fixed.alignment % align_ != 0)
     return Error{Errc::incompatible, 0,
-                 "written with alignment " + std::to_string(h.fixed.alignment) + ", below the " +
+                 "written with alignment " + std::to_string(st->fixed.alignment) + ", below the " +
                      std::to_string(align_) + " asked for"};
-  // Newest verifying slot first; fall back to the older one (its index is never overwritten).
-  int order[2] = {0, 1};
-  if (h.slot[1].sequence > h.slot[0].sequence) std::swap(order[0], order[1]);
-  std::string detail = "no commit slot verifies";
-  for (int i : order) {
-    if (!h.slot_valid[i]) continue;
-    const auto& s = h.slot[i];
-    if (s.sequence <= newer_than) return s;  // nothing newer than what we hold
-    if (!format::slot_in_bounds(s, file_size)) {
-      detail = "commit slot points outside the file";
-      continue;
-    }
-    // Never allocate for, or read, an index that could not be mapped anyway: a hostile sparse
-    // file may claim terabytes.
-    if (s.committed_size > file_span_) {
-      detail = "commit slot names " + std::to_string(s.committed_size) + " bytes, more than max_file_bytes";
-      continue;
-    }
-    // A large index is checked against the slot's checksum in small pieces before anything is
-    // allocated for it: a hostile sparse file then costs a bounded read, not its size in memory.
-    if (s.index_size > kStreamCheckIndexBytes) {
-      auto same = index_matches_slot(s);
-      if (!same) return same.error();
-      if (!same.value()) {
-        detail = "index: bad_checksum";
-        continue;
-      }
-    }
-    std::vector<std::byte> t;
-    try {
-      t.resize(s.index_size + format::kFooterSize);
-    } catch (...) {
-      detail = "index too large to read";
-      continue;
-    }
-    if (auto r = pf_.read_at(fd_, t.data(), t.size(), s.index_offset); !r) return r.error();
-    std::string why;
-    const auto p = format::decode_trailer(t, s, h.fixed.alignment, records, &why);
-    if (p == format::Problem::none) {
-      if (i != order[0]) log::warn("'{}': newest commit slot is damaged; using the previous one", opts_.path);
-      return s;
-    }
-    detail = std::string("index: ") + format::to_string(p) + (why.empty() ? "" : " (" + why + ")");
-  }
-  return Error{Errc::corrupt, 0, detail};
-}
-
-Result<bool> Core::index_matches_slot(const format::CommitSlot& s) const noexcept {
-  format::StreamHash h;
-  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kStreamCheckChunk]);
-  if (!h.ok() || buf == nullptr) return Error{Errc::no_memory, 0, "out of memory while checking the index"};
-  for (std::uint64_t done = 0; done < s.index_size;) {
-    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kStreamCheckChunk, s.index_size - done));
-    if (auto r = pf_.read_at(fd_, buf.get(), n, s.index_offset + done); !r) return r.error();
-    h.update(buf.get(), n);
-    done += n;
-  }
-  return h.digest() == s.index_checksum;
-}
-
-Result<void> Core::load_file() noexcept {
-  auto info = pf_.stat_file(fd_);
-  if (!info) return info.error();
-  if (info->size < format::kHeaderSize)
-    return Error{Errc::corrupt, 0, "file is shorter than its header (" + std::to_string(info->size) + " bytes)"};
-  std::vector<format::IndexRecord> records;
-  auto slot = read_latest_slot(0, &records, info->size);
-  if (!slot) return slot.error();
-  if (slot->committed_size > file_span_)
-    return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
-  identity_ = {info->device, info->inode};
-  file_size_ = info->size;
-  publish_sizes_locked();
-  {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    if (auto r = ensure_mapped_locked(slot->committed_size); !r) return r.error();
-    committed_ = slot.value();
-    publish_sizes_locked();
-    merge_records_locked(records);
-  }
-  log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, records.size(), committed_.committed_size);
-  return {};
+  *records = std::move(st->records);
+  return st->slot;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -690,8 +813,15 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept
   // An entry whose checksum failed is never data, even for an offset learned some other way.
   if (e == nullptr || e->state.load(std::memory_order_acquire) == kBad) return nullptr;
   // Nor is one replaced under its key (here or, after a refresh, by another process): the key
-  // names other bytes now, as it does for a process that opens the file afresh.
-  if (!replaced_too && e->replaced.load(std::memory_order_acquire)) return nullptr;
+  // names other bytes now, as it does for a process that opens the file afresh. An entry moved
+  // from the heap into the file holds the same bytes: its file copy decides.
+  if (!replaced_too) {
+    const Entry* live = e;
+    for (const Entry* m = live->moved.load(std::memory_order_acquire); m != nullptr;
+         m = live->moved.load(std::memory_order_acquire))
+      live = m;
+    if (live->replaced.load(std::memory_order_acquire)) return nullptr;
+  }
   return addr(offset);
 }
 
@@ -748,6 +878,9 @@ Stats Core::stats() const noexcept {
   s.alignment = align_;
   s.verified_ahead = verified_ahead_.load(std::memory_order_relaxed);
   s.lease_timeouts = lease_timeouts_.load(std::memory_order_relaxed);
+  s.unpersisted_entries = unpersisted_entries_.load(std::memory_order_relaxed);
+  s.unpersisted_bytes = unpersisted_bytes_.load(std::memory_order_relaxed);
+  s.compactions = compactions_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -755,10 +888,18 @@ Stats Core::stats() const noexcept {
 // writer side
 // ---------------------------------------------------------------------------------------------
 
-Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexcept {
+Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up) noexcept {
   if (has_lease_) return {};
   if (lock_fd_ == platform::kInvalidHandle)
     return Error{Errc::read_only, 0, "cache is open read-only"};
+  // Another cache of this process holds the lease on this lock file (the file at the path was
+  // replaced, and this process opened the new one while still holding the old one's lease):
+  // waiting would be waiting for ourselves.
+  if (const Core* holder = lease_holder(lock_identity_); holder != nullptr && holder != this)
+    return Error{Errc::busy, 0,
+                 "this process already holds the writer lease on '" + lock_path_ +
+                     "' through another open cache of that path (of a file since replaced); finalize or close "
+                     "that cache first"};
   // After one full wait timed out, later allocations only try once until the next finalize or
   // refresh: a packer with hundreds of weights must not wait lease_timeout for each of them.
   const auto wait = lease_gave_up_ ? std::chrono::milliseconds(0) : opts_.lease_timeout;
@@ -785,8 +926,9 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexce
     backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
   }
   has_lease_ = true;
+  set_lease_holder(lock_identity_, this);
   lease_gave_up_ = false;
-  if (fd_ == platform::kInvalidHandle) return {};  // creating the file: nothing to catch up on
+  if (fd_ == platform::kInvalidHandle || !catch_up) return {};  // creating or replacing the file
   // The path may now name another file (a rebuild or compaction elsewhere): never append to an
   // inode others no longer read.
   auto at_path = pf_.stat_path(opts_.path, opts_.allow_symlink);
@@ -841,6 +983,7 @@ void Core::release_lease_locked() noexcept {
   }
   pf_.unlock(lock_fd_);
   has_lease_ = false;
+  set_lease_holder(lock_identity_, nullptr);
 }
 
 void Core::release_lease_if_safe_locked() noexcept {
@@ -900,7 +1043,8 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
 Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
                                            std::unique_lock<std::mutex>& lk) noexcept {
   *fell_back = false;
-  if (!file_disabled_ && !opts_.read_only) {
+  Error why{Errc::ok, 0, {}};
+  if (file_backed_ && !file_disabled_ && !opts_.read_only) {
     auto lease = acquire_lease_locked(&lk);
     if (lease) {
       const std::uint64_t off = align_up(cursor_, offset_align());
@@ -916,12 +1060,17 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
                 lease.error().message);
       return lease.error();
     }
+    why = lease.error();
+  }
+  if (persist_wanted()) {
+    // Served from memory, and persisted by a later finalize once the file can take it.
     *fell_back = true;
     heap_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-    if (!warned_fallback_) {
+    if (!warned_fallback_ && why.code != Errc::ok) {
       warned_fallback_ = true;
-      log::warn("'{}': cannot place new entries in the file ({}: {}); packing to heap memory instead",
-                opts_.path, errc_name(lease.error().code), lease.error().message);
+      log::warn("'{}': cannot place new entries in the file ({}: {}); packing to heap memory until a finalize can "
+                "persist them",
+                opts_.path, errc_name(why.code), why.message);
     }
   }
   auto h = allocate_heap_locked(size);
@@ -1041,6 +1190,10 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     if (Entry* old = index_.publish(raw); old != nullptr) {
       if (old->in_file) mapped_bytes_ -= old->size;
       else heap_bytes_ -= old->size;
+      if (!old->in_file && persist_wanted()) {
+        unpersisted_entries_.fetch_sub(1, std::memory_order_relaxed);
+        unpersisted_bytes_.fetch_sub(old->size, std::memory_order_relaxed);
+      }
       if (old->durable.load(std::memory_order_relaxed))
         durable_live_.fetch_sub(round_size(old->size), std::memory_order_relaxed);
       log::debug("'{}': replacing a stale entry", opts_.path);
@@ -1050,7 +1203,10 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       pending_.push_back(raw);
     } else {
       heap_bytes_ += size;
-      if (file_backed_) ++unpersisted_;
+      if (persist_wanted()) {
+        unpersisted_entries_.fetch_add(1, std::memory_order_relaxed);
+        unpersisted_bytes_.fetch_add(size, std::memory_order_relaxed);
+      }
     }
     finalized_.store(false, std::memory_order_release);
     return static_cast<std::size_t>(raw->offset);
@@ -1060,11 +1216,52 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   }
 }
 
+Result<void> Core::migrate_heap_entries_locked() noexcept {
+  std::vector<Entry*> heap;
+  try {
+    index_.for_each_live([&](Entry& e) {
+      if (!e.in_file) heap.push_back(&e);
+    });
+    // Insertion order: the file then holds them as the host packed them.
+    std::sort(heap.begin(), heap.end(), [](const Entry* a, const Entry* b) { return a->number < b->number; });
+    pending_.reserve(pending_.size() + heap.size());
+    for (Entry* e : heap) {
+      const std::uint64_t off = align_up(cursor_, offset_align());
+      if (auto r = grow_file_locked(off + round_size(e->size)); !r) return r.error();
+      cursor_ = off + round_size(e->size);
+      std::memcpy(addr(off), addr(e->offset), e->size);
+      Entry* raw = index_.make(e->key);
+      raw->offset = off;
+      raw->size = e->size;
+      raw->checksum = e->checksum;
+      raw->in_file = true;
+      raw->state.store(kGood, std::memory_order_relaxed);  // copied from our own private memory
+      // Before publishing: a reader holding the heap entry's offset follows it to the file copy,
+      // which decides whether that offset is still live (same key, same bytes).
+      e->moved.store(raw, std::memory_order_release);
+      index_.publish(raw);
+      heap_bytes_ -= e->size;
+      mapped_bytes_ += e->size;
+      unpersisted_entries_.fetch_sub(1, std::memory_order_relaxed);
+      unpersisted_bytes_.fetch_sub(e->size, std::memory_order_relaxed);
+      pending_.push_back(raw);
+    }
+    return {};
+  } catch (...) {
+    return Error{Errc::no_memory, 0, "out of memory while moving entries from heap memory into the file"};
+  }
+}
+
 Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   if (auto r = acquire_lease_locked(&lk); !r) return r.error();
+  // Entries that went to the heap (no lease, no space, no file at the time) go into the file
+  // first; as many as fit are committed with the rest even when not all of them do.
+  Result<void> migrated = unpersisted_entries_.load(std::memory_order_relaxed) != 0
+                              ? migrate_heap_entries_locked()
+                              : Result<void>();
   if (pending_.empty()) {  // another thread committed everything while we waited
     release_lease_if_safe_locked();
-    return {};
+    return migrated;
   }
   std::vector<format::IndexRecord> records;
   std::uint64_t live_bytes = 0;
@@ -1080,9 +1277,18 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   }
   std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
 
-  if (committed_.sequence == UINT64_MAX)
+  // The next commit goes to the slot not holding the newest one (docs/FORMAT.md): read the
+  // header as it is now, whatever we last believed. A tie or an exhausted sequence is a damaged
+  // header (read_committed refuses it at open, where the file is rebuilt).
+  auto header = read_header(pf_, fd_);
+  if (!header) return header.error();
+  if (committed_.sequence == UINT64_MAX ||
+      (header->slot_valid[0] && header->slot_valid[1] && header->slot[0].sequence == header->slot[1].sequence))
     return Error{Errc::corrupt, 0,
-                 "the commit sequence of '" + opts_.path + "' is exhausted (a forged file?); delete the file to rebuild it"};
+                 "the commit slots of '" + opts_.path +
+                     "' are damaged (a tie or an exhausted sequence); the file is rebuilt by the next open that finds "
+                     "it unused"};
+  const int target_slot = next_slot_index(header.value());
   // Commit protocol (docs/FORMAT.md): data, flush, index + footer, flush, slot, flush. A
   // reservation taken before an earlier finalize may be committed now: flush from the lowest
   // pending entry, not just from where this lease began.
@@ -1114,7 +1320,7 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   // From here on other processes may read this slot even if we report failure: never cut the
   // file below what it names (maybe_trim_locked, ~Core).
   written_size_ = std::max(written_size_, slot.committed_size);
-  if (auto r = pf_.write_at(fd_, sb.data(), sb.size(), format::kSlotOffset[slot.sequence % 2]); !r) return r.error();
+  if (auto r = pf_.write_at(fd_, sb.data(), sb.size(), format::kSlotOffset[target_slot]); !r) return r.error();
   if (full)
     if (auto r = pf_.sync(fd_); !r) return r.error();
 
@@ -1128,7 +1334,7 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   commits_.fetch_add(1, std::memory_order_relaxed);
   maybe_trim_locked();
   release_lease_if_safe_locked();
-  return {};
+  return migrated;
 }
 
 void Core::maybe_trim_locked() noexcept {
@@ -1153,38 +1359,43 @@ Result<void> Core::finalize() noexcept {
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);
-    if (unpersisted_ != 0) {
-      if (opts_.read_only)
-        log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted: "
-                  "the cache is open read-only (open it read-write to persist them)",
-                  opts_.path, unpersisted_);
-      else
-        log::warn("'{}': {} entries inserted since the last finalize live in heap memory and are not persisted "
-                  "(see stats().heap_fallbacks and the earlier warning for why)",
-                  opts_.path, unpersisted_);
-      unpersisted_ = 0;
-    }
-    if (!file_backed_ || opts_.read_only) return {};
-    if (pending_.empty()) {
-      // Nothing new: leave the file's bytes and mtime alone (only undo growth we made ourselves).
-      maybe_trim_locked();
-      release_lease_if_safe_locked();
-      return {};
-    }
-    if (file_disabled_)
-      return fail({Errc::busy, 0,
-                   std::to_string(pending_.size()) + " entries of '" + opts_.path +
-                       "' cannot be persisted: the file was replaced by another process. Reopen the cache."});
-    auto r = persist_locked(lock);
-    if (!r) {
-      log::error("finalize of '{}' failed ({}: {}); the previous committed state stays loadable", opts_.path,
-                 errc_name(r.error().code), r.error().message);
-      return fail(r.error());
-    }
-    return {};
+    auto r = persist_all_locked(lock);
+    if (r) return {};
+    std::uint64_t entries = unpersisted_entries_.load(std::memory_order_relaxed) + pending_.size();
+    std::uint64_t bytes = unpersisted_bytes_.load(std::memory_order_relaxed);
+    for (const Entry* e : pending_) bytes += e->size;
+    Error e = r.error();
+    e.message = std::to_string(entries) + " entries (" + std::to_string(bytes) + " bytes) of '" + opts_.path +
+                "' are not durable: " + e.message +
+                ". They stay in memory in this process, and every later finalize tries again.";
+    log::error("finalize: {} ({})", e.message, errc_name(e.code));
+    return fail(std::move(e));
   } catch (...) {
-    return fail({Errc::no_memory, 0, "out of memory during finalize"});
+    return fail({Errc::no_memory, 0, "out of memory during finalize of '" + opts_.path + "'"});
   }
+}
+
+Result<void> Core::persist_all_locked(std::unique_lock<std::mutex>& lk) noexcept {
+  const bool heap_left = unpersisted_entries_.load(std::memory_order_relaxed) != 0;
+  if (!file_backed_) {
+    if (!heap_left) return {};
+    return Error{heap_why_.code == Errc::ok ? Errc::io : heap_why_.code, heap_why_.sys_errno,
+                 "the cache file could not be used when the cache was opened (" + heap_why_.message +
+                     "); reopen the cache once it can be"};
+  }
+  if (pending_.empty() && !heap_left) {
+    // Nothing new: leave the file's bytes and mtime alone (only undo growth we made ourselves).
+    maybe_trim_locked();
+    release_lease_if_safe_locked();
+    return {};
+  }
+  if (opts_.read_only)
+    return Error{Errc::read_only, 0,
+                 read_only_why_.empty() ? std::string("the cache is open read-only (open it read-write to persist them)")
+                                        : "the cache is used read-only: " + read_only_why_};
+  if (file_disabled_)
+    return Error{Errc::busy, 0, "the file at the path was replaced by another program; reopen the cache"};
+  return persist_locked(lk);
 }
 
 }  // namespace weightcache

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "entry_index.hpp"
+#include "file_state.hpp"
 #include "format/format.hpp"
 #include "platform/platform.hpp"
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -78,6 +80,15 @@ class Core {
   Identity identity() const noexcept { return identity_; }
   std::uint64_t compat_hash() const noexcept { return compat_hash_; }
   bool read_only() const noexcept { return opts_.read_only; }
+  /// A heap cache standing in for a file cache that could not be used: finalize then reports
+  /// entries inserted as not durable, with this reason.
+  void set_heap_reason(const Error& why) noexcept {
+    try {
+      heap_why_ = why;
+    } catch (...) {
+      heap_why_.code = why.code;
+    }
+  }
 
   Core(const Options& options, platform::Platform& pf);  // use open()
 
@@ -95,15 +106,30 @@ class Core {
   Result<void> init_heap_only() noexcept;
   Result<void> reserve_address_space(std::uint64_t file_span) noexcept;
   Result<void> init_file() noexcept;
-  Result<void> load_file() noexcept;            // validate + map + index; fd_ open
+  /// Opens the file at the path into fd_ and takes its in-use lock: exclusive when no other
+  /// process has it open (returns true), else shared; waits while another holds it exclusively,
+  /// and checks the path still names the file it locked.
+  Result<bool> open_in_use(std::chrono::steady_clock::time_point deadline) noexcept;
+  Result<CommittedState> read_state() noexcept;  // header, slot and index of fd_ (checked)
+  Result<void> attach(CommittedState& st) noexcept;  // map + index what read_state found
+  Result<void> create_missing_file() noexcept;  // under the lease
+  Result<void> rebuild_file() noexcept;         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
+  bool compaction_due(const CommittedState& st) const noexcept;
+  bool compact_in_place(const CommittedState& st) noexcept;  // true: a new file took the path
+  void make_read_only(std::string why) noexcept;
+  bool persist_wanted() const noexcept { return file_backed_ || heap_why_.code != Errc::ok; }
+  static const Core* lease_holder(const Identity& lock) noexcept;
+  void set_lease_holder(const Identity& lock, const Core* holder) noexcept;
   Result<format::CommitSlot> read_latest_slot(std::uint64_t newer_than, std::vector<format::IndexRecord>* records,
                                               std::uint64_t file_size) noexcept;
 
   // writer side (write_mu_ held)
   /// Takes the writer lease, waiting up to lease_timeout. While it waits it unlocks *lk (if
   /// given), so callers must re-read any state they computed before calling.
-  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk) noexcept;
+  /// With catch_up (appending), also checks the path still names our file and merges what
+  /// others committed; without it (replacing the file), only takes the locks.
+  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up = true) noexcept;
   void release_lease_locked() noexcept;
   void publish_sizes_locked() noexcept;  // copies sizes for stats(), which takes no write lock
   void release_lease_if_safe_locked() noexcept;
@@ -115,7 +141,8 @@ class Core {
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
   void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
   Result<void> persist_locked(std::unique_lock<std::mutex>& lk) noexcept;
-  Result<bool> index_matches_slot(const format::CommitSlot& s) const noexcept;
+  Result<void> persist_all_locked(std::unique_lock<std::mutex>& lk) noexcept;
+  Result<void> migrate_heap_entries_locked() noexcept;
   Result<bool> try_lock_both_locked() noexcept;
   void maybe_trim_locked() noexcept;
 
@@ -151,6 +178,12 @@ class Core {
   bool file_backed_ = false;
   bool file_disabled_ = false;  // new entries go to the heap (replaced file, read-only, ...)
   Identity identity_;
+  Identity lock_identity_;         // of the lock file (see lease_holder)
+  std::string read_only_why_;      // set when the cache had to be used read-only
+  Error heap_why_;                 // set on a heap cache standing in for a file cache
+  std::uint64_t state_size_ = 0;   // size of the file read_state read
+  unsigned state_mode_ = 0644;     // and its permission bits
+  format::HeaderFixed file_fixed_{};
 
   platform::Handle fd_ = platform::kInvalidHandle;
   platform::Handle lock_fd_ = platform::kInvalidHandle;
@@ -177,7 +210,9 @@ class Core {
   std::map<std::uint64_t, Reservation> reservations_;
   std::vector<Entry*> pending_;     // file entries not yet in a committed index
   bool warned_fallback_ = false;
-  std::uint64_t unpersisted_ = 0;   // heap entries of a file-backed cache since the last finalize
+  // Live heap entries of a cache meant to persist (a fallback): what finalize still owes.
+  std::atomic<std::uint64_t> unpersisted_entries_{0}, unpersisted_bytes_{0};
+  std::atomic<std::uint64_t> compactions_{0};
 
   // Readers search it without a lock; writers hold write_mu_ (see entry_index.hpp).
   EntryIndex index_;

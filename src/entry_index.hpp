@@ -29,6 +29,7 @@ struct Entry {
   std::atomic<bool> durable{false};    // named by a committed index (read by stats without write_mu_)
   std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad (core.cpp)
   std::atomic<bool> replaced{false};   // a later entry took its key: no longer an entry's offset
+  std::atomic<Entry*> moved{nullptr};  // its bytes were moved from the heap into the file, as this entry
 };
 
 namespace index_detail {

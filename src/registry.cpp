@@ -59,7 +59,9 @@ Result<std::shared_ptr<Core>> cannot_share(const Options& options, const std::st
   log::warn("{}; using a private heap cache", e.message);
   Options heap = options;
   heap.private_cache = true;
-  return Core::open(heap, platform::os());
+  auto core = Core::open(heap, platform::os());
+  if (core) core.value()->set_heap_reason(e);
+  return core;
 }
 
 Result<std::shared_ptr<Core>> refuse_other_key(const Options& options) {

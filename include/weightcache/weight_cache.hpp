@@ -120,6 +120,11 @@ struct Options {
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the
   /// thread stops at close. The first opener of a shared cache decides.
   bool verify_ahead = true;
+  /// Compaction at open: an open that finds no other process using the file rewrites it first
+  /// when its dead bytes are at least this percentage of the file (0 = never) ...
+  unsigned compact_dead_percent = 50;
+  /// ... and at least this many bytes. See wc_options.
+  std::uint64_t compact_min_dead_bytes = std::uint64_t{16} << 20;
 };
 
 struct Stats {
@@ -141,6 +146,11 @@ struct Stats {
   /// Waits for another process's writer lease that ran out (Options::lease_timeout). After one,
   /// allocations only try the lease once, without waiting, until the next finalize or refresh.
   std::uint64_t lease_timeouts = 0;
+  /// Live entries in heap memory that a finalize still has to write to the file, and their bytes.
+  std::uint64_t unpersisted_entries = 0;
+  std::uint64_t unpersisted_bytes = 0;
+  /// Compactions of the file made when this cache was opened.
+  std::uint64_t compactions = 0;
 };
 
 class Core;

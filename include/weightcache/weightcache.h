@@ -132,6 +132,12 @@ typedef struct wc_options {
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
+  unsigned compact_dead_percent;   /* default 50 (0..100; 0 = never compact at open): an open that
+                                      finds no other process using the file compacts it first when
+                                      its dead bytes are at least this share of the file ... */
+  uint64_t compact_min_dead_bytes; /* ... and at least this many bytes (default 16 MiB). So a cache
+                                      whose entries are replaced launch after launch stays within
+                                      about twice its live bytes. See wc_compact. */
 } wc_options;
 
 typedef struct wc_stats {
@@ -154,6 +160,11 @@ typedef struct wc_stats {
   uint64_t lease_timeouts;   /* waits for another process's writer lease that ran out
                                 (lease_timeout_ms); after one, reservations try the lease once
                                 without waiting until the next finalize or refresh */
+  uint64_t unpersisted_entries; /* live entries held in heap memory that a finalize has not yet
+                                   written to the file (it tries again each time); 0 when
+                                   everything inserted is durable or the cache is heap-only */
+  uint64_t unpersisted_bytes;   /* their bytes */
+  uint64_t compactions;         /* compactions this cache made of its file when it was opened */
 } wc_stats;
 
 typedef enum wc_log_level {
@@ -231,18 +242,73 @@ WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_
 WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
 
 /**
- * Makes every inserted entry durable: flushes the new data, appends the index and the "XPWC"
- * footer, then publishes them through a commit slot in the header (see docs/FORMAT.md).
- * With nothing new since the last finalize it does not touch the file. On failure the previous
- * durable state stays loadable and the error says what failed. Thread-safe.
+ * Makes every entry inserted so far durable: flushes the new data, appends the index and the
+ * "XPWC" footer, then publishes them through a commit slot in the header (see docs/FORMAT.md).
+ * Entries that went to heap memory earlier (the writer lease was busy, the disk was full, the file
+ * was not writable) are first copied into the file. Returns WC_OK only when every entry inserted
+ * in this cache is in the committed file (with WC_DURABILITY_FULL, flushed to the device). With
+ * nothing new since the last finalize it does not touch the file.
+ * On failure the previous committed state stays loadable, the entries not yet durable stay
+ * served from memory in this process, the message says how many entries and bytes are not
+ * durable and why (see also wc_stats.unpersisted_entries), and every later wc_finalize tries
+ * again. Statuses:
+ *   WC_OK                   everything inserted is durable (a heap-only cache: always)
+ *   WC_ERR_BUSY             another process kept the writer lease past lease_timeout, or the file
+ *                           at the path was replaced by another program (reopen the cache)
+ *   WC_ERR_NO_SPACE         disk full, file size limit, or max_file_bytes reached
+ *   WC_ERR_READ_ONLY        the cache is read-only (read_only, or the file or its lock file is
+ *                           not writable)
+ *   WC_ERR_IO               the OS refused a write or flush (errno in the message)
+ *   WC_ERR_CORRUPT          the header's commit slots are damaged (the file is rebuilt by the
+ *                           next open that finds it unused)
+ *   WC_ERR_NO_MEMORY        out of memory
+ *   any open error          the cache is a heap cache standing in for a file that could not be
+ *                           used at open (reopen once it can be)
+ * Whatever it returns, wc_is_finalized is nonzero afterwards (a runtime can set up). Thread-safe.
  */
 WC_API wc_status wc_finalize(wc_cache* cache);
 
-/** Nonzero when nothing was inserted since the last finalize (or open). */
+/** Nonzero when nothing was inserted since the last wc_finalize call (or open), whatever that
+ * finalize returned: what XNNPACK consults before setting up operators. */
 WC_API int wc_is_finalized(wc_cache* cache);
 
 /** Maps entries other processes finalized since this cache was opened or last refreshed. */
 WC_API wc_status wc_refresh(wc_cache* cache);
+
+/** Flags of wc_compact_ex. */
+#define WC_COMPACT_DROP_CORRUPT 1u /* leave out entries whose checksum fails, instead of refusing */
+#define WC_COMPACT_ANY_KEY 2u      /* compact whatever compatibility key the file was written for */
+
+typedef struct wc_compact_report {
+  size_t struct_size;       /* set by wc_compact_report_init */
+  int compacted;            /* 1: the file was rewritten; 0: nothing to reclaim, file untouched */
+  uint64_t entries;         /* entries in the file afterwards */
+  uint64_t dropped_entries; /* damaged entries left out (WC_COMPACT_DROP_CORRUPT) */
+  uint64_t bytes_before, bytes_after;
+} wc_compact_report;
+
+/** Sets report->struct_size; call before wc_compact_ex. */
+WC_API void wc_compact_report_init(wc_compact_report* report);
+
+/**
+ * Rewrites the live, verified entries of the cache file at options->path into a new file and
+ * renames it into place, so that replaced entries, old indexes and uncommitted tails no longer
+ * take space. Only while no other process has the file open (every user holds a shared "in use"
+ * lock on it) and no writer holds its lease; the file's compatibility key must be
+ * options->compat_key. Pointers into the old file are unaffected (no process can hold one). Uses
+ * options->path, compat_key, allow_symlink, durability. The file's permission bits are kept.
+ * Statuses: WC_OK (also when there was nothing to reclaim), WC_ERR_BUSY (in use or leased: run
+ * again later; the next open that finds the file unused compacts it if it is over the
+ * thresholds), WC_ERR_INCOMPATIBLE (another compatibility key, version or byte order),
+ * WC_ERR_CORRUPT (no usable commit, a damaged newest commit, or damaged entries without
+ * WC_COMPACT_DROP_CORRUPT: the file is untouched), WC_ERR_IO / WC_ERR_NO_SPACE (writing the new
+ * file; the original is untouched unless the message says the rename happened),
+ * WC_ERR_INVALID_ARGUMENT, WC_ERR_NO_MEMORY. Thread-safe; a cache this process has open counts
+ * as a user (close it first).
+ */
+WC_API wc_status wc_compact(const wc_options* options);
+/** wc_compact with flags (WC_COMPACT_*) and an optional report (NULL, or initialised). */
+WC_API wc_status wc_compact_ex(const wc_options* options, unsigned flags, wc_compact_report* report);
 
 /** Fills *out (struct_size set by wc_stats_init). */
 WC_API wc_status wc_get_stats(wc_cache* cache, wc_stats* out);

@@ -21,6 +21,8 @@ struct FileInfo {
   std::uint64_t inode = 0;
   bool regular = false;
   bool symlink = false;  // only from stat_path(follow = false)
+  unsigned mode = 0644;  // permission bits (POSIX; Windows reports 0644)
+  std::int64_t mtime_ns = 0;  // last modification, ns since the epoch (0 where unknown)
 };
 
 enum class OpenMode {
@@ -55,6 +57,8 @@ class Platform {
   /// Makes a rename in the directory of `path` durable (no-op where the OS has no such call).
   virtual Result<void> sync_parent_dir(const std::string& path) noexcept = 0;
   virtual void remove(const std::string& path) noexcept = 0;
+  /// Sets the file's modification time to now (advisory bookkeeping; errors ignored).
+  virtual void touch(Handle h) noexcept = 0;
 
   // ---- address space ----
   /// Reserves (does not commit) `size` bytes of address space aligned to `align`.
@@ -82,6 +86,18 @@ class Platform {
   /// returns false when someone else holds it. Released by unlock, close or process death.
   virtual Result<bool> try_lock(Handle h) noexcept = 0;
   virtual void unlock(Handle h) noexcept = 0;
+  /// The "in use" lock on a cache file (docs/DESIGN.md, "Who may replace a file"): every
+  /// process that has the file open holds it shared; rebuilding, compacting or deleting the file
+  /// needs it exclusive. A byte-range lock far past any data, owned by the handle's open file
+  /// description like the lease (so a forked child shares it, and closing another descriptor of
+  /// the same file does not drop it), released by unlock_in_use, close or process death, and
+  /// independent of try_lock's lease. Non-blocking: false when another holder conflicts. Asking
+  /// for the other mode while holding one converts it (atomically on POSIX; on Windows the
+  /// shared lock is let go for a moment, so a failed upgrade may come back without it, in which
+  /// case it returns false and the caller must take it again). Exclusive needs a handle opened
+  /// for writing on POSIX.
+  virtual Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept = 0;
+  virtual void unlock_in_use(Handle h) noexcept = 0;
 
   // ---- facts ----
   /// Granularity of file-mapping offsets and addresses (page size, 64 KiB on Windows).

@@ -21,6 +21,10 @@
 namespace weightcache::platform {
 namespace {
 
+// The byte the "in use" lock covers: past any offset a cache file reaches, so it never overlaps
+// a lock some other tool takes on real data.
+constexpr off_t kInUseOffset = off_t{1} << 62;
+
 const PosixCalls kDefaultCalls = {
     .open = [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
     .close = ::close,
@@ -40,7 +44,9 @@ const PosixCalls kDefaultCalls = {
     .stat = [](const char* path, struct stat* st) { return ::stat(path, st); },
     .lstat = [](const char* path, struct stat* st) { return ::lstat(path, st); },
     .fcntl = [](int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); },
+    .fcntl_lock = [](int fd, int cmd, struct flock* lock) { return ::fcntl(fd, cmd, lock); },
     .unlink = ::unlink,
+    .futimens = ::futimens,
     .madvise = ::madvise,
     .getrlimit = [](int resource, struct rlimit* rl) {
       return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
@@ -80,6 +86,8 @@ FileInfo info_of(const struct stat& st) {
   i.inode = static_cast<std::uint64_t>(st.st_ino);
   i.regular = S_ISREG(st.st_mode);
   i.symlink = S_ISLNK(st.st_mode);
+  i.mode = static_cast<unsigned>(st.st_mode) & 0777u;
+  i.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   return i;
 }
 
@@ -315,6 +323,8 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  void touch(Handle h) noexcept override { (void)sys().futimens(static_cast<int>(h), nullptr); }
+
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
@@ -325,6 +335,42 @@ class PosixPlatform final : public Platform {
   }
 
   void unlock(Handle h) noexcept override { (void)sys().flock(static_cast<int>(h), LOCK_UN); }
+
+  // An open-file-description lock (Linux 3.15+): owned by the descriptor like flock, not by the
+  // process like a classic fcntl lock (which any close of any descriptor of the file would drop),
+  // and independent of the lease's flock. A read lock for "in use", a write lock to replace.
+  Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override {
+#ifdef F_OFD_SETLK
+    struct flock fl {};
+    fl.l_type = static_cast<short>(exclusive ? F_WRLCK : F_RDLCK);
+    fl.l_whence = SEEK_SET;
+    fl.l_start = kInUseOffset;
+    fl.l_len = 1;
+    for (;;) {
+      if (sys().fcntl_lock(static_cast<int>(h), F_OFD_SETLK, &fl) == 0) return true;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EACCES) return false;
+      return os_error(errno, exclusive ? "cannot lock (exclusively)" : "cannot lock (shared)", "<cache file>");
+    }
+#else
+    (void)h;
+    (void)exclusive;
+    return Error{Errc::unsupported, 0, "open-file-description locks are not available on this system"};
+#endif
+  }
+
+  void unlock_in_use(Handle h) noexcept override {
+#ifdef F_OFD_SETLK
+    struct flock fl {};
+    fl.l_type = F_UNLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = kInUseOffset;
+    fl.l_len = 1;
+    (void)sys().fcntl_lock(static_cast<int>(h), F_OFD_SETLK, &fl);
+#else
+    (void)h;
+#endif
+  }
 
   std::size_t map_granularity() const noexcept override {
     // Cannot fail where mmap exists; if it somehow did, a wrong guess makes maps fail (an

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <fcntl.h>
+
 #include <cstddef>
 
 namespace weightcache::platform {
@@ -31,7 +33,9 @@ struct PosixCalls {
   int (*stat)(const char* path, struct stat* st);
   int (*lstat)(const char* path, struct stat* st);
   int (*fcntl)(int fd, int cmd, int arg);  // the commands with an int argument (F_GETFL, F_SETFL)
+  int (*fcntl_lock)(int fd, int cmd, struct flock* lock);  // F_OFD_SETLK, F_OFD_GETLK
   int (*unlink)(const char* path);
+  int (*futimens)(int fd, const struct timespec times[2]);
   int (*madvise)(void* addr, size_t len, int advice);
   int (*getrlimit)(int resource, struct rlimit* rl);
   long (*sysconf)(int name);

@@ -79,6 +79,9 @@ constexpr auto kFileRenameInfoEx = static_cast<FILE_INFO_BY_HANDLE_CLASS>(22);
 // The writer lease locks one byte far past any real lock-file content, so reading the lock file
 // (Windows locks are mandatory) never trips over it.
 constexpr std::uint64_t kLockOffset = std::uint64_t{1} << 40;
+// The "in use" lock (shared by every user of a cache file, exclusive to replace it), on another
+// byte far past any data.
+constexpr std::uint64_t kInUseOffset = std::uint64_t{1} << 41;
 
 // Windows 10 1803+ (kernelbase.dll) and Windows 8+ (kernel32.dll). Looked up at run time:
 // mingw's import libraries may lack them, and the library must still load on older systems.
@@ -645,6 +648,15 @@ class Win32Platform final : public Platform {
     return {};
   }
 
+  void touch(Handle h) noexcept override {
+    FILE_BASIC_INFO info{};  // zero: leave that time as it is
+    FILETIME now;
+    ::GetSystemTimeAsFileTime(&now);  // cannot fail
+    info.LastWriteTime.LowPart = now.dwLowDateTime;
+    info.LastWriteTime.HighPart = static_cast<LONG>(now.dwHighDateTime);
+    (void)sys().set_file_information_by_handle(as_handle(h), FileBasicInfo, &info, sizeof info);
+  }
+
   void remove(const std::string& path) noexcept override {
     std::wstring w;
     if (!widen(path, &w)) return;
@@ -852,6 +864,34 @@ class Win32Platform final : public Platform {
     OVERLAPPED ov{};
     ov.Offset = static_cast<DWORD>(kLockOffset);
     ov.OffsetHigh = static_cast<DWORD>(kLockOffset >> 32);
+    (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
+  }
+
+  Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override {
+    OVERLAPPED ov{};
+    ov.Offset = static_cast<DWORD>(kInUseOffset);
+    ov.OffsetHigh = static_cast<DWORD>(kInUseOffset >> 32);
+    // Windows does not convert a lock, and our own shared lock refuses our exclusive one: when
+    // refused, let go of a shared lock we may hold, try again, and take it back if we had it.
+    const DWORD flags = LOCKFILE_FAIL_IMMEDIATELY | (exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0);
+    if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
+    DWORD err = ::GetLastError();
+    if (exclusive && (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING)) {
+      const bool had_shared = sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov) != FALSE;
+      if (had_shared) {
+        if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
+        err = ::GetLastError();
+        (void)sys().lock_file_ex(as_handle(h), LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov);
+      }
+    }
+    if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
+    return win_error(err, "cannot lock", "<cache file>");
+  }
+
+  void unlock_in_use(Handle h) noexcept override {
+    OVERLAPPED ov{};
+    ov.Offset = static_cast<DWORD>(kInUseOffset);
+    ov.OffsetHigh = static_cast<DWORD>(kInUseOffset >> 32);
     (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
   }
 

@@ -53,7 +53,9 @@ TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
     if (p == nullptr) ::_exit(14);
     std::memset(p, 1, 64);
     if (c->look_up_or_insert("new", p, 64) == weightcache::kNotFound) ::_exit(15);
-    if (!c->finalize().ok()) ::_exit(16);
+    // Not durable (the file cannot take it): finalize says so, with the reason.
+    if (auto f = c->finalize(); f.ok() || f.error().code != weightcache::Errc::read_only) ::_exit(16);
+    if (c->stats().unpersisted_entries != 1) ::_exit(18);
     if (c->stats().heap_bytes != 64) ::_exit(17);
     ::_exit(0);
   }

@@ -750,7 +750,16 @@ std::vector<Variant> hostile_variants() {
     format::put_u64(slot_at(x, l.older) + 56, format::hash_bytes(slot_at(x, l.older), 56));
     add("older slot has the higher sequence", std::move(x), kOlder);
   }
-  add("newest sequence 2^64-1", set_slot(0, UINT64_MAX), kAll);
+  // No writer of ours makes either of these: the header is forged or damaged, and a writer could
+  // only overwrite its newest commit from there. The file is treated as corrupt (rebuilt when
+  // unused): nothing is served.
+  add("newest sequence 2^64-1", set_slot(0, UINT64_MAX), 0);
+  {
+    Bytes x = b.bytes;
+    format::put_u64(slot_at(x, l.older), l.header.slot[ns].sequence);
+    format::put_u64(slot_at(x, l.older) + 56, format::hash_bytes(slot_at(x, l.older), 56));
+    add("both slots hold one sequence", std::move(x), 0);
+  }
   {
     Bytes x = b.bytes;  // the footer is not checksummed: checked against the slot instead
     format::put_u64(x.data() + footer, size + 4096);

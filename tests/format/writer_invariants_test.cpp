@@ -171,15 +171,56 @@ TEST(WriterInvariants, CommitAfterTheLargestSequence) {
   format::put_u64(s, UINT64_MAX);
   format::put_u64(s + 56, format::hash_bytes(s, 56));
   test::write_file(path, b);
-  bool committed = false;
+  // No writer of ours gets there: a forged header. The file is rebuilt (it used to be served and
+  // then refuse every finalize forever), and the new file takes commits again.
+  {
+    auto cache = WeightCache::open(opts(path, 64));
+    ASSERT_TRUE(cache) << cache.error().message;
+    EXPECT_EQ(cache->stats().backing, Backing::file);
+    EXPECT_EQ(cache->look_up("a"), kNotFound);
+    ASSERT_NE(cache->insert("b", "second"), kNotFound);
+    auto r = cache->finalize();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+  }
+  expect_served(path, 64, {{"b", "second"}});
+}
+
+// The next commit goes to the slot holding the lower sequence, never over the newest: a file
+// whose slots hold [3, 2] (slot 0 newest) gets 4 in slot 1, and both older commits' indexes
+// stay what they were until overwritten in turn.
+TEST(WriterInvariants, CommitGoesToTheSlotWithTheLowerSequence) {
+  test::TempDir dir("wc-format-writer");
+  const std::string path = dir.file("c.wc");
+  {
+    auto cache = WeightCache::open(opts(path, 64));
+    ASSERT_TRUE(cache) << cache.error().message;
+    ASSERT_NE(cache->insert("a", "first"), kNotFound);
+    ASSERT_TRUE(cache->finalize());  // sequence 2, in slot 0; slot 1 holds 1
+  }
+  Bytes b = test::read_file(path);
+  format::DecodedHeader h;
+  ASSERT_EQ(format::decode_header(b, &h), format::Problem::none);
+  ASSERT_EQ(h.slot[0].sequence, 2u);
+  ASSERT_EQ(h.slot[1].sequence, 1u);
+  // Make slot 0 say 3 and slot 1 say 2: slot 0 is still the newest.
+  for (int i : {0, 1}) {
+    std::byte* s = b.data() + format::kSlotOffset[i];
+    format::put_u64(s, h.slot[i].sequence + 1);
+    format::put_u64(s + 56, format::hash_bytes(s, 56));
+  }
+  test::write_file(path, b);
   {
     auto cache = WeightCache::open(opts(path, 64));
     ASSERT_TRUE(cache) << cache.error().message;
     ASSERT_NE(cache->look_up("a"), kNotFound);
     ASSERT_NE(cache->insert("b", "second"), kNotFound);
-    committed = cache->finalize().ok();
+    ASSERT_TRUE(cache->finalize());
   }
-  if (committed) expect_served(path, 64, {{"a", "first"}, {"b", "second"}});
+  Bytes after = test::read_file(path);
+  ASSERT_EQ(format::decode_header(after, &h), format::Problem::none);
+  EXPECT_EQ(h.slot[0].sequence, 3u) << "the newest commit was overwritten";
+  EXPECT_EQ(h.slot[1].sequence, 4u);
+  expect_served(path, 64, {{"a", "first"}, {"b", "second"}});
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ class ForwardingPlatform : public platform::Platform {
   bool populate_read(void* a, std::size_t n) noexcept override { return os_.populate_read(a, n); }
   Result<bool> try_lock(Handle h) noexcept override { return os_.try_lock(h); }
   void unlock(Handle h) noexcept override { os_.unlock(h); }
+  void touch(Handle h) noexcept override { os_.touch(h); }
+  Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override { return os_.try_lock_in_use(h, exclusive); }
+  void unlock_in_use(Handle h) noexcept override { os_.unlock_in_use(h); }
   std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
   int process_id() const noexcept override { return os_.process_id(); }
   std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }

@@ -357,7 +357,10 @@ TEST(Registry, OneFileUnderAnotherCompatibilityKeyIsRefusedWithoutHarm) {
     EXPECT_EQ(b.stats().backing, Backing::heap);
     EXPECT_EQ(b.look_up("w"), kNotFound) << "B must not see A's entries";
     ASSERT_NE(b.insert("w", "bytes for B!"), kNotFound);
-    EXPECT_TRUE(b.finalize().ok());
+    auto fin = b.finalize();  // B's entry lives only in B's memory: not durable, and said so
+    EXPECT_FALSE(fin.ok());
+    EXPECT_EQ(fin.error().code, Errc::incompatible) << fin.error().message;
+    EXPECT_EQ(check_bytes(b, "w", "bytes for B!"), "");
 
     EXPECT_EQ(check_bytes(a, "w", "bytes for A"), "");
     ASSERT_TRUE(a.finalize().ok()) << last_error().message;

@@ -8,7 +8,9 @@
 namespace weightcache::test {
 namespace {
 
-void exercise_heap_cache(WeightCache& cache) {
+// `stands_in_for_file`: a heap cache standing in for a file cache that could not be used, whose
+// finalize must say the entries are not durable (they are still served from memory).
+void exercise_heap_cache(WeightCache& cache, bool stands_in_for_file = false) {
   std::uint64_t total = 0;
   std::vector<std::pair<std::string, std::string>> entries;
   for (std::size_t i = 0; i < 20; ++i) {
@@ -47,7 +49,16 @@ void exercise_heap_cache(WeightCache& cache) {
   EXPECT_EQ(verify_entry(cache, entries[3].first, replacement, "replaced"), "");
 
   EXPECT_FALSE(cache.is_finalized());
-  EXPECT_TRUE(cache.finalize().ok()) << last_error().message;
+  if (stands_in_for_file) {
+    auto r = cache.finalize();
+    EXPECT_FALSE(r.ok()) << "finalize said durable for entries that live only in memory";
+    EXPECT_NE(r.error().message.find(std::to_string(entries.size()) + " entries"), std::string::npos)
+        << r.error().message;
+    EXPECT_EQ(cache.stats().unpersisted_entries, entries.size());
+  } else {
+    EXPECT_TRUE(cache.finalize().ok()) << last_error().message;
+    EXPECT_EQ(cache.stats().unpersisted_entries, 0u);
+  }
   EXPECT_TRUE(cache.is_finalized());
   EXPECT_EQ(cache.stats().file_bytes, 0u);
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -93,10 +104,12 @@ TEST(HeapFallback, UncreatablePathFallsBackWithOneWarning) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     WeightCache& cache = r.value();
     EXPECT_EQ(cache.stats().backing, Backing::heap);
-    // Using the cache must not warn again: one warning per open, not per entry.
-    exercise_heap_cache(cache);
+    // Using the cache must not warn again: one warning per open, not per entry (and finalize's
+    // one error saying the entries are not durable).
+    exercise_heap_cache(cache, true);
     const auto warnings = log.at_least(WC_LOG_WARN);
-    ASSERT_EQ(warnings.size(), 1u);
+    ASSERT_EQ(warnings.size(), 2u);
+    EXPECT_EQ(warnings[1].level, WC_LOG_ERROR);
     EXPECT_EQ(warnings[0].level, WC_LOG_WARN);
     EXPECT_NE(warnings[0].text.find(path), std::string::npos) << warnings[0].text;
   }

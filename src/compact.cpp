@@ -1,0 +1,271 @@
+#include "compact.hpp"
+
+#include "core.hpp"
+#include "log.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <memory>
+#include <new>
+
+namespace weightcache {
+namespace {
+
+constexpr std::size_t kCopyChunk = 4u << 20;
+
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
+std::uint64_t region_of(std::uint64_t size, std::uint64_t size_alignment) {
+  return align_up(std::max<std::uint64_t>(size, 1), size_alignment);
+}
+
+}  // namespace
+
+// ---- TempFile ----------------------------------------------------------------------------------
+
+Result<TempFile> TempFile::create(platform::Platform& pf, const std::string& path, unsigned mode) noexcept {
+  static std::atomic<unsigned> counter{0};
+  try {
+    std::string tmp = path + ".tmp." + std::to_string(pf.process_id()) + "." + std::to_string(counter.fetch_add(1));
+    pf.remove(tmp);  // a leftover of a process that had our pid and died
+    auto h = pf.open_file(tmp, platform::OpenMode::create_new, mode, false);
+    if (!h) return h.error();
+    return TempFile(pf, path, std::move(tmp), h.value());
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while naming a temporary file"};
+  }
+}
+
+TempFile::TempFile(TempFile&& o) noexcept
+    : pf_(o.pf_), path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), h_(o.h_), committed_(o.committed_) {
+  o.h_ = platform::kInvalidHandle;
+  o.committed_ = true;  // the moved-from object owns nothing
+}
+
+TempFile::~TempFile() {
+  if (h_ != platform::kInvalidHandle) pf_->close_file(h_);
+  if (!committed_) pf_->remove(tmp_);
+}
+
+Result<void> TempFile::commit(bool durable) noexcept {
+  if (durable)
+    if (auto r = pf_->sync(h_); !r) return r.error();
+  pf_->close_file(h_);
+  h_ = platform::kInvalidHandle;
+  if (auto r = pf_->rename(tmp_, path_); !r) return r.error();
+  committed_ = true;
+  if (durable)
+    if (auto r = pf_->sync_parent_dir(path_); !r)
+      return Error{r.error().code, r.error().sys_errno,
+                   "'" + path_ + "' was replaced, but its directory could not be synced: " + r.error().message};
+  return {};
+}
+
+// ---- writing a whole file ------------------------------------------------------------------------
+
+std::uint64_t planned_file_size(const std::vector<SourceEntry>& entries, std::uint64_t alignment,
+                                std::uint64_t size_alignment) noexcept {
+  // Same placement as the library's writer: each region starts on the alignment and spans its
+  // size rounded up to size_alignment (at least one byte, so no two entries share an offset);
+  // the index follows on an 8-byte boundary.
+  std::uint64_t cursor = format::kHeaderSize;
+  std::uint64_t index_bytes = format::kIndexHeaderSize + format::kFooterSize;
+  for (const auto& e : entries) {
+    cursor = align_up(cursor, alignment) + region_of(e.size, size_alignment);
+    index_bytes += format::kRecordFixedSize + e.key.size();
+  }
+  return align_up(cursor, 8) + index_bytes;
+}
+
+namespace {
+
+// Hashes `size` bytes at `offset` of `fd`, handing each piece to `sink` (may be null).
+template <class Sink>
+Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, std::uint64_t offset,
+                                 std::uint64_t size, std::byte* buf, Sink&& sink) noexcept {
+  format::StreamHash h;
+  if (!h.ok()) return Error{Errc::no_memory, 0, "out of memory while hashing"};
+  for (std::uint64_t done = 0; done < size;) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kCopyChunk, size - done));
+    if (auto r = pf.read_at(fd, buf, n, offset + done); !r) return r.error();
+    h.update(buf, n);
+    if (auto r = sink(buf, n, done); !r) return r.error();
+    done += n;
+  }
+  return h.digest();
+}
+
+// Reads the new file back before it replaces anything: the header, the one commit slot and the
+// index decode to exactly what was written, and every entry hashes to its checksum.
+Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf) noexcept {
+  auto st = read_committed(pf, dst.handle(), dst.name(), w.file_size, UINT64_MAX, 0);
+  if (!st) return Error{Errc::io, 0, "the new file '" + dst.name() + "' does not read back: " + st.error().message};
+  if (st->records.size() != w.records.size())
+    return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with other entries"};
+  for (std::size_t i = 0; i < w.records.size(); ++i) {
+    const auto& a = st->records[i];
+    const auto& b = w.records[i];
+    if (a.key != b.key || a.offset != b.offset || a.size != b.size || a.checksum != b.checksum)
+      return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with another index"};
+    auto h = hash_range(pf, dst.handle(), a.offset, a.size, buf,
+                        [](const std::byte*, std::size_t, std::uint64_t) -> Result<void> { return {}; });
+    if (!h) return h.error();
+    if (h.value() != a.checksum)
+      return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with other bytes"};
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
+                              TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
+                              const std::vector<SourceEntry>& entries, WrittenFile* out) noexcept {
+  try {
+    std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kCopyChunk]);
+    if (buf == nullptr) return Error{Errc::no_memory, 0, "out of memory for the copy buffer"};
+    const std::uint64_t planned = planned_file_size(entries, fixed.alignment, fixed.size_alignment);
+    // Claim the space up front: a full disk fails here, before any copying.
+    if (auto r = pf.allocate(dst.handle(), 0, planned); !r) return r.error();
+    std::uint64_t cursor = format::kHeaderSize;
+    out->records.reserve(entries.size());
+    for (const auto& e : entries) {
+      const std::uint64_t at = align_up(cursor, fixed.alignment);
+      auto h = hash_range(pf, src, e.offset, e.size, buf.get(),
+                          [&](const std::byte* p, std::size_t n, std::uint64_t done) {
+                            return pf.write_at(dst.handle(), p, n, at + done);
+                          });
+      if (!h) return Error{h.error().code, h.error().sys_errno, "copying from '" + src_path + "': " + h.error().message};
+      if (e.checksum && *e.checksum != h.value()) {
+        out->corrupt_keys.push_back(e.key);
+        continue;  // its region is reused by the next entry
+      }
+      out->records.push_back({e.key, at, e.size, h.value()});
+      cursor = at + region_of(e.size, fixed.size_alignment);
+    }
+    format::CommitSlot slot;
+    slot.sequence = sequence;
+    const auto trailer = format::encode_trailer(out->records, align_up(cursor, 8), &slot);
+    // The slot a reader of this sequence expects it in when there is only one (docs/FORMAT.md).
+    const auto header = sequence % 2 == 0 ? format::encode_header(fixed, slot, {}) : format::encode_header(fixed, {}, slot);
+    if (auto r = pf.write_at(dst.handle(), trailer.data(), trailer.size(), slot.index_offset); !r) return r.error();
+    if (auto r = pf.write_at(dst.handle(), header.data(), header.size(), 0); !r) return r.error();
+    if (slot.committed_size < planned)  // entries were left out
+      if (auto r = pf.truncate(dst.handle(), slot.committed_size); !r) return r.error();
+    out->file_size = slot.committed_size;
+    return read_back(pf, dst, *out, buf.get());
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while writing '" + dst.name() + "'"};
+  }
+}
+
+// ---- compaction ----------------------------------------------------------------------------------
+
+std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept {
+  std::uint64_t live = format::kHeaderSize + st.slot.index_size + format::kFooterSize;
+  for (const auto& r : st.records) live += r.size;
+  return file_size > live ? file_size - live : 0;
+}
+
+Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
+                               const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
+                               const CompactSettings& settings, CompactResult* out) noexcept {
+  try {
+    out->bytes_before = file_size;
+    out->entries = st.records.size();
+    if (st.newest_damaged)
+      return Error{Errc::corrupt, 0,
+                   "the newest commit of '" + path + "' is damaged; compacting would discard what it names "
+                   "(see 'weightcache verify')"};
+    std::vector<SourceEntry> entries;
+    entries.reserve(st.records.size());
+    for (const auto& r : st.records) entries.push_back({r.key, r.offset, r.size, r.checksum});
+    std::stable_sort(entries.begin(), entries.end(),
+                     [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
+    const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
+    if (planned >= file_size) {
+      out->bytes_after = file_size;
+      return {};
+    }
+    auto tmp = TempFile::create(pf, path, file_mode);
+    if (!tmp) return tmp.error();
+    WrittenFile w;
+    // The next sequence, so that nothing that remembers the old file's sequence sees it go back.
+    const std::uint64_t sequence = st.slot.sequence + 1 == UINT64_MAX ? 1 : st.slot.sequence + 1;
+    if (auto r = write_cache_file(pf, fd, path, tmp.value(), st.fixed, sequence, entries, &w); !r) return r.error();
+    out->corrupt_keys = w.corrupt_keys;
+    if (!w.corrupt_keys.empty() && !settings.drop_corrupt)
+      return Error{Errc::corrupt, 0,
+                   std::to_string(w.corrupt_keys.size()) + " entries of '" + path +
+                       "' fail their checksum; not compacted (drop them to compact anyway)"};
+    if (auto r = tmp->commit(settings.durability != Durability::none); !r) return r.error();
+    out->rewritten = true;
+    out->entries = w.records.size();
+    out->dropped = w.corrupt_keys.size();
+    out->bytes_after = w.file_size;
+    return {};
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while compacting '" + path + "'"};
+  }
+}
+
+Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings) noexcept {
+  try {
+    platform::Platform& pf = platform::os();
+    if (options.path.empty()) return Error{Errc::invalid_argument, 0, "compact: no path given"};
+    const std::string& path = options.path;
+    auto fd = pf.open_file(path, platform::OpenMode::read_write, options.file_mode, options.allow_symlink);
+    if (!fd) return fd.error();
+    platform::Handle h = fd.value();
+    struct Closer {
+      platform::Platform& pf;
+      platform::Handle h;
+      ~Closer() { pf.close_file(h); }
+    } close_data{pf, h};
+    auto info = pf.stat_file(h);
+    if (!info) return info.error();
+    if (!info->regular) return Error{Errc::invalid_argument, 0, "'" + path + "' is not a regular file"};
+    // The writer lease first (the order every writer takes), then the in-use lock: nobody may
+    // commit while we copy, and nobody may have the file open when it is replaced.
+    auto lk = pf.open_file(path + ".lock", platform::OpenMode::lock_file, info->mode, options.allow_symlink);
+    if (!lk) return lk.error();
+    struct Unlocker {
+      platform::Platform& pf;
+      platform::Handle h;
+      ~Unlocker() { pf.close_file(h); }
+    } close_lock{pf, lk.value()};
+    auto lease = pf.try_lock(lk.value());
+    if (!lease) return lease.error();
+    auto data = lease.value() ? pf.try_lock(h) : Result<bool>(false);
+    if (!data) return data.error();
+    if (!data.value())
+      return Error{Errc::busy, 0,
+                   "'" + path + "' is busy: a writer holds its lease ('" + path +
+                       ".lock'). Run again once the process adding entries has finished."};
+    auto alone = pf.try_lock_in_use(h, true);
+    if (!alone) return alone.error();
+    if (!alone.value())
+      return Error{Errc::busy, 0,
+                   "'" + path + "' is in use: another process has it open. It is compacted by the next open that "
+                   "finds it unused, or run again once no process uses it."};
+    // Locked: the path must still name what we locked (not replaced meanwhile).
+    auto at_path = pf.stat_path(path, options.allow_symlink);
+    if (!at_path || at_path->inode != info->inode || at_path->device != info->device)
+      return Error{Errc::busy, 0, "'" + path + "' was replaced while it was being locked; run again"};
+    if (info->size < format::kHeaderSize)
+      return Error{Errc::corrupt, 0, "'" + path + "' is shorter than a cache file's header"};
+    auto st = read_committed(pf, h, path, info->size, UINT64_MAX, 0);
+    if (!st) return Error{st.error().code, st.error().sys_errno, "'" + path + "': " + st.error().message};
+    if (!settings.any_key && st->fixed.compat_hash != format::hash_bytes(options.compat_key))
+      return Error{Errc::incompatible, 0, "'" + path + "' was written for another compatibility key"};
+    CompactResult out;
+    if (auto r = rewrite_compacted(pf, h, path, st.value(), info->size, info->mode, settings, &out); !r) return r.error();
+    if (out.rewritten)
+      log::info("compacted '{}': {} -> {} bytes, {} entries", path, out.bytes_before, out.bytes_after, out.entries);
+    return out;
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while compacting"};
+  }
+}
+
+}  // namespace weightcache

@@ -1,0 +1,94 @@
+// Writing whole cache files: a temporary file that deletes itself unless committed, the writer
+// that copies live entries into a new file (compaction, rebuilds, the CLI's convert), and
+// compaction of a cache file at a path (wc_compact).
+#pragma once
+
+#include "file_state.hpp"
+#include "platform/platform.hpp"
+
+#include <weightcache/weight_cache.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace weightcache {
+
+/// A new file beside `path` under a temporary name ("<path>.tmp.<pid>.<n>"), deleted by the
+/// destructor unless commit() renamed it over `path` (the shape of LLVM's FileOutputBuffer).
+class TempFile {
+ public:
+  static Result<TempFile> create(platform::Platform& pf, const std::string& path, unsigned mode) noexcept;
+  TempFile(TempFile&& o) noexcept;
+  TempFile& operator=(TempFile&&) = delete;
+  TempFile(const TempFile&) = delete;
+  ~TempFile();
+  platform::Handle handle() const noexcept { return h_; }
+  const std::string& name() const noexcept { return tmp_; }
+  /// Syncs the file (when `durable`), closes it, renames it over the path and syncs the
+  /// directory (when `durable`). After a failure the temporary is still deleted by the destructor.
+  Result<void> commit(bool durable) noexcept;
+
+ private:
+  TempFile(platform::Platform& pf, std::string path, std::string tmp, platform::Handle h)
+      : pf_(&pf), path_(std::move(path)), tmp_(std::move(tmp)), h_(h) {}
+  platform::Platform* pf_;
+  std::string path_, tmp_;
+  platform::Handle h_ = platform::kInvalidHandle;
+  bool committed_ = false;
+};
+
+/// One entry to copy into a new file: its bytes are `size` bytes at `offset` of the source.
+struct SourceEntry {
+  std::string key;
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  std::optional<std::uint64_t> checksum;  // expected; nullopt: computed while copying
+};
+
+struct WrittenFile {
+  std::vector<format::IndexRecord> records;  // what the new file holds, in file order
+  std::vector<std::string> corrupt_keys;      // left out: their bytes fail the stored checksum
+  std::uint64_t file_size = 0;
+};
+
+/// Bytes a file holding `entries` (in this order) takes with this placement.
+std::uint64_t planned_file_size(const std::vector<SourceEntry>& entries, std::uint64_t alignment,
+                                std::uint64_t size_alignment) noexcept;
+
+/// Writes a complete cache file into `dst`: header with one commit slot of `sequence`, the
+/// entries copied from `src` in the order given (checksummed on the way; one whose bytes fail
+/// its expected checksum is left out and listed), the index and the footer, then reads the new
+/// file back (header, index and every entry's checksum) before the caller commits it.
+Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
+                              TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
+                              const std::vector<SourceEntry>& entries, WrittenFile* out) noexcept;
+
+struct CompactSettings {
+  bool drop_corrupt = false;  // leave damaged entries out instead of refusing
+  bool any_key = false;       // compact whatever compatibility key the file was written for
+  Durability durability = Durability::full;
+};
+
+struct CompactResult {
+  bool rewritten = false;  // false: already compact (nothing to reclaim), file untouched
+  std::uint64_t entries = 0, dropped = 0, bytes_before = 0, bytes_after = 0;
+  std::vector<std::string> corrupt_keys;
+};
+
+/// Bytes of a committed file that no live entry, the header or the index in use needs.
+std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept;
+
+/// Rewrites the live entries of the cache file open at `fd` (committed state `st`) into a new
+/// file renamed over `path`. The caller holds the writer lease and the exclusive in-use lock on
+/// `fd`, so no process has the file open and none can commit meanwhile.
+Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
+                               const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
+                               const CompactSettings& settings, CompactResult* out) noexcept;
+
+/// wc_compact: opens options.path, takes the writer lease and the exclusive in-use lock (busy
+/// when another process holds either), checks the compatibility key (unless settings.any_key),
+/// and rewrites the file if anything can be reclaimed.
+Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings) noexcept;
+
+}  // namespace weightcache
