@@ -288,70 +288,71 @@ void print_findings(const std::string& path, const Inspection& in) {
 int run_compact(const std::string& path, const CompactOptions& opt) {
   bool exists = false;
   if (auto f = check_replaceable(path, true, &exists)) return report(*f);
-  const Ownership own = ownership_of(path);
-  Lease lease;
-  if (auto f = lease.acquire(path, own.mode)) return report(*f);
-
-  // Under the lease: no writer can commit while we read, so the index we copy stays current.
-  auto file = open_for_reading(path);
-  if (!file) return report({kExitCannotRead, file.error().message});
-  auto in = inspect(file.value());
-  if (!in) return report({kExitCannotRead, "cannot read '" + path + "': " + in.error().message});
-  if (in->format == FileFormat::xpwc)
-    return report({kExitUsage, "'" + path + "' is an ExecuTorch XPWC file; use 'weightcache convert' to turn it into "
-                               "a weightcache file"});
-  if (in->format != FileFormat::weightcache || !in->index_usable) {
-    print_findings(path, in.value());
-    return report({kExitCannotRead, "'" + path + "' has no valid index; nothing to compact (see 'weightcache verify')"});
-  }
-  if (!in->findings.empty()) {
-    // Rewriting would discard whatever a damaged newer commit or slot still holds.
-    print_findings(path, in.value());
-    return report({kExitProblems, "'" + path + "' has problems (see 'weightcache verify'); not compacted"});
-  }
-  if (opt.compat_key && fmt_::hash_bytes(*opt.compat_key) != in->header.compat_hash)
-    return report({kExitUsage, "--compat-key does not match the compatibility key '" + path + "' was written for"});
-
-  std::vector<SourceEntry> entries;
-  for (const auto& e : in->entries) entries.push_back({e.key, e.offset, e.size, e.checksum});
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
-  const Placement pl{in->header.alignment, in->header.size_alignment};
-  const std::uint64_t planned = planned_size(entries, pl);
-  if (planned >= in->file_size) {
-    std::printf("%s is already compact: %llu bytes, %zu entries, %llu dead bytes (alignment padding)\n", path.c_str(),
-                static_cast<unsigned long long>(in->file_size), entries.size(),
-                static_cast<unsigned long long>(in->dead_bytes()));
-    return kExitOk;
-  }
-
-  const std::string tmp = temp_name(path, "compact");
-  Written w;
-  std::uint64_t payload = in->payload_bytes();
+  // What kind of file it is decides the message, not the library's verdict alone: an XPWC file
+  // wants convert, a damaged one wants verify's findings.
   {
-    Progress progress("compacting", payload);
-    if (auto f = write_cache_file(file.value(), tmp, in->header, in->slot.sequence + 1, entries, own, &progress, &w))
-      return report(*f);
-  }
-  if (!w.corrupt_keys.empty()) {
-    for (const auto& k : w.corrupt_keys)
-      std::fprintf(stderr, "%s: entry '%s' fails its checksum\n", path.c_str(), display_key(k).c_str());
-    if (!opt.drop_corrupt) {
-      platform::os().remove(tmp);
-      return report({kExitProblems, "not compacted: " + std::to_string(w.corrupt_keys.size()) +
-                                        " damaged entries. Rerun with --drop-corrupt to leave them out."});
+    auto file = open_for_reading(path);
+    if (!file) return report({kExitCannotRead, file.error().message});
+    auto in = inspect(file.value());
+    if (!in) return report({kExitCannotRead, "cannot read '" + path + "': " + in.error().message});
+    if (in->format == FileFormat::xpwc)
+      return report({kExitUsage, "'" + path + "' is an ExecuTorch XPWC file; use 'weightcache convert' to turn it "
+                                 "into a weightcache file"});
+    if (in->format != FileFormat::weightcache || !in->index_usable) {
+      print_findings(path, in.value());
+      return report({kExitCannotRead, "'" + path + "' has no valid index; nothing to compact (see 'weightcache verify')"});
+    }
+    if (!in->findings.empty()) {
+      // Rewriting would discard whatever a damaged newer commit or slot still holds.
+      print_findings(path, in.value());
+      return report({kExitProblems, "'" + path + "' has problems (see 'weightcache verify'); not compacted"});
     }
   }
-  {
-    Progress progress("verifying the compacted file", payload);
-    if (auto f = verify_written(tmp, w, in->header, opt.compat_key, &progress)) return report(*f);
+  // The library does the rest: the lease, the in-use lock, the copy, the read-back, the rename.
+  wc_options o;
+  wc_options_init(&o);
+  o.path = path.c_str();
+  if (opt.compat_key) {
+    o.compat_key = opt.compat_key->data();
+    o.compat_key_size = opt.compat_key->size();
   }
-  file->close();
-  if (auto f = install(tmp, path)) return report(*f);
-  std::printf("compacted %s: %llu -> %llu bytes, %zu entries", path.c_str(),
-              static_cast<unsigned long long>(in->file_size), static_cast<unsigned long long>(w.file_size),
-              w.records.size());
-  if (!w.corrupt_keys.empty()) std::printf(" (%zu damaged entries dropped)", w.corrupt_keys.size());
+  unsigned flags = opt.compat_key ? 0u : unsigned{WC_COMPACT_ANY_KEY};
+  if (opt.drop_corrupt) flags |= WC_COMPACT_DROP_CORRUPT;
+  wc_compact_report r;
+  wc_compact_report_init(&r);
+  const wc_status st = wc_compact_ex(&o, flags, &r);
+  if (st != WC_OK) {
+    const std::string msg = wc_last_error();
+    switch (st) {
+      case WC_ERR_BUSY: return report({kExitBusy, msg});
+      case WC_ERR_INCOMPATIBLE:
+        return report({kExitUsage, "--compat-key does not match the compatibility key '" + path +
+                                       "' was written for (" + msg + ")"});
+      case WC_ERR_CORRUPT: {
+        // Damaged entries: name them, as verify would.
+        if (auto file = open_for_reading(path)) {
+          if (auto in = inspect(file.value())) {
+            Progress progress("checking entries", in->payload_bytes());
+            if (check_checksums(file.value(), &in.value(), &progress))
+              for (const auto& f : in->findings) std::fprintf(stderr, "%s: %s\n", path.c_str(), f.message.c_str());
+          }
+        }
+        return report({kExitProblems, "not compacted: " + msg + ". Rerun with --drop-corrupt to leave damaged entries out."});
+      }
+      case WC_ERR_INVALID_ARGUMENT: return report({kExitCannotRead, msg});
+      default: return report({kExitIo, msg});
+    }
+  }
+  if (r.compacted == 0) {
+    std::printf("%s is already compact: %llu bytes, %llu entries\n", path.c_str(),
+                static_cast<unsigned long long>(r.bytes_before), static_cast<unsigned long long>(r.entries));
+    return kExitOk;
+  }
+  std::printf("compacted %s: %llu -> %llu bytes, %llu entries", path.c_str(),
+              static_cast<unsigned long long>(r.bytes_before), static_cast<unsigned long long>(r.bytes_after),
+              static_cast<unsigned long long>(r.entries));
+  if (r.dropped_entries != 0)
+    std::printf(" (%llu damaged entries dropped)", static_cast<unsigned long long>(r.dropped_entries));
   std::printf("\n");
   return kExitOk;
 }

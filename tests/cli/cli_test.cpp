@@ -1056,7 +1056,7 @@ TEST_F(CliTest, CompactRefusesWhileTheLeaseIsHeld) {
   EXPECT_LT(fs::file_size(f), before.size());
 }
 
-TEST_F(CliTest, CompactLeavesExistingMappingsIntact) {
+TEST_F(CliTest, CompactRefusesWhileAnyProcessHasTheFileOpen) {
   const std::string f = path("c.wcache");
   make_cache(f, kEntries);
   {
@@ -1065,15 +1065,27 @@ TEST_F(CliTest, CompactLeavesExistingMappingsIntact) {
     ASSERT_NE(c->insert("layer1.weight", pattern(4096, 55)), weightcache::kNotFound);
     ASSERT_TRUE(c->finalize().ok());
   }
-  auto reader = WeightCache::open(options(f));
-  ASSERT_TRUE(reader.ok());
-  const std::size_t off = reader->look_up("layer1.bias");
-  ASSERT_NE(off, weightcache::kNotFound);
-  const void* p = reader->offset_to_addr(off);
+  const std::string before = read_file(f);
   const auto inode = inode_of(f);
+  {
+    // A reader (no lease, nothing pending) still uses the file: it is never replaced under it.
+    Options ro = options(f);
+    ro.read_only = true;
+    auto reader = WeightCache::open(ro);
+    ASSERT_TRUE(reader.ok());
+    const std::size_t off = reader->look_up("layer1.bias");
+    ASSERT_NE(off, weightcache::kNotFound);
+    const CliRun busy = run({"compact", f});
+    EXPECT_EQ(busy.code, 4) << busy.err;
+    EXPECT_NE(busy.err.find("in use"), std::string::npos) << busy.err;
+    EXPECT_EQ(inode_of(f), inode);
+    EXPECT_EQ(read_file(f), before);
+    EXPECT_TRUE(strays("c.wcache").empty());
+    EXPECT_EQ(std::memcmp(reader->offset_to_addr(off), kEntries[1].second.data(), kEntries[1].second.size()), 0);
+  }
   ASSERT_EQ(run({"compact", f}).code, 0);
-  EXPECT_NE(inode_of(f), inode);  // a new file took the name
-  EXPECT_EQ(std::memcmp(p, kEntries[1].second.data(), kEntries[1].second.size()), 0);  // old mapping unchanged
+  EXPECT_NE(inode_of(f), inode);  // a new file took the name once nobody used the old one
+  EXPECT_LT(fs::file_size(f), before.size());
 }
 
 TEST_F(CliTest, CompactRefusesDamagedEntriesUnlessTold) {
