@@ -1365,8 +1365,10 @@ Result<void> Core::finalize() noexcept {
     std::uint64_t bytes = unpersisted_bytes_.load(std::memory_order_relaxed);
     for (const Entry* e : pending_) bytes += e->size;
     Error e = r.error();
+    std::string why = e.message;
+    while (!why.empty() && (why.back() == '.' || why.back() == ' ')) why.pop_back();
     e.message = std::to_string(entries) + " entries (" + std::to_string(bytes) + " bytes) of '" + opts_.path +
-                "' are not durable: " + e.message +
+                "' are not durable: " + why +
                 ". They stay in memory in this process, and every later finalize tries again.";
     log::error("finalize: {} ({})", e.message, errc_name(e.code));
     return fail(std::move(e));

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <fstream>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -108,9 +109,13 @@ TEST(FullDisk, AutomaticBackingFallsBackToHeap) {
       for (const auto& e : *set) EXPECT_EQ(check(cache, e), "");
     auto r = cache.finalize();
     finalized = r.ok();
+    // Entries live in heap memory and the disk cannot take them: never "durable".
+    EXPECT_FALSE(r.ok()) << "finalize returned OK with entries only in heap memory";
     if (!r.ok()) {
       EXPECT_EQ(r.error().code, Errc::no_space) << r.error().message;
+      EXPECT_NE(r.error().message.find("not durable"), std::string::npos) << r.error().message;
     }
+    EXPECT_GT(cache.stats().unpersisted_entries, 0u);
     for (const auto& e : later) EXPECT_EQ(check(cache, e), "") << "after finalize";
     std::printf("full disk, backing=auto: %llu reservations in the file, %llu on the heap; finalize %s\n",
                 (unsigned long long)(later.size() - s.heap_fallbacks), (unsigned long long)s.heap_fallbacks,
@@ -121,6 +126,63 @@ TEST(FullDisk, AutomaticBackingFallsBackToHeap) {
     for (const auto& e : later)
       if (!e.heap) must.push_back(e);
   reopen_and_verify(path, must, later);
+}
+
+// The disk fills up (another program's file), entries fall back to the heap and finalize says
+// they are not durable; once the other file is gone, the next finalize writes every one of them
+// into the file and returns OK, and a fresh open finds them all.
+TEST(FullDisk, HeapEntriesArePersistedOnceTheDiskHasRoomAgain) {
+  test::TempDir dir("wc-full-disk");
+  MOUNT_TMPFS_OR_SKIP(mnt, dir);
+  const std::string path = dir.file("cache.wc");
+  const std::string filler = dir.file("filler");
+  LogCapture log;
+  std::vector<Packed> all;
+  {
+    auto opened = WeightCache::open(cache_options(path, Backing::automatic));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    WeightCache& cache = opened.value();
+    all = commit_first(cache);
+    {
+      // Another program takes most of what is left.
+      std::ofstream f(filler, std::ios::binary);
+      const std::string mib(1 << 20, 'x');
+      for (int i = 0; i < 5; ++i) f.write(mib.data(), mib.size());
+    }
+    std::size_t heap = 0;
+    for (std::uint64_t i = 100; i < 300 && heap < 4; ++i) {
+      Packed e;
+      ASSERT_TRUE(pack(cache, i, 256 * 1024, &e)) << last_error().message;
+      all.push_back(e);
+      if (e.heap) ++heap;
+    }
+    ASSERT_EQ(heap, 4u) << "the disk never filled up";
+    auto r = cache.finalize();
+    ASSERT_FALSE(r.ok()) << "finalize returned OK with entries only in heap memory";
+    EXPECT_EQ(r.error().code, Errc::no_space) << r.error().message;
+    const Stats before = cache.stats();
+    EXPECT_GT(before.unpersisted_entries, 0u);
+    EXPECT_GT(before.unpersisted_bytes, 0u);
+    // Again, still full: still not OK, nothing lost from memory.
+    EXPECT_FALSE(cache.finalize().ok());
+    for (const auto& e : all) EXPECT_EQ(check(cache, e), "");
+
+    ASSERT_EQ(::unlink(filler.c_str()), 0);
+    r = cache.finalize();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const Stats after = cache.stats();
+    EXPECT_EQ(after.unpersisted_entries, 0u);
+    EXPECT_EQ(after.unpersisted_bytes, 0u);
+    EXPECT_EQ(after.heap_bytes, 0u) << "entries still counted in heap memory";
+    // The offsets handed out before the move still name the same bytes.
+    for (const auto& e : all) {
+      EXPECT_EQ(check(cache, e), "") << "after the move into the file";
+      const void* p = cache.offset_to_addr(e.offset);
+      ASSERT_NE(p, nullptr) << "entry " << e.index << ": its old offset no longer resolves";
+      EXPECT_EQ(std::memcmp(p, bytes_of(e.index, e.size).data(), e.size), 0) << "entry " << e.index;
+    }
+  }
+  reopen_and_verify(path, all, {});
 }
 
 TEST(FullDisk, FileBackingSaysNoSpaceAndFailedFinalizeKeepsLastCommit) {

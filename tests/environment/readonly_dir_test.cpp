@@ -8,6 +8,8 @@
 #include <weightcache/weight_cache.hpp>
 
 #include <cstring>
+#include <functional>
+#include <vector>
 #include <string>
 
 #include <sys/stat.h>
@@ -68,6 +70,116 @@ TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
   EXPECT_EQ(after.st_size, before.st_size);
   EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
   ::chmod(sub.c_str(), 0755);
+}
+
+
+// Runs `body` in a child that dropped to "nobody"; returns its exit status (0 = all held).
+int as_nobody(const std::function<int()>& body) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(90);
+    weightcache::set_log_level(weightcache::LogLevel::off);
+    ::_exit(body());
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -2;
+  return WEXITSTATUS(status);
+}
+
+// A writable cache file whose lock file cannot be created: backing=file is an error at open (it
+// used to be a silent read-only cache whose finalize said OK), backing=auto a read-only cache whose
+// finalize says the new entry is not durable.
+TEST(ReadOnlyDirectory, LockFileThatCannotBeCreatedIsAnErrorForBackingFile) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
+  weightcache::test::TempDir dir;
+  const std::string sub = dir.file("ro");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
+  weightcache::Options o;
+  o.path = sub + "/c.wc";
+  o.compat_key = "ro";
+  {
+    auto c = weightcache::WeightCache::open(o);
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->insert("w", std::string(5000, 'w')), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize());
+  }
+  ASSERT_EQ(::unlink((o.path + ".lock").c_str()), 0);
+  ASSERT_EQ(::chmod(o.path.c_str(), 0666), 0);  // the file is writable, its directory is not
+  ASSERT_EQ(::chmod(sub.c_str(), 0555), 0);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const int st = as_nobody([&] {
+    weightcache::Options f = o;
+    f.backing = weightcache::Backing::file;
+    auto c = weightcache::WeightCache::open(f);
+    if (c.ok()) return 1;
+    if (c.error().code != weightcache::Errc::read_only) return 2;
+    if (c.error().message.find(".lock") == std::string::npos) return 3;
+    weightcache::Options a = o;
+    a.backing = weightcache::Backing::automatic;
+    auto r = weightcache::WeightCache::open(a);
+    if (!r.ok() || r->look_up("w") == weightcache::kNotFound) return 4;
+    if (r->insert("new", "bytes") == weightcache::kNotFound) return 5;
+    auto fin = r->finalize();
+    if (fin.ok() || fin.error().code != weightcache::Errc::read_only) return 6;
+    return 0;
+  });
+  EXPECT_EQ(st, 0) << "child failed at step " << st;
+  ::chmod(sub.c_str(), 0755);
+}
+
+// A writer whose cache file is mode 0444 (its directory writable): automatic backing serves the
+// file's entries read-only (it used to ignore them and start an empty heap cache); file backing
+// says the file is not writable.
+TEST(ReadOnlyDirectory, ReadOnlyFileServesItsEntriesToAWriter) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
+  weightcache::test::TempDir dir;
+  const std::string sub = dir.file("rw");
+  ASSERT_EQ(::mkdir(sub.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(sub.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  weightcache::Options o;
+  o.path = sub + "/c.wc";
+  o.compat_key = "ro-file";
+  std::vector<std::string> keys;
+  {
+    auto c = weightcache::WeightCache::open(o);
+    ASSERT_TRUE(c.ok());
+    for (int i = 0; i < 10; ++i) {
+      keys.push_back("w" + std::to_string(i));
+      ASSERT_NE(c->insert(keys.back(), std::string(3000 + i, static_cast<char>('a' + i))), weightcache::kNotFound);
+    }
+    ASSERT_TRUE(c->finalize());
+  }
+  ASSERT_EQ(::chmod(o.path.c_str(), 0444), 0);
+  struct stat before {};
+  ASSERT_EQ(::stat(o.path.c_str(), &before), 0);
+  const int st = as_nobody([&] {
+    {
+      weightcache::Options f = o;
+      f.backing = weightcache::Backing::file;
+      auto refused = weightcache::WeightCache::open(f);
+      if (refused.ok() || refused.error().code != weightcache::Errc::read_only) return 7;
+    }
+    auto c = weightcache::WeightCache::open(o);
+    if (!c.ok()) return 1;
+    if (c->stats().backing != weightcache::Backing::file) return 2;
+    for (int i = 0; i < 10; ++i) {
+      const std::size_t off = c->look_up(keys[i]);
+      if (off == weightcache::kNotFound) return 3;
+      if (std::memcmp(c->offset_to_addr(off), std::string(3000 + i, static_cast<char>('a' + i)).data(), 3000 + i) != 0)
+        return 4;
+    }
+    if (c->insert("new", "bytes") == weightcache::kNotFound) return 5;
+    auto fin = c->finalize();
+    if (fin.ok() || fin.error().code != weightcache::Errc::read_only) return 6;
+    return 0;
+  });
+  EXPECT_EQ(st, 0) << "child failed at step " << st;
+  struct stat after {};
+  ASSERT_EQ(::stat(o.path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_size, before.st_size);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
 }
 
 }  // namespace
