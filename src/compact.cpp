@@ -162,9 +162,17 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
 // ---- compaction ----------------------------------------------------------------------------------
 
 std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept {
-  std::uint64_t live = format::kHeaderSize + st.slot.index_size + format::kFooterSize;
-  for (const auto& r : st.records) live += r.size;
-  return file_size > live ? file_size - live : 0;
+  try {
+    std::vector<SourceEntry> entries;
+    entries.reserve(st.records.size());
+    for (const auto& r : st.records) entries.push_back({r.key, r.offset, r.size, r.checksum});
+    std::sort(entries.begin(), entries.end(),
+              [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
+    const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
+    return file_size > planned ? file_size - planned : 0;
+  } catch (...) {
+    return 0;  // out of memory: nothing is reclaimed now
+  }
 }
 
 Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,

@@ -76,7 +76,8 @@ struct CompactResult {
   std::vector<std::string> corrupt_keys;
 };
 
-/// Bytes of a committed file that no live entry, the header or the index in use needs.
+/// Bytes compaction would reclaim from a committed file: its size minus the size of a file
+/// holding just its live entries (alignment padding between entries is not reclaimable).
 std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept;
 
 /// Rewrites the live entries of the cache file open at `fd` (committed state `st`) into a new

@@ -500,8 +500,13 @@ Result<void> Core::create_fresh_file() noexcept {
 
 bool Core::compaction_due(const CommittedState& st) const noexcept {
   if (opts_.compact_dead_percent == 0 || opts_.read_only) return false;
+  // The share is of the file's data: everything but the header and the index in use. So a file
+  // half of whose entries were replaced (a whole model repacked once) is due, which it would miss
+  // by a header's worth if the header counted.
   const std::uint64_t dead = dead_bytes_of(st, state_size_);
-  return dead >= opts_.compact_min_dead_bytes && dead * 100 >= state_size_ * opts_.compact_dead_percent;
+  const std::uint64_t fixed = format::kHeaderSize + st.slot.index_size + format::kFooterSize;
+  const std::uint64_t data = state_size_ > fixed ? state_size_ - fixed : 0;
+  return dead > 0 && dead >= opts_.compact_min_dead_bytes && dead * 100 >= data * opts_.compact_dead_percent;
 }
 
 bool Core::compact_in_place(const CommittedState& st) noexcept {

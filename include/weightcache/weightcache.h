@@ -132,9 +132,11 @@ typedef struct wc_options {
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
-  unsigned compact_dead_percent;   /* default 50 (0..100; 0 = never compact at open): an open that
-                                      finds no other process using the file compacts it first when
-                                      its dead bytes are at least this share of the file ... */
+  unsigned compact_dead_percent;   /* default 50 (0..100; 0 = never compact at open): a writable
+                                      open that finds no other process using the file compacts it
+                                      first when the bytes compaction would reclaim are at least
+                                      this share of the file's data (all but the header and the
+                                      index in use) ... */
   uint64_t compact_min_dead_bytes; /* ... and at least this many bytes (default 16 MiB). So a cache
                                       whose entries are replaced launch after launch stays within
                                       about twice its live bytes. See wc_compact. */

@@ -3,13 +3,19 @@
 // rename under a process that still maps the old one.
 #include "mp_test_util.hpp"
 
+#include "log_capture.hpp"
 #include "platform/platform.hpp"
+
+#include <weightcache/weightcache.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 namespace weightcache::test::mp {
 namespace {
+
+using weightcache::test::LogCapture;
 
 constexpr std::size_t kSize = 64 * 1024;
 
@@ -238,6 +244,94 @@ TEST(MultiProcess, AFileReplacedByRenameKeepsServingTheOldMappingAndIsNeverWritt
   EXPECT_EQ(decode_file(path).keys(), want);
   for (std::size_t j = 0; j < 8; ++j) EXPECT_EQ(check_entry(old_cache, own_key("old", j), kSize), "");
 }
+
+// No file is replaced under a live user: while another process has the cache open, an open under
+// another compatibility key gets a working heap cache (backing auto) or BUSY (backing file) and
+// leaves the file alone, and compaction says busy; the next open that finds the file unused
+// rebuilds it.
+TEST(MultiProcess, AFileInUseIsNeverRebuiltOrCompactedUnderItsUser) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  Children kids;
+  {
+    Holder holder(kids, path, 3);
+    ASSERT_TRUE(holder.wait_ready()) << "the holder never reached its reservation";
+    const std::string before = read_file(path);
+
+    Options other = cache_options(path);
+    other.compat_key = "another model";
+    other.lease_timeout = std::chrono::milliseconds(200);
+    other.backing = Backing::file;
+    auto refused = WeightCache::open(other);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::busy) << refused.error().message;
+    EXPECT_NE(refused.error().message.find("another process has it open"), std::string::npos)
+        << refused.error().message;
+
+    other.backing = Backing::automatic;
+    {
+      auto heap = WeightCache::open(other);
+      ASSERT_TRUE(heap.ok()) << heap.error().message;
+      EXPECT_EQ(heap->stats().backing, Backing::heap);
+      ASSERT_NE(heap->insert("mine", "bytes of another model"), kNotFound);
+      EXPECT_FALSE(heap->finalize().ok()) << "an entry only in memory was called durable";
+      const std::size_t off = heap->look_up("mine");
+      ASSERT_NE(off, kNotFound);
+      EXPECT_EQ(std::memcmp(heap->offset_to_addr(off), "bytes of another model", 22), 0);
+    }
+
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    o.compat_key = "multiprocess-test";
+    o.compat_key_size = std::strlen("multiprocess-test");
+    EXPECT_EQ(wc_compact(&o), WC_ERR_BUSY) << wc_last_error();
+    EXPECT_EQ(read_file(path), before) << "the file in use was changed";
+
+    ASSERT_TRUE(holder.tell_go());
+    ASSERT_TRUE(kids.all_succeed());
+  }
+  // Now unused: the holder's entries are all there for its own key ...
+  EXPECT_EQ(decode_file(path).keys(), own_keys("h", 4));
+  // ... and an open under the other key rebuilds the file.
+  Options other = cache_options(path);
+  other.compat_key = "another model";
+  other.backing = Backing::file;
+  auto rebuilt = WeightCache::open(other);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.error().message;
+  EXPECT_EQ(rebuilt->stats().entries, 0u);
+}
+
+#ifndef _WIN32
+// A process that holds the lease through a cache whose file was since replaced, and opens the
+// path again (a new file, a new cache), must not wait lease_timeout for its own lease.
+TEST(MultiProcess, ASecondCacheOfAReplacedPathDoesNotWaitForItsOwnProcesssLease) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  Options o = cache_options(path);
+  o.lease_timeout = std::chrono::minutes(10);  // a wait would hang the test, not slow it
+  auto a = WeightCache::open(o);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_NE(a->reserve(1000), nullptr);  // holds the lease on <path>.lock
+  {
+    // Another program replaces the file: build one elsewhere and rename it over the path.
+    Options side = cache_options(dir.file("side.wcache"));
+    auto s = WeightCache::open(side);
+    ASSERT_TRUE(s.ok());
+    ASSERT_NE(s->insert("x", "y"), kNotFound);
+    ASSERT_TRUE(s->finalize().ok());
+  }
+  ASSERT_EQ(std::rename(dir.file("side.wcache").c_str(), path.c_str()), 0);
+  LogCapture log;
+  auto b = WeightCache::open(o);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  void* p = b->reserve(1000);
+  ASSERT_NE(p, nullptr) << last_error().message;
+  EXPECT_EQ(b->stats().heap_fallbacks, 1u);
+  EXPECT_EQ(b->stats().lease_timeouts, 0u) << "it waited for its own process's lease";
+  EXPECT_TRUE(log.contains("this process already holds the writer lease")) << log.all();
+}
+#endif
 
 }  // namespace
 }  // namespace weightcache::test::mp
