@@ -28,7 +28,10 @@
  * - Advisory locks guard only against other weightcache users. A program that truncates or
  *   rewrites the cache file in place while it is mapped can still make the OS deliver SIGBUS to
  *   any process reading those pages; weightcache itself never truncates below committed data and
- *   replaces files only by writing a new file and renaming it into place.
+ *   replaces or deletes a file (rebuild, compaction, gc) only by writing a new file and renaming
+ *   it into place, and only while no other process has it open: every process with the file open
+ *   holds a shared "in use" lock on it (an open-file-description byte-range lock on the file
+ *   itself, Linux 3.15+; LockFileEx on Windows), which replacing it needs exclusively.
  * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
  *   wc_cache across fork(); open a new one in the child. (Looking entries up and closing in a
  *   child does work: the child checks entries itself, and its close leaves the parent's lease,
@@ -38,9 +41,9 @@
  *   worker threads that end before they return. No other library code runs on its own threads.
  * - Pointers returned by wc_reserve_space / wc_offset_to_addr stay valid, and never move, until
  *   the last wc_close of that cache in this process.
- * - Entries are durable only after wc_finalize returns WC_OK (with WC_DURABILITY_FULL: durable
- *   against power loss; otherwise against a crash of the process). Closing without finalize
- *   discards entries inserted since the last finalize.
+ * - Entries are durable only after wc_finalize returns WC_OK, and WC_OK means every entry
+ *   inserted so far is (with WC_DURABILITY_FULL: durable against power loss; otherwise against a
+ *   crash of the process). Closing discards entries no finalize managed to persist.
  * - Keys are arbitrary bytes (NULs included), 1 to WC_MAX_KEY_SIZE of them. The empty key is
  *   never found and cannot be inserted (WC_ERR_INVALID_ARGUMENT), as in LMDB.
  */
@@ -189,11 +192,19 @@ WC_API void wc_stats_init(wc_stats* stats);
 
 /**
  * Opens (creating if needed) the cache described by *options and stores a new handle in *out.
- * A missing, corrupt or incompatible file is replaced by a fresh one (written under a new name
- * and renamed into place, never truncated in place). With WC_BACKING_AUTO any failure to use the
- * file falls back to a heap cache with one warning; with WC_BACKING_FILE it is an error.
+ * A missing file is created. A corrupt or incompatible file is replaced by a fresh one (written
+ * under a new name and renamed into place, never truncated in place) only when no other process
+ * has it open; otherwise this open cannot use it (BUSY, or the heap fallback below) and the next
+ * open that finds it unused rebuilds it. Likewise a writable open that finds the file unused and
+ * over the compaction thresholds (compact_dead_percent, compact_min_dead_bytes) compacts it
+ * first. With WC_BACKING_AUTO any failure to use the file falls back to a heap cache with one
+ * warning (its finalize then reports inserted entries as not durable); with WC_BACKING_FILE it is
+ * an error. A read-write open whose file or lock file cannot be written is READ_ONLY with
+ * WC_BACKING_FILE, and a read-only cache with one warning with WC_BACKING_AUTO.
  * Thread-safe. Errors: INVALID_ARGUMENT, IO, NO_SPACE, CORRUPT / INCOMPATIBLE (read-only with
- * WC_BACKING_FILE), BUSY (lease timeout while creating), UNSUPPORTED, NO_MEMORY.
+ * WC_BACKING_FILE), BUSY (lease timeout while creating; a file to rebuild that another process
+ * has open; a rebuild or compaction by another process outlasting lease_timeout), READ_ONLY,
+ * UNSUPPORTED, NO_MEMORY.
  */
 WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
 
