@@ -294,7 +294,8 @@ TEST_F(RealXnnTest, RuntimeRecreatedAfterFinalizeOnlyHitsAndNewWeightsWaitForThe
   EXPECT_EQ(wc_is_finalized(cache_), 0);
   std::vector<unsigned char> out;
   std::string where;
-  EXPECT_EQ(other.run(2, b.make_input(2), &out, &where), xnn_status_invalid_state) << where;
+  EXPECT_EQ(other.run(2, b.make_input(2), &out, &where), xnn_status_invalid_state);
+  EXPECT_EQ(where, "setup runtime");
   ASSERT_EQ(wc_finalize(cache_), WC_OK);
   expect_matches_uncached(other, b, 2);
   expect_matches_uncached(again, a, 2);
