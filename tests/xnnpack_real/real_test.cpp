@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <ostream>
 #include <set>
 #include <sstream>
 #include <string>
@@ -197,6 +198,13 @@ TEST_P(RealXnnKind, ColdProcessPacksOncePerNodeWarmProcessPacksNothingSameOutput
   }
 }
 
+// Test names and failure messages show the kind by name.
+}  // namespace
+namespace weightcache::xnn_real {
+void PrintTo(Kind kind, std::ostream* os) { *os << kind_name(kind); }
+}  // namespace weightcache::xnn_real
+namespace {
+
 INSTANTIATE_TEST_SUITE_P(Kinds, RealXnnKind, ::testing::ValuesIn(all_kinds()),
                          [](const ::testing::TestParamInfo<Kind>& info) { return std::string(kind_name(info.param)); });
 
@@ -300,6 +308,27 @@ TEST_F(RealXnnTest, RuntimeRecreatedAfterFinalizeOnlyHitsAndNewWeightsWaitForThe
   expect_matches_uncached(other, b, 2);
   expect_matches_uncached(again, a, 2);
   EXPECT_EQ(cache_stats(cache_).commits, 2u);
+}
+
+// Known issue, kept as a reproducer (run with --gtest_also_run_disabled_tests): the provider's
+// is_finalized is the whole cache's, so while one model's new weights wait for wc_finalize,
+// XNNPACK refuses to set up every other runtime on that cache, even one whose weights were all
+// committed long ago. A server loading model B on one thread breaks model A's inference on
+// another until B's load finalizes. The adapter's memory never moves, so XNNPACK's reason for
+// the check (its own cache may reallocate until finalized) does not apply; what to report
+// instead is the adapter owner's decision (docs/INTEGRATION.md asks runtimes to finalize).
+TEST_F(RealXnnTest, DISABLED_AnotherModelLoadingDoesNotBreakTheSetupOfAFinalizedRuntime) {
+  const Model a(Kind::fc_f32, 8, 0, "a/"), b(Kind::conv_f32, 9, 0, "b/");
+  Session s(cache_);
+  ASSERT_TRUE(a.name_buffers(s.adapter));
+  ASSERT_TRUE(b.name_buffers(s.adapter));
+  Instance serving;
+  ASSERT_EQ(serving.create(a, s.provider(), nullptr), xnn_status_success);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  expect_matches_uncached(serving, a, 2);
+  Instance loading;  // another model arrives; its finalize has not run yet
+  ASSERT_EQ(loading.create(b, s.provider(), nullptr), xnn_status_success);
+  expect_matches_uncached(serving, a, 2);  // today: setup fails with xnn_status_invalid_state
 }
 
 TEST_F(RealXnnTest, ReshapeToNewBatchSizesKeepsThePackedWeights) {
