@@ -82,10 +82,13 @@ if(CMAKE_TOOLCHAIN_FILE)
   list(APPEND _wc_xnn_args -DCMAKE_TOOLCHAIN_FILE=${CMAKE_TOOLCHAIN_FILE})
 endif()
 
+# XNNPACK gets none of this project's compile options: a sanitizer build links an uninstrumented
+# XNNPACK (scripts/test builds it for the main build only).
 # BUILD_ALWAYS: a checkout that changed (a pull, a local patch) is rebuilt incrementally; an
 # unchanged one costs one empty ninja run. The libraries are byproducts, so ninja relinks the
 # tests only when one of them actually changed.
 ExternalProject_Add(weightcache_xnnpack_build
+  PREFIX "${_wc_xnn_bin}-steps"
   SOURCE_DIR "${_wc_xnn_src}"
   BINARY_DIR "${_wc_xnn_bin}"
   CMAKE_ARGS ${_wc_xnn_args}
