@@ -56,8 +56,9 @@
  *   name of `original`.
  * - The compatibility key of the wc_cache must name everything else the packed bytes depend
  *   on: the model file's identity, the XNNPACK version (its packers), and the CPU features it
- *   dispatches on (see docs/INTEGRATION.md). The seed and fingerprint_id in every key separate
- *   the packing layouts within one XNNPACK build.
+ *   dispatches on (see docs/INTEGRATION.md); wc_xnn_compat_key builds one from XNNPACK's build
+ *   identifier. The seed and fingerprint_id in every key separate the packing layouts within
+ *   one XNNPACK build.
  *
  * ---------------------------------------------------------------------------------------------
  * Caveats
@@ -203,6 +204,48 @@ WC_API void wc_xnn_adapter_stats_init(wc_xnn_adapter_stats* stats);
 /** Fills *out (struct_size set by wc_xnn_adapter_stats_init). Thread-safe.
  * Errors: INVALID_ARGUMENT (NULL adapter or out, struct_size not set). */
 WC_API wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats* out);
+
+/* ---- The compatibility key ------------------------------------------------------------------ */
+
+/** Longest part wc_xnn_compat_key accepts (each of the three), in bytes. */
+#define WC_XNN_COMPAT_PART_MAX_SIZE 4096
+/** Size of a key made from parts of these sizes: a 5-byte header and a 4-byte length per part. */
+#define WC_XNN_COMPAT_KEY_SIZE(build_id_size, model_digest_size, options_size) \
+  (5 + 12 + (size_t)(build_id_size) + (size_t)(model_digest_size) + (size_t)(options_size))
+/** The largest key wc_xnn_compat_key writes: a buffer this big is always enough. */
+#define WC_XNN_COMPAT_KEY_MAX_SIZE \
+  WC_XNN_COMPAT_KEY_SIZE(WC_XNN_COMPAT_PART_MAX_SIZE, WC_XNN_COMPAT_PART_MAX_SIZE, WC_XNN_COMPAT_PART_MAX_SIZE)
+
+/**
+ * Builds the compatibility key (wc_options.compat_key) of a cache that holds weights packed by
+ * XNNPACK, from everything the packed bytes depend on besides the per-entry key:
+ * - build_id: the XNNPACK build identifier, i.e. the build_id_size =
+ *   xnn_experimental_get_build_identifier_size() bytes at xnn_experimental_get_build_identifier_data().
+ *   It changes whenever the build's micro-kernels or packing code change, so a file packed by
+ *   another XNNPACK build gets another key and is never served (wc_open replaces it).
+ * - model_digest: the model's identity, ideally a digest of its weights (any bytes).
+ * - options: whatever else changes packing and is not in the entry keys, as bytes the caller
+ *   chooses: the CPU features XNNPACK dispatched on (e.g. "avx512f+vnni"), runtime flags
+ *   (XNN_FLAG_* such as fp16 inference), quantization mode. NULL with options_size 0 for none.
+ * The key is the three parts, each length-prefixed (u32 little-endian) after a 5-byte header, so
+ * no two different triples give the same key; equal inputs give equal bytes in every process.
+ *
+ * Output, as snprintf does it: the key is written to `out`, a buffer of `out_capacity` bytes
+ * owned by the caller, and *out_size is set to its size, which is always
+ * WC_XNN_COMPAT_KEY_SIZE(build_id_size, model_digest_size, options_size) and never more than
+ * WC_XNN_COMPAT_KEY_MAX_SIZE. With out == NULL and out_capacity == 0 only *out_size is set (a
+ * size query, WC_OK). The function keeps no pointer to any argument; wc_open copies the key too,
+ * so the buffer may be reused once wc_open returns.
+ *
+ * Errors (nothing is written to `out` then): WC_ERR_INVALID_ARGUMENT when out_size is NULL;
+ * when build_id or model_digest is NULL or empty, or options is NULL with a nonzero size; when
+ * a part is longer than WC_XNN_COMPAT_PART_MAX_SIZE (*out_size is 0 in these cases); and when
+ * out_capacity is smaller than the key (*out_size is then the size needed). wc_last_error says
+ * which. Thread-safe; allocates nothing.
+ */
+WC_API wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const void* model_digest,
+                                   size_t model_digest_size, const void* options, size_t options_size, void* out,
+                                   size_t out_capacity, size_t* out_size);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -538,4 +538,49 @@ wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats
   return WC_OK;
 }
 
+wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const void* model_digest,
+                            size_t model_digest_size, const void* options, size_t options_size, void* out,
+                            size_t out_capacity, size_t* out_size) {
+  if (out_size == nullptr) return invalid("wc_xnn_compat_key: out_size must not be NULL");
+  *out_size = 0;
+  if (build_id == nullptr || build_id_size == 0)
+    return invalid("wc_xnn_compat_key: the XNNPACK build identifier is missing (pass the bytes of "
+                   "xnn_experimental_get_build_identifier_data, xnn_experimental_get_build_identifier_size long)");
+  if (model_digest == nullptr || model_digest_size == 0)
+    return invalid("wc_xnn_compat_key: the model digest is missing (pass a digest of the model's weights)");
+  if (options == nullptr && options_size != 0)
+    return invalid("wc_xnn_compat_key: options is NULL with a nonzero options_size");
+  if (build_id_size > WC_XNN_COMPAT_PART_MAX_SIZE || model_digest_size > WC_XNN_COMPAT_PART_MAX_SIZE ||
+      options_size > WC_XNN_COMPAT_PART_MAX_SIZE)
+    return invalid("wc_xnn_compat_key: a part is longer than WC_XNN_COMPAT_PART_MAX_SIZE (4096 bytes); pass a "
+                   "digest of it instead");
+  const std::size_t size = WC_XNN_COMPAT_KEY_SIZE(build_id_size, model_digest_size, options_size);
+  if (out == nullptr && out_capacity == 0) {
+    *out_size = size;
+    return WC_OK;
+  }
+  if (out == nullptr || out_capacity < size) {
+    *out_size = size;
+    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0,
+                                 "wc_xnn_compat_key: the output buffer holds " + std::to_string(out_capacity) +
+                                     " bytes; the key needs " + std::to_string(size) + " (see *out_size)"});
+    return WC_ERR_INVALID_ARGUMENT;
+  }
+  // Header: magic "xnck" and a format version; then each part as u32 LE length + bytes.
+  auto* p = static_cast<unsigned char*>(out);
+  const unsigned char header[5] = {'x', 'n', 'c', 'k', 1};
+  std::memcpy(p, header, sizeof header);
+  p += sizeof header;
+  const auto put = [&p](const void* data, std::size_t n) {
+    for (int i = 0; i < 4; ++i) *p++ = static_cast<unsigned char>((static_cast<std::uint32_t>(n) >> (8 * i)) & 0xff);
+    if (n != 0) std::memcpy(p, data, n);
+    p += n;
+  };
+  put(build_id, build_id_size);
+  put(model_digest, model_digest_size);
+  put(options, options_size);
+  *out_size = size;
+  return WC_OK;
+}
+
 }  // extern "C"

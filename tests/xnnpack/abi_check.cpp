@@ -4,6 +4,8 @@
 // is_finalized returned int would have the same layout and be wrong).
 // Point it at an XNNPACK checkout with -DWEIGHTCACHE_XNNPACK_INCLUDE=<XNNPACK>/include (and
 // -DWEIGHTCACHE_PTHREADPOOL_INCLUDE=... when pthreadpool.h is elsewhere); see docs/INTEGRATION.md.
+// With -DWEIGHTCACHE_XNNPACK_SOURCE_DIR the xnnpack_real suite also compiles it, against the
+// headers of the XNNPACK it builds and runs.
 #include <xnnpack.h>
 
 #include <weightcache/xnnpack.h>

@@ -12,8 +12,10 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -708,6 +710,157 @@ TEST_F(XnnAdapterTest, ManyThreadsCreateOperatorsConcurrentlyOverOneAdapter) {
   EXPECT_EQ(as.look_ups, 2u * kThreads * (kShared + kOwn));
   EXPECT_LE(as.reservations, static_cast<std::uint64_t>(kThreads) * (kShared + kOwn));
   EXPECT_EQ(as.reservations, as.inserts);
+}
+
+// ---- the compatibility key -----------------------------------------------------------------
+
+std::vector<unsigned char> compat_key(std::string_view build, std::string_view digest, std::string_view options) {
+  std::size_t size = 0;
+  EXPECT_EQ(wc_xnn_compat_key(build.data(), build.size(), digest.data(), digest.size(),
+                              options.empty() ? nullptr : options.data(), options.size(), nullptr, 0, &size),
+            WC_OK)
+      << wc_last_error();
+  std::vector<unsigned char> key(size);
+  std::size_t written = 0;
+  EXPECT_EQ(wc_xnn_compat_key(build.data(), build.size(), digest.data(), digest.size(),
+                              options.empty() ? nullptr : options.data(), options.size(), key.data(), key.size(),
+                              &written),
+            WC_OK)
+      << wc_last_error();
+  EXPECT_EQ(written, size);
+  return key;
+}
+
+TEST(XnnCompatKey, LayoutIsAHeaderThenEachPartLengthPrefixed) {
+  const auto key = compat_key("BUILD", "sha256:ab", "avx2");
+  const unsigned char want[] = {'x', 'n', 'c', 'k', 1,   5,   0,   0,   0,   'B', 'U', 'I', 'L', 'D', 9,
+                                0,   0,   0,   's', 'h', 'a', '2', '5', '6', ':', 'a', 'b', 4,   0,   0,
+                                0,   'a', 'v', 'x', '2'};
+  ASSERT_EQ(key.size(), sizeof want);
+  EXPECT_EQ(std::memcmp(key.data(), want, sizeof want), 0);
+  EXPECT_EQ(key.size(), WC_XNN_COMPAT_KEY_SIZE(5, 9, 4));
+  // No options: a zero length, nothing after it.
+  const auto bare = compat_key("BUILD", "sha256:ab", "");
+  EXPECT_EQ(bare.size(), WC_XNN_COMPAT_KEY_SIZE(5, 9, 0));
+  EXPECT_EQ(std::memcmp(bare.data(), want, bare.size() - 4), 0);
+}
+
+TEST(XnnCompatKey, EveryPartChangesTheKeyAndConcatenationsDoNotCollide) {
+  const auto base = compat_key("build-1", "model-1", "fp16=0");
+  EXPECT_EQ(compat_key("build-1", "model-1", "fp16=0"), base);  // deterministic
+  EXPECT_NE(compat_key("build-2", "model-1", "fp16=0"), base);  // another XNNPACK build
+  EXPECT_NE(compat_key("build-1", "model-2", "fp16=0"), base);  // another model
+  EXPECT_NE(compat_key("build-1", "model-1", "fp16=1"), base);  // another packing option
+  EXPECT_NE(compat_key("build-1", "model-1", ""), base);
+  // Moving bytes from one part to the next gives another key.
+  EXPECT_NE(compat_key("ab", "c", "d"), compat_key("a", "bc", "d"));
+  EXPECT_NE(compat_key("a", "bc", "d"), compat_key("a", "b", "cd"));
+  // Binary parts (an identifier is bytes, NULs included).
+  const std::string with_nul("x\0y", 3), other_nul("x\0z", 3);
+  EXPECT_NE(compat_key(with_nul, "m", ""), compat_key(other_nul, "m", ""));
+}
+
+TEST(XnnCompatKey, SizesErrorsAndTheCallersBuffer) {
+  const char b[] = "build", d[] = "digest";
+  std::size_t size = 123;
+  // The size query, then a buffer one byte short: refused, nothing written, the size needed said.
+  ASSERT_EQ(wc_xnn_compat_key(b, 5, d, 6, nullptr, 0, nullptr, 0, &size), WC_OK);
+  EXPECT_EQ(size, WC_XNN_COMPAT_KEY_SIZE(5, 6, 0));
+  std::vector<unsigned char> buf(size + 8, 0xAA);
+  std::size_t got = 0;
+  EXPECT_EQ(wc_xnn_compat_key(b, 5, d, 6, nullptr, 0, buf.data(), size - 1, &got), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(got, size);
+  EXPECT_NE(std::string(wc_last_error()).find("needs " + std::to_string(size)), std::string::npos) << wc_last_error();
+  for (unsigned char c : buf) EXPECT_EQ(c, 0xAA);
+  EXPECT_EQ(wc_xnn_compat_key(b, 5, d, 6, nullptr, 0, nullptr, 16, &got), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(got, size);
+  // A larger buffer: exactly `size` bytes written, the rest untouched.
+  ASSERT_EQ(wc_xnn_compat_key(b, 5, d, 6, nullptr, 0, buf.data(), buf.size(), &got), WC_OK);
+  EXPECT_EQ(got, size);
+  for (std::size_t i = size; i < buf.size(); ++i) EXPECT_EQ(buf[i], 0xAA);
+
+  // Bad arguments: *out_size is 0 and wc_last_error says which.
+  EXPECT_EQ(wc_xnn_compat_key(b, 5, d, 6, nullptr, 0, buf.data(), buf.size(), nullptr), WC_ERR_INVALID_ARGUMENT);
+  const struct {
+    const void* build;
+    std::size_t build_size;
+    const void* digest;
+    std::size_t digest_size;
+    const void* options;
+    std::size_t options_size;
+    const char* says;
+  } bad[] = {
+      {nullptr, 5, d, 6, nullptr, 0, "build identifier"},
+      {b, 0, d, 6, nullptr, 0, "build identifier"},
+      {b, 5, nullptr, 6, nullptr, 0, "model digest"},
+      {b, 5, d, 0, nullptr, 0, "model digest"},
+      {b, 5, d, 6, nullptr, 3, "options is NULL"},
+  };
+  for (const auto& c : bad) {
+    got = 99;
+    EXPECT_EQ(wc_xnn_compat_key(c.build, c.build_size, c.digest, c.digest_size, c.options, c.options_size,
+                                buf.data(), buf.size(), &got),
+              WC_ERR_INVALID_ARGUMENT)
+        << c.says;
+    EXPECT_EQ(got, 0u);
+    EXPECT_NE(std::string(wc_last_error()).find(c.says), std::string::npos) << wc_last_error();
+  }
+  // The largest parts fit the largest key; one byte more is refused.
+  const std::vector<unsigned char> big(WC_XNN_COMPAT_PART_MAX_SIZE + 1, 'p');
+  std::vector<unsigned char> out(WC_XNN_COMPAT_KEY_MAX_SIZE);
+  const std::size_t m = WC_XNN_COMPAT_PART_MAX_SIZE;
+  ASSERT_EQ(wc_xnn_compat_key(big.data(), m, big.data(), m, big.data(), m, out.data(), out.size(), &got), WC_OK);
+  EXPECT_EQ(got, out.size());
+  EXPECT_EQ(wc_xnn_compat_key(big.data(), m + 1, d, 6, nullptr, 0, out.data(), out.size(), &got),
+            WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_compat_key(b, 5, big.data(), m + 1, nullptr, 0, out.data(), out.size(), &got),
+            WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_xnn_compat_key(b, 5, d, 6, big.data(), m + 1, out.data(), out.size(), &got), WC_ERR_INVALID_ARGUMENT);
+}
+
+// A cache written under one build's key is not served under another's: wc_open replaces it.
+TEST(XnnCompatKey, ACacheWrittenUnderAnotherBuildsKeyIsNotServed) {
+  TempDir dir("weightcache-xnn");
+  const std::string path = dir.file("model.wcache");
+  const auto model = make_model(41, 6);
+  auto open_with = [&](const std::vector<unsigned char>& key, wc_cache** out) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    o.compat_key = key.data();
+    o.compat_key_size = key.size();
+    o.durability = WC_DURABILITY_NONE;
+    o.backing = WC_BACKING_FILE;
+    return wc_open(&o, out);
+  };
+  // Returns how many layers had to be packed.
+  auto load = [&](const std::vector<unsigned char>& key) -> std::size_t {
+    wc_cache* c = nullptr;
+    EXPECT_EQ(open_with(key, &c), WC_OK) << wc_last_error();
+    if (c == nullptr) return SIZE_MAX;
+    std::size_t packed = SIZE_MAX;
+    {
+      Session s(c);
+      EXPECT_TRUE(name_model(s.adapter, model));
+      Runtime rt;
+      EXPECT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+      EXPECT_EQ(wc_finalize(c), WC_OK);
+      EXPECT_EQ(check_runtime(&rt, model), "");
+      packed = s.count(fxnn_call_reserve_space);
+    }
+    wc_close(c);
+    return packed;
+  };
+  const auto mine = compat_key("xnnpack-build-A", "model-41", "");
+  const auto theirs = compat_key("xnnpack-build-B", "model-41", "");
+  LogCapture log;  // the replaced file is logged; nothing else
+  EXPECT_EQ(load(mine), model.size());
+  EXPECT_EQ(load(mine), 0u);
+  EXPECT_EQ(load(theirs), model.size());  // another build: nothing served
+  EXPECT_EQ(load(mine), model.size());    // and back: the other build's packing is not served either
+  EXPECT_EQ(load(mine), 0u);
+  EXPECT_EQ(log.count("another compatibility key"), 2u);
+  EXPECT_EQ(log.at_least(WC_LOG_WARN).size(), 2u);
 }
 
 // ---- the C ABI's argument checks -----------------------------------------------------------
