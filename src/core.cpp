@@ -225,6 +225,14 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
         return core;
       }
       if (options.backing == Backing::file) return fail(r.error());
+      if (options.read_only && r.error().sys_errno == ENOENT) {
+        // A reader that came before the writer: serve from memory until the file appears.
+        log::warn("cache file '{}' does not exist yet; serving from memory until it does (wc_refresh, or a miss "
+                  "with refresh_on_miss, picks it up)",
+                  options.path);
+        core->await_file(r.error());
+        return core;
+      }
       log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
                 options.path, errc_name(r.error().code), r.error().message);
       set_last_error(r.error());
@@ -557,21 +565,53 @@ Result<CommittedState> Core::read_state() noexcept {
 }
 
 Result<void> Core::attach(CommittedState& st) noexcept {
-  if (st.slot.committed_size > file_span_)
-    return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
-  file_size_ = state_size_;
-  publish_sizes_locked();
-  {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    if (auto r = ensure_mapped_locked(st.slot.committed_size); !r) return r.error();
-    committed_ = st.slot;
-    publish_sizes_locked();
-    merge_records_locked(st.records);
-  }
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (auto r = attach_locked(st); !r) return r;
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
   if (lock_fd_ != platform::kInvalidHandle) pf_.touch(lock_fd_);
   log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, st.records.size(), committed_.committed_size);
+  return {};
+}
+
+Result<void> Core::attach_locked(CommittedState& st) noexcept {
+  if (st.slot.committed_size > file_span_)
+    return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
+  file_size_ = state_size_;
+  publish_sizes_locked();
+  if (auto r = ensure_mapped_locked(st.slot.committed_size); !r) return r.error();
+  committed_ = st.slot;
+  publish_sizes_locked();
+  merge_records_locked(st.records);
+  return {};
+}
+
+void Core::await_file(const Error& why) noexcept {
+  // The address space for the file is already reserved (init_file did that before it found no
+  // file); refresh, or a miss with refresh_on_miss, attaches the file once it exists.
+  file_backed_.store(false, std::memory_order_relaxed);
+  file_disabled_ = true;
+  set_heap_reason(why);
+  awaiting_file_.store(true, std::memory_order_release);
+}
+
+Result<void> Core::try_attach_locked() noexcept {
+  auto opened = open_in_use(std::chrono::steady_clock::now());  // no waiting: a later refresh tries again
+  if (!opened) {
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
+    return opened.error().sys_errno == ENOENT ? Result<void>() : Result<void>(opened.error());
+  }
+  auto st = read_state();
+  Result<void> r = st ? attach_locked(st.value()) : Result<void>(st.error());
+  if (!r) {
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
+    return r;
+  }
+  awaiting_file_.store(false, std::memory_order_relaxed);
+  file_backed_.store(true, std::memory_order_release);
+  log::info("'{}': the cache file appeared; serving its {} entries", opts_.path, st->records.size());
   return {};
 }
 
@@ -800,7 +840,7 @@ std::size_t Core::look_up(std::string_view key) noexcept {
     return kNotFound;
   }
   Entry* e = find_entry(key);
-  if (e == nullptr && opts_.refresh_on_miss && file_backed_) {
+  if (e == nullptr && opts_.refresh_on_miss && (file_backed_ || awaiting_file_.load(std::memory_order_acquire))) {
     std::unique_lock<std::mutex> lock(write_mu_, std::try_to_lock);
     if (lock.owns_lock() && refresh_locked()) e = find_entry(key);
   }
@@ -831,7 +871,7 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept
 }
 
 Result<void> Core::refresh() noexcept {
-  if (!file_backed_) return {};
+  if (!file_backed_ && !awaiting_file_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(write_mu_);
   lease_gave_up_ = false;  // the next allocation may wait for the lease again
   auto r = refresh_locked();
@@ -840,6 +880,7 @@ Result<void> Core::refresh() noexcept {
 }
 
 Result<void> Core::refresh_locked() noexcept {
+  if (awaiting_file_.load(std::memory_order_relaxed)) return try_attach_locked();
   if (!file_backed_ || fd_ == platform::kInvalidHandle) return {};
   auto info = pf_.stat_file(fd_);
   if (!info) return info.error();

@@ -76,7 +76,7 @@ class Core {
   Stats stats() const noexcept;
   std::size_t alignment() const noexcept { return align_; }
 
-  bool file_backed() const noexcept { return file_backed_; }
+  bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
   Identity identity() const noexcept { return identity_; }
   std::uint64_t compat_hash() const noexcept { return compat_hash_; }
   bool read_only() const noexcept { return opts_.read_only; }
@@ -112,6 +112,9 @@ class Core {
   Result<bool> open_in_use(std::chrono::steady_clock::time_point deadline) noexcept;
   Result<CommittedState> read_state() noexcept;  // header, slot and index of fd_ (checked)
   Result<void> attach(CommittedState& st) noexcept;  // map + index what read_state found
+  Result<void> attach_locked(CommittedState& st) noexcept;
+  void await_file(const Error& why) noexcept;
+  Result<void> try_attach_locked() noexcept;  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file() noexcept;  // under the lease
   Result<void> rebuild_file() noexcept;         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
@@ -175,7 +178,8 @@ class Core {
   std::size_t align_ = 64;
   std::uint64_t file_align_ = 1;
   std::size_t gran_ = 4096;
-  bool file_backed_ = false;
+  std::atomic<bool> file_backed_{false};  // set once; after open only by try_attach_locked
+  std::atomic<bool> awaiting_file_{false};  // a read-only cache opened before its file existed
   bool file_disabled_ = false;  // new entries go to the heap (replaced file, read-only, ...)
   Identity identity_;
   Identity lock_identity_;         // of the lock file (see lease_holder)

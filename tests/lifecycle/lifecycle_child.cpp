@@ -124,7 +124,7 @@ int compactor(const std::string& dir) {
 
 int rebuilder(const std::string& dir) {
   std::mt19937_64 rng(std::random_device{}());
-  while (!stopped(dir)) {
+  while (!stopped(dir) && ::access((dir + "/stop-rebuild").c_str(), F_OK) != 0) {
     {
       auto c = WeightCache::open(cache_options(dir, kKeyB));
       if (!c) return 20;

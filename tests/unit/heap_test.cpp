@@ -2,6 +2,7 @@
 // back to the heap with exactly one warning; file backing fails with a message naming the path.
 #include "unit_test_util.hpp"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -129,6 +130,40 @@ TEST(HeapFallback, BackingFileOnUncreatablePathFails) {
     EXPECT_NE(last_error().message.find(path), std::string::npos) << last_error().message;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "missing-dir"));
+}
+
+// A read-only reader that starts before the writer has created the file: served from memory
+// at first, and the file's entries once it exists (it used to stay heap-only for good).
+TEST(HeapFallback, AReadOnlyOpenBeforeTheFileExistsPicksItUpLater) {
+  TempDir dir;
+  const std::string path = dir.file("later.wcache");
+  for (bool on_miss : {false, true}) {
+    SCOPED_TRACE(on_miss ? "refresh_on_miss" : "wc_refresh");
+    std::filesystem::remove(path);
+    std::filesystem::remove(path + ".lock");
+    Options ro = file_options(path);
+    ro.read_only = true;
+    ro.refresh_on_miss = on_miss;
+    ro.backing = Backing::automatic;
+    auto reader = WeightCache::open(ro);
+    ASSERT_TRUE(reader.ok()) << reader.error().message;
+    EXPECT_EQ(reader->stats().backing, Backing::heap);
+    EXPECT_EQ(reader->look_up("w"), kNotFound);
+    EXPECT_FALSE(std::filesystem::exists(path)) << "a read-only open created the file";
+    const std::string bytes = random_bytes(5000, 7);
+    {
+      WeightCache writer = open_or_fail(file_options(path));
+      ASSERT_NE(writer.insert("w", bytes), kNotFound);
+      ASSERT_TRUE(writer.finalize().ok());
+    }
+    if (!on_miss) {
+      ASSERT_TRUE(reader->refresh().ok()) << last_error().message;
+    }
+    const std::size_t off = reader->look_up("w");
+    ASSERT_NE(off, kNotFound) << "the file that appeared is not served";
+    EXPECT_EQ(std::memcmp(reader->offset_to_addr(off), bytes.data(), bytes.size()), 0);
+    EXPECT_EQ(reader->stats().backing, Backing::file);
+  }
 }
 
 }  // namespace
