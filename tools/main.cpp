@@ -28,7 +28,7 @@ constexpr const char* kExitCodesHelp =
     "     damaged entries or a damaged input (compact, convert)\n"
     "  2  usage error, or a command that does not apply to the file's format\n"
     "  3  cannot open or read the file, or it is not a usable cache file\n"
-    "  4  busy: a writer holds the lease on FILE.lock (compact, convert)\n"
+    "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use (compact)\n"
     "  5  other I/O failure (creating, writing, syncing or renaming the new file)\n";
 
 constexpr const char* kMainHelp =
