@@ -142,7 +142,7 @@ TEST_P(FaultSweep, EveryCallEveryKindTransientAndPersistent) {
   for (Call c : clean.seq) made[static_cast<int>(c)]++;
   for (Call c : {Call::open, Call::close, Call::fstat, Call::pread, Call::pwrite, Call::fallocate, Call::ftruncate,
                  Call::fdatasync, Call::mmap, Call::munmap, Call::msync, Call::flock, Call::stat, Call::lstat,
-                 Call::fcntl, Call::getrlimit})
+                 Call::fcntl, Call::fcntl_lock, Call::futimens, Call::getrlimit})
     EXPECT_GT(made[static_cast<int>(c)], 0u) << wctest::call_name(c) << " is not in the run";
   if (!seed_first) {  // creating the file: temporary, rename, directory sync
     EXPECT_GT(made[static_cast<int>(Call::rename)], 0u);
