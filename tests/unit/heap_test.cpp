@@ -166,5 +166,44 @@ TEST(HeapFallback, AReadOnlyOpenBeforeTheFileExistsPicksItUpLater) {
   }
 }
 
+// A read-only cache keeps what is inserted in memory: every such entry counts as a heap
+// fallback (it counted none), and finalize says none of them is durable (it said OK).
+TEST(HeapFallback, ReadOnlyCacheCountsEveryEntryAndFinalizeSaysTheyAreNotDurable) {
+  TempDir dir;
+  const std::string path = dir.file("ro.wcache");
+  {
+    WeightCache writer = open_or_fail(file_options(path));
+    ASSERT_NE(writer.insert("existing", "bytes"), kNotFound);
+    ASSERT_TRUE(writer.finalize().ok());
+  }
+  Options ro = file_options(path);
+  ro.read_only = true;
+  WeightCache c = open_or_fail(ro);
+  ASSERT_TRUE(c);
+  std::uint64_t bytes = 0;
+  for (int i = 0; i < 150; ++i) {
+    const std::string v = random_bytes(100 + i, i);
+    if (i % 2 == 0) {
+      void* p = c.reserve(v.size());
+      ASSERT_NE(p, nullptr);
+      std::memcpy(p, v.data(), v.size());
+      ASSERT_NE(c.look_up_or_insert("k" + std::to_string(i), p, v.size()), kNotFound);
+    } else {
+      ASSERT_NE(c.insert("k" + std::to_string(i), v), kNotFound);
+    }
+    bytes += v.size();
+  }
+  const Stats s = c.stats();
+  EXPECT_EQ(s.heap_fallbacks, 150u);
+  EXPECT_EQ(s.unpersisted_entries, 150u);
+  EXPECT_EQ(s.unpersisted_bytes, bytes);
+  auto r = c.finalize();
+  ASSERT_FALSE(r.ok()) << "finalize of a read-only cache said 150 heap entries are durable";
+  EXPECT_EQ(r.error().code, Errc::read_only);
+  EXPECT_NE(r.error().message.find("150 entries (" + std::to_string(bytes) + " bytes)"), std::string::npos)
+      << r.error().message;
+  EXPECT_TRUE(c.is_finalized());
+}
+
 }  // namespace
 }  // namespace weightcache::test
