@@ -136,7 +136,7 @@ wc_status wc_compact_ex(const wc_options* o, unsigned flags, wc_compact_report* 
   if (o == nullptr) return invalid("wc_compact: options must not be NULL");
   if (report != nullptr && report->struct_size < sizeof(std::size_t) + sizeof(int))
     return invalid("wc_compact: report.struct_size is not set; call wc_compact_report_init first");
-  if ((flags & ~unsigned{WC_COMPACT_DROP_CORRUPT | WC_COMPACT_ANY_KEY}) != 0)
+  if ((flags & ~unsigned{WC_COMPACT_DROP_CORRUPT | WC_COMPACT_ANY_KEY | WC_COMPACT_CANONICAL}) != 0)
     return invalid("wc_compact: unknown flags");
   try {
     Options opt;
@@ -144,6 +144,7 @@ wc_status wc_compact_ex(const wc_options* o, unsigned flags, wc_compact_report* 
     CompactSettings settings;
     settings.drop_corrupt = (flags & WC_COMPACT_DROP_CORRUPT) != 0;
     settings.any_key = (flags & WC_COMPACT_ANY_KEY) != 0;
+    settings.canonical = (flags & WC_COMPACT_CANONICAL) != 0;
     settings.durability = opt.durability;
     auto r = compact_path(opt, settings);
     if (!r) return status_of(fail(r.error()));

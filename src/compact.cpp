@@ -188,18 +188,23 @@ Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, cons
     std::vector<SourceEntry> entries;
     entries.reserve(st.records.size());
     for (const auto& r : st.records) entries.push_back({r.key, r.offset, r.size, r.checksum});
-    std::stable_sort(entries.begin(), entries.end(),
-                     [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
-    const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
-    if (planned >= file_size) {
-      out->bytes_after = file_size;
-      return {};
+    if (settings.canonical) {
+      std::sort(entries.begin(), entries.end(), [](const SourceEntry& a, const SourceEntry& b) { return a.key < b.key; });
+    } else {
+      std::stable_sort(entries.begin(), entries.end(),
+                       [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
+      const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
+      if (planned >= file_size) {
+        out->bytes_after = file_size;
+        return {};
+      }
     }
     auto tmp = TempFile::create(pf, path, file_mode);
     if (!tmp) return tmp.error();
     WrittenFile w;
     // The next sequence, so that nothing that remembers the old file's sequence sees it go back.
-    const std::uint64_t sequence = st.slot.sequence + 1 == UINT64_MAX ? 1 : st.slot.sequence + 1;
+    const std::uint64_t sequence =
+        settings.canonical || st.slot.sequence + 1 == UINT64_MAX ? 1 : st.slot.sequence + 1;
     if (auto r = write_cache_file(pf, fd, path, tmp.value(), st.fixed, sequence, entries, &w); !r) return r.error();
     out->corrupt_keys = w.corrupt_keys;
     if (!w.corrupt_keys.empty() && !settings.drop_corrupt)

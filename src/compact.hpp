@@ -67,6 +67,10 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
 struct CompactSettings {
   bool drop_corrupt = false;  // leave damaged entries out instead of refusing
   bool any_key = false;       // compact whatever compatibility key the file was written for
+  // Entries in key order (bytewise), sequence 1, zero padding: two files holding the same
+  // entries (same bytes under the same keys, same alignment and key) compact to identical bytes,
+  // whatever order, processes or threads inserted them. Rewrites even an already compact file.
+  bool canonical = false;
   Durability durability = Durability::full;
 };
 

@@ -75,8 +75,8 @@ const std::vector<Command>& commands() {
        "with '0x'; otherwise as 0x followed by its bytes in hex. Either form is accepted by 'cat'.\n"
        "\n"
        "  --json   one JSON object with an \"entries\" array instead of text\n"},
-      {"verify", 1, {"--json"}, {},
-       "usage: weightcache verify [--json] FILE\n"
+      {"verify", 1, {"--json"}, {"--compat-key"},
+       "usage: weightcache verify [--json] [--compat-key KEY] FILE\n"
        "\n"
        "Checks the header, both commit slots, the index in use and the footer, every entry's bounds,\n"
        "alignment and overlaps, duplicate keys, and every entry's checksum. Prints one line per\n"
@@ -84,7 +84,9 @@ const std::vector<Command>& commands() {
        "only their structure and bounds are checked. Reads with pread, never a mapping, so a\n"
        "truncated file is reported, not crashed on.\n"
        "\n"
-       "  --json   one JSON object with \"ok\" and a \"problems\" array instead of text\n"},
+       "  --json            one JSON object with \"ok\" and a \"problems\" array instead of text\n"
+       "  --compat-key KEY  also a problem (exit 1) unless FILE was written for KEY: check a shipped\n"
+       "                    cache before use (an XPWC file has no key, so it never matches)\n"},
       {"cat", 2, {}, {},
        "usage: weightcache cat FILE KEY\n"
        "\n"
@@ -92,19 +94,19 @@ const std::vector<Command>& commands() {
        "KEY is the key as text, or 0x followed by hex digits for its bytes (as 'ls' shows it).\n"
        "For XPWC version 2 files the key is NAME#seed=SEED. Use '--' before a KEY starting with '-'.\n"
        "Exits 1, writing nothing, when there is no such entry or it fails its checksum.\n"},
-      {"compact", 1, {"--drop-corrupt"}, {"--compat-key"},
-       "usage: weightcache compact [--compat-key KEY] [--drop-corrupt] FILE\n"
+      {"compact", 1, {"--drop-corrupt", "--canonical"}, {"--compat-key"},
+       "usage: weightcache compact [--compat-key KEY] [--drop-corrupt] [--canonical] FILE\n"
        "\n"
        "Writes a new file next to FILE with only the live entries (same alignment and compatibility\n"
-       "key), verifies it, and renames it over FILE. Processes that have FILE open keep reading the\n"
-       "old file until they reopen it. Holds the writer lease (an exclusive flock on FILE.lock)\n"
-       "throughout; exits 4 at once if a writer holds it. A file with structural problems (see\n"
-       "'verify') is left alone (exit 1): rewriting it would discard what a damaged commit holds.\n"
-       "The new file is always read back and checked; with --compat-key the library also opens it.\n"
+       "key), reads it back, and renames it over FILE. Only while no process has FILE open and no\n"
+       "writer holds its lease (FILE.lock): exits 4 at once otherwise, changing nothing. A file\n"
+       "with structural problems (see 'verify') is left alone (exit 1): rewriting it would discard\n"
+       "what a damaged commit holds.\n"
        "\n"
-       "  --compat-key KEY  the compatibility key FILE was written with: the library then opens the\n"
-       "                    new file and verifies every entry before it replaces FILE\n"
-       "  --drop-corrupt    leave out entries that fail their checksum (default: refuse, exit 1)\n"},
+       "  --compat-key KEY  FILE must have been written for KEY (exit 2 otherwise)\n"
+       "  --drop-corrupt    leave out entries that fail their checksum (default: refuse, exit 1)\n"
+       "  --canonical       entries in key order, deterministic padding and header: files holding\n"
+       "                    the same entries become byte-identical (for shipping prebuilt caches)\n"},
       {"convert", 2, {"--force"}, {"--compat-key", "--alignment"},
        "usage: weightcache convert [--compat-key KEY] [--alignment N] [--force] IN OUT\n"
        "\n"
@@ -263,11 +265,21 @@ int cmd_ls(const std::string& path, bool json) {
   return kExitOk;
 }
 
-int cmd_verify(const std::string& path, bool json) {
+int cmd_verify(const std::string& path, bool json, const std::optional<std::string>& compat_key) {
   int code = kExitOk;
   auto loaded = load(path, &code);
   if (!loaded) return code;
   Inspection& in = loaded->second;
+  if (compat_key) {
+    if (in.format != FileFormat::weightcache)
+      in.findings.push_back({"compat_key", "an XPWC file records no compatibility key: it was not written for --compat-key",
+                             std::nullopt});
+    else if (in.header.compat_hash != weightcache::format::hash_bytes(*compat_key))
+      in.findings.push_back({"compat_key",
+                             "written for another compatibility key (hash " + hex64(in.header.compat_hash) +
+                                 ", --compat-key hashes to " + hex64(weightcache::format::hash_bytes(*compat_key)) + ")",
+                             std::nullopt});
+  }
   std::uint64_t hashed = 0;
   {
     Progress progress("verifying", in.payload_bytes());
@@ -438,12 +450,17 @@ int run(int argc, char** argv) {
   const std::string c = cmd->name;
   if (c == "info") return cmd_info(p[0], json);
   if (c == "ls") return cmd_ls(p[0], json);
-  if (c == "verify") return cmd_verify(p[0], json);
+  if (c == "verify") {
+    std::optional<std::string> key;
+    if (auto it = args.values.find("--compat-key"); it != args.values.end()) key = it->second;
+    return cmd_verify(p[0], json, key);
+  }
   if (c == "cat") return cmd_cat(p[0], p[1]);
   if (c == "compact") {
     CompactOptions o;
     if (auto it = args.values.find("--compat-key"); it != args.values.end()) o.compat_key = it->second;
     o.drop_corrupt = args.flags.count("--drop-corrupt") != 0;
+    o.canonical = args.flags.count("--canonical") != 0;
     return run_compact(p[0], o);
   }
   ConvertOptions o;

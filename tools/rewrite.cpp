@@ -318,6 +318,7 @@ int run_compact(const std::string& path, const CompactOptions& opt) {
   }
   unsigned flags = opt.compat_key ? 0u : unsigned{WC_COMPACT_ANY_KEY};
   if (opt.drop_corrupt) flags |= WC_COMPACT_DROP_CORRUPT;
+  if (opt.canonical) flags |= WC_COMPACT_CANONICAL;
   wc_compact_report r;
   wc_compact_report_init(&r);
   const wc_status st = wc_compact_ex(&o, flags, &r);

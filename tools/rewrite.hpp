@@ -11,8 +11,9 @@
 namespace weightcache::cli {
 
 struct CompactOptions {
-  std::optional<std::string> compat_key;  // lets the library itself verify the result
+  std::optional<std::string> compat_key;  // the file must have been written for it
   bool drop_corrupt = false;              // leave out entries that fail their checksum
+  bool canonical = false;                 // key order, deterministic bytes (WC_COMPACT_CANONICAL)
 };
 
 struct ConvertOptions {

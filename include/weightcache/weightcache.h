@@ -291,6 +291,12 @@ WC_API wc_status wc_refresh(wc_cache* cache);
 /** Flags of wc_compact_ex. */
 #define WC_COMPACT_DROP_CORRUPT 1u /* leave out entries whose checksum fails, instead of refusing */
 #define WC_COMPACT_ANY_KEY 2u      /* compact whatever compatibility key the file was written for */
+#define WC_COMPACT_CANONICAL 4u    /* entries in key order, commit sequence 1, zero padding: files
+                                      holding the same entries (same keys and bytes, alignment,
+                                      size alignment and compatibility key) become byte-identical
+                                      whatever order, threads or processes inserted them; the file
+                                      is rewritten even when already compact. For shipping
+                                      prebuilt caches (docs/INTEGRATION.md). */
 
 typedef struct wc_compact_report {
   size_t struct_size;       /* set by wc_compact_report_init */
