@@ -120,6 +120,10 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
     return keep(GcReason::failed, "cannot open its lock file: " + opened_lock.error().message);
   if (opened_lock) lk = opened_lock.value();
   Closer close_lock(pf, lk);
+  std::string lock_note;
+  if (!opened_lock && c.has_lock) lock_note = "its lock file was removed meanwhile";
+  // A lock file that appeared since the scan is an opener's: it is about to use the file.
+  if (lk != platform::kInvalidHandle && !c.has_lock) return keep(GcReason::changed, "being opened by another process");
   if (lk != platform::kInvalidHandle) {
     auto lease = pf.try_lock(lk);
     if (!lease) return keep(GcReason::failed, "cannot lock its lock file: " + lease.error().message);
@@ -142,10 +146,19 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
   bool remove_lock = false;
   if (lk != platform::kInvalidHandle) {
     auto ours = pf.stat_file(lk);
-    auto named = pf.stat_path(lock_path, false);
-    if (ours) used = std::max(used, ours->mtime_ns);
+    if (!ours) return keep(GcReason::failed, "cannot examine its lock file: " + ours.error().message);
+    if (!same_file(ours.value(), c.lock)) return keep(GcReason::changed, "its lock file was replaced meanwhile");
+    used = std::max(used, ours->mtime_ns);
     // Delete the lock file only if it is the one we hold the lease on.
-    remove_lock = ours && named && !named->symlink && same_file(ours.value(), named.value());
+    auto named = pf.stat_path(lock_path, false);
+    if (named && !named->symlink && same_file(ours.value(), named.value()))
+      remove_lock = true;
+    else if (named)
+      lock_note = "a new lock file took its lock file's name meanwhile and stays";
+    else if (named.error().sys_errno == ENOENT)
+      lock_note = "its lock file was removed meanwhile";
+    else
+      return keep(GcReason::failed, "cannot examine its lock file: " + named.error().message);
   }
   if (used > c.last_used) return keep(GcReason::changed, "used while gc ran");
 
@@ -153,6 +166,7 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
   Attempt out;
   out.removed = true;
   out.freed = now->allocated;
+  out.detail = std::move(lock_note);
   if (remove_lock) {
     if (auto r = pf.remove_file(lock_path); r)
       out.freed += c.has_lock ? c.lock.allocated : 0;

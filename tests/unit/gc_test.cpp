@@ -373,6 +373,37 @@ TEST(Gc, KeepsAFileThePlatformWillNotOpenForWriting) {
   EXPECT_TRUE(exists(dir.file("ro.wcache.lock")));
 }
 
+// A process starting to open the cache while gc works on it: its first step creates the lock
+// file that was not there at the scan. gc keeps the file, and that lock file, for it.
+class OpenerArrives final : public ForwardingPlatform {
+ public:
+  explicit OpenerArrives(std::string path) : path_(std::move(path)) {}
+  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
+    if (m == platform::OpenMode::read_write && p == path_) {
+      const int fd = ::open((path_ + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd >= 0) ::close(fd);
+    }
+    return ForwardingPlatform::open_file(p, m, perm, f);
+  }
+
+ private:
+  std::string path_;
+};
+
+TEST(Gc, KeepsAFileWhoseLockFileAppearsWhileItWorks) {
+  TempDir dir;
+  make_cache(dir.file("a.wcache"), 16 * 1024, kBase);
+  ASSERT_EQ(::unlink(dir.file("a.wcache.lock").c_str()), 0);
+  OpenerArrives pf(dir.file("a.wcache"));
+  auto r = collect_garbage(pf, dir.path().string(), 0);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->files.size(), 1u);
+  EXPECT_FALSE(r->files[0].removed);
+  EXPECT_EQ(r->files[0].reason, GcReason::changed);
+  EXPECT_TRUE(exists(dir.file("a.wcache")));
+  EXPECT_TRUE(exists(dir.file("a.wcache.lock")));
+}
+
 TEST(Gc, CApi) {
   TempDir dir;
   make_cache(dir.file("a.wcache"), 16 * 1024, kBase);
