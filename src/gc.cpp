@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -63,7 +64,7 @@ Attempt keep(GcReason reason, std::string detail) { return Attempt{false, reason
 // The file, if it is a cache file: a regular file (not a symlink) whose header decodes as ours,
 // be it a version or byte order this build cannot read. A damaged header is not recognised:
 // nothing proves such a file is ours (an open by the library rebuilds it).
-Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* out) noexcept {
+Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* out) {
   auto st = pf.stat_path(path, false);
   if (!st || !st->regular || st->symlink || st->size < format::kHeaderSize) return false;
   auto fd = pf.open_file(path, platform::OpenMode::read, 0, false);
