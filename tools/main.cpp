@@ -450,8 +450,11 @@ int cmd_gc(const std::string& dir, const std::string& size_arg, bool json) {
                     ",\"within_budget\":" + (g.within_budget() ? "true" : "false") +
                     ",\"removed_files\":" + u64s(g.removed_files) + ",\"removed_bytes\":" + u64s(g.removed_bytes) +
                     ",\"kept_files\":" + u64s(g.kept_files) + ",\"kept_bytes\":" + u64s(g.kept_bytes) +
-                    ",\"kept_in_use\":" + u64s(g.kept_in_use) + ",\"kept_unremovable\":" + u64s(g.kept_unremovable) +
-                    ",\"removed_temporaries\":" + u64s(g.removed_temporaries) + ",\"files\":[";
+                    ",\"kept_in_use\":" + u64s(g.kept_in_use) + ",\"kept_in_use_bytes\":" + u64s(g.kept_in_use_bytes) +
+                    ",\"kept_unremovable\":" + u64s(g.kept_unremovable) +
+                    ",\"kept_unremovable_bytes\":" + u64s(g.kept_unremovable_bytes) +
+                    ",\"removed_temporaries\":" + u64s(g.removed_temporaries) +
+                    ",\"removed_temporary_bytes\":" + u64s(g.removed_temporary_bytes) + ",\"files\":[";
     for (std::size_t i = 0; i < g.files.size(); ++i) {
       const GcFile& f = g.files[i];
       o += i ? "," : "";

@@ -1215,6 +1215,9 @@ TEST_F(CliTest, GcExitsBusyWhenAFileInUseKeepsTheDirectoryOverBudget) {
   ASSERT_TRUE(j) << r.out;
   EXPECT_FALSE((*j)["within_budget"].b);
   EXPECT_EQ((*j)["kept_in_use"].u64(), 1u);
+  EXPECT_EQ((*j)["kept_in_use_bytes"].u64(), allocated(d + "/open.wcache") + allocated(d + "/open.wcache.lock"));
+  EXPECT_EQ((*j)["total_after"].u64(), (*j)["kept_in_use_bytes"].u64());
+  EXPECT_EQ((*j)["kept_unremovable"].u64(), 0u);
   EXPECT_EQ((*j)["removed_files"].u64(), 1u);
   const auto& files = (*j)["files"].items;
   ASSERT_EQ(files.size(), 2u);
