@@ -229,9 +229,9 @@ struct GcFile {
   std::string path;                 ///< directory + "/" + name
   std::uint64_t bytes = 0;          ///< disk space of the file and its lock file
   std::int64_t last_used_ns = 0;    ///< later mtime of file and lock file, ns since the Unix epoch
-  bool removed = false;             ///< the file (and its lock file) no longer exist
+  bool removed = false;             ///< the file is gone, and its lock file unless `detail` says why not
   GcReason reason = GcReason::within_budget;
-  std::string detail;               ///< for in_use, not_writable, changed, failed: what happened
+  std::string detail;               ///< why it was kept (every reason but within_budget), or what stayed
 };
 
 /// What gc did; the counters are those of wc_gc_report.
