@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <set>
 #include <string>
@@ -28,8 +29,10 @@ constexpr const char* kExitCodesHelp =
     "     damaged entries or a damaged input (compact, convert)\n"
     "  2  usage error, or a command that does not apply to the file's format\n"
     "  3  cannot open or read the file, or it is not a usable cache file\n"
-    "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use (compact)\n"
-    "  5  other I/O failure (creating, writing, syncing or renaming the new file)\n";
+    "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use\n"
+    "     (compact); gc: files in use were kept and the directory is still over the budget\n"
+    "  5  other I/O failure (creating, writing, syncing or renaming the new file; gc: files\n"
+    "     that could not be removed left the directory over the budget)\n";
 
 constexpr const char* kMainHelp =
     "usage: weightcache COMMAND [OPTIONS] ARGS...\n"
@@ -44,6 +47,8 @@ constexpr const char* kMainHelp =
     "  cat FILE KEY     write an entry's bytes to stdout\n"
     "  compact FILE     rewrite FILE with only its live entries\n"
     "  convert IN OUT   turn an ExecuTorch XPWC file into a weightcache file\n"
+    "  gc DIR --max-size SIZE\n"
+    "                   remove the least recently used unused caches of DIR down to SIZE\n"
     "\n"
     "Run 'weightcache COMMAND --help' for a command's options.\n"
     "\n";
@@ -116,6 +121,20 @@ const std::vector<Command>& commands() {
        "  --compat-key KEY  compatibility key of OUT (default: the empty key)\n"
        "  --alignment N     entry alignment of OUT, a power of two up to 16777216 (default 64)\n"
        "  --force           replace OUT if it exists\n"},
+      {"gc", 1, {"--json"}, {"--max-size"},
+       "usage: weightcache gc DIR --max-size SIZE [--json]\n"
+       "\n"
+       "Removes the least recently used cache files of DIR (not its subdirectories) until the caches\n"
+       "there take at most SIZE bytes, each with its lock file FILE.lock. A cache is recognised by its\n"
+       "header, not its name; no other file, directory or symlink is touched. Last used = the later\n"
+       "modification time of FILE and FILE.lock (every writable open touches FILE.lock). A file some\n"
+       "process has open, or whose writer lease is held, is never removed: it is kept and reported,\n"
+       "as is one this user cannot open for writing. Prints what was removed and kept and why, and\n"
+       "the total before and after. Exits 0 when DIR is within SIZE afterwards, 4 when files in use\n"
+       "kept it over, 5 when files that could not be removed did.\n"
+       "\n"
+       "  --max-size SIZE  the budget: bytes, or a number with K, M or G (1024-based), e.g. 20G\n"
+       "  --json           one JSON object instead of text\n"},
   };
   return kCommands;
 }
@@ -384,6 +403,110 @@ std::optional<std::uint64_t> parse_alignment(const std::string& s) {
   return v;
 }
 
+// SIZE of --max-size: decimal digits, then an optional K, M or G (powers of 1024).
+std::optional<std::uint64_t> parse_size(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  unsigned shift = 0;
+  switch (s.back()) {
+    case 'K': case 'k': shift = 10; break;
+    case 'M': case 'm': shift = 20; break;
+    case 'G': case 'g': shift = 30; break;
+    default: break;
+  }
+  const std::string digits = s.substr(0, s.size() - (shift != 0 ? 1 : 0));
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  std::uint64_t v = 0;
+  for (const char c : digits) {
+    const auto d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  if (v > (UINT64_MAX >> shift)) return std::nullopt;
+  return v << shift;
+}
+
+// "2026-11-24T13:00:01.123456789Z" (UTC).
+std::string utc_time(std::int64_t ns) {
+  const std::int64_t sec = ns >= 0 ? ns / 1000000000 : (ns - 999999999) / 1000000000;
+  const auto frac = static_cast<long>(ns - sec * 1000000000);
+  const std::time_t t = static_cast<std::time_t>(sec);
+  const std::tm* tm = std::gmtime(&t);
+  if (tm == nullptr) return "unknown";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%09ldZ", tm->tm_year + 1900, tm->tm_mon + 1,
+                tm->tm_mday, tm->tm_hour, tm->tm_min, tm->tm_sec, frac);
+  return buf;
+}
+
+std::string bytes_and_human(std::uint64_t n) { return u64s(n) + " bytes (" + human_bytes(n) + ")"; }
+
+int cmd_gc(const std::string& dir, const std::string& size_arg, bool json) {
+  const auto max_bytes = parse_size(size_arg);
+  if (!max_bytes)
+    return usage_error("--max-size must be a number of bytes, optionally followed by K, M or G: '" + size_arg + "'",
+                       "gc");
+  auto r = gc(dir, *max_bytes);
+  if (!r) {
+    say_error(r.error().message);
+    switch (r.error().code) {
+      case Errc::invalid_argument: return kExitUsage;
+      case Errc::io: return kExitCannotRead;
+      default: return kExitIo;
+    }
+  }
+  const GcReport& g = r.value();
+  const int code = g.within_budget() ? kExitOk : g.kept_in_use != 0 ? kExitBusy : kExitIo;
+  if (json) {
+    std::string o = "{\"dir\":" + json_string(dir) + ",\"max_bytes\":" + u64s(g.max_bytes) +
+                    ",\"total_before\":" + u64s(g.total_before) + ",\"total_after\":" + u64s(g.total_after) +
+                    ",\"within_budget\":" + (g.within_budget() ? "true" : "false") +
+                    ",\"removed_files\":" + u64s(g.removed_files) + ",\"removed_bytes\":" + u64s(g.removed_bytes) +
+                    ",\"kept_files\":" + u64s(g.kept_files) + ",\"kept_bytes\":" + u64s(g.kept_bytes) +
+                    ",\"kept_in_use\":" + u64s(g.kept_in_use) + ",\"kept_in_use_bytes\":" + u64s(g.kept_in_use_bytes) +
+                    ",\"kept_unremovable\":" + u64s(g.kept_unremovable) +
+                    ",\"kept_unremovable_bytes\":" + u64s(g.kept_unremovable_bytes) +
+                    ",\"removed_temporaries\":" + u64s(g.removed_temporaries) +
+                    ",\"removed_temporary_bytes\":" + u64s(g.removed_temporary_bytes) + ",\"files\":[";
+    for (std::size_t i = 0; i < g.files.size(); ++i) {
+      const GcFile& f = g.files[i];
+      o += i ? "," : "";
+      o += "{\"path\":" + json_string(f.path) + ",\"bytes\":" + u64s(f.bytes) +
+           ",\"last_used\":" + json_string(utc_time(f.last_used_ns)) +
+           ",\"action\":" + (f.removed ? "\"removed\"" : "\"kept\"") +
+           ",\"reason\":" + json_string(to_string(f.reason)) +
+           ",\"detail\":" + (f.detail.empty() ? std::string("null") : json_string(f.detail)) + "}";
+    }
+    o += "]}\n";
+    print(o);
+    return code;
+  }
+  std::string o;
+  for (const GcFile& f : g.files) {
+    std::string why = f.reason == GcReason::least_recently_used ? "least recently used"
+                      : f.reason == GcReason::within_budget     ? "within budget"
+                      : f.reason == GcReason::in_use            ? "in use"
+                      : f.reason == GcReason::not_writable      ? "not writable"
+                      : f.reason == GcReason::changed           ? "changed meanwhile"
+                                                                : "failed";
+    if (!f.detail.empty()) why += ": " + f.detail;
+    o += std::string(f.removed ? "removed " : "kept    ") + f.path + "  (" + human_bytes(f.bytes) + ", last used " +
+         utc_time(f.last_used_ns) + ")  " + why + "\n";
+  }
+  if (g.removed_temporaries != 0)
+    o += "removed " + u64s(g.removed_temporaries) + " temporary files of dead writers (" +
+         human_bytes(g.removed_temporary_bytes) + ")\n";
+  o += "caches: " + u64s(g.files.size()) + ", removed " + u64s(g.removed_files) + ", kept " + u64s(g.kept_files) +
+       (g.kept_in_use != 0 ? " (" + u64s(g.kept_in_use) + " in use)" : std::string()) + "\n";
+  o += "total before: " + bytes_and_human(g.total_before) + "\n";
+  o += "total after:  " + bytes_and_human(g.total_after) + "\n";
+  o += "budget:       " + bytes_and_human(g.max_bytes) +
+       (g.within_budget() ? ": within budget\n"
+                          : g.kept_in_use != 0 ? ": still over budget, because files in use were kept\n"
+                                               : ": still over budget, because files could not be removed\n");
+  print(o);
+  return code;
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) {
@@ -456,6 +579,11 @@ int run(int argc, char** argv) {
     return cmd_verify(p[0], json, key);
   }
   if (c == "cat") return cmd_cat(p[0], p[1]);
+  if (c == "gc") {
+    const auto it = args.values.find("--max-size");
+    if (it == args.values.end()) return usage_error("gc needs --max-size SIZE", "gc");
+    return cmd_gc(p[0], it->second, json);
+  }
   if (c == "compact") {
     CompactOptions o;
     if (auto it = args.values.find("--compat-key"); it != args.values.end()) o.compat_key = it->second;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace weightcache {
 
@@ -207,6 +208,50 @@ class WC_API WeightCache {
   explicit WeightCache(std::shared_ptr<Core> core) noexcept;
   std::shared_ptr<Core> core_;
 };
+
+// ---- garbage collection of a cache directory (see wc_gc) ----
+
+/// Why gc removed or kept one cache file.
+enum class GcReason : int {
+  least_recently_used = 0,  ///< removed: among the least recently used while over budget
+  within_budget = 1,        ///< kept: the directory is within budget without removing it
+  in_use = 2,               ///< kept: a process has it open, or a writer holds its lease
+  not_writable = 3,         ///< kept: this user cannot open it for writing, so it cannot be proven unused
+  changed = 4,              ///< kept: replaced, removed or used by another process while gc looked at it
+  failed = 5,               ///< kept: locking or deleting it failed (GcFile::detail says how)
+};
+
+/// Static English name of a reason ("least_recently_used", "in_use", ...), never null.
+WC_API const char* to_string(GcReason reason) noexcept;
+
+/// One cache file gc found.
+struct GcFile {
+  std::string path;                 ///< directory + "/" + name
+  std::uint64_t bytes = 0;          ///< disk space of the file and its lock file
+  std::int64_t last_used_ns = 0;    ///< later mtime of file and lock file, ns since the Unix epoch
+  bool removed = false;             ///< the file is gone, and its lock file unless `detail` says why not
+  GcReason reason = GcReason::within_budget;
+  std::string detail;               ///< why it was kept (every reason but within_budget), or what stayed
+};
+
+/// What gc did; the counters are those of wc_gc_report.
+struct GcReport {
+  std::uint64_t max_bytes = 0;
+  std::uint64_t total_before = 0, total_after = 0;
+  std::uint64_t removed_files = 0, removed_bytes = 0;
+  std::uint64_t kept_files = 0, kept_bytes = 0;
+  std::uint64_t kept_in_use = 0, kept_in_use_bytes = 0;
+  std::uint64_t kept_unremovable = 0, kept_unremovable_bytes = 0;
+  std::uint64_t removed_temporaries = 0, removed_temporary_bytes = 0;
+  /// Every cache file found, least recently used first.
+  std::vector<GcFile> files;
+  bool within_budget() const noexcept { return total_after <= max_bytes; }
+};
+
+/// Removes the least recently used cache files of `dir` until the caches there take at most
+/// `max_bytes`; never one that is in use. See wc_gc for the rules. Errors: invalid_argument
+/// (empty dir), io (the directory cannot be read), no_memory. Thread-safe.
+WC_API Result<GcReport> gc(const std::string& dir, std::uint64_t max_bytes) noexcept;
 
 enum class LogLevel : int {
   trace = WC_LOG_TRACE,

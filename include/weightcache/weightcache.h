@@ -329,6 +329,51 @@ WC_API wc_status wc_compact(const wc_options* options);
 /** wc_compact with flags (WC_COMPACT_*) and an optional report (NULL, or initialised). */
 WC_API wc_status wc_compact_ex(const wc_options* options, unsigned flags, wc_compact_report* report);
 
+/* ---- garbage collection of a cache directory ---- */
+
+/** What wc_gc did. Bytes are the disk space a cache takes: its file plus its lock file
+ * "<file>.lock", as allocated on disk. */
+typedef struct wc_gc_report {
+  size_t struct_size;        /* set by wc_gc_report_init */
+  uint64_t max_bytes;        /* the budget asked for */
+  uint64_t caches;           /* cache files found in the directory */
+  uint64_t total_before;     /* their bytes before */
+  uint64_t total_after;      /* and after (a kept file counts as it was measured) */
+  uint64_t removed_files;    /* caches removed, with their lock files */
+  uint64_t removed_bytes;
+  uint64_t kept_files;       /* caches kept, for any reason */
+  uint64_t kept_bytes;
+  uint64_t kept_in_use;      /* kept because a process had them open or a writer held their lease */
+  uint64_t kept_in_use_bytes;
+  uint64_t kept_unremovable; /* kept because they could not be proven unused or could not be deleted:
+                                not writable by this user, changed meanwhile, or an OS error */
+  uint64_t kept_unremovable_bytes;
+  uint64_t removed_temporaries;     /* "<file>.tmp.*" files of dead writers removed with a cache */
+  uint64_t removed_temporary_bytes;
+  int within_budget;         /* 1 when total_after <= max_bytes */
+} wc_gc_report;
+
+/** Sets report->struct_size; call before wc_gc. */
+WC_API void wc_gc_report_init(wc_gc_report* report);
+
+/**
+ * Removes the least recently used cache files of the directory `dir` (not its subdirectories)
+ * until the caches there take at most `max_bytes`. A cache file is recognised by its header
+ * (never by its name); other files, directories and symlinks are never touched, and symlinks are
+ * not followed. "Last used" is the later of the modification times of the file and of its lock
+ * file, which every writable open touches (read-only opens leave no trace). A file is removed
+ * only when it is provably unused: opened for writing, with its writer lease and its exclusive
+ * "in use" lock taken (see wc_compact), so a file any process has open -- this one included --
+ * is kept, as is one this user cannot open for writing. The lock file goes with it, and so do
+ * its temporaries "<file>.tmp.*", which only a dead writer can have left behind once the lease
+ * is held. A file in use is not an error: check report->within_budget.
+ * `report` may be NULL, or initialised with wc_gc_report_init. Statuses: WC_OK (the directory was
+ * read; see the report), WC_ERR_INVALID_ARGUMENT (NULL or empty dir, uninitialised report),
+ * WC_ERR_IO (the directory cannot be read), WC_ERR_NO_MEMORY. Thread-safe; several processes may
+ * collect one directory at once (each file is removed by at most one of them).
+ */
+WC_API wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report);
+
 /** Fills *out (struct_size set by wc_stats_init). */
 WC_API wc_status wc_get_stats(wc_cache* cache, wc_stats* out);
 

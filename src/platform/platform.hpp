@@ -23,6 +23,7 @@ struct FileInfo {
   bool symlink = false;  // only from stat_path(follow = false)
   unsigned mode = 0644;  // permission bits (POSIX; Windows reports 0644)
   std::int64_t mtime_ns = 0;  // last modification, ns since the epoch (0 where unknown)
+  std::uint64_t allocated = 0;  // disk space the file takes (POSIX st_blocks; Windows: its size)
 };
 
 enum class OpenMode {
@@ -57,6 +58,8 @@ class Platform {
   /// Makes a rename in the directory of `path` durable (no-op where the OS has no such call).
   virtual Result<void> sync_parent_dir(const std::string& path) noexcept = 0;
   virtual void remove(const std::string& path) noexcept = 0;
+  /// Deletes the name `path` (a symlink there, not its target), saying why when it cannot.
+  virtual Result<void> remove_file(const std::string& path) noexcept = 0;
   /// Sets the file's modification time to now (advisory bookkeeping; errors ignored).
   virtual void touch(Handle h) noexcept = 0;
 

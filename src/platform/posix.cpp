@@ -88,6 +88,7 @@ FileInfo info_of(const struct stat& st) {
   i.symlink = S_ISLNK(st.st_mode);
   i.mode = static_cast<unsigned>(st.st_mode) & 0777u;
   i.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  i.allocated = static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
   return i;
 }
 
@@ -238,6 +239,11 @@ class PosixPlatform final : public Platform {
 
   // A file left behind is a temporary that the next writer's clean-up removes.
   void remove(const std::string& path) noexcept override { (void)sys().unlink(path.c_str()); }
+
+  Result<void> remove_file(const std::string& path) noexcept override {
+    if (sys().unlink(path.c_str()) != 0) return os_error(errno, "cannot delete", path);
+    return {};
+  }
 
   Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
     const std::size_t total = size + align;

@@ -406,6 +406,10 @@ bool info_of(HANDLE h, FileInfo* out, DWORD* attributes = nullptr) {
   out->inode = (static_cast<std::uint64_t>(bi.nFileIndexHigh) << 32) | bi.nFileIndexLow;
   out->regular = (bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) == 0 && type == FILE_TYPE_DISK;
   out->symlink = false;
+  out->allocated = out->size;  // the allocation size would cost another query per stat
+  const auto ticks = static_cast<std::int64_t>((std::uint64_t{bi.ftLastWriteTime.dwHighDateTime} << 32) |
+                                               bi.ftLastWriteTime.dwLowDateTime);
+  out->mtime_ns = (ticks - 116444736000000000) * 100;  // FILETIME: 100 ns ticks since 1601
   if (attributes != nullptr) *attributes = bi.dwFileAttributes;
   return true;
 }
@@ -657,9 +661,11 @@ class Win32Platform final : public Platform {
     (void)sys().set_file_information_by_handle(as_handle(h), FileBasicInfo, &info, sizeof info);
   }
 
-  void remove(const std::string& path) noexcept override {
+  void remove(const std::string& path) noexcept override { (void)remove_file(path); }
+
+  Result<void> remove_file(const std::string& path) noexcept override {
     std::wstring w;
-    if (!widen(path, &w)) return;
+    if (!widen(path, &w)) return Error{Errc::invalid_argument, 0, "'" + path + "' is not a valid UTF-8 path"};
     // POSIX-semantics delete frees the name at once even while others hold the file open.
     HANDLE h = sys().create_file_w(w.c_str(), DELETE, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                                    OPEN_EXISTING, FILE_FLAG_OPEN_REPARSE_POINT | FILE_FLAG_BACKUP_SEMANTICS, nullptr);
@@ -667,9 +673,10 @@ class Win32Platform final : public Platform {
       DWORD flags = FILE_DISPOSITION_FLAG_DELETE | FILE_DISPOSITION_FLAG_POSIX_SEMANTICS;
       const bool done = sys().set_file_information_by_handle(h, kFileDispositionInfoEx, &flags, sizeof flags) != 0;
       sys().close_handle(h);
-      if (done) return;
+      if (done) return {};
     }
-    (void)sys().delete_file_w(w.c_str());
+    if (sys().delete_file_w(w.c_str()) == 0) return win_error(::GetLastError(), "cannot delete", path);
+    return {};
   }
 
   // ---- address space ----

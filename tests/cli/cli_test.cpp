@@ -497,9 +497,9 @@ std::uint64_t expected_dead(std::uint64_t file_size, const std::map<std::string,
 TEST_F(CliTest, HelpListsEveryCommandAndTheExitCodes) {
   const CliRun r = run({"--help"});
   EXPECT_EQ(r.code, 0);
-  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert", "exit codes", "busy"})
+  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert", "gc", "exit codes", "busy"})
     EXPECT_NE(r.out.find(c), std::string::npos) << c;
-  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert"}) {
+  for (const char* c : {"info", "ls", "verify", "cat", "compact", "convert", "gc"}) {
     const CliRun h = run({c, "--help"});
     EXPECT_EQ(h.code, 0) << c;
     EXPECT_NE(h.out.find(std::string("usage: weightcache ") + c), std::string::npos) << c;
@@ -1113,6 +1113,142 @@ TEST_F(CliTest, CompactRefusesDamagedEntriesUnlessTold) {
   live["layer1.bias"] = pattern(256, 77);
   EXPECT_TRUE(library_serves(f, live));
   EXPECT_EQ(run({"verify", f}).code, 0);
+}
+
+// ---- gc -----------------------------------------------------------------------------------------
+std::uint64_t allocated(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
+}
+
+bool set_lock_time(const std::string& cache, std::int64_t seconds) {
+  const struct timespec t[2] = {{static_cast<time_t>(seconds), 0}, {static_cast<time_t>(seconds), 0}};
+  return ::utimensat(AT_FDCWD, (cache + ".lock").c_str(), t, 0) == 0 &&
+         ::utimensat(AT_FDCWD, cache.c_str(), t, 0) == 0;
+}
+
+TEST_F(CliTest, GcRejectsBadSizesAndArguments) {
+  const std::string d = path("caches");
+  ASSERT_TRUE(fs::create_directory(d));
+  make_cache(d + "/a.wcache", kEntries);
+  for (const char* bad : {"", "x", "12Q", "-1", "1.5G", "1 K", "K", "0x10", "18446744073709551616",
+                          "17179869184G", "10KB"}) {
+    const CliRun r = run({"gc", d, "--max-size", bad});
+    EXPECT_EQ(r.code, 2) << "'" << bad << "'";
+    EXPECT_NE(r.err.find("--max-size"), std::string::npos) << bad << ": " << r.err;
+  }
+  EXPECT_EQ(run({"gc", d}).code, 2);                                 // no budget
+  EXPECT_EQ(run({"gc", "--max-size", "1G"}).code, 2);                // no DIR
+  EXPECT_EQ(run({"gc", d, d, "--max-size", "1G"}).code, 2);          // two
+  EXPECT_EQ(run({"gc", d, "--max-size"}).code, 2);                   // no value
+  EXPECT_EQ(run({"gc", d, "--max-size", "1G", "--frob"}).code, 2);
+  EXPECT_TRUE(fs::exists(d + "/a.wcache"));  // none of these touched anything
+  EXPECT_EQ(run({"gc", path("absent"), "--max-size", "1G"}).code, 3);
+  EXPECT_EQ(run({"gc", d + "/a.wcache", "--max-size", "1G"}).code, 3);  // not a directory
+
+  // Sizes: bytes, or K, M, G in powers of 1024, either case; --name=value works too.
+  const std::map<std::string, std::uint64_t> sizes = {
+      {"0", 0}, {"7", 7}, {"10K", 10240}, {"3m", 3145728}, {"2G", 2147483648}, {"16777216g", 1ull << 54}};
+  for (const auto& [arg, bytes] : sizes) {
+    const CliRun r = run({"gc", "--json", "--max-size=" + arg + "", d});
+    ASSERT_TRUE(r.code == 0) << arg << ": " << r.err;
+    const auto j = parse_json(r.out);
+    ASSERT_TRUE(j) << r.out;
+    EXPECT_EQ((*j)["max_bytes"].u64(), bytes) << arg;
+    if (bytes == 0) EXPECT_FALSE(fs::exists(d + "/a.wcache"));
+  }
+}
+
+TEST_F(CliTest, GcRemovesTheLeastRecentlyUsedAndSaysWhatItDid) {
+  const std::string d = path("caches");
+  ASSERT_TRUE(fs::create_directory(d));
+  for (const char* n : {"old.wcache", "mid.wcache", "new.wcache"}) make_cache(d + "/" + n, kEntries);
+  ASSERT_TRUE(set_lock_time(d + "/old.wcache", 1600000000));
+  ASSERT_TRUE(set_lock_time(d + "/mid.wcache", 1600000100));
+  ASSERT_TRUE(set_lock_time(d + "/new.wcache", 1600000200));
+  write_file(d + "/notes.wcache", "not a cache");
+  const std::uint64_t each = allocated(d + "/old.wcache") + allocated(d + "/old.wcache.lock");
+  ASSERT_EQ(allocated(d + "/new.wcache") + allocated(d + "/new.wcache.lock"), each);
+
+  const CliRun r = run({"gc", d, "--max-size", std::to_string(2 * each), "--json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out;
+  EXPECT_EQ((*j)["dir"].text, d);
+  EXPECT_EQ((*j)["max_bytes"].u64(), 2 * each);
+  EXPECT_EQ((*j)["total_before"].u64(), 3 * each);
+  EXPECT_EQ((*j)["total_after"].u64(), 2 * each);
+  EXPECT_TRUE((*j)["within_budget"].b);
+  EXPECT_EQ((*j)["removed_files"].u64(), 1u);
+  EXPECT_EQ((*j)["removed_bytes"].u64(), each);
+  EXPECT_EQ((*j)["kept_files"].u64(), 2u);
+  EXPECT_EQ((*j)["kept_in_use"].u64(), 0u);
+  const auto& files = (*j)["files"].items;
+  ASSERT_EQ(files.size(), 3u);  // caches only, least recently used first
+  EXPECT_EQ(files[0]["path"].text, d + "/old.wcache");
+  EXPECT_EQ(files[0]["action"].text, "removed");
+  EXPECT_EQ(files[0]["reason"].text, "least_recently_used");
+  EXPECT_EQ(files[0]["last_used"].text, "2020-09-13T12:26:40.000000000Z");
+  EXPECT_EQ(files[0]["bytes"].u64(), each);
+  EXPECT_EQ(files[0]["detail"].type, Json::Type::null);
+  EXPECT_EQ(files[1]["path"].text, d + "/mid.wcache");
+  EXPECT_EQ(files[1]["action"].text, "kept");
+  EXPECT_EQ(files[1]["reason"].text, "within_budget");
+  EXPECT_EQ(files[2]["path"].text, d + "/new.wcache");
+  EXPECT_FALSE(fs::exists(d + "/old.wcache"));
+  EXPECT_FALSE(fs::exists(d + "/old.wcache.lock"));
+  EXPECT_EQ(read_file(d + "/notes.wcache"), "not a cache");
+
+  // Text: one line per cache, then the totals.
+  const CliRun t = run({"gc", d, "--max-size", std::to_string(each)});
+  ASSERT_EQ(t.code, 0) << t.err;
+  const auto lines = lines_of(t.out);
+  ASSERT_GE(lines.size(), 5u) << t.out;
+  EXPECT_EQ(lines[0].rfind("removed " + d + "/mid.wcache", 0), 0u) << t.out;
+  EXPECT_NE(lines[0].find("least recently used"), std::string::npos) << t.out;
+  EXPECT_EQ(lines[1].rfind("kept    " + d + "/new.wcache", 0), 0u) << t.out;
+  EXPECT_NE(lines[1].find("within budget"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("total before: " + std::to_string(2 * each) + " bytes"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("total after:  " + std::to_string(each) + " bytes"), std::string::npos) << t.out;
+}
+
+TEST_F(CliTest, GcExitsBusyWhenAFileInUseKeepsTheDirectoryOverBudget) {
+  const std::string d = path("caches");
+  ASSERT_TRUE(fs::create_directory(d));
+  make_cache(d + "/open.wcache", kEntries);
+  make_cache(d + "/idle.wcache", kEntries);
+  auto held = WeightCache::open(options(d + "/open.wcache"));  // this process is another user
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(set_lock_time(d + "/open.wcache", 1600000000));  // the older of the two
+
+  const CliRun r = run({"gc", d, "--max-size", "0", "--json"});
+  EXPECT_EQ(r.code, 4) << r.out << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out;
+  EXPECT_FALSE((*j)["within_budget"].b);
+  EXPECT_EQ((*j)["kept_in_use"].u64(), 1u);
+  EXPECT_EQ((*j)["kept_in_use_bytes"].u64(), allocated(d + "/open.wcache") + allocated(d + "/open.wcache.lock"));
+  EXPECT_EQ((*j)["total_after"].u64(), (*j)["kept_in_use_bytes"].u64());
+  EXPECT_EQ((*j)["kept_unremovable"].u64(), 0u);
+  EXPECT_EQ((*j)["removed_files"].u64(), 1u);
+  const auto& files = (*j)["files"].items;
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0]["path"].text, d + "/open.wcache");
+  EXPECT_EQ(files[0]["action"].text, "kept");
+  EXPECT_EQ(files[0]["reason"].text, "in_use");
+  EXPECT_NE(files[0]["detail"].text.find("open"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d + "/open.wcache"));
+  EXPECT_FALSE(fs::exists(d + "/idle.wcache"));
+  EXPECT_NE(held->look_up("layer1.weight"), weightcache::kNotFound);
+
+  const CliRun t = run({"gc", d, "--max-size", "0"});
+  EXPECT_EQ(t.code, 4);
+  EXPECT_NE(t.out.find("in use"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("over budget"), std::string::npos) << t.out;
+
+  held = WeightCache{};  // closed: nothing holds it now
+  EXPECT_EQ(run({"gc", d, "--max-size", "0"}).code, 0);
+  EXPECT_FALSE(fs::exists(d + "/open.wcache"));
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Syscall-level hooks over platform::posix_calls() for fault injection and crash simulation.
 // Installed for the life of a Hooks object; everything the platform layer does to the OS passes
-// here. Not the std::filesystem calls of src/core.cpp and src/registry.cpp (symlink resolution,
-// removal of stale temporaries, canonical paths): those fail into their error_code paths unseen.
+// here. Not the std::filesystem calls of src/core.cpp, src/registry.cpp and src/gc.cpp (symlink
+// resolution, removal of stale temporaries, canonical paths, gc's listing of a directory): those
+// fail into their error_code paths unseen.
 #pragma once
 
 #include "platform/posix_calls.hpp"

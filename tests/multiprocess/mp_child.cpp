@@ -15,6 +15,10 @@
 //   replace  path tag count size
 //            Under the writer lease, builds a new file with own/<tag>/0..count-1 and renames it
 //            over path, as compaction does. Exits 14 when the OS refuses to replace the file.
+//   keep_reading  path tag count size ready_fd stop results
+//            Opens the cache (as a writer would: no read_only), then checks every own/<tag>/<j> by
+//            look-up and byte compare, pass after pass, signalling ready after the first, until the
+//            file `stop` exists; then one more pass, and its number of passes in results.
 //   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
 //            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
 //            smaps figures for the cache file, signals done and waits for exit_fd to close.
@@ -27,6 +31,7 @@
 #include "platform/platform.hpp"
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -242,6 +247,35 @@ int run_replace(const KeyValues& kv) {
   return kOk;
 }
 
+int run_keep_reading(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), tag = str(kv, "tag"), stop = str(kv, "stop"), results = str(kv, "results");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  PipeEnd ready_fd = fd_arg(kv, "ready_fd");
+  if (path.empty() || tag.empty() || stop.empty() || results.empty() || count == 0 || size == 0 || ready_fd == kNoPipe)
+    return fail(kUsage, "keep_reading: path, tag, count, size, ready_fd, stop and results are required");
+  auto opened = WeightCache::open(cache_options(path));
+  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  std::uint64_t passes = 0;
+  for (bool last = false;;) {
+    std::error_code ec;
+    last = std::filesystem::exists(stop, ec);  // before the pass, so one whole pass follows the stop
+    for (std::size_t j = 0; j < count; ++j)
+      if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty())
+        return fail(kMismatch, "pass " + std::to_string(passes) + ": " + err);
+    ++passes;
+    if (ready_fd != kNoPipe) {
+      if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+      close_pipe_end(ready_fd);
+      ready_fd = kNoPipe;
+    }
+    if (last) break;
+    std::this_thread::yield();
+  }
+  if (!write_results(results, {{"passes", passes}})) return fail(kUsage, "cannot write results");
+  return kOk;
+}
+
 // The end of a measuring reader (pages, smaps): writes its results, tells the parent it has
 // measured, and stays mapped until the parent opens the exit gate: an early exit would change
 // the others' figures (on Linux, raise their Pss).
@@ -333,13 +367,14 @@ int run_smaps(const KeyValues& kv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|smaps|pages name=value...");
+  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|keep_reading|smaps|pages name=value...");
   const std::string mode = argv[1];
   const KeyValues kv = parse_args(argc, argv, 2);
   if (mode == "pack") return run_pack(kv);
   if (mode == "reader") return run_reader(kv);
   if (mode == "hold") return run_hold(kv);
   if (mode == "replace") return run_replace(kv);
+  if (mode == "keep_reading") return run_keep_reading(kv);
 #ifdef _WIN32
   if (mode == "pages") return run_pages(kv);  // QueryWorkingSetEx
 #else
