@@ -15,6 +15,7 @@
 #include <weightcache/weight_cache.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -63,6 +64,13 @@ int writer(const std::string& dir, const std::string& slot) {
     auto c = WeightCache::open(cache_options(dir, kKeyA));
     if (!c) return 10;
     if (c->stats().compactions != 0) log_line("compacted-at-open");
+    {
+      struct stat st {};
+      if (::stat((dir + "/model.wcache").c_str(), &st) == 0)
+        log_line("open w" + slot + " pid " + std::to_string(::getpid()) + " backing " +
+                 (c->stats().backing == Backing::file ? "file" : "heap") + " ino " + std::to_string(st.st_ino) +
+                 " entries " + std::to_string(c->stats().entries));
+    }
     std::vector<std::pair<std::string, std::size_t>> unlogged;  // inserted, not yet finalized OK
     const int rounds = 1 + static_cast<int>(rng() % 4);
     for (int r = 0; r < rounds && !stopped(dir); ++r) {
@@ -115,7 +123,12 @@ int compactor(const std::string& dir) {
     wc_compact_report r;
     wc_compact_report_init(&r);
     const wc_status st = wc_compact_ex(&o, 0, &r);
-    if (st == WC_OK) log_line(r.compacted ? "compacted" : "compact-nothing");
+    if (st == WC_OK) {
+      struct stat s {};
+      (void)::stat(path.c_str(), &s);
+      log_line(r.compacted ? "compacted entries " + std::to_string(r.entries) + " ino " + std::to_string(s.st_ino)
+                           : std::string("compact-nothing"));
+    }
     else log_line(std::string("compact-") + wc_status_string(st));
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }
@@ -218,11 +231,28 @@ int checker(const std::string& dir, const std::string& log_path) {
 
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
-  set_log_level(LogLevel::off);
   const std::string mode = argv[1], dir = argv[2];
   const std::string log_path = argv[argc - 1];
   g_log = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (g_log < 0) return 3;
+  // The library's own account of what it did (rebuilds, compactions, fallbacks) goes into the
+  // event log too, so a failed run can be read back.
+  set_log_level(LogLevel::info);
+  static std::string prefix;
+  prefix = "lib " + mode + " " + std::to_string(::getpid()) + ": ";
+  static bool rebuilder_process = false;
+  rebuilder_process = mode == "rebuild";
+  set_log_callback(
+      [](void*, wc_log_level, const char* msg, std::size_t n) {
+        const std::string m(msg, n);
+        log_line(prefix + m);
+        // The rebuilder's open replaces the file whenever it finds it unused, even when its cache
+        // then ends up in memory (a writer got the new file first and rebuilt it back): that is
+        // the moment every key-A entry legitimately goes. It holds the file alone while this is
+        // logged, so every OK before this line was committed to the file it replaces.
+        if (rebuilder_process && m.find("building a fresh one") != std::string::npos) log_line("gone rebuild at open");
+      },
+      nullptr);
   if (mode == "writer" && argc == 5) return writer(dir, argv[3]);
   if (mode == "compact") return compactor(dir);
   if (mode == "rebuild") return rebuilder(dir);
