@@ -155,6 +155,31 @@ int rebuilder(const std::string& dir) {
   return 0;
 }
 
+// Garbage collection of the directory under a budget smaller than what is there: decoy caches
+// appear all the time, and the model's cache goes too whenever nobody uses it and it is the least
+// recently used ("gone gc": every OK before the removal was committed to the file removed).
+int collector(const std::string& dir) {
+  std::uint64_t n = 0;
+  while (!stopped(dir) && ::access((dir + "/stop-rebuild").c_str(), F_OK) != 0) {
+    {
+      Options o = cache_options(dir, kKeyA);
+      o.path = dir + "/decoy-" + std::to_string(n++ % 6) + ".wcache";
+      auto c = WeightCache::open(o);
+      if (!c) return 50;
+      (void)c->insert("d", std::string(200 * 1024, 'd'));
+      if (!c->finalize().ok()) return 51;
+    }
+    auto r = gc(dir, std::uint64_t{3} << 20);
+    if (!r) return 52;
+    for (const auto& f : r->files)
+      if (f.removed && f.path.size() >= 13 && f.path.compare(f.path.size() - 13, 13, "/model.wcache") == 0)
+        log_line("gone gc");
+    log_line("gc removed " + std::to_string(r->removed_files) + " kept-in-use " + std::to_string(r->kept_in_use));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return 0;
+}
+
 // Checks, read-only, every entry the log says was finalized: found or not (it may be gone), a
 // found entry holds exactly its key's bytes.
 int reader(const std::string& dir, const std::string& log_path) {
@@ -256,6 +281,7 @@ int main(int argc, char** argv) {
   if (mode == "writer" && argc == 5) return writer(dir, argv[3]);
   if (mode == "compact") return compactor(dir);
   if (mode == "rebuild") return rebuilder(dir);
+  if (mode == "gc") return collector(dir);
   if (mode == "reader") return reader(dir, log_path);
   if (mode == "check") return checker(dir, log_path);
   return 2;
