@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -1249,6 +1251,85 @@ TEST_F(CliTest, GcExitsBusyWhenAFileInUseKeepsTheDirectoryOverBudget) {
   held = WeightCache{};  // closed: nothing holds it now
   EXPECT_EQ(run({"gc", d, "--max-size", "0"}).code, 0);
   EXPECT_FALSE(fs::exists(d + "/open.wcache"));
+}
+
+// ---- reproducible artifacts ---------------------------------------------------------------------
+// The same 1,000 entries inserted in three orders (one pass in order, one by 4 threads, one by 2
+// processes, each with finalizes in between) become three byte-identical files after
+// `compact --canonical`, which `verify --compat-key` then accepts for the right key only.
+TEST_F(CliTest, CanonicalCompactionMakesByteIdenticalFilesWhateverTheInsertionOrder) {
+  constexpr int kEntries = 1000;
+  auto key_of = [](int i) { return "layer." + std::to_string(i * 7919 % kEntries) + ".weight"; };
+  auto bytes_of = [](int i) { return pattern(64 + (i * 37) % 3000, i); };
+  auto insert_range = [&](const std::string& f, std::vector<int> order) {
+    auto c = WeightCache::open(options(f));
+    if (!c.ok()) return false;
+    for (std::size_t n = 0; n < order.size(); ++n) {
+      if (c->insert(key_of(order[n]), bytes_of(order[n])) == weightcache::kNotFound) return false;
+      if (n % 97 == 0 && !c->finalize().ok()) return false;
+    }
+    return c->finalize().ok();
+  };
+  std::vector<int> all(kEntries);
+  for (int i = 0; i < kEntries; ++i) all[i] = i;
+
+  const std::string a = path("a.wcache"), b = path("b.wcache"), c = path("c.wcache");
+  ASSERT_TRUE(insert_range(a, all));
+  {
+    // Four threads of one process, each a quarter, interleaved by the scheduler.
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    auto cache = WeightCache::open(options(b));
+    ASSERT_TRUE(cache.ok());
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&, t] {
+        for (int i = kEntries - 1 - t; i >= 0; i -= 4) {
+          if (cache->insert(key_of(i), bytes_of(i)) == weightcache::kNotFound) ++failures;
+          if (i % 50 == 0 && !cache->finalize().ok()) ++failures;
+        }
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(failures.load(), 0);
+    ASSERT_TRUE(cache->finalize().ok());
+  }
+  {
+    // Two processes at once, odd and even entries, each finalizing as it goes.
+    pid_t kids[2];
+    for (int k = 0; k < 2; ++k) {
+      kids[k] = ::fork();
+      ASSERT_GE(kids[k], 0);
+      if (kids[k] == 0) {
+        std::vector<int> mine;
+        for (int i = k; i < kEntries; i += 2) mine.push_back(i);
+        std::reverse(mine.begin(), mine.end());
+        ::_exit(insert_range(c, mine) ? 0 : 1);
+      }
+    }
+    for (pid_t kid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(kid, &status, 0), kid);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+  }
+  EXPECT_NE(read_file(a), read_file(b));  // the orders really differ
+  for (const auto& f : {a, b, c}) {
+    const CliRun r = run({"compact", "--canonical", f});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const std::string canonical = read_file(a);
+  EXPECT_EQ(read_file(b), canonical) << "canonical compaction of the threads' file differs";
+  EXPECT_EQ(read_file(c), canonical) << "canonical compaction of the processes' file differs";
+  // Canonical twice is the same file again.
+  ASSERT_EQ(run({"compact", "--canonical", a}).code, 0);
+  EXPECT_EQ(read_file(a), canonical);
+  std::map<std::string, std::string> live;
+  for (int i = 0; i < kEntries; ++i) live[key_of(i)] = bytes_of(i);
+  EXPECT_TRUE(library_serves(a, live));
+
+  EXPECT_EQ(run({"verify", "--compat-key", "model-a|packer-1", a}).code, 0);
+  const CliRun wrong = run({"verify", "--compat-key", "model-a|packer-2", a});
+  EXPECT_EQ(wrong.code, 1);
+  EXPECT_NE(wrong.out.find("another compatibility key"), std::string::npos) << wrong.out;
 }
 
 }  // namespace
