@@ -53,6 +53,7 @@ void wc_options_init(wc_options* o) {
   o->lease_timeout_ms = 120000;
   o->compact_dead_percent = 50;
   o->compact_min_dead_bytes = std::uint64_t{16} << 20;
+  o->fd = -1;
   o->max_file_bytes = std::uint64_t{256} << 30;
   o->verify_ahead = 1;
 }
@@ -103,6 +104,7 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
     opt.compact_dead_percent = o->compact_dead_percent;
   }
   if (has_field(o, &wc_options::compact_min_dead_bytes)) opt.compact_min_dead_bytes = o->compact_min_dead_bytes;
+  if (has_field(o, &wc_options::fd)) opt.fd = o->fd;
   return WC_OK;
 }
 
@@ -201,6 +203,8 @@ wc_status wc_finalize(wc_cache* c) {
   auto r = c->core->finalize();
   return r ? WC_OK : status_of(r.error());
 }
+
+int wc_get_fd(wc_cache* c) { return c == nullptr ? -1 : c->core->descriptor(); }
 
 int wc_is_finalized(wc_cache* c) { return c != nullptr && c->core->is_finalized() ? 1 : 0; }
 

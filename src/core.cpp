@@ -146,7 +146,7 @@ Core::~Core() {
     (void)verify_sync_.release();
     pf_.release_address_space(base_, va_size_);
     pf_.close_file(fd_);
-    pf_.close_file(lock_fd_);
+    if (lock_fd_ != fd_) pf_.close_file(lock_fd_);
     return;
   }
   std::lock_guard<std::mutex> lock(write_mu_);
@@ -185,7 +185,7 @@ Core::~Core() {
     }
   }
   pf_.close_file(fd_);
-  pf_.close_file(lock_fd_);
+  if (lock_fd_ != fd_) pf_.close_file(lock_fd_);  // a descriptor cache leases the file itself
 }
 
 std::uint64_t Core::round_size(std::uint64_t size) const noexcept {
@@ -214,9 +214,10 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
 
     if (options.compact_dead_percent > 100)
       return fail({Errc::invalid_argument, 0, "compact_dead_percent is a percentage (0 to 100)"});
-    if (options.path.empty() && options.backing == Backing::file)
+    if (options.path.empty() && options.fd < 0 && options.backing == Backing::file)
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
-    const bool want_file = !options.path.empty() && options.backing != Backing::heap && !options.private_cache;
+    const bool want_file =
+        (!options.path.empty() || options.fd >= 0) && options.backing != Backing::heap && !options.private_cache;
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);
       auto r = core->init_file();
@@ -314,6 +315,7 @@ void remove_stale_temporaries(const std::string& path) {
 
 Result<void> Core::init_file() noexcept {
   file_backed_ = true;
+  if (opts_.fd >= 0 || opts_.path == kMemoryPath) return init_descriptor();
   try {
     if (opts_.allow_symlink) opts_.path = resolve_symlinks(opts_.path);
   } catch (...) {
@@ -373,6 +375,101 @@ Result<void> Core::init_file() noexcept {
     log::warn("cache file '{}' is not usable ({}); building a fresh one", opts_.path, why.message);
     if (auto r = rebuild_file(); !r) return r;
   }
+}
+
+// A cache on a descriptor (the caller's, or a memfd for ":memory:"): no path to open, rename or
+// lock beside, so the lease and the in-use lock are the file's own, an empty file is initialised
+// in place, and an unusable one is rebuilt in place, only while nobody else has it open.
+Result<void> Core::init_descriptor() noexcept {
+  from_descriptor_ = true;
+  const bool memory = opts_.fd < 0;
+  try {
+    if (opts_.path.empty()) opts_.path = "fd " + std::to_string(opts_.fd);
+  } catch (...) {
+    return Error{Errc::no_memory, 0, "out of memory"};
+  }
+  if (auto r = reserve_address_space(opts_.max_file_bytes); !r) return r.error();
+  auto h = memory ? pf_.create_anonymous("weightcache") : pf_.reopen(opts_.fd, !opts_.read_only);
+  if (!h) return h.error();
+  fd_ = h.value();
+  if (!opts_.read_only) {
+    lock_fd_ = fd_;  // the writer lease: the file's own flock
+    if (auto id = pf_.stat_file(fd_)) lock_identity_ = {id->device, id->inode};
+  }
+  const auto deadline = std::chrono::steady_clock::now() + opts_.lease_timeout;
+  auto backoff = std::chrono::microseconds(200);
+  auto wait = [&](const char* why) -> Result<void> {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Error{Errc::busy, 0, "'" + opts_.path + "' " + why + " for longer than lease_timeout"};
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+    return {};
+  };
+  for (int round = 0;; ++round) {
+    bool alone = false;
+    if (!opts_.read_only) {
+      auto ex = pf_.try_lock_in_use(fd_, true);
+      alone = ex && ex.value();
+    }
+    if (!alone) {
+      auto sh = pf_.try_lock_in_use(fd_, false);
+      if (sh && !sh.value()) {
+        if (auto r = wait("was being rebuilt by another process"); !r) return r;
+        continue;
+      }
+    }
+    auto info = pf_.stat_file(fd_);
+    if (!info) return info.error();
+    if (info->size == 0) {
+      if (opts_.read_only) return Error{Errc::corrupt, 0, "'" + opts_.path + "' is empty: no cache was written to it"};
+      if (!alone) {  // another process is initialising it
+        if (auto r = wait("stayed empty while another process had it open"); !r) return r;
+        continue;
+      }
+      if (auto r = write_empty_cache_in_place(); !r) return r;
+      continue;
+    }
+    auto st = read_state();
+    if (st) {
+      if (alone)
+        if (auto r = pf_.try_lock_in_use(fd_, false); !r || !r.value()) continue;
+      return attach(st.value());
+    }
+    const Error& why = st.error();
+    const bool rebuildable = why.code == Errc::corrupt || why.code == Errc::incompatible;
+    if (!rebuildable || opts_.read_only || round >= 2) return why;
+    if (!alone)
+      return Error{Errc::busy, 0,
+                   "'" + opts_.path + "' is not usable (" + why.message +
+                       ") and another process has it open, so it cannot be rebuilt now"};
+    log::warn("'{}' is not usable ({}); rebuilding it in place", opts_.path, why.message);
+    if (auto r = pf_.truncate(fd_, 0); !r) return r.error();
+    if (auto r = write_empty_cache_in_place(); !r) return r;
+  }
+}
+
+Result<void> Core::write_empty_cache_in_place() noexcept {
+  format::HeaderFixed fixed;
+  fixed.alignment = align_;
+  fixed.size_alignment = opts_.size_alignment;
+  fixed.compat_hash = compat_hash_;
+  format::CommitSlot slot;
+  slot.sequence = 1;
+  try {
+    const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
+    const auto header = format::encode_header(fixed, {}, slot);
+    // Index first, header last: a reader never sees a header naming an index not yet written.
+    if (auto r = pf_.write_at(fd_, trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
+    if (opts_.durability == Durability::full)
+      if (auto r = pf_.sync(fd_); !r) return r.error();
+    if (auto r = pf_.write_at(fd_, header.data(), header.size(), 0); !r) return r.error();
+    if (opts_.durability == Durability::full)
+      if (auto r = pf_.sync(fd_); !r) return r.error();
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while initialising '" + opts_.path + "'"};
+  }
+  log::info("initialised cache file '{}'", opts_.path);
+  return {};
 }
 
 void Core::make_read_only(std::string why) noexcept {
@@ -569,7 +666,7 @@ Result<void> Core::attach(CommittedState& st) noexcept {
   if (auto r = attach_locked(st); !r) return r;
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
-  if (lock_fd_ != platform::kInvalidHandle) pf_.touch(lock_fd_);
+  if (lock_fd_ != platform::kInvalidHandle && !from_descriptor_) pf_.touch(lock_fd_);
   log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, st.records.size(), committed_.committed_size);
   return {};
 }
@@ -976,9 +1073,9 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool c
   lease_gave_up_ = false;
   if (fd_ == platform::kInvalidHandle || !catch_up) return {};  // creating or replacing the file
   // The path may now name another file (a rebuild or compaction elsewhere): never append to an
-  // inode others no longer read.
-  auto at_path = pf_.stat_path(opts_.path, opts_.allow_symlink);
+  // inode others no longer read. (A descriptor cache has no path: its file is its file.)
   auto ours = pf_.stat_file(fd_);
+  auto at_path = from_descriptor_ ? ours : pf_.stat_path(opts_.path, opts_.allow_symlink);
   if (!at_path || !ours || at_path->inode != ours->inode || at_path->device != ours->device) {
     release_lease_locked();
     file_disabled_ = true;

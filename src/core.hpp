@@ -75,6 +75,10 @@ class Core {
   Result<void> refresh() noexcept;
   Stats stats() const noexcept;
   std::size_t alignment() const noexcept { return align_; }
+  /// The OS descriptor of a file-backed cache's file (wc_get_fd), or -1.
+  int descriptor() const noexcept {
+    return file_backed() && fd_ != platform::kInvalidHandle ? pf_.native_descriptor(fd_) : -1;
+  }
 
   bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
   Identity identity() const noexcept { return identity_; }
@@ -116,6 +120,8 @@ class Core {
   void await_file(const Error& why) noexcept;
   Result<void> try_attach_locked() noexcept;  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file() noexcept;  // under the lease
+  Result<void> init_descriptor() noexcept;      // options.fd or ":memory:"
+  Result<void> write_empty_cache_in_place() noexcept;
   Result<void> rebuild_file() noexcept;         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
   bool compaction_due(const CommittedState& st) const noexcept;
@@ -184,6 +190,7 @@ class Core {
   Identity identity_;
   Identity lock_identity_;         // of the lock file (see lease_holder)
   std::string read_only_why_;      // set when the cache had to be used read-only
+  bool from_descriptor_ = false;   // options.fd or ":memory:": no path, lease and lock on the file
   Error heap_why_;                 // set on a heap cache standing in for a file cache
   std::uint64_t state_size_ = 0;   // size of the file read_state read
   unsigned state_mode_ = 0644;     // and its permission bits

@@ -61,4 +61,6 @@ Result<void> WeightCache::refresh() noexcept {
 Stats WeightCache::stats() const noexcept { return core_ ? core_->stats() : Stats{}; }
 std::size_t WeightCache::alignment() const noexcept { return core_ ? core_->alignment() : 0; }
 
+int WeightCache::descriptor() const noexcept { return core_ ? core_->descriptor() : -1; }
+
 }  // namespace weightcache

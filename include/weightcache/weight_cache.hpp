@@ -126,7 +126,13 @@ struct Options {
   unsigned compact_dead_percent = 50;
   /// ... and at least this many bytes. See wc_options.
   std::uint64_t compact_min_dead_bytes = std::uint64_t{16} << 20;
+  /// An open descriptor of the cache file to use instead of opening `path` (see wc_options.fd);
+  /// -1: open `path`.
+  int fd = -1;
 };
+
+/// The path that names an anonymous, shareable cache (see wc_options.path).
+inline constexpr const char* kMemoryPath = ":memory:";
 
 struct Stats {
   std::uint64_t entries = 0;
@@ -203,6 +209,8 @@ class WC_API WeightCache {
   Stats stats() const noexcept;
   /// Effective alignment of region start addresses.
   std::size_t alignment() const noexcept;
+  /// The descriptor of a file-backed cache's file, or -1; see wc_get_fd.
+  int descriptor() const noexcept;
 
  private:
   explicit WeightCache(std::shared_ptr<Core> core) noexcept;

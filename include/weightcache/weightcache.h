@@ -113,7 +113,14 @@ typedef enum wc_verify {
 
 typedef struct wc_options {
   size_t struct_size; /* set by wc_options_init; lets the struct grow */
-  const char* path;   /* NULL or "" = heap-only cache */
+  const char* path;   /* NULL or "" = heap-only cache (unless fd is set); ":memory:" = an anonymous
+                         file (memfd on Linux) that behaves like a cache file: same format and
+                         checksums, shareable with other processes through wc_get_fd; it lives
+                         while any process has it open. Its size is sealed against shrinking
+                         (F_SEAL_SHRINK), so no holder of the descriptor can cut pages from under a
+                         reader (no SIGBUS); writes are not sealed (the writer keeps a writable
+                         mapping): give readers a read-only descriptor (reopen
+                         /proc/self/fd/N with O_RDONLY) so they cannot write. */
   const void* compat_key;
   size_t compat_key_size;
   size_t alignment;      /* 0 = default 64; power of two up to WC_MAX_ALIGNMENT */
@@ -143,6 +150,16 @@ typedef struct wc_options {
   uint64_t compact_min_dead_bytes; /* ... and at least this many bytes (default 16 MiB). So a cache
                                       whose entries are replaced launch after launch stays within
                                       about twice its live bytes. See wc_compact. */
+  int fd; /* default -1. When 0 or more: an open descriptor of the cache file (regular file or
+             memfd, opened read-write, or read-only with read_only) to use instead of opening
+             path, for sandboxes that cannot open paths. The library opens its own description of
+             it (through /proc/self/fd, else dup), so the caller keeps, and may close, its own.
+             path may then be NULL (messages say "fd N") or a label; with a path, the lease also
+             takes "<path>.lock", otherwise the writer lease and the in-use lock are taken on the
+             file itself. An empty file is initialised; a corrupt or incompatible one is rebuilt
+             in place only when no other process has it open; it is never compacted at open
+             (it cannot be renamed). Such a cache is not shared through the process-wide registry:
+             each wc_open gets a cache of its own. POSIX only (WC_ERR_UNSUPPORTED on Windows). */
 } wc_options;
 
 typedef struct wc_stats {
@@ -287,6 +304,13 @@ WC_API int wc_is_finalized(wc_cache* cache);
 
 /** Maps entries other processes finalized since this cache was opened or last refreshed. */
 WC_API wc_status wc_refresh(wc_cache* cache);
+
+/** The descriptor of a file-backed cache (a regular file or a ":memory:" cache), for handing
+ * the cache to another process (SCM_RIGHTS, or inheritance across fork/exec: it is opened
+ * close-on-exec, clear that flag on a dup to pass it on). Owned by the cache: do not close it;
+ * valid until the last wc_close of this cache in this process. -1 for a heap cache, a NULL
+ * cache, and on Windows. Thread-safe. */
+WC_API int wc_get_fd(wc_cache* cache);
 
 /** Flags of wc_compact_ex. */
 #define WC_COMPACT_DROP_CORRUPT 1u /* leave out entries whose checksum fails, instead of refusing */

@@ -62,6 +62,14 @@ class Platform {
   virtual Result<void> remove_file(const std::string& path) noexcept = 0;
   /// Sets the file's modification time to now (advisory bookkeeping; errors ignored).
   virtual void touch(Handle h) noexcept = 0;
+  /// A new handle of our own on the regular file a caller's descriptor refers to: a new open file
+  /// description where the OS allows (/proc/self/fd on Linux), so that locks taken through it are
+  /// ours alone, else a duplicate. Close-on-exec. Not a regular file: invalid_argument.
+  virtual Result<Handle> reopen(int descriptor, bool writable) noexcept = 0;
+  /// An anonymous file (memfd on Linux, sealed against shrinking), for ":memory:" caches.
+  virtual Result<Handle> create_anonymous(const char* name) noexcept = 0;
+  /// The OS descriptor behind a handle (-1 where handles are not descriptors: Windows).
+  virtual int native_descriptor(Handle h) const noexcept = 0;
 
   // ---- address space ----
   /// Reserves (does not commit) `size` bytes of address space aligned to `align`.

@@ -47,6 +47,11 @@ const PosixCalls kDefaultCalls = {
     .fcntl_lock = [](int fd, int cmd, struct flock* lock) { return ::fcntl(fd, cmd, lock); },
     .unlink = ::unlink,
     .futimens = ::futimens,
+#if defined(__linux__)
+    .memfd_create = [](const char* name, unsigned flags) { return ::memfd_create(name, flags); },
+#else
+    .memfd_create = [](const char*, unsigned) { return (errno = ENOSYS, -1); },
+#endif
     .madvise = ::madvise,
     .getrlimit = [](int resource, struct rlimit* rl) {
       return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
@@ -330,6 +335,49 @@ class PosixPlatform final : public Platform {
   }
 
   void touch(Handle h) noexcept override { (void)sys().futimens(static_cast<int>(h), nullptr); }
+
+  Result<Handle> reopen(int descriptor, bool writable) noexcept override {
+    try {
+      const std::string label = "fd " + std::to_string(descriptor);
+      struct stat st {};
+      if (sys().fstat(descriptor, &st) != 0) return os_error(errno, "cannot use", label);
+      if (!S_ISREG(st.st_mode))
+        return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file (or memfd); pass a cache file"};
+      // A description of our own: flock and OFD locks belong to the description, and a dup
+      // would share the caller's (two caches of one process would then both hold "the" lease).
+      const std::string proc = "/proc/self/fd/" + std::to_string(descriptor);
+      int fd = -1;
+      do {
+        fd = sys().open(proc.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+      } while (fd < 0 && errno == EINTR);
+      if (fd < 0 && (errno == EACCES || errno == EPERM) && writable)
+        return os_error(errno, "cannot open for writing", label, "Pass a descriptor opened read-write, or set read_only.");
+      if (fd < 0) fd = sys().fcntl(descriptor, F_DUPFD_CLOEXEC, 0);  // no /proc: share the description
+      if (fd < 0) return os_error(errno, "cannot duplicate", label);
+      return static_cast<Handle>(fd);
+    } catch (...) {
+      return Error{Errc::no_memory, 0, "out of memory"};
+    }
+  }
+
+  Result<Handle> create_anonymous(const char* name) noexcept override {
+#if defined(__linux__) && defined(MFD_ALLOW_SEALING)
+    const int fd = sys().memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return os_error(errno, "cannot create an anonymous file for", ":memory:");
+    // Nobody holding the descriptor may ever cut pages from under a reader's mapping (SIGBUS).
+    if (sys().fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+      const int err = errno;
+      sys().close(fd);
+      return os_error(err, "cannot seal", ":memory:");
+    }
+    return static_cast<Handle>(fd);
+#else
+    (void)name;
+    return Error{Errc::unsupported, 0, "':memory:' caches need memfd_create (Linux)"};
+#endif
+  }
+
+  int native_descriptor(Handle h) const noexcept override { return static_cast<int>(h); }
 
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {

@@ -36,6 +36,7 @@ struct PosixCalls {
   int (*fcntl_lock)(int fd, int cmd, struct flock* lock);  // F_OFD_SETLK, F_OFD_GETLK
   int (*unlink)(const char* path);
   int (*futimens)(int fd, const struct timespec times[2]);
+  int (*memfd_create)(const char* name, unsigned flags);  // Linux; ENOSYS elsewhere
   int (*madvise)(void* addr, size_t len, int advice);
   int (*getrlimit)(int resource, struct rlimit* rl);
   long (*sysconf)(int name);

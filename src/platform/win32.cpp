@@ -663,6 +663,14 @@ class Win32Platform final : public Platform {
 
   void remove(const std::string& path) noexcept override { (void)remove_file(path); }
 
+  Result<Handle> reopen(int, bool) noexcept override {
+    return Error{Errc::unsupported, 0, "opening a cache from a descriptor is not supported on Windows yet"};
+  }
+  Result<Handle> create_anonymous(const char*) noexcept override {
+    return Error{Errc::unsupported, 0, "':memory:' caches are not supported on Windows yet"};
+  }
+  int native_descriptor(Handle) const noexcept override { return -1; }
+
   Result<void> remove_file(const std::string& path) noexcept override {
     std::wstring w;
     if (!widen(path, &w)) return Error{Errc::invalid_argument, 0, "'" + path + "' is not a valid UTF-8 path"};

@@ -27,13 +27,13 @@ namespace wctest {
 // Every entry of the call table that can fail. Not here: getpid, which cannot, and
 // sysconf(_SC_PAGESIZE), which cannot where mmap exists and is asked once per process.
 enum class Call { open, close, fstat, pread, pwrite, fallocate, ftruncate, fdatasync, fsync, rename, mmap, munmap,
-                  mprotect, msync, flock, stat, lstat, fcntl, fcntl_lock, unlink, futimens, madvise, getrlimit };
+                  mprotect, msync, flock, stat, lstat, fcntl, fcntl_lock, unlink, futimens, memfd_create, madvise, getrlimit };
 inline constexpr int kCallCount = static_cast<int>(Call::getrlimit) + 1;
 
 inline const char* call_name(Call c) {
   static const char* names[] = {"open",   "close",  "fstat",    "pread", "pwrite", "fallocate", "ftruncate",
                                 "fdatasync", "fsync", "rename", "mmap", "munmap", "mprotect", "msync",
-                                "flock",  "stat",   "lstat",    "fcntl", "fcntl_lock", "unlink", "futimens", "madvise",   "getrlimit"};
+                                "flock",  "stat",   "lstat",    "fcntl", "fcntl_lock", "unlink", "futimens", "memfd_create", "madvise",   "getrlimit"};
   static_assert(sizeof(names) / sizeof(names[0]) == kCallCount);
   return names[static_cast<int>(c)];
 }
@@ -152,6 +152,10 @@ class Hooks {
     t.futimens = [](int fd, const struct timespec times[2]) -> int {
       if (auto d = decide(Call::futimens); d.kind != Decision::pass) return (errno = d.err, -1);
       return weightcache::platform::default_posix_calls().futimens(fd, times);
+    };
+    t.memfd_create = [](const char* name, unsigned flags) -> int {
+      if (auto d = decide(Call::memfd_create); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().memfd_create(name, flags);
     };
     t.fcntl_lock = [](int fd, int cmd, struct flock* lock) -> int {
       if (auto d = decide(Call::fcntl_lock); d.kind != Decision::pass) return (errno = d.err, -1);

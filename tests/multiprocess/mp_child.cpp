@@ -41,6 +41,11 @@
 #include <set>
 #else
 #include "smaps.hpp"
+
+#include <cstring>
+
+#include <sys/socket.h>
+#include <unistd.h>
 #endif
 
 using namespace weightcache;
@@ -84,16 +89,6 @@ std::map<std::string, std::uint64_t> stats_results(const Stats& s) {
 }
 
 // Packs one key the way XNNPACK does; "" on success.
-std::string pack_key(WeightCache& cache, const std::string& key, std::size_t size) {
-  if (cache.look_up(key) != kNotFound) return check_entry(cache, key, size);  // someone packed it
-  void* p = cache.reserve(size);
-  if (p == nullptr) return "reserve failed: " + last_error().message;
-  fill_for_key(key, p, size);
-  if (cache.look_up_or_insert(key, p, size) == kNotFound)
-    return "look_up_or_insert('" + key + "') failed: " + last_error().message;
-  return check_entry(cache, key, size);
-}
-
 int run_pack(const KeyValues& kv) {
   const std::string path = str(kv, "path"), tag = str(kv, "tag"), results = str(kv, "results");
   const std::size_t shared = num(kv, "shared", 0), own = num(kv, "own", 0), size = num(kv, "size", 0);
@@ -362,6 +357,52 @@ int run_smaps(const KeyValues& kv) {
   out["vmas"] = u.mappings;
   return report_measured(kv, results, out);
 }
+
+// Receives a cache's descriptor over a UNIX socket (SCM_RIGHTS), opens the cache from it
+// read-only, checks every entry without packing any, and reports its memory of the file.
+int run_fd_reader(const KeyValues& kv) {
+  const std::string results = str(kv, "results");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  const int sock = static_cast<int>(num(kv, "sock", 0));
+  if (results.empty() || size == 0 || sock <= 0) return fail(kUsage, "fd_reader: results, size and sock are required");
+  char byte = 0;
+  iovec io{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &io;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (::recvmsg(sock, &msg, 0) != 1) return fail(kUsage, "no descriptor arrived");
+  const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return fail(kUsage, "no descriptor in the message");
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  Options o;
+  o.fd = fd;
+  o.read_only = true;
+  o.backing = Backing::file;
+  o.compat_key = "multiprocess-test";
+  o.durability = Durability::none;
+  auto opened = WeightCache::open(o);
+  if (!opened) return fail(kCacheError, "open from the descriptor: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  ::close(fd);  // the cache holds its own description of the file
+  for (std::size_t j = 0; j < count; ++j)
+    if (auto err = check_entry(cache, own_key("mem", j), size); !err.empty()) return fail(kMismatch, err);
+  if (cache.stats().heap_bytes != 0 || cache.stats().entries != count) return fail(kMismatch, "packed or missed");
+  if (::write(sock, "r", 1) != 1) return fail(kUsage, "cannot signal ready");
+  if (::read(sock, &byte, 1) != 1) return fail(kUsage, "no gate");  // every page touched by both
+  const SmapsUsage u = smaps_usage("/proc/self/fd/" + std::to_string(cache.descriptor()));
+  auto out = stats_results(cache.stats());
+  out["pss"] = u.pss;
+  out["rss"] = u.rss;
+  out["private_dirty"] = u.private_dirty;
+  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
+  if (::write(sock, "d", 1) != 1) return fail(kUsage, "cannot signal done");
+  (void)::read(sock, &byte, 1);  // stay mapped until the parent has measured
+  return kOk;
+}
 #endif
 
 }  // namespace
@@ -379,6 +420,7 @@ int main(int argc, char** argv) {
   if (mode == "pages") return run_pages(kv);  // QueryWorkingSetEx
 #else
   if (mode == "smaps") return run_smaps(kv);  // reads /proc/self/smaps
+  if (mode == "fd_reader") return run_fd_reader(kv);
 #endif
   return fail(kUsage, "unknown mode '" + mode + "'");
 }

@@ -62,6 +62,18 @@ inline std::string check_entry(WeightCache& cache, const std::string& key, std::
   return {};
 }
 
+/// Packs `key` as a backend does (reserve, fill, look_up_or_insert), unless it is there already;
+/// "" when the key then holds its bytes, else what went wrong.
+inline std::string pack_key(WeightCache& cache, const std::string& key, std::size_t size) {
+  if (cache.look_up(key) != kNotFound) return check_entry(cache, key, size);  // someone packed it
+  void* p = cache.reserve(size);
+  if (p == nullptr) return "reserve failed: " + last_error().message;
+  fill_for_key(key, p, size);
+  if (cache.look_up_or_insert(key, p, size) == kNotFound)
+    return "look_up_or_insert('" + key + "') failed: " + last_error().message;
+  return check_entry(cache, key, size);
+}
+
 // ---- key=value arguments and results ------------------------------------------------------------
 
 using KeyValues = std::map<std::string, std::string>;

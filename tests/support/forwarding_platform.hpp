@@ -47,6 +47,9 @@ class ForwardingPlatform : public platform::Platform {
   Result<bool> try_lock(Handle h) noexcept override { return os_.try_lock(h); }
   void unlock(Handle h) noexcept override { os_.unlock(h); }
   void touch(Handle h) noexcept override { os_.touch(h); }
+  Result<Handle> reopen(int d, bool w) noexcept override { return os_.reopen(d, w); }
+  Result<Handle> create_anonymous(const char* n) noexcept override { return os_.create_anonymous(n); }
+  int native_descriptor(Handle h) const noexcept override { return os_.native_descriptor(h); }
   Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override { return os_.try_lock_in_use(h, exclusive); }
   void unlock_in_use(Handle h) noexcept override { os_.unlock_in_use(h); }
   std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
