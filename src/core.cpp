@@ -25,6 +25,15 @@ constexpr std::size_t kStreamCheckChunk = 1u << 20;
 constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 // Entries this big have their pages mapped in one call before they are hashed.
 constexpr std::uint64_t kPopulateMinBytes = 256ull << 10;
+// Entries are hashed in pieces of this size, each mapped in one call just before: the
+// verify-ahead thread looks at its stop flag between pieces, so close waits for one piece at
+// most (~0.5 ms warm, a few ms from disk), never for a whole multi-GiB entry.
+constexpr std::uint64_t kHashChunk = 8ull << 20;
+// File entries this big are looked up in the file system's allocation map before they are read:
+// a hole in one is corruption (the writer allocates every byte with posix_fallocate before it
+// writes), and reading a hole costs as much as reading data (a hostile 100 GiB sparse entry took
+// 67 s). Below it, hashing even a hole costs ~10 ms at most, less than worrying about it.
+constexpr std::uint64_t kHoleCheckMinBytes = 16ull << 20;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
                                                        // multiple of every page size we know
@@ -541,7 +550,7 @@ bool Core::verify_entry(Entry* e) noexcept {
     if (s == kVerifying) {
       // Being hashed by another thread of this process: wait for its verdict. After a fork the
       // verify-ahead thread is gone in the child, and its claims with it: hash it ourselves.
-      if (in_forked_child()) return bytes_match(e, nullptr);
+      if (in_forked_child()) return check_bytes(e, nullptr) == Check::good;
       // A condition variable, not std::atomic::wait: libstdc++ 12's portable fallback (used on
       // Windows) can lose a wake-up, and this must never hang a look-up.
       std::unique_lock<std::mutex> lk(verify_sync_->mu);
@@ -553,25 +562,55 @@ bool Core::verify_entry(Entry* e) noexcept {
   }
 }
 
-bool Core::bytes_match(const Entry* e, bool* readable) const noexcept {
-  // Map the entry's pages in one call before hashing (one fault per 64 KiB otherwise; 2-3x
+Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept {
+  if (e->in_file && e->size >= kHoleCheckMinBytes) {
+    // A query the OS cannot answer, or fails, says nothing: the checksum still decides.
+    if (auto hole = pf_.first_hole(fd_, e->offset, e->size); hole && hole.value() < e->offset + e->size)
+      return Check::hole;
+  }
+  // Map each piece's pages in one call before hashing it (one fault per 64 KiB otherwise; 2-3x
   // slower for a warm file in large folios). It also asks the OS, without touching them, whether
   // the pages can be read at all: a file cut short under the mapping would SIGBUS the hash.
-  const bool can_read = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
-  if (readable != nullptr) *readable = can_read;
-  return can_read && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  const bool populate = e->in_file && e->size >= kPopulateMinBytes;
+  const std::byte* p = addr(e->offset);
+  if (e->size <= kHashChunk) {
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p), e->size)) return Check::past_end;
+    return format::hash_bytes(p, e->size) == e->checksum ? Check::good : Check::bad_checksum;
+  }
+  format::StreamHash h;
+  if (!h.ok()) {  // no memory for the hash state: one piece, which no stop flag interrupts
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p), e->size)) return Check::past_end;
+    return format::hash_bytes(p, e->size) == e->checksum ? Check::good : Check::bad_checksum;
+  }
+  for (std::uint64_t done = 0; done < e->size;) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) return Check::stopped;
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kHashChunk, e->size - done));
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p + done), n)) return Check::past_end;
+    h.update(p + done, n);
+    done += n;
+  }
+  return h.digest() == e->checksum ? Check::good : Check::bad_checksum;
 }
 
-bool Core::finish_verify(Entry* e) noexcept {
-  bool readable = true;
-  const bool ok = bytes_match(e, &readable);
+bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) noexcept {
+  const Check c = check_bytes(e, stop);
+  if (c == Check::stopped) {  // closing: no verdict, as if never claimed
+    e->state.store(kUnverified, std::memory_order_release);
+    wake_verify_waiters();
+    return false;
+  }
+  const bool ok = c == Check::good;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();
   if (!ok) {
     ++verify_failures_;
-    if (!readable)
+    if (c == Check::past_end)
       log::warn("'{}': entry at offset {} ({} bytes) lies past the end of the file (was it truncated by another "
                 "program?); serving a miss. Delete the file to rebuild it.",
+                opts_.path, e->offset, e->size);
+    else if (c == Check::hole)
+      log::warn("'{}': entry at offset {} ({} bytes) has a hole (disk blocks never allocated, which no weightcache "
+                "writer leaves); serving a miss without reading it. Delete the file to rebuild it.",
                 opts_.path, e->offset, e->size);
     else
       log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,
@@ -624,8 +663,9 @@ void Core::start_verify_ahead() noexcept {
           if (sync->stop.load(std::memory_order_relaxed)) break;
           std::uint8_t expected = kUnverified;
           if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
-            finish_verify(e);
-            verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+            finish_verify(e, &sync->stop);
+            // Stopped half-way, it left the entry unverified (close is waiting: nothing else runs).
+            if (!sync->stop.load(std::memory_order_relaxed)) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
           }
         }
         // The last touch of the cache: close may free it (and `sync`) once the mutex is free.

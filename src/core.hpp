@@ -120,9 +120,12 @@ class Core {
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
-  bool finish_verify(Entry* e) noexcept;  // hashes an entry this thread claimed (kVerifying)
-  /// Whether the entry's bytes are readable (*readable, when given) and hash to its checksum.
-  bool bytes_match(const Entry* e, bool* readable) const noexcept;
+  /// Hashes an entry this thread claimed (kVerifying) and records the verdict. With `stop` (the
+  /// verify-ahead thread), gives up between chunks once it is set: the entry is unverified again.
+  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr) noexcept;
+  enum class Check { good, bad_checksum, past_end, hole, stopped };
+  /// The entry's bytes against its checksum, hashed in chunks (docs/DESIGN.md, "Verification").
+  Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept;
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead() noexcept;

@@ -6,6 +6,7 @@
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -27,6 +28,7 @@ const PosixCalls kDefaultCalls = {
     .fstat = ::fstat,
     .pread = ::pread,
     .pwrite = ::pwrite,
+    .lseek = ::lseek,
     .posix_fallocate = ::posix_fallocate,
     .ftruncate = ::ftruncate,
     .fdatasync = ::fdatasync,
@@ -315,6 +317,25 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+    const std::uint64_t end = offset + len;
+#ifdef SEEK_HOLE
+    // The file offset this moves is never used: every read and write says where it goes.
+    const off_t at = sys().lseek(static_cast<int>(h), static_cast<off_t>(offset), SEEK_HOLE);
+    if (at < 0) {
+      const int err = errno;
+      if (err == ENXIO) return offset;  // at or past the end of the file: nothing there at all
+      // EINVAL: a kernel or file system without SEEK_HOLE. Not knowing is not a hole.
+      if (err == EINVAL || errc_of(err) == Errc::unsupported) return end;
+      return os_error(err, "cannot look for holes in", "<cache>");
+    }
+    return std::min<std::uint64_t>(static_cast<std::uint64_t>(at), end);
+#else
+    (void)h;
+    return end;
+#endif
+  }
+
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
@@ -342,6 +363,12 @@ class PosixPlatform final : public Platform {
     struct rlimit rl {};
     // getrlimit fails only for a bad resource or pointer, neither of which this call has.
     if (sys().getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    return static_cast<std::uint64_t>(rl.rlim_cur);
+  }
+
+  std::uint64_t address_space_limit() const noexcept override {
+    struct rlimit rl {};
+    if (sys().getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
     return static_cast<std::uint64_t>(rl.rlim_cur);
   }
 };

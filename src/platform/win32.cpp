@@ -31,6 +31,7 @@
 #define NOMINMAX
 #endif
 #include <windows.h>
+#include <winioctl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -158,6 +159,7 @@ Win32Calls make_default_calls() {
   c.flush_file_buffers = ::FlushFileBuffers;
   c.lock_file_ex = ::LockFileEx;
   c.unlock_file_ex = ::UnlockFileEx;
+  c.device_io_control = ::DeviceIoControl;
   c.create_file_mapping_w = ::CreateFileMappingW;
   c.map_view_of_file_ex = ::MapViewOfFileEx;
   c.unmap_view_of_file = ::UnmapViewOfFile;
@@ -831,6 +833,40 @@ class Win32Platform final : public Platform {
     if (len == 0) return;
     Win32MemoryRange r{addr, len};
     (void)sys().prefetch_virtual_memory(::GetCurrentProcess(), 1, &r, 0);
+  }
+
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+    // The allocated ranges inside [offset, end), in file order. Only a sparse file (NTFS, ReFS)
+    // has holes; elsewhere the call answers "all of it" or fails as unsupported, which counts
+    // as allocated too.
+    const std::uint64_t end = offset + len;
+    std::uint64_t at = offset;
+    for (int rounds = 0; at < end && rounds < 64; ++rounds) {
+      FILE_ALLOCATED_RANGE_BUFFER query{};
+      query.FileOffset.QuadPart = static_cast<LONGLONG>(at);
+      query.Length.QuadPart = static_cast<LONGLONG>(end - at);
+      FILE_ALLOCATED_RANGE_BUFFER ranges[16];
+      DWORD got = 0;
+      const BOOL ok = sys().device_io_control(as_handle(h), FSCTL_QUERY_ALLOCATED_RANGES, &query, sizeof query,
+                                              ranges, sizeof ranges, &got, nullptr);
+      const DWORD err = ok ? NO_ERROR : ::GetLastError();
+      if (!ok && err != ERROR_MORE_DATA) {
+        if (err == ERROR_INVALID_FUNCTION || err == ERROR_NOT_SUPPORTED || err == ERROR_INVALID_PARAMETER ||
+            err == ERROR_CALL_NOT_IMPLEMENTED)
+          return end;  // cannot tell: not a hole
+        return win_error(err, "cannot look for holes in", "<cache>");
+      }
+      const DWORD n = got / sizeof ranges[0];
+      if (n == 0) return at;  // nothing allocated from `at` on
+      for (DWORD i = 0; i < n; ++i) {
+        const auto start = static_cast<std::uint64_t>(ranges[i].FileOffset.QuadPart);
+        if (start > at) return at;  // a gap before this range
+        at = std::max(at, start + static_cast<std::uint64_t>(ranges[i].Length.QuadPart));
+        if (at >= end) return end;
+      }
+      if (ok) return at < end ? at : end;  // every range listed, and they stop short of `end`
+    }
+    return end;  // a file cut into more pieces than we care to walk: let the checksum decide
   }
 
   // ---- locks ----
