@@ -49,7 +49,7 @@ void wc_options_init(wc_options* o) {
   o->verify = WC_VERIFY_FIRST_USE;
   o->file_mode = 0644;
   o->lease_timeout_ms = 120000;
-  o->max_file_bytes = std::uint64_t{256} << 30;
+  o->max_file_bytes = 0;  // sized at open to fit the process
   o->verify_ahead = 1;
 }
 
