@@ -41,6 +41,8 @@ constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation gr
 // The largest default reservation for a file, and the share of the address space it may take:
 // 1/512 leaves room for hundreds of caches (400 take 78% at most) and for the host.
 constexpr std::uint64_t kMaxDefaultFileSpan = 256ull << 30;
+// No entry or reservation is larger (the format allows more; no machine has that memory).
+constexpr std::uint64_t kMaxEntrySize = 1ull << 48;
 constexpr std::uint64_t kDefaultSpanShare = 512;
 
 thread_local Error t_last_error;
@@ -383,6 +385,42 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
   reserved_ += want;
   count_.store(n + 1, std::memory_order_release);
   return start;
+}
+
+std::string Core::source_problem(const void* ptr, std::uint64_t size) {
+  const auto* p = static_cast<const std::byte*>(ptr);
+  if (!(base_ != nullptr && p >= base_ && p < base_ + file_span_) && !heap_.contains(p))
+    return {};  // the caller's own memory: its size is the caller's word
+  std::lock_guard<std::mutex> lock(write_mu_);
+  std::uint64_t at = 0, room = 0;
+  if (!offset_of(p, &at, &room)) return {};
+  const std::string n = std::to_string(size);
+  if (auto it = reservations_.upper_bound(at); it != reservations_.begin()) {
+    --it;
+    const auto& [start, r] = *it;
+    if (at - start < r.capacity) {
+      if (at == start && size > r.capacity)
+        return "size " + n + " is larger than the reservation at ptr (" + std::to_string(r.capacity) +
+               " bytes reserved); reserve at least the size you insert";
+      if (size > start + r.capacity - at)
+        return "ptr lies " + std::to_string(at - start) + " bytes into a reservation of " +
+               std::to_string(r.capacity) + " bytes, and size " + n + " runs past its end";
+      return {};
+    }
+  }
+  if (const Entry* e = index_.containing(at)) {
+    if (size > e->offset + e->size - at)
+      return "ptr lies " + std::to_string(at - e->offset) + " bytes into the entry at offset " +
+             std::to_string(e->offset) + " (" + std::to_string(e->size) + " bytes), and size " + n +
+             " runs past its end";
+    return {};
+  }
+  // Elsewhere in the cache's memory (free space, an index): only as far as it can be read.
+  if (at < file_span_) room = std::min(room, file_size_ > at ? file_size_ - at : 0);
+  if (size > room)
+    return "ptr lies in the cache's own memory with " + std::to_string(room) + " readable bytes after it, and size " +
+           n + " runs past them";
+  return {};
 }
 
 bool Core::offset_of(const void* ptr, std::uint64_t* offset, std::uint64_t* room) const noexcept {
@@ -1120,8 +1158,9 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
 
 void* Core::reserve(std::size_t size) noexcept {
   try {
-    if (size > (std::uint64_t{1} << 48)) {
-      set_last_error({Errc::invalid_argument, 0, "reservation size is implausibly large"});
+    if (size > kMaxEntrySize) {
+      set_last_error({Errc::invalid_argument, 0,
+                      "reserve: size " + std::to_string(size) + " is over 2^48 bytes, the largest entry a cache takes"});
       return nullptr;
     }
     std::unique_lock<std::mutex> lock(write_mu_);
@@ -1171,7 +1210,17 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
                     "key size " + std::to_string(key.size()) + " is outside 1.." + std::to_string(kMaxKeySize)});
     return kNotFound;
   }
+  if (size > kMaxEntrySize) {  // never hashed: a wild size (SIZE_MAX) would read until it faults
+    set_last_error({Errc::invalid_argument, 0,
+                    "look_up_or_insert: size " + std::to_string(size) +
+                        " is over 2^48 bytes, the largest entry a cache takes"});
+    return kNotFound;
+  }
   try {
+    if (std::string why = source_problem(ptr, size); !why.empty()) {
+      set_last_error({Errc::invalid_argument, 0, "look_up_or_insert: " + why});
+      return kNotFound;
+    }
     const std::uint64_t checksum = format::hash_bytes(ptr, size);
     const auto* p = static_cast<std::byte*>(ptr);
     std::unique_lock<std::mutex> lock(write_mu_);
@@ -1216,7 +1265,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
         release_reservation_locked(region.offset, Reservation{cap, region.heap});
         return static_cast<std::size_t>(old->offset);
       }
-      std::memcpy(addr(region.offset), ptr, size);
+      // The source may be this very space: a reservation released and handed out again.
+      std::memmove(addr(region.offset), ptr, size);
     }
     Entry* raw = index_.make(key);
     raw->offset = region.offset;

@@ -183,6 +183,10 @@ class Core {
   std::byte* addr(std::uint64_t offset) const noexcept {
     return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
   }
+  /// Why `size` bytes at `ptr` cannot be the source of an insert, or "": where `ptr` lies in the
+  /// cache's own memory they must stay inside the reservation or entry it points into (and inside
+  /// what is mapped). Takes write_mu_ when `ptr` is in the cache's memory.
+  std::string source_problem(const void* ptr, std::uint64_t size);
   /// The offset of an address in the cache's own memory (file mirror or heap arena), and how many
   /// mapped or committed bytes follow it there; false for any other address. write_mu_ held.
   bool offset_of(const void* p, std::uint64_t* offset, std::uint64_t* room) const noexcept;
