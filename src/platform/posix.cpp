@@ -3,6 +3,7 @@
 // we need MAP_FIXED placement inside one reserved range, posix_fallocate before mapping, msync
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
 // docs/DESIGN.md, "Below Boost".
+#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
 
@@ -10,6 +11,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -92,6 +95,13 @@ std::string parent_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string path_of(Handle h) { return handle_paths().of(h); }
+
+Error file_size_limit_reached(Handle h) {
+  return Error{Errc::no_space, EFBIG,
+               "the process's file size limit (RLIMIT_FSIZE) is reached while growing '" + path_of(h) + "'"};
+}
+
 class PosixPlatform final : public Platform {
  public:
   Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
@@ -132,16 +142,19 @@ class PosixPlatform final : public Platform {
     // could (mandatory locks) a read would fail with EAGAIN, which read_at reports as an error.
     const int fl = sys().fcntl(fd, F_GETFL, 0);
     if (fl >= 0) (void)sys().fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    handle_paths().add(fd, path);
     return static_cast<Handle>(fd);
   }
 
   void close_file(Handle h) noexcept override {
-    if (h >= 0) (void)sys().close(static_cast<int>(h));
+    if (h < 0) return;
+    handle_paths().remove(h);  // before the descriptor number can be reused
+    (void)sys().close(static_cast<int>(h));
   }
 
   Result<FileInfo> stat_file(Handle h) noexcept override {
     struct stat st {};
-    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", "<cache>");
+    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", path_of(h));
     return info_of(st);
   }
 
@@ -158,9 +171,9 @@ class PosixPlatform final : public Platform {
       const ssize_t n = sys().pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "read failed on", "<cache>");
+        return os_error(errno, "read failed on", path_of(h));
       }
-      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
+      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + path_of(h) + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -169,16 +182,15 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept override {
-    if (offset + size > file_size_limit())
-      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    if (offset + size > file_size_limit()) return file_size_limit_reached(h);
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
       const ssize_t n = sys().pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "write failed on", "<cache>");
+        return os_error(errno, "write failed on", path_of(h));
       }
-      if (n == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
+      if (n == 0) return Error{Errc::io, 0, "write made no progress on '" + path_of(h) + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -187,13 +199,12 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
-    if (offset + len > file_size_limit())
-      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    if (offset + len > file_size_limit()) return file_size_limit_reached(h);
     int rc;
     do {
       rc = sys().posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
     } while (rc == EINTR);
-    if (rc != 0) return os_error(rc, "cannot allocate disk space for", "<cache>", "Free disk space.");
+    if (rc != 0) return os_error(rc, "cannot allocate disk space for", path_of(h), "Free disk space.");
     return {};
   }
 
@@ -202,7 +213,7 @@ class PosixPlatform final : public Platform {
     do {
       rc = sys().ftruncate(static_cast<int>(h), static_cast<off_t>(size));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "cannot resize", "<cache>");
+    if (rc != 0) return os_error(errno, "cannot resize", path_of(h));
     return {};
   }
 
@@ -211,7 +222,7 @@ class PosixPlatform final : public Platform {
     do {
       rc = sys().fdatasync(static_cast<int>(h));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "fdatasync failed on", "<cache>");
+    if (rc != 0) return os_error(errno, "fdatasync failed on", path_of(h));
     return {};
   }
 
@@ -250,19 +261,22 @@ class PosixPlatform final : public Platform {
   }
 
   void release_address_space(void* base, std::size_t size) noexcept override {
-    if (base != nullptr && size != 0) sys().munmap(base, size);
+    if (base == nullptr || size == 0) return;
+    forget_mappings(base, size);
+    sys().munmap(base, size);
   }
 
   Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
                         bool writable) noexcept override {
     const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
     void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
+    if (p != MAP_FAILED) remember_mapping(at, len, h);
     if (p == MAP_FAILED) {
       const int err = errno;
       // A failed MAP_FIXED may have unmapped part of our reservation; take the range back at
       // once so no other allocation can land inside the cache's address range.
       (void)sys().mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-      return os_error(err, "cannot map", "<cache>");
+      return os_error(err, "cannot map", path_of(h));
     }
 #ifdef __linux__
     // Ask for huge pages: a fault in such a mapping fills the page cache with 2 MiB folios, and
@@ -286,7 +300,7 @@ class PosixPlatform final : public Platform {
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
     if (sys().msync(reinterpret_cast<void*>(start), len + (a - start), wait ? MS_SYNC : MS_ASYNC) != 0)
-      return os_error(errno, "msync failed on", "<cache>");
+      return os_error(errno, "msync failed on", mapped_path(addr));
     return {};
   }
 
@@ -327,7 +341,7 @@ class PosixPlatform final : public Platform {
       if (err == ENXIO) return offset;  // at or past the end of the file: nothing there at all
       // EINVAL: a kernel or file system without SEEK_HOLE. Not knowing is not a hole.
       if (err == EINVAL || errc_of(err) == Errc::unsupported) return end;
-      return os_error(err, "cannot look for holes in", "<cache>");
+      return os_error(err, "cannot look for holes in", path_of(h));
     }
     return std::min<std::uint64_t>(static_cast<std::uint64_t>(at), end);
 #else
@@ -341,7 +355,7 @@ class PosixPlatform final : public Platform {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
       if (errno == EINTR) continue;
       if (errno == EWOULDBLOCK) return false;
-      return os_error(errno, "cannot lock", "<cache>.lock");
+      return os_error(errno, "cannot lock", path_of(h));
     }
   }
 
@@ -366,6 +380,42 @@ class PosixPlatform final : public Platform {
     return static_cast<std::uint64_t>(rl.rlim_cur);
   }
 
+ private:
+  // File chunks mapped into reservations, by start address, with their file's path: what
+  // flush_mapping, which gets only an address, names in its errors.
+  struct Mapped {
+    std::uintptr_t end;
+    std::string path;
+  };
+
+  void remember_mapping(void* at, std::size_t len, Handle h) noexcept {
+    try {
+      std::string path = path_of(h);
+      std::lock_guard<std::mutex> lock(mapped_mu_);
+      const auto a = reinterpret_cast<std::uintptr_t>(at);
+      mapped_[a] = Mapped{a + len, std::move(path)};
+    } catch (...) {
+    }
+  }
+
+  void forget_mappings(void* base, std::size_t size) noexcept {
+    std::lock_guard<std::mutex> lock(mapped_mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(base);
+    mapped_.erase(mapped_.lower_bound(a), mapped_.lower_bound(a + size));
+  }
+
+  std::string mapped_path(const void* addr) const {
+    std::lock_guard<std::mutex> lock(mapped_mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    auto it = mapped_.upper_bound(a);
+    if (it == mapped_.begin() || (--it)->second.end <= a) return "(unknown file)";
+    return it->second.path;
+  }
+
+  mutable std::mutex mapped_mu_;
+  std::map<std::uintptr_t, Mapped> mapped_;
+
+ public:
   std::uint64_t address_space_limit() const noexcept override {
     struct rlimit rl {};
     if (sys().getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
