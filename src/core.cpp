@@ -41,9 +41,9 @@ constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation gr
 // The largest default reservation for a file, and the share of the address space it may take:
 // 1/512 leaves room for hundreds of caches (400 take 78% at most) and for the host.
 constexpr std::uint64_t kMaxDefaultFileSpan = 256ull << 30;
+constexpr std::uint64_t kDefaultSpanShare = 512;
 // No entry or reservation is larger (the format allows more; no machine has that memory).
 constexpr std::uint64_t kMaxEntrySize = 1ull << 48;
-constexpr std::uint64_t kDefaultSpanShare = 512;
 
 thread_local Error t_last_error;
 
@@ -352,7 +352,7 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
       return off;
     }
   }
-  if (size > (std::uint64_t{1} << 48)) return Error{Errc::no_memory, 0, "heap arena exhausted"};
+  if (size > kMaxEntrySize) return Error{Errc::no_memory, 0, "heap arena exhausted"};
   if (n == kMaxChunks)
     return Error{Errc::no_memory, 0, "the heap arena is in too many pieces (address space short); reopen the cache"};
   // A new chunk after the last, aligned like the addresses it hands out. It doubles the arena
