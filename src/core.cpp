@@ -31,9 +31,9 @@ constexpr std::uint64_t kPopulateMinBytes = 256ull << 10;
 // most (~0.5 ms warm, a few ms from disk), never for a whole multi-GiB entry.
 constexpr std::uint64_t kHashChunk = 8ull << 20;
 // File entries this big are looked up in the file system's allocation map before they are read:
-// a hole in one is corruption (the writer allocates every byte with posix_fallocate before it
-// writes), and reading a hole costs as much as reading data (a hostile 100 GiB sparse entry took
-// 67 s). Below it, hashing even a hole costs ~10 ms at most, less than worrying about it.
+// a range without disk blocks in one is corruption (the writer allocates every byte with
+// posix_fallocate before it writes), and reading a hole costs as much as reading data (a hostile
+// 100 GiB sparse entry took 67 s). Below it, hashing even a hole costs ~10 ms at most.
 constexpr std::uint64_t kHoleCheckMinBytes = 16ull << 20;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
@@ -804,8 +804,9 @@ bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) noexcept {
                 "program?); serving a miss. Delete the file to rebuild it.",
                 opts_.path, e->offset, e->size);
     else if (c == Check::hole)
-      log::warn("'{}': entry at offset {} ({} bytes) has a hole (disk blocks never allocated, which no weightcache "
-                "writer leaves); serving a miss without reading it. Delete the file to rebuild it.",
+      log::warn("'{}': entry at offset {} ({} bytes) has a hole (a range with no disk blocks, which no weightcache "
+                "writer leaves: a damaged, forged or sparsely copied file); serving a miss without reading it. Delete "
+                "the file to rebuild it.",
                 opts_.path, e->offset, e->size);
     else
       log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,

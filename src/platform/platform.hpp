@@ -77,9 +77,10 @@ class Platform {
   /// was cut short underneath the mapping); "not supported" and other errors return true.
   virtual bool populate_read(void* /*addr*/, std::size_t /*len*/) noexcept { return true; }
   /// Offset of the first byte of [offset, offset + len) of the file that no allocated disk block
-  /// backs (a hole), or offset + len when there is none; `offset` itself when the range starts
-  /// at or past the end of the file. Asks the file system's allocation map (SEEK_HOLE,
-  /// FSCTL_QUERY_ALLOCATED_RANGES) and reads no data. Where the OS or the file system cannot tell,
+  /// backs (a hole; blocks allocated but never written are not one), or offset + len when there
+  /// is none; `offset` itself when the range starts at or past the end of the file. Asks the
+  /// file system's allocation map (SEEK_HOLE and FIEMAP, FSCTL_QUERY_ALLOCATED_RANGES) and reads
+  /// no data. Where the OS or the file system cannot tell,
   /// the range counts as allocated ("unsupported" is never a hole). Errors are I/O errors only.
   virtual Result<std::uint64_t> first_hole(Handle /*h*/, std::uint64_t offset, std::uint64_t len) noexcept {
     return offset + len;
