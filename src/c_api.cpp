@@ -54,7 +54,7 @@ void wc_options_init(wc_options* o) {
   o->compact_dead_percent = 50;
   o->compact_min_dead_bytes = std::uint64_t{16} << 20;
   o->fd = -1;
-  o->max_file_bytes = std::uint64_t{256} << 30;
+  o->max_file_bytes = 0;  // sized at open to fit the process
   o->verify_ahead = 1;
 }
 

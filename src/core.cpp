@@ -5,6 +5,7 @@
 #include "log.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -26,10 +27,24 @@ constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
 constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 // Entries this big have their pages mapped in one call before they are hashed.
 constexpr std::uint64_t kPopulateMinBytes = 256ull << 10;
+// Entries are hashed in pieces of this size, each mapped in one call just before: the
+// verify-ahead thread looks at its stop flag between pieces, so close waits for one piece at
+// most (~0.5 ms warm, a few ms from disk), never for a whole multi-GiB entry.
+constexpr std::uint64_t kHashChunk = 8ull << 20;
+// File entries this big are looked up in the file system's allocation map before they are read:
+// a range without disk blocks in one is corruption (the writer allocates every byte with
+// posix_fallocate before it writes), and reading a hole costs as much as reading data (a hostile
+// 100 GiB sparse entry took 67 s). Below it, hashing even a hole costs ~10 ms at most.
+constexpr std::uint64_t kHoleCheckMinBytes = 16ull << 20;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
                                                        // multiple of every page size we know
-constexpr std::uint64_t kMinAddressSpace = 1ull << 30;
+// The largest default reservation for a file, and the share of the address space it may take:
+// 1/512 leaves room for hundreds of caches (400 take 78% at most) and for the host.
+constexpr std::uint64_t kMaxDefaultFileSpan = 256ull << 30;
+constexpr std::uint64_t kDefaultSpanShare = 512;
+// No entry or reservation is larger (the format allows more; no machine has that memory).
+constexpr std::uint64_t kMaxEntrySize = 1ull << 48;
 
 thread_local Error t_last_error;
 
@@ -63,6 +78,16 @@ LeaseHolders& lease_holders() {
 
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+std::uint64_t floor_pow2(std::uint64_t v) { return v == 0 ? 0 : std::uint64_t{1} << (63 - std::countl_zero(v)); }
+
+// max_file_bytes when the caller leaves it 0: a share of what this process may reserve. A
+// 64-bit process has 128 TiB of user address space on every system we build for (47 bits); a
+// 32-bit one 2 GiB for sure. RLIMIT_AS lowers it (reservations count against it).
+std::uint64_t default_max_file_bytes(const platform::Platform& pf) noexcept {
+  std::uint64_t space = sizeof(void*) >= 8 ? std::uint64_t{1} << 47 : std::uint64_t{1} << 31;
+  space = std::min(space, pf.address_space_limit());
+  return std::clamp<std::uint64_t>(floor_pow2(space / kDefaultSpanShare), kMinChunk, kMaxDefaultFileSpan);
+}
 
 }  // namespace
 
@@ -130,6 +155,7 @@ Core::Core(const Options& options, platform::Platform& pf)
       opener_forks_(platform::fork_generation()),
       opener_pid_(pf.process_id()) {
   compat_hash_ = format::hash_bytes(opts_.compat_key);
+  if (opts_.max_file_bytes == 0) opts_.max_file_bytes = default_max_file_bytes(pf_);
   align_ = opts_.alignment;
   gran_ = std::max<std::size_t>(kMapGranularity, pf_.map_granularity());
 }
@@ -206,8 +232,9 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       return fail({Errc::invalid_argument, 0,
                    "size_alignment must be a power of two between 1 and 16 MiB (got " +
                        std::to_string(options.size_alignment) + ")"});
-    if (options.max_file_bytes < (1u << 20))
-      return fail({Errc::invalid_argument, 0, "max_file_bytes must be at least 1 MiB"});
+    if (options.max_file_bytes != 0 && options.max_file_bytes < (1u << 20))
+      return fail({Errc::invalid_argument, 0, "max_file_bytes must be 0 (the default: sized to fit the process) or at "
+                                              "least 1 MiB"});
     if ((options.file_mode & ~0777u) != 0)
       return fail({Errc::invalid_argument, 0,
                    "file_mode may hold permission bits only (0777 at most; no setuid, setgid or sticky bit)"});
@@ -218,6 +245,7 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
     const bool want_file =
         (!options.path.empty() || options.fd >= 0) && options.backing != Backing::heap && !options.private_cache;
+    std::optional<Error> file_error;
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);
       auto r = core->init_file();
@@ -234,14 +262,25 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
         core->await_file(r.error());
         return core;
       }
-      log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
-                options.path, errc_name(r.error().code), r.error().message);
-      set_last_error(r.error());
+      file_error = r.error();
     }
     Options heap_opts = options;
     auto core = std::make_shared<Core>(heap_opts, pf);
     if (auto r = core->init_heap_only(); !r) return fail(r.error());
-    if (want_file) core->set_heap_reason(last_error());
+    if (file_error) {
+      // The file may have failed for want of memory (address space): promise a heap cache only
+      // once its first chunk is there.
+      if (auto r = core->ready_heap(); !r) {
+        log::error("cannot use cache file '{}' ({}: {}), and no memory for a heap cache either ({})", options.path,
+                   errc_name(file_error->code), file_error->message, r.error().message);
+        return fail({r.error().code, r.error().sys_errno,
+                     "cannot use cache file '" + options.path + "' (" + file_error->message +
+                         "), and no memory for a heap cache either: " + r.error().message});
+      }
+      log::warn("cannot use cache file '{}' ({}: {}); falling back to a heap cache for this process",
+                options.path, errc_name(file_error->code), file_error->message);
+      core->set_heap_reason(*file_error);  // finalize reports inserted entries as not durable
+    }
     return core;
   } catch (const std::bad_alloc&) {
     return fail({Errc::no_memory, 0, "out of memory while opening the cache"});
@@ -255,28 +294,192 @@ Result<void> Core::reserve_address_space(std::uint64_t file_span) noexcept {
   // addresses line up with file offsets modulo 2 MiB faults them in whole (a 256 MiB fill takes
   // ~10k faults instead of ~44k, 4-6x faster; docs/BENCHMARKS.md).
   const std::size_t va_align = std::max<std::size_t>({align_, gran_, std::size_t{2} << 20});
-  std::uint64_t heap_span = std::max<std::uint64_t>(opts_.max_file_bytes, kMinAddressSpace);
-  // The heap arena starts at base_ + file_span: keep that start aligned like the base.
-  file_span = align_up(file_span, va_align);
-  // Try the full range first; an address-space limit (RLIMIT_AS, 32-bit) gets halving retries.
+  // The heap arena is not in this range (it reserves chunks of its own as it fills), so heap
+  // offsets start right after the file's: keep that start aligned like the base.
+  file_span = align_up(std::max<std::uint64_t>(file_span, kMinChunk), va_align);
+  const std::uint64_t asked = file_span;
+  // The full range first; when the address space is short (RLIMIT_AS, 32-bit, hundreds of caches
+  // open) halve it: a smaller file is better than no cache. Offsets past the span go to the heap.
   for (;;) {
-    auto r = pf_.reserve_address_space(static_cast<std::size_t>(file_span + heap_span), va_align);
+    auto r = file_span <= SIZE_MAX ? pf_.reserve_address_space(static_cast<std::size_t>(file_span), va_align)
+                                   : Result<void*>(Error{Errc::no_memory, 0, "address space too small"});
     if (r) {
       base_ = static_cast<std::byte*>(r.value());
       file_span_ = file_span;
-      va_size_ = file_span + heap_span;
+      va_size_ = file_span;
+      if (file_span < asked)
+        log::warn("'{}': only {} MiB of address space could be reserved for the file (max_file_bytes asks {} MiB); "
+                  "the file cannot grow past it",
+                  opts_.path, file_span >> 20, asked >> 20);
       return {};
     }
-    if (file_span + heap_span <= 2 * kMinAddressSpace) return r.error();
-    if (file_span > kMinAddressSpace) file_span = align_up(file_span / 2, va_align);
-    if (heap_span > kMinAddressSpace) heap_span /= 2;
+    if (file_span <= va_align || file_span <= kMinChunk) return r.error();
+    file_span = align_up(file_span / 2, va_align);
   }
 }
 
 Result<void> Core::init_heap_only() noexcept {
+  // Nothing to reserve up front: the heap arena takes address space chunk by chunk as it fills.
   file_backed_ = false;
   file_disabled_ = true;
-  return reserve_address_space(0);
+  return {};
+}
+
+Result<void> Core::ready_heap() noexcept {
+  // Room for a first megabyte (reserved and committed, the cursor left where it is): less would
+  // be a heap cache in name only.
+  std::lock_guard<std::mutex> lock(write_mu_);
+  auto r = heap_.place(heap_cursor_, kMinChunk, align_, gran_);
+  if (!r) return r.error();
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// heap arena
+// ---------------------------------------------------------------------------------------------
+
+HeapArena::~HeapArena() {
+  for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i)
+    pf_.release_address_space(chunks_[i].base, static_cast<std::size_t>(chunks_[i].size));
+}
+
+std::byte* HeapArena::addr(std::uint64_t off) const noexcept {
+  // Chunks are in arena-offset order: the last one starting at or before `off` holds it.
+  unsigned lo = 0, hi = count_.load(std::memory_order_acquire);
+  if (hi == 0) return nullptr;
+  while (hi - lo > 1) {
+    const unsigned mid = (lo + hi) / 2;
+    if (chunks_[mid].start <= off) lo = mid;
+    else hi = mid;
+  }
+  return chunks_[lo].base + (off - chunks_[lo].start);
+}
+
+bool HeapArena::contains(const std::byte* p) const noexcept {
+  for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i)
+    if (p >= chunks_[i].base && p < chunks_[i].base + chunks_[i].size) return true;
+  return false;
+}
+
+bool HeapArena::find(const std::byte* p, std::uint64_t* off, std::uint64_t* room) const noexcept {
+  for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i) {
+    const Chunk& c = chunks_[i];
+    if (p < c.base || p >= c.base + c.size) continue;
+    const auto at = static_cast<std::uint64_t>(p - c.base);
+    *off = c.start + at;
+    *room = c.committed > at ? c.committed - at : 0;
+    return true;
+  }
+  return false;
+}
+
+Result<void> HeapArena::commit(Chunk& c, std::uint64_t end, std::uint64_t gran) noexcept {
+  if (end <= c.committed) return {};
+  // Geometric, as the file grows, but settle for just what is needed when memory is short.
+  std::uint64_t target = std::min(std::max({align_up(end, gran), c.committed * 2, kMinChunk}), c.size);
+  auto r = pf_.commit_memory(c.base + c.committed, static_cast<std::size_t>(target - c.committed));
+  if (!r && target > align_up(end, gran)) {
+    target = std::min(align_up(end, gran), c.size);
+    r = pf_.commit_memory(c.base + c.committed, static_cast<std::size_t>(target - c.committed));
+  }
+  if (!r) return r.error();
+  c.committed = target;
+  return {};
+}
+
+Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, std::uint64_t align,
+                                       std::uint64_t gran) noexcept {
+  const unsigned n = count_.load(std::memory_order_relaxed);
+  if (n > 0) {  // the rest of the last chunk
+    Chunk& c = chunks_[n - 1];
+    const std::uint64_t off = align_up(std::max(from, c.start), align);
+    if (off + size >= off && off + size <= c.start + c.size) {
+      if (auto r = commit(c, off - c.start + size, gran); !r) return r.error();
+      return off;
+    }
+  }
+  if (size > kMaxEntrySize) return Error{Errc::no_memory, 0, "heap arena exhausted"};
+  if (n == kMaxChunks)
+    return Error{Errc::no_memory, 0, "the heap arena is in too many pieces (address space short); reopen the cache"};
+  // A new chunk after the last, aligned like the addresses it hands out. It doubles the arena
+  // (so chunks stay few), or holds just this entry when the address space is short.
+  const std::uint64_t chunk_align = std::max(align, gran);
+  const std::uint64_t start = n == 0 ? 0 : align_up(chunks_[n - 1].start + chunks_[n - 1].size, chunk_align);
+  const std::uint64_t need = align_up(std::max<std::uint64_t>(size, 1), gran);
+  std::uint64_t want = std::max({need, reserved_, kMinChunk});
+  Result<void*> r = Error{Errc::no_memory, 0, ""};
+  for (;;) {
+    r = want <= SIZE_MAX ? pf_.reserve_address_space(static_cast<std::size_t>(want), static_cast<std::size_t>(chunk_align))
+                         : Result<void*>(Error{Errc::no_memory, 0, "address space too small"});
+    if (r || want == need) break;
+    want = std::max(need, align_up(want / 2, gran));
+  }
+  if (!r)
+    return Error{r.error().code, r.error().sys_errno,
+                 "cannot reserve " + std::to_string(need >> 20) + " MiB of address space for heap memory: " +
+                     r.error().message};
+  Chunk& c = chunks_[n];
+  c.start = start;
+  c.size = want;
+  c.committed = 0;
+  c.base = static_cast<std::byte*>(r.value());
+  if (auto cr = commit(c, size, gran); !cr) {
+    pf_.release_address_space(c.base, static_cast<std::size_t>(c.size));
+    c = Chunk{};
+    return Error{cr.error().code, cr.error().sys_errno, "cannot commit heap memory: " + cr.error().message};
+  }
+  reserved_ += want;
+  count_.store(n + 1, std::memory_order_release);
+  return start;
+}
+
+std::string Core::source_problem(const void* ptr, std::uint64_t size) {
+  const auto* p = static_cast<const std::byte*>(ptr);
+  if (!(base_ != nullptr && p >= base_ && p < base_ + file_span_) && !heap_.contains(p))
+    return {};  // the caller's own memory: its size is the caller's word
+  std::lock_guard<std::mutex> lock(write_mu_);
+  std::uint64_t at = 0, room = 0;
+  if (!offset_of(p, &at, &room)) return {};
+  const std::string n = std::to_string(size);
+  if (auto it = reservations_.upper_bound(at); it != reservations_.begin()) {
+    --it;
+    const auto& [start, r] = *it;
+    if (at - start < r.capacity) {
+      if (at == start && size > r.capacity)
+        return "size " + n + " is larger than the reservation at ptr (" + std::to_string(r.capacity) +
+               " bytes reserved); reserve at least the size you insert";
+      if (size > start + r.capacity - at)
+        return "ptr lies " + std::to_string(at - start) + " bytes into a reservation of " +
+               std::to_string(r.capacity) + " bytes, and size " + n + " runs past its end";
+      return {};
+    }
+  }
+  if (const Entry* e = index_.containing(at)) {
+    if (size > e->offset + e->size - at)
+      return "ptr lies " + std::to_string(at - e->offset) + " bytes into the entry at offset " +
+             std::to_string(e->offset) + " (" + std::to_string(e->size) + " bytes), and size " + n +
+             " runs past its end";
+    return {};
+  }
+  // Elsewhere in the cache's memory (free space, an index): only as far as it can be read.
+  if (at < file_span_) room = std::min(room, file_size_ > at ? file_size_ - at : 0);
+  if (size > room)
+    return "ptr lies in the cache's own memory with " + std::to_string(room) + " readable bytes after it, and size " +
+           n + " runs past them";
+  return {};
+}
+
+bool Core::offset_of(const void* ptr, std::uint64_t* offset, std::uint64_t* room) const noexcept {
+  const auto* p = static_cast<const std::byte*>(ptr);
+  if (base_ != nullptr && p >= base_ && p < base_ + file_span_) {
+    *offset = static_cast<std::uint64_t>(p - base_);
+    *room = mapped_end_ > *offset ? mapped_end_ - *offset : 0;
+    return true;
+  }
+  std::uint64_t arena_off = 0;
+  if (!heap_.find(p, &arena_off, room)) return false;
+  *offset = file_span_ + arena_off;
+  return true;
 }
 
 namespace {
@@ -806,7 +1009,7 @@ bool Core::verify_entry(Entry* e) noexcept {
     if (s == kVerifying) {
       // Being hashed by another thread of this process: wait for its verdict. After a fork the
       // verify-ahead thread is gone in the child, and its claims with it: hash it ourselves.
-      if (in_forked_child()) return bytes_match(e, nullptr);
+      if (in_forked_child()) return check_bytes(e, nullptr) == Check::good;
       // A condition variable, not std::atomic::wait: libstdc++ 12's portable fallback (used on
       // Windows) can lose a wake-up, and this must never hang a look-up.
       std::unique_lock<std::mutex> lk(verify_sync_->mu);
@@ -818,25 +1021,56 @@ bool Core::verify_entry(Entry* e) noexcept {
   }
 }
 
-bool Core::bytes_match(const Entry* e, bool* readable) const noexcept {
-  // Map the entry's pages in one call before hashing (one fault per 64 KiB otherwise; 2-3x
+Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept {
+  if (e->in_file && e->size >= kHoleCheckMinBytes) {
+    // A query the OS cannot answer, or fails, says nothing: the checksum still decides.
+    if (auto hole = pf_.first_hole(fd_, e->offset, e->size); hole && hole.value() < e->offset + e->size)
+      return Check::hole;
+  }
+  // Map each piece's pages in one call before hashing it (one fault per 64 KiB otherwise; 2-3x
   // slower for a warm file in large folios). It also asks the OS, without touching them, whether
   // the pages can be read at all: a file cut short under the mapping would SIGBUS the hash.
-  const bool can_read = !e->in_file || e->size < kPopulateMinBytes || pf_.populate_read(addr(e->offset), e->size);
-  if (readable != nullptr) *readable = can_read;
-  return can_read && format::hash_bytes(addr(e->offset), e->size) == e->checksum;
+  const bool populate = e->in_file && e->size >= kPopulateMinBytes;
+  const std::byte* p = addr(e->offset);
+  if (e->size <= kHashChunk) {
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p), e->size)) return Check::past_end;
+    return format::hash_bytes(p, e->size) == e->checksum ? Check::good : Check::bad_checksum;
+  }
+  format::StreamHash h;
+  if (!h.ok()) {  // no memory for the hash state: one piece, which no stop flag interrupts
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p), e->size)) return Check::past_end;
+    return format::hash_bytes(p, e->size) == e->checksum ? Check::good : Check::bad_checksum;
+  }
+  for (std::uint64_t done = 0; done < e->size;) {
+    if (stop != nullptr && stop->load(std::memory_order_relaxed)) return Check::stopped;
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kHashChunk, e->size - done));
+    if (populate && !pf_.populate_read(const_cast<std::byte*>(p + done), n)) return Check::past_end;
+    h.update(p + done, n);
+    done += n;
+  }
+  return h.digest() == e->checksum ? Check::good : Check::bad_checksum;
 }
 
-bool Core::finish_verify(Entry* e) noexcept {
-  bool readable = true;
-  const bool ok = bytes_match(e, &readable);
+bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) noexcept {
+  const Check c = check_bytes(e, stop);
+  if (c == Check::stopped) {  // closing: no verdict, as if never claimed
+    e->state.store(kUnverified, std::memory_order_release);
+    wake_verify_waiters();
+    return false;
+  }
+  const bool ok = c == Check::good;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();
   if (!ok) {
     ++verify_failures_;
-    if (!readable)
+    if (c == Check::past_end)
       log::warn("'{}': entry at offset {} ({} bytes) lies past the end of the file (was it truncated by another "
                 "program?); serving a miss. Delete the file to rebuild it.",
+                opts_.path, e->offset, e->size);
+    else if (c == Check::hole)
+      log::warn("'{}': entry at offset {} ({} bytes) has a hole (a range with no disk blocks, which no weightcache "
+                "writer leaves: a damaged, forged or sparsely copied file); serving a miss without reading it. Delete "
+                "the file to rebuild it.",
                 opts_.path, e->offset, e->size);
     else
       log::warn("'{}': entry at offset {} ({} bytes) fails its checksum; serving a miss", opts_.path, e->offset,
@@ -889,8 +1123,9 @@ void Core::start_verify_ahead() noexcept {
           if (sync->stop.load(std::memory_order_relaxed)) break;
           std::uint8_t expected = kUnverified;
           if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
-            finish_verify(e);
-            verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+            finish_verify(e, &sync->stop);
+            // Stopped half-way, it left the entry unverified (close is waiting: nothing else runs).
+            if (!sync->stop.load(std::memory_order_relaxed)) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
           }
         }
         // The last touch of the cache: close may free it (and `sync`) once the mutex is free.
@@ -1169,18 +1404,10 @@ Result<void> Core::grow_file_locked(std::uint64_t end) noexcept {
 }
 
 Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
-  const std::uint64_t off = align_up(heap_cursor_, align_);
-  const std::uint64_t end = off + size;
-  const std::uint64_t heap_span = va_size_ - file_span_;
-  if (end > heap_span || end < off) return Error{Errc::no_memory, 0, "heap arena exhausted"};
-  if (end > heap_committed_) {
-    const std::uint64_t target = std::min(std::max({align_up(end, gran_), heap_committed_ * 2, kMinChunk}), heap_span);
-    auto r = pf_.commit_memory(addr(file_span_ + heap_committed_), static_cast<std::size_t>(target - heap_committed_));
-    if (!r) return r.error();
-    heap_committed_ = target;
-  }
-  heap_cursor_ = end;
-  return file_span_ + off;
+  auto r = heap_.place(heap_cursor_, size, align_, gran_);
+  if (!r) return r.error();
+  heap_cursor_ = r.value() + size;
+  return file_span_ + r.value();
 }
 
 Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
@@ -1223,8 +1450,9 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
 
 void* Core::reserve(std::size_t size) noexcept {
   try {
-    if (size > (std::uint64_t{1} << 48)) {
-      set_last_error({Errc::invalid_argument, 0, "reservation size is implausibly large"});
+    if (size > kMaxEntrySize) {
+      set_last_error({Errc::invalid_argument, 0,
+                      "reserve: size " + std::to_string(size) + " is over 2^48 bytes, the largest entry a cache takes"});
       return nullptr;
     }
     std::unique_lock<std::mutex> lock(write_mu_);
@@ -1244,11 +1472,11 @@ void* Core::reserve(std::size_t size) noexcept {
 }
 
 Result<void> Core::release(void* ptr) noexcept {
-  const auto* p = static_cast<std::byte*>(ptr);
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (p < base_ || p >= base_ + va_size_)
+  std::uint64_t at = 0, room = 0;
+  if (!offset_of(ptr, &at, &room))
     return fail({Errc::invalid_argument, 0, "release: pointer is not from this cache"});
-  auto it = reservations_.find(static_cast<std::uint64_t>(p - base_));
+  auto it = reservations_.find(at);
   if (it == reservations_.end())
     return fail({Errc::invalid_argument, 0, "release: pointer is not an outstanding reservation's start"});
   const auto [offset, r] = *it;
@@ -1274,13 +1502,23 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
                     "key size " + std::to_string(key.size()) + " is outside 1.." + std::to_string(kMaxKeySize)});
     return kNotFound;
   }
+  if (size > kMaxEntrySize) {  // never hashed: a wild size (SIZE_MAX) would read until it faults
+    set_last_error({Errc::invalid_argument, 0,
+                    "look_up_or_insert: size " + std::to_string(size) +
+                        " is over 2^48 bytes, the largest entry a cache takes"});
+    return kNotFound;
+  }
   try {
+    if (std::string why = source_problem(ptr, size); !why.empty()) {
+      set_last_error({Errc::invalid_argument, 0, "look_up_or_insert: " + why});
+      return kNotFound;
+    }
     const std::uint64_t checksum = format::hash_bytes(ptr, size);
     const auto* p = static_cast<std::byte*>(ptr);
     std::unique_lock<std::mutex> lock(write_mu_);
     std::optional<std::pair<std::uint64_t, Reservation>> res;
-    if (p >= base_ && p < base_ + va_size_) {
-      auto it = reservations_.find(static_cast<std::uint64_t>(p - base_));
+    if (std::uint64_t at = 0, room = 0; offset_of(p, &at, &room)) {
+      auto it = reservations_.find(at);
       if (it != reservations_.end() && size <= it->second.capacity) {
         res.emplace(it->first, it->second);
         reservations_.erase(it);
@@ -1319,7 +1557,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
         release_reservation_locked(region.offset, Reservation{cap, region.heap});
         return static_cast<std::size_t>(old->offset);
       }
-      std::memcpy(addr(region.offset), ptr, size);
+      // The source may be this very space: a reservation released and handed out again.
+      std::memmove(addr(region.offset), ptr, size);
     }
     Entry* raw = index_.make(key);
     raw->offset = region.offset;

@@ -50,6 +50,46 @@ class StripedCounter {
   Stripe stripes_[kStripes];
 };
 
+/// The heap arena of a cache: private memory for the entries that cannot live in the file (a
+/// heap-only cache, a fallback), reserved chunk by chunk as it fills, so a cache reserves only
+/// what it uses (docs/DESIGN.md, "Address space"). Arena offsets run on from chunk to chunk; a
+/// chunk never moves and is released with the arena. Readers turn an offset into an address
+/// without a lock; everything else is the writer's (under Core's write mutex).
+class HeapArena {
+ public:
+  explicit HeapArena(platform::Platform& pf) noexcept : pf_(pf) {}
+  ~HeapArena();
+  HeapArena(const HeapArena&) = delete;
+  HeapArena& operator=(const HeapArena&) = delete;
+
+  /// The arena offset of `size` committed bytes at or after `from`, aligned to `align` (a power
+  /// of two no larger than `gran`, the chunk alignment, or a multiple of it). Writer only.
+  Result<std::uint64_t> place(std::uint64_t from, std::uint64_t size, std::uint64_t align, std::uint64_t gran) noexcept;
+  /// Address of an arena offset inside a chunk. Any thread.
+  std::byte* addr(std::uint64_t off) const noexcept;
+  /// Whether `p` lies in a chunk. Any thread.
+  bool contains(const std::byte* p) const noexcept;
+  /// The arena offset of `p`, and how many committed bytes follow it in its chunk. Writer only.
+  bool find(const std::byte* p, std::uint64_t* off, std::uint64_t* room) const noexcept;
+
+ private:
+  struct Chunk {
+    std::uint64_t start = 0;      // arena offset of base[0]
+    std::uint64_t size = 0;       // reserved bytes
+    std::uint64_t committed = 0;  // [base, base + committed) is usable (writer only)
+    std::byte* base = nullptr;
+  };
+  // Chunks at least double, so 64 hold any arena an address space can; only retries that had
+  // to settle for less (an address-space limit) add more.
+  static constexpr unsigned kMaxChunks = 64;
+  Result<void> commit(Chunk& c, std::uint64_t end, std::uint64_t gran) noexcept;
+
+  platform::Platform& pf_;
+  Chunk chunks_[kMaxChunks];
+  std::atomic<unsigned> count_{0};  // chunks_[0, count_) are filled in (release store)
+  std::uint64_t reserved_ = 0;      // writer only
+};
+
 class Core {
  public:
   struct Identity {
@@ -108,6 +148,8 @@ class Core {
 
   // set-up
   Result<void> init_heap_only() noexcept;
+  /// Commits the heap arena's first chunk now: a fallback must not promise memory it cannot get.
+  Result<void> ready_heap() noexcept;
   Result<void> reserve_address_space(std::uint64_t file_span) noexcept;
   Result<void> init_file() noexcept;
   /// Opens the file at the path into fd_ and takes its in-use lock: exclusive when no other
@@ -156,9 +198,12 @@ class Core {
   void maybe_trim_locked() noexcept;
 
   bool verify_entry(Entry* e) noexcept;
-  bool finish_verify(Entry* e) noexcept;  // hashes an entry this thread claimed (kVerifying)
-  /// Whether the entry's bytes are readable (*readable, when given) and hash to its checksum.
-  bool bytes_match(const Entry* e, bool* readable) const noexcept;
+  /// Hashes an entry this thread claimed (kVerifying) and records the verdict. With `stop` (the
+  /// verify-ahead thread), gives up between chunks once it is set: the entry is unverified again.
+  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr) noexcept;
+  enum class Check { good, bad_checksum, past_end, hole, stopped };
+  /// The entry's bytes against its checksum, hashed in chunks (docs/DESIGN.md, "Verification").
+  Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept;
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead() noexcept;
@@ -171,7 +216,16 @@ class Core {
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
   void recount_durable_locked() noexcept;
-  std::byte* addr(std::uint64_t offset) const noexcept { return base_ + offset; }
+  std::byte* addr(std::uint64_t offset) const noexcept {
+    return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
+  }
+  /// Why `size` bytes at `ptr` cannot be the source of an insert, or "": where `ptr` lies in the
+  /// cache's own memory they must stay inside the reservation or entry it points into (and inside
+  /// what is mapped). Takes write_mu_ when `ptr` is in the cache's memory.
+  std::string source_problem(const void* ptr, std::uint64_t size);
+  /// The offset of an address in the cache's own memory (file mirror or heap arena), and how many
+  /// mapped or committed bytes follow it there; false for any other address. write_mu_ held.
+  bool offset_of(const void* p, std::uint64_t* offset, std::uint64_t* room) const noexcept;
   std::uint64_t round_size(std::uint64_t size) const noexcept;
   /// Alignment of new file offsets: the file's own (from its header) when stricter than ours,
   /// so every entry keeps the invariant the header states.
@@ -200,10 +254,11 @@ class Core {
   platform::Handle lock_fd_ = platform::kInvalidHandle;
 
   // Address space: [base_, base_ + file_span_) mirrors the file (address = base_ + offset);
-  // [base_ + file_span_, base_ + va_size_) is the heap arena.
+  // offsets from file_span_ on are the heap arena's (offset - file_span_), in chunks of their own.
   std::byte* base_ = nullptr;
-  std::uint64_t va_size_ = 0;
+  std::uint64_t va_size_ = 0;  // the reservation at base_ (file_span_, or 0 for a heap-only cache)
   std::uint64_t file_span_ = 0;
+  HeapArena heap_{pf_};
 
   // Guarded by write_mu_.
   mutable std::mutex write_mu_;
@@ -215,7 +270,6 @@ class Core {
   std::uint64_t cursor_ = 0;        // next free file offset (valid with the lease)
   std::uint64_t flush_from_ = 0;    // start of data not yet flushed
   std::uint64_t heap_cursor_ = 0;   // arena offset
-  std::uint64_t heap_committed_ = 0;
   format::CommitSlot committed_{};  // latest slot we wrote or read
   std::uint64_t written_size_ = 0;  // largest committed_size of any slot we wrote, synced or not
   std::map<std::uint64_t, Reservation> reservations_;

@@ -7,6 +7,7 @@
 // serialized by the caller (Core holds write_mu_). See docs/DESIGN.md, "The index".
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -173,6 +174,7 @@ class EntryIndex {
   /// std::bad_alloc, and then nothing changed.
   Entry* publish(Entry* e) {
     reserve(live_.load(std::memory_order_relaxed) + 1, offsets_ + 1);
+    by_start_.emplace_back(e->offset, e->number);  // the last thing that can throw
     // Offset first: a reader that finds the key must also find its offset (offset_to_addr).
     if (put(*by_offset_.load(std::memory_order_relaxed), hash_offset(e->offset), e->number,
             [&](const Entry& x) { return x.offset == e->offset; }) == nullptr)
@@ -182,6 +184,27 @@ class EntryIndex {
     if (old == nullptr) live_.fetch_add(1, std::memory_order_release);
     else old->replaced.store(true, std::memory_order_release);
     return old;
+  }
+
+  /// The published entry, live or replaced, whose bytes [offset, offset + size) hold `offset`, or
+  /// nullptr. Writer only: it may sort its list (entries arrive mostly in offset order, so that
+  /// is a merge of what came since the last call). Throws std::bad_alloc.
+  const Entry* containing(std::uint64_t offset) {
+    if (sorted_ < by_start_.size()) {
+      const auto mid = by_start_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+      std::sort(mid, by_start_.end());
+      std::inplace_merge(by_start_.begin(), mid, by_start_.end());
+      sorted_ = by_start_.size();
+    }
+    auto it = std::upper_bound(by_start_.begin(), by_start_.end(), std::make_pair(offset, ~std::uint32_t{0}));
+    while (it != by_start_.begin()) {
+      --it;
+      const Entry* e = entries_.at(it->second);
+      if (offset - e->offset < e->size) return e;
+      // Another entry may start at the same offset (one replaced by another process's commit).
+      if (it == by_start_.begin() || std::prev(it)->first != it->first) break;
+    }
+    return nullptr;
   }
 
   /// Room for `keys` live keys and `offsets` offsets without growing (growth copies a table).
@@ -267,6 +290,9 @@ class EntryIndex {
   std::atomic<index_detail::Table*> by_offset_{nullptr};
   std::atomic<std::uint64_t> live_{0};
   std::uint64_t offsets_ = 0;  // distinct offsets in by_offset_ (writer only)
+  // (offset, number) of every published entry, for containing(); [0, sorted_) is sorted. Writer only.
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> by_start_;
+  std::size_t sorted_ = 0;
 };
 
 }  // namespace weightcache

@@ -373,6 +373,12 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
     print_findings(in_path, in.value());
     return report({kExitProblems, "'" + in_path + "' has problems; not converted"});
   }
+  // A version 2 key is never empty ("#seed=N" is appended), so the name is checked on its own:
+  // an entry without a name cannot be told from another entry without a name but the same seed.
+  for (std::size_t i = 0; i < in->entries.size(); ++i)
+    if (in->entries[i].name.empty())
+      return report({kExitProblems, "entry " + std::to_string(i) + " of '" + in_path +
+                                        "' has an empty name, which cannot make a weightcache key; not converted"});
   for (const auto& e : in->entries)
     if (e.key.empty() || e.key.size() > fmt_::kMaxKeySize)
       return report({kExitProblems, "entry '" + display_key(e.key) + "' of '" + in_path +

@@ -114,8 +114,11 @@ struct Options {
   std::chrono::milliseconds lease_timeout{120000};
   /// A look-up miss first checks for entries other processes committed since the last refresh.
   bool refresh_on_miss = false;
-  /// Address space reserved for the file mapping (the file can never grow past it).
-  std::uint64_t max_file_bytes = std::uint64_t{256} << 30;
+  /// Address space reserved for the file mapping (the file can never grow past it). 0 (the
+  /// default): 1/512 of what the process may reserve (pointer width, RLIMIT_AS), between 1 MiB
+  /// and 256 GiB: 256 GiB in a 64-bit process without a limit, 4 MiB in a 32-bit one. Heap
+  /// memory (a heap-only cache, a fallback) is reserved as it is used, whatever this says.
+  std::uint64_t max_file_bytes = 0;
   /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
   /// CPUs, one background thread checksums entries (from the middle of the file on) before their
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the

@@ -138,7 +138,9 @@ typedef struct wc_options {
   uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */
   int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
                                  committed since the last refresh (cheap when none) */
-  uint64_t max_file_bytes;    /* address space reserved for the file; default 256 GiB */
+  uint64_t max_file_bytes;    /* address space reserved for the file; 0 (default) = 1/512 of
+                                 what the process may reserve (RLIMIT_AS, pointer width), 1 MiB
+                                 to 256 GiB; heap memory is reserved as it is used */
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
@@ -256,6 +258,10 @@ WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
  *   served again).
  * - ptr is the start of a reservation (size <= reserved size): committed in place, no copy.
  * - otherwise the bytes are copied into the cache.
+ * `size` over 2^48, over the reserved size when ptr starts a reservation, or running past the
+ * end of the reservation or entry ptr points into (or of what the cache has mapped there), is
+ * WC_ERR_INVALID_ARGUMENT (see wc_last_error) and nothing is read; a size past the end of the
+ * caller's own memory cannot be checked.
  * Returns WC_NOT_FOUND only on invalid arguments or when no memory at all can be had.
  * Not durable until wc_finalize. Thread-safe: a key raced by two threads ends with one entry.
  */

@@ -91,6 +91,15 @@ class Platform {
   /// in large folios. Returns false only when the OS says reading them would fault (the file
   /// was cut short underneath the mapping); "not supported" and other errors return true.
   virtual bool populate_read(void* /*addr*/, std::size_t /*len*/) noexcept { return true; }
+  /// Offset of the first byte of [offset, offset + len) of the file that no allocated disk block
+  /// backs (a hole; blocks allocated but never written are not one), or offset + len when there
+  /// is none; `offset` itself when the range starts at or past the end of the file. Asks the
+  /// file system's allocation map (SEEK_HOLE and FIEMAP, FSCTL_QUERY_ALLOCATED_RANGES) and reads
+  /// no data. Where the OS or the file system cannot tell,
+  /// the range counts as allocated ("unsupported" is never a hole). Errors are I/O errors only.
+  virtual Result<std::uint64_t> first_hole(Handle /*h*/, std::uint64_t offset, std::uint64_t len) noexcept {
+    return offset + len;
+  }
 
   // ---- locks ----
   /// Exclusive lock on an open file, owned by this handle (not the process). Non-blocking:
@@ -117,6 +126,9 @@ class Platform {
   /// Current limit on file size for this process (RLIMIT_FSIZE), UINT64_MAX if none. Growing
   /// past it would raise SIGXFSZ in the host, so the cache checks before it grows.
   virtual std::uint64_t file_size_limit() const noexcept = 0;
+  /// Current limit on this process's address space (RLIMIT_AS), UINT64_MAX if none. Reserved
+  /// ranges count against it, so the cache sizes its default reservation from it.
+  virtual std::uint64_t address_space_limit() const noexcept { return UINT64_MAX; }
 };
 
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.

@@ -3,16 +3,25 @@
 // we need MAP_FIXED placement inside one reserved range, posix_fallocate before mapping, msync
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
 // docs/DESIGN.md, "Below Boost".
+#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include <fcntl.h>
 #include <pthread.h>
+#ifdef __linux__
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#endif
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -31,6 +40,8 @@ const PosixCalls kDefaultCalls = {
     .fstat = ::fstat,
     .pread = ::pread,
     .pwrite = ::pwrite,
+    .lseek = ::lseek,
+    .ioctl = [](int fd, unsigned long request, void* arg) { return ::ioctl(fd, request, arg); },
     .posix_fallocate = ::posix_fallocate,
     .ftruncate = ::ftruncate,
     .fdatasync = ::fdatasync,
@@ -104,6 +115,13 @@ std::string parent_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string path_of(Handle h) { return handle_paths().of(h); }
+
+Error file_size_limit_reached(Handle h) {
+  return Error{Errc::no_space, EFBIG,
+               "the process's file size limit (RLIMIT_FSIZE) is reached while growing '" + path_of(h) + "'"};
+}
+
 class PosixPlatform final : public Platform {
  public:
   Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
@@ -144,16 +162,19 @@ class PosixPlatform final : public Platform {
     // could (mandatory locks) a read would fail with EAGAIN, which read_at reports as an error.
     const int fl = sys().fcntl(fd, F_GETFL, 0);
     if (fl >= 0) (void)sys().fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    handle_paths().add(fd, path);
     return static_cast<Handle>(fd);
   }
 
   void close_file(Handle h) noexcept override {
-    if (h >= 0) (void)sys().close(static_cast<int>(h));
+    if (h < 0) return;
+    handle_paths().remove(h);  // before the descriptor number can be reused
+    (void)sys().close(static_cast<int>(h));
   }
 
   Result<FileInfo> stat_file(Handle h) noexcept override {
     struct stat st {};
-    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", "<cache>");
+    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", path_of(h));
     return info_of(st);
   }
 
@@ -170,9 +191,9 @@ class PosixPlatform final : public Platform {
       const ssize_t n = sys().pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "read failed on", "<cache>");
+        return os_error(errno, "read failed on", path_of(h));
       }
-      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
+      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + path_of(h) + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -181,16 +202,15 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept override {
-    if (offset + size > file_size_limit())
-      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    if (offset + size > file_size_limit()) return file_size_limit_reached(h);
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
       const ssize_t n = sys().pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "write failed on", "<cache>");
+        return os_error(errno, "write failed on", path_of(h));
       }
-      if (n == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
+      if (n == 0) return Error{Errc::io, 0, "write made no progress on '" + path_of(h) + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -199,13 +219,12 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
-    if (offset + len > file_size_limit())
-      return Error{Errc::no_space, EFBIG, "the process's file size limit (RLIMIT_FSIZE) is reached"};
+    if (offset + len > file_size_limit()) return file_size_limit_reached(h);
     int rc;
     do {
       rc = sys().posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
     } while (rc == EINTR);
-    if (rc != 0) return os_error(rc, "cannot allocate disk space for", "<cache>", "Free disk space.");
+    if (rc != 0) return os_error(rc, "cannot allocate disk space for", path_of(h), "Free disk space.");
     return {};
   }
 
@@ -214,7 +233,7 @@ class PosixPlatform final : public Platform {
     do {
       rc = sys().ftruncate(static_cast<int>(h), static_cast<off_t>(size));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "cannot resize", "<cache>");
+    if (rc != 0) return os_error(errno, "cannot resize", path_of(h));
     return {};
   }
 
@@ -223,7 +242,7 @@ class PosixPlatform final : public Platform {
     do {
       rc = sys().fdatasync(static_cast<int>(h));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "fdatasync failed on", "<cache>");
+    if (rc != 0) return os_error(errno, "fdatasync failed on", path_of(h));
     return {};
   }
 
@@ -267,19 +286,22 @@ class PosixPlatform final : public Platform {
   }
 
   void release_address_space(void* base, std::size_t size) noexcept override {
-    if (base != nullptr && size != 0) sys().munmap(base, size);
+    if (base == nullptr || size == 0) return;
+    forget_mappings(base, size);
+    sys().munmap(base, size);
   }
 
   Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
                         bool writable) noexcept override {
     const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
     void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
+    if (p != MAP_FAILED) remember_mapping(at, len, h);
     if (p == MAP_FAILED) {
       const int err = errno;
       // A failed MAP_FIXED may have unmapped part of our reservation; take the range back at
       // once so no other allocation can land inside the cache's address range.
       (void)sys().mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-      return os_error(err, "cannot map", "<cache>");
+      return os_error(err, "cannot map", path_of(h));
     }
 #ifdef __linux__
     // Ask for huge pages: a fault in such a mapping fills the page cache with 2 MiB folios, and
@@ -303,7 +325,7 @@ class PosixPlatform final : public Platform {
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
     const std::uintptr_t start = a & ~(static_cast<std::uintptr_t>(page) - 1);
     if (sys().msync(reinterpret_cast<void*>(start), len + (a - start), wait ? MS_SYNC : MS_ASYNC) != 0)
-      return os_error(errno, "msync failed on", "<cache>");
+      return os_error(errno, "msync failed on", mapped_path(addr));
     return {};
   }
 
@@ -378,13 +400,77 @@ class PosixPlatform final : public Platform {
   }
 
   int native_descriptor(Handle h) const noexcept override { return static_cast<int>(h); }
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+    const std::uint64_t end = offset + len;
+#ifdef SEEK_HOLE
+    const int fd = static_cast<int>(h);
+    std::uint64_t at = offset;
+    // ext4, XFS and btrfs report a preallocated extent that was never written as a hole, like
+    // one that has no blocks at all; only the second is damage. Each hole SEEK_HOLE finds is
+    // checked against the extent map, and the walk goes on past allocated extents. A file cut
+    // into more pieces than this is not walked: the checksum decides.
+    for (int pieces = 0; pieces < 64; ++pieces) {
+      // The file offset this moves is never used: every read and write says where it goes.
+      const off_t found = sys().lseek(fd, static_cast<off_t>(at), SEEK_HOLE);
+      if (found < 0) {
+        const int err = errno;
+        if (err == ENXIO) return at;  // at or past the end of the file: nothing there at all
+        // EINVAL: a kernel or file system without SEEK_HOLE. Not knowing is not a hole.
+        if (err == EINVAL || errc_of(err) == Errc::unsupported) return end;
+        return os_error(err, "cannot look for holes in", path_of(h));
+      }
+      const auto hole = static_cast<std::uint64_t>(found);
+      if (hole >= end) return end;
+      const std::uint64_t allocated = allocated_from(fd, hole, end);
+      if (allocated <= hole) return hole;
+      at = allocated;
+      if (at >= end) return end;
+    }
+    return end;
+#else
+    (void)h;
+    return end;
+#endif
+  }
+
+  // The end of the run of allocated extents (written or not) that covers `at`, up to `end`; `at`
+  // itself when no extent covers it, or when the file system keeps no extent map we can read.
+  static std::uint64_t allocated_from(int fd, std::uint64_t at, std::uint64_t end) noexcept {
+#if defined(__linux__) && defined(FS_IOC_FIEMAP)
+    constexpr unsigned kExtents = 32;
+    alignas(struct fiemap) unsigned char buf[sizeof(struct fiemap) + kExtents * sizeof(struct fiemap_extent)];
+    auto* map = reinterpret_cast<struct fiemap*>(buf);
+    std::uint64_t covered = at;
+    for (int rounds = 0; rounds < 8 && covered < end; ++rounds) {
+      std::memset(buf, 0, sizeof buf);
+      map->fm_start = covered;
+      map->fm_length = end - covered;
+      map->fm_extent_count = kExtents;
+      if (sys().ioctl(fd, FS_IOC_FIEMAP, map) != 0) return covered;
+      const unsigned n = std::min(map->fm_mapped_extents, kExtents);
+      bool last = n == 0;
+      for (unsigned i = 0; i < n; ++i) {
+        const struct fiemap_extent& x = map->fm_extents[i];
+        if (x.fe_logical > covered) return covered;  // a gap: a real hole begins here
+        covered = std::max<std::uint64_t>(covered, x.fe_logical + x.fe_length);
+        if (x.fe_flags & FIEMAP_EXTENT_LAST) last = true;
+      }
+      if (last || n < kExtents) break;
+    }
+    return std::min(covered, end);
+#else
+    (void)fd;
+    (void)end;
+    return at;
+#endif
+  }
 
   Result<bool> try_lock(Handle h) noexcept override {
     for (;;) {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
       if (errno == EINTR) continue;
       if (errno == EWOULDBLOCK) return false;
-      return os_error(errno, "cannot lock", "<cache>.lock");
+      return os_error(errno, "cannot lock", path_of(h));
     }
   }
 
@@ -442,6 +528,48 @@ class PosixPlatform final : public Platform {
     struct rlimit rl {};
     // getrlimit fails only for a bad resource or pointer, neither of which this call has.
     if (sys().getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    return static_cast<std::uint64_t>(rl.rlim_cur);
+  }
+
+ private:
+  // File chunks mapped into reservations, by start address, with their file's path: what
+  // flush_mapping, which gets only an address, names in its errors.
+  struct Mapped {
+    std::uintptr_t end;
+    std::string path;
+  };
+
+  void remember_mapping(void* at, std::size_t len, Handle h) noexcept {
+    try {
+      std::string path = path_of(h);
+      std::lock_guard<std::mutex> lock(mapped_mu_);
+      const auto a = reinterpret_cast<std::uintptr_t>(at);
+      mapped_[a] = Mapped{a + len, std::move(path)};
+    } catch (...) {
+    }
+  }
+
+  void forget_mappings(void* base, std::size_t size) noexcept {
+    std::lock_guard<std::mutex> lock(mapped_mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(base);
+    mapped_.erase(mapped_.lower_bound(a), mapped_.lower_bound(a + size));
+  }
+
+  std::string mapped_path(const void* addr) const {
+    std::lock_guard<std::mutex> lock(mapped_mu_);
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    auto it = mapped_.upper_bound(a);
+    if (it == mapped_.begin() || (--it)->second.end <= a) return "(unknown file)";
+    return it->second.path;
+  }
+
+  mutable std::mutex mapped_mu_;
+  std::map<std::uintptr_t, Mapped> mapped_;
+
+ public:
+  std::uint64_t address_space_limit() const noexcept override {
+    struct rlimit rl {};
+    if (sys().getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
     return static_cast<std::uint64_t>(rl.rlim_cur);
   }
 };

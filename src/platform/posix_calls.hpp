@@ -20,6 +20,8 @@ struct PosixCalls {
   int (*fstat)(int fd, struct stat* st);
   ssize_t (*pread)(int fd, void* buf, size_t n, off_t off);
   ssize_t (*pwrite)(int fd, const void* buf, size_t n, off_t off);
+  off_t (*lseek)(int fd, off_t off, int whence);  // SEEK_HOLE only: reads and writes say their offset
+  int (*ioctl)(int fd, unsigned long request, void* arg);  // FS_IOC_FIEMAP only
   int (*posix_fallocate)(int fd, off_t off, off_t len);  // returns an error number, as libc's
   int (*ftruncate)(int fd, off_t len);
   int (*fdatasync)(int fd);

@@ -21,6 +21,7 @@
 // offsets: there a writable mapping grows the file to the chunk's end (what CreateFileMapping
 // does), and a read-only one copies the last partial chunk into private memory and re-reads it
 // when the file is stat'ed again (committed bytes never change, so re-reading is harmless).
+#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/win32_calls.hpp"
 
@@ -31,9 +32,11 @@
 #define NOMINMAX
 #endif
 #include <windows.h>
+#include <winioctl.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -161,6 +164,7 @@ Win32Calls make_default_calls() {
   c.flush_file_buffers = ::FlushFileBuffers;
   c.lock_file_ex = ::LockFileEx;
   c.unlock_file_ex = ::UnlockFileEx;
+  c.device_io_control = ::DeviceIoControl;
   c.create_file_mapping_w = ::CreateFileMappingW;
   c.map_view_of_file_ex = ::MapViewOfFileEx;
   c.unmap_view_of_file = ::UnmapViewOfFile;
@@ -431,10 +435,23 @@ std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & 
 struct FileRef {
   HANDLE h = nullptr;
   std::uint64_t device = 0, inode = 0;
+  std::string path;  // of the handle it duplicates, for messages
   ~FileRef() {
-    if (h != nullptr) sys().close_handle(h);
+    if (h != nullptr) {
+      handle_paths().remove(reinterpret_cast<Handle>(h));
+      sys().close_handle(h);
+    }
   }
 };
+
+std::string path_of(Handle h) { return handle_paths().of(h); }
+
+// An address in a message about the address space itself (no file is involved).
+std::string address_text(std::uintptr_t a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+  return buf;
+}
 
 enum class Kind : std::uint8_t {
   reserved,   // placeholder (or, in legacy mode, one plain reservation); a hole if `file` is set
@@ -511,16 +528,19 @@ class Win32Platform final : public Platform {
       return Error{Errc::invalid_argument, 0,
                    "'" + path + "' is not a regular file; remove it or choose another cache path."};
     }
+    handle_paths().add(reinterpret_cast<Handle>(h), path);
     return reinterpret_cast<Handle>(h);
   }
 
   void close_file(Handle h) noexcept override {
-    if (h != kInvalidHandle && h != 0) sys().close_handle(as_handle(h));
+    if (h == kInvalidHandle || h == 0) return;
+    handle_paths().remove(h);  // before the handle value can be reused
+    sys().close_handle(as_handle(h));
   }
 
   Result<FileInfo> stat_file(Handle h) noexcept override {
     FileInfo info;
-    if (!info_of(as_handle(h), &info)) return win_error(::GetLastError(), "cannot query", "<cache>");
+    if (!info_of(as_handle(h), &info)) return win_error(::GetLastError(), "cannot query", path_of(h));
     // The core trusts its mapping up to the size it learns here: back any hole the file now
     // covers (another process may have grown it).
     if (auto r = fill_holes(info.device, info.inode); !r) return r.error();
@@ -560,7 +580,7 @@ class Win32Platform final : public Platform {
       if (!sys().read_file(as_handle(h), p, n, &got, &ov)) {
         const DWORD err = ::GetLastError();
         if (err == ERROR_HANDLE_EOF) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
-        return win_error(err, "read failed on", "<cache>");
+        return win_error(err, "read failed on", path_of(h));
       }
       if (got == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
       p += got;
@@ -579,7 +599,7 @@ class Win32Platform final : public Platform {
       ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
       DWORD put = 0;
       if (!sys().write_file(as_handle(h), p, n, &put, &ov))
-        return win_error(::GetLastError(), "write failed on", "<cache>");
+        return win_error(::GetLastError(), "write failed on", path_of(h));
       if (put == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
       p += put;
       size -= put;
@@ -593,7 +613,7 @@ class Win32Platform final : public Platform {
     if (target < offset || target > static_cast<std::uint64_t>(INT64_MAX))
       return Error{Errc::no_space, EFBIG, "the cache file would exceed the largest file size Windows supports"};
     std::uint64_t size = 0;
-    if (!file_size_of(as_handle(h), &size)) return win_error(::GetLastError(), "cannot query", "<cache>");
+    if (!file_size_of(as_handle(h), &size)) return win_error(::GetLastError(), "cannot query", path_of(h));
     if (size < target) {
       // Reserve the clusters first (fails at once on a full disk), then move EOF: NTFS backs
       // the whole range, so stores through a mapping can never fail for lack of space. Never
@@ -603,13 +623,13 @@ class Win32Platform final : public Platform {
       if (!sys().set_file_information_by_handle(as_handle(h), FileAllocationInfo, &alloc, sizeof alloc)) {
         const DWORD err = ::GetLastError();
         if (errc_of_win(err) == Errc::no_space)
-          return win_error(err, "cannot allocate disk space for", "<cache>", "Free disk space.");
+          return win_error(err, "cannot allocate disk space for", path_of(h), "Free disk space.");
         // Some file systems do not take an allocation size: EOF alone still works.
       }
       FILE_END_OF_FILE_INFO eof{};
       eof.EndOfFile.QuadPart = static_cast<LONGLONG>(target);
       if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
-        return win_error(::GetLastError(), "cannot allocate disk space for", "<cache>", "Free disk space.");
+        return win_error(::GetLastError(), "cannot allocate disk space for", path_of(h), "Free disk space.");
     }
     FileInfo info;
     if (info_of(as_handle(h), &info)) return fill_holes(info.device, info.inode);
@@ -622,13 +642,13 @@ class Win32Platform final : public Platform {
     FILE_END_OF_FILE_INFO eof{};
     eof.EndOfFile.QuadPart = static_cast<LONGLONG>(size);
     if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
-      return win_error(::GetLastError(), "cannot resize", "<cache>");
+      return win_error(::GetLastError(), "cannot resize", path_of(h));
     return {};
   }
 
   Result<void> sync(Handle h) noexcept override {
     if (!sys().flush_file_buffers(as_handle(h)))
-      return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
+      return win_error(::GetLastError(), "FlushFileBuffers failed on", path_of(h));
     return {};
   }
 
@@ -774,13 +794,15 @@ class Win32Platform final : public Platform {
       if (!found) return found.error();
       Reservation* res = found.value();
       auto file = std::make_shared<FileRef>();
+      file->path = path_of(h);
       if (!sys().duplicate_handle(::GetCurrentProcess(), as_handle(h), ::GetCurrentProcess(), &file->h, 0, FALSE,
                                   DUPLICATE_SAME_ACCESS)) {
         file->h = nullptr;
-        return win_error(::GetLastError(), "cannot duplicate the handle of", "<cache>");
+        return win_error(::GetLastError(), "cannot duplicate the handle of", file->path);
       }
+      handle_paths().add(reinterpret_cast<Handle>(file->h), file->path);  // read_at of a tail copy
       FileInfo info;
-      if (!info_of(file->h, &info)) return win_error(::GetLastError(), "cannot query", "<cache>");
+      if (!info_of(file->h, &info)) return win_error(::GetLastError(), "cannot query", file->path);
       file->device = info.device;
       file->inode = info.inode;
       auto r = api().placeholders ? map_placeholder(*res, file, offset, start, len, writable, info.size)
@@ -844,13 +866,14 @@ class Win32Platform final : public Platform {
         if (!ok && err != ERROR_LOCK_VIOLATION) break;
         if (!ok) ::SwitchToThread();
       }
-      if (!ok) return win_error(err, "FlushViewOfFile failed on", "<cache>");
+      if (!ok) return win_error(err, "FlushViewOfFile failed on", p.file->path);
       if (wait) files.insert(p.file->h);
     }
     // FlushViewOfFile hands the pages to the file system; FlushFileBuffers waits until they
     // (and the file's metadata) are on the disk.
     for (HANDLE f : files)
-      if (!sys().flush_file_buffers(f)) return win_error(::GetLastError(), "FlushFileBuffers failed on", "<cache>");
+      if (!sys().flush_file_buffers(f))
+        return win_error(::GetLastError(), "FlushFileBuffers failed on", path_of(reinterpret_cast<Handle>(f)));
     return {};
   }
 
@@ -858,6 +881,40 @@ class Win32Platform final : public Platform {
     if (len == 0) return;
     Win32MemoryRange r{addr, len};
     (void)sys().prefetch_virtual_memory(::GetCurrentProcess(), 1, &r, 0);
+  }
+
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+    // The allocated ranges inside [offset, end), in file order. Only a sparse file (NTFS, ReFS)
+    // has holes; elsewhere the call answers "all of it" or fails as unsupported, which counts
+    // as allocated too.
+    const std::uint64_t end = offset + len;
+    std::uint64_t at = offset;
+    for (int rounds = 0; at < end && rounds < 64; ++rounds) {
+      FILE_ALLOCATED_RANGE_BUFFER query{};
+      query.FileOffset.QuadPart = static_cast<LONGLONG>(at);
+      query.Length.QuadPart = static_cast<LONGLONG>(end - at);
+      FILE_ALLOCATED_RANGE_BUFFER ranges[16];
+      DWORD got = 0;
+      const BOOL ok = sys().device_io_control(as_handle(h), FSCTL_QUERY_ALLOCATED_RANGES, &query, sizeof query,
+                                              ranges, sizeof ranges, &got, nullptr);
+      const DWORD err = ok ? NO_ERROR : ::GetLastError();
+      if (!ok && err != ERROR_MORE_DATA) {
+        if (err == ERROR_INVALID_FUNCTION || err == ERROR_NOT_SUPPORTED || err == ERROR_INVALID_PARAMETER ||
+            err == ERROR_CALL_NOT_IMPLEMENTED)
+          return end;  // cannot tell: not a hole
+        return win_error(err, "cannot look for holes in", path_of(h));
+      }
+      const DWORD n = got / sizeof ranges[0];
+      if (n == 0) return at;  // nothing allocated from `at` on
+      for (DWORD i = 0; i < n; ++i) {
+        const auto start = static_cast<std::uint64_t>(ranges[i].FileOffset.QuadPart);
+        if (start > at) return at;  // a gap before this range
+        at = std::max(at, start + static_cast<std::uint64_t>(ranges[i].Length.QuadPart));
+        if (at >= end) return end;
+      }
+      if (ok) return at < end ? at : end;  // every range listed, and they stop short of `end`
+    }
+    return end;  // a file cut into more pieces than we care to walk: let the checksum decide
   }
 
   // ---- locks ----
@@ -872,7 +929,7 @@ class Win32Platform final : public Platform {
       return true;
     const DWORD err = ::GetLastError();
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
-    return win_error(err, "cannot lock", "<cache>.lock");
+    return win_error(err, "cannot lock", path_of(h));
   }
 
   void unlock(Handle h) noexcept override {
@@ -1035,7 +1092,7 @@ class Win32Platform final : public Platform {
     if (it->first < start) {
       const std::uintptr_t s = it->first;
       if (!sys().virtual_free(reinterpret_cast<void*>(s), start - s, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
-        return win_error(::GetLastError(), "cannot split the address range of", "<cache>");
+        return win_error(::GetLastError(), "cannot split the reserved address range at", address_text(start));
       Segment tail = it->second;
       tail.file_offset += start - s;
       it->second.end = start;
@@ -1043,7 +1100,7 @@ class Win32Platform final : public Platform {
     }
     if (it->second.end > end) {
       if (!sys().virtual_free(reinterpret_cast<void*>(start), end - start, MEM_RELEASE | MEM_PRESERVE_PLACEHOLDER))
-        return win_error(::GetLastError(), "cannot split the address range of", "<cache>");
+        return win_error(::GetLastError(), "cannot split the reserved address range at", address_text(start));
       Segment tail = it->second;
       tail.file_offset += end - start;
       it->second.end = end;
@@ -1061,7 +1118,7 @@ class Win32Platform final : public Platform {
     HANDLE section =
         sys().create_file_mapping_w(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
                                     static_cast<DWORD>(section_size >> 32), static_cast<DWORD>(section_size), nullptr);
-    if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", "<cache>");
+    if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", file->path);
     auto it = split(res, start, start + vlen);
     if (!it) {
       sys().close_handle(section);
@@ -1080,7 +1137,7 @@ class Win32Platform final : public Platform {
       if (v == nullptr) err = ::GetLastError();
     }
     sys().close_handle(section);  // the view keeps the mapping object alive
-    if (v == nullptr) return win_error(err, "cannot map", "<cache>");
+    if (v == nullptr) return win_error(err, "cannot map", file->path);
     Segment& seg = it.value()->second;
     seg.kind = Kind::view;
     seg.file = file;
@@ -1118,7 +1175,7 @@ class Win32Platform final : public Platform {
     const std::uintptr_t s = it->first, e = it->second.end;
     Segment proto = it->second;
     if (!sys().virtual_free(reinterpret_cast<void*>(s), 0, MEM_RELEASE))
-      return win_error(::GetLastError(), "cannot release the address range of", "<cache>");
+      return win_error(::GetLastError(), "cannot release the reserved address range at", address_text(s));
     Result<void> r = use();
     res.segs.erase(it);
     auto reserve_again = [&](std::uintptr_t a, std::uintptr_t b) {
@@ -1154,7 +1211,7 @@ class Win32Platform final : public Platform {
       HANDLE section = sys().create_file_mapping_w(file->h, nullptr, writable ? PAGE_READWRITE : PAGE_READONLY,
                                                    static_cast<DWORD>(section_size >> 32),
                                                    static_cast<DWORD>(section_size), nullptr);
-      if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", "<cache>");
+      if (section == nullptr) return win_error(::GetLastError(), "cannot create a file mapping for", file->path);
       DWORD err = 0;
       auto r = carve(res, start, start + whole, [&]() -> Result<void> {
         void* v = sys().map_view_of_file_ex(section, writable ? FILE_MAP_READ | FILE_MAP_WRITE : FILE_MAP_READ,
@@ -1163,7 +1220,7 @@ class Win32Platform final : public Platform {
         if (v == reinterpret_cast<void*>(start)) return {};
         err = ::GetLastError();
         if (v != nullptr) sys().unmap_view_of_file(v);
-        return win_error(err != 0 ? err : ERROR_INVALID_ADDRESS, "cannot map", "<cache>");
+        return win_error(err != 0 ? err : ERROR_INVALID_ADDRESS, "cannot map", file->path);
       });
       sys().close_handle(section);
       if (!r) return r;
@@ -1190,7 +1247,7 @@ class Win32Platform final : public Platform {
   // Re-reads a legacy tail copy from its file, up to the file's current size.
   Result<void> refresh_copy(std::uintptr_t start, const Segment& seg) {
     std::uint64_t size = 0;
-    if (!file_size_of(seg.file->h, &size)) return win_error(::GetLastError(), "cannot query", "<cache>");
+    if (!file_size_of(seg.file->h, &size)) return win_error(::GetLastError(), "cannot query", seg.file->path);
     if (size <= seg.file_offset) return {};
     const std::uint64_t n = std::min<std::uint64_t>(size - seg.file_offset, seg.end - start);
     return read_at(reinterpret_cast<Handle>(seg.file->h), reinterpret_cast<void*>(start), static_cast<std::size_t>(n),
@@ -1253,7 +1310,7 @@ class Win32Platform final : public Platform {
         }
         if (seg.kind != Kind::reserved) continue;
         std::uint64_t size = 0;
-        if (!file_size_of(seg.file->h, &size)) return win_error(::GetLastError(), "cannot query", "<cache>");
+        if (!file_size_of(seg.file->h, &size)) return win_error(::GetLastError(), "cannot query", seg.file->path);
         if (size <= seg.file_offset) continue;
         const std::uint64_t avail = std::min<std::uint64_t>(size - seg.file_offset, seg.end - it->first);
         const std::uintptr_t start = it->first;

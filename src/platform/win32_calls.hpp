@@ -46,6 +46,9 @@ struct Win32Calls {
   BOOL(WINAPI* flush_file_buffers)(HANDLE h);
   BOOL(WINAPI* lock_file_ex)(HANDLE h, DWORD flags, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);
   BOOL(WINAPI* unlock_file_ex)(HANDLE h, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);
+  // FSCTL_QUERY_ALLOCATED_RANGES only (where a file has holes).
+  BOOL(WINAPI* device_io_control)(HANDLE h, DWORD code, LPVOID in, DWORD in_size, LPVOID out, DWORD out_size,
+                                  LPDWORD returned, LPOVERLAPPED ov);
 
   // ---- mappings and address space ----
   HANDLE(WINAPI* create_file_mapping_w)(HANDLE file, LPSECURITY_ATTRIBUTES sa, DWORD protect, DWORD size_high,

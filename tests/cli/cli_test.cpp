@@ -855,6 +855,25 @@ TEST_F(CliTest, ReadsAndConvertsXpwcVersion2WithSeeds) {
   for (const auto& l : lines_of(run({"ls", out}).out)) EXPECT_EQ(std::stoull(split_tabs(l)[1]) % 4096, 0u) << l;
 }
 
+// An unnamed entry cannot be a key, in either version: version 2 would otherwise make it
+// "#seed=N", a key no ExecuTorch name maps to (and two unnamed entries with one seed collide).
+TEST_F(CliTest, ConvertRefusesAnEntryWithAnEmptyName) {
+  for (std::uint32_t version : {1u, 2u}) {
+    SCOPED_TRACE("XPWC version " + std::to_string(version));
+    std::vector<XpwcEntry> entries = kXpwcEntries;
+    entries[1].name.clear();
+    entries[1].seed = 1;
+    const std::string in = path("unnamed" + std::to_string(version) + ".xnn");
+    write_file(in, make_xpwc(version, entries).image);
+    const std::string out = path("unnamed" + std::to_string(version) + ".wcache");
+    const CliRun c = run({"convert", in, out});
+    EXPECT_EQ(c.code, 1) << c.out << c.err;
+    EXPECT_NE(c.err.find("empty name"), std::string::npos) << c.err;
+    EXPECT_NE(c.err.find("entry 1 "), std::string::npos) << c.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 TEST_F(CliTest, ReadsByteSwappedXpwc) {
   const XpwcFile x = make_xpwc(2, kXpwcEntries, true);
   const std::string in = path("be.xnn");

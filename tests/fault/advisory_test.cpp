@@ -15,6 +15,8 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 namespace {
 
 namespace platform = weightcache::platform;
@@ -142,6 +144,55 @@ TEST(AdvisoryCalls, PopulateFailureIsAMissOnlyWhenThePagesCannotBeRead) {
     auto c = weightcache::WeightCache::open(o);
     ASSERT_TRUE(c.ok()) << c.error().message;
     EXPECT_NE(c->look_up(key), weightcache::kNotFound);
+  }
+  weightcache::set_log_level(weightcache::LogLevel::warn);
+}
+#endif
+
+#ifdef SEEK_HOLE
+// The hole check of a big entry (lseek SEEK_HOLE, through the call table) is advice too: a
+// failure or "not supported" means "assume allocated", and the checksum decides; only ENXIO
+// ("the range starts past the end of the file") is an answer, and a miss.
+TEST(AdvisoryCalls, HoleCheckFailureLeavesTheVerdictToTheChecksum) {
+  weightcache::set_log_level(weightcache::LogLevel::off);
+  weightcache::test::TempDir dir("wc-advisory");
+  weightcache::Options o;
+  o.path = dir.file("cache.wc");
+  o.compat_key = "advisory-v1";
+  o.verify_ahead = false;  // the look-up does the checking, so the outcome is its own
+  const std::string key = "big";
+  const std::string bytes = weightcache::test::bytes_for_key(key, 24 << 20);  // over the 16 MiB threshold
+  {
+    auto c = weightcache::WeightCache::open(o);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    ASSERT_NE(c->insert(key, bytes), weightcache::kNotFound);
+    ASSERT_TRUE(c->finalize());
+  }
+  struct Case {
+    int err;
+    bool hit;
+  };
+  for (const Case& k : {Case{EIO, true}, Case{EINVAL, true}, Case{EOPNOTSUPP, true}, Case{EBADF, true},
+                        Case{ENXIO, false}}) {
+    int seeks = 0;
+    wctest::Hooks hooks([&](Call c, std::uint64_t) {
+      if (c != Call::lseek) return Decision{};
+      ++seeks;
+      return Decision{Decision::fail, k.err};
+    });
+    auto c = weightcache::WeightCache::open(o);
+    ASSERT_TRUE(c.ok()) << std::strerror(k.err) << ": " << c.error().message;
+    const std::size_t off = c->look_up(key);
+    EXPECT_EQ(seeks, 1) << std::strerror(k.err);
+    if (!k.hit) {
+      EXPECT_EQ(off, weightcache::kNotFound) << std::strerror(k.err);
+      EXPECT_EQ(c->stats().verify_failures, 1u) << std::strerror(k.err);
+      continue;
+    }
+    ASSERT_NE(off, weightcache::kNotFound) << std::strerror(k.err);
+    const auto* p = static_cast<const char*>(c->offset_to_addr(off));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(std::memcmp(p, bytes.data(), bytes.size()), 0) << std::strerror(k.err);
   }
   weightcache::set_log_level(weightcache::LogLevel::warn);
 }

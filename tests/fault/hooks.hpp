@@ -27,13 +27,15 @@ namespace wctest {
 // Every entry of the call table that can fail. Not here: getpid, which cannot, and
 // sysconf(_SC_PAGESIZE), which cannot where mmap exists and is asked once per process.
 enum class Call { open, close, fstat, pread, pwrite, fallocate, ftruncate, fdatasync, fsync, rename, mmap, munmap,
-                  mprotect, msync, flock, stat, lstat, fcntl, fcntl_lock, unlink, futimens, memfd_create, madvise, getrlimit };
-inline constexpr int kCallCount = static_cast<int>(Call::getrlimit) + 1;
+                  mprotect, msync, flock, stat, lstat, fcntl, fcntl_lock, unlink, futimens, memfd_create, madvise,
+                  getrlimit, lseek, ioctl };
+inline constexpr int kCallCount = static_cast<int>(Call::ioctl) + 1;
 
 inline const char* call_name(Call c) {
   static const char* names[] = {"open",   "close",  "fstat",    "pread", "pwrite", "fallocate", "ftruncate",
                                 "fdatasync", "fsync", "rename", "mmap", "munmap", "mprotect", "msync",
-                                "flock",  "stat",   "lstat",    "fcntl", "fcntl_lock", "unlink", "futimens", "memfd_create", "madvise",   "getrlimit"};
+                                "flock",  "stat",   "lstat",    "fcntl", "fcntl_lock", "unlink", "futimens", "memfd_create",
+                                "madvise",   "getrlimit", "lseek", "ioctl"};
   static_assert(sizeof(names) / sizeof(names[0]) == kCallCount);
   return names[static_cast<int>(c)];
 }
@@ -171,6 +173,16 @@ class Hooks {
       // is the caller's business (an old kernel refuses MADV_POPULATE_READ).
       instance()->observe(Call::madvise, -1, a, l, 0, advice);
       return weightcache::platform::default_posix_calls().madvise(a, l, advice);
+    };
+    t.lseek = [](int fd, off_t o, int whence) -> off_t {
+      if (auto d = decide(Call::lseek); d.kind != Decision::pass) return (errno = d.err, -1);
+      const off_t r = weightcache::platform::default_posix_calls().lseek(fd, o, whence);
+      if (r >= 0) instance()->observe(Call::lseek, fd, nullptr, 0, r, whence);
+      return r;
+    };
+    t.ioctl = [](int fd, unsigned long request, void* arg) -> int {
+      if (auto d = decide(Call::ioctl); d.kind != Decision::pass) return (errno = d.err, -1);
+      return weightcache::platform::default_posix_calls().ioctl(fd, request, arg);
     };
     t.getrlimit = [](int resource, struct rlimit* rl) -> int {
       if (auto d = decide(Call::getrlimit); d.kind != Decision::pass) return (errno = d.err, -1);

@@ -118,6 +118,7 @@ inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_rou
       const std::string key = "round" + std::to_string(r) + "/w" + std::to_string(i);
       out.all.push_back(key);
       const std::string bytes = content_for(key);
+      const std::uint64_t heap_before = c.stats().heap_bytes;
       std::size_t off;
       if (i % 2 == 0) {
         void* p = c.reserve(bytes.size());
@@ -130,9 +131,9 @@ inline Outcome run_scenario(const std::string& path, int rounds = 3, int per_rou
       if (off == weightcache::kNotFound) continue;
       const auto* q = static_cast<const char*>(c.offset_to_addr(off));
       if (q == nullptr || std::memcmp(q, bytes.data(), bytes.size()) != 0) ++out.wrong_bytes;
-      // Only entries placed in the file can be durable; heap fallbacks (offsets past the file's
-      // address range) live and die with this process.
-      if (c.stats().backing == weightcache::Backing::file && off < options.max_file_bytes) added.push_back(key);
+      // Only entries placed in the file can be durable; heap fallbacks live and die with this
+      // process.
+      if (c.stats().backing == weightcache::Backing::file && c.stats().heap_bytes == heap_before) added.push_back(key);
     }
     if (auto f = c.finalize(); f)
       out.durable.insert(added.begin(), added.end());

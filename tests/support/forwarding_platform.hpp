@@ -44,6 +44,9 @@ class ForwardingPlatform : public platform::Platform {
   Result<void> flush_mapping(void* a, std::size_t n, bool w) noexcept override { return os_.flush_mapping(a, n, w); }
   void prefetch(void* a, std::size_t n) noexcept override { os_.prefetch(a, n); }
   bool populate_read(void* a, std::size_t n) noexcept override { return os_.populate_read(a, n); }
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t o, std::uint64_t n) noexcept override {
+    return os_.first_hole(h, o, n);
+  }
   Result<bool> try_lock(Handle h) noexcept override { return os_.try_lock(h); }
   void unlock(Handle h) noexcept override { os_.unlock(h); }
   void touch(Handle h) noexcept override { os_.touch(h); }
@@ -55,6 +58,7 @@ class ForwardingPlatform : public platform::Platform {
   std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
   int process_id() const noexcept override { return os_.process_id(); }
   std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }
+  std::uint64_t address_space_limit() const noexcept override { return os_.address_space_limit(); }
 
  protected:
   platform::Platform& os_ = platform::os();

@@ -134,7 +134,7 @@ const FaultKind kKinds[] = {
     {"ERROR_NOT_SUPPORTED",
      {WinDecision::fail, ERROR_NOT_SUPPORTED},
      {WinCall::set_info, WinCall::get_info_ex, WinCall::lock_file, WinCall::map_view3, WinCall::virtual_alloc2,
-      WinCall::prefetch}},
+      WinCall::prefetch, WinCall::device_io_control}},
 };
 constexpr int kKindCount = static_cast<int>(sizeof(kKinds) / sizeof(kKinds[0]));
 

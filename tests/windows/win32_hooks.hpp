@@ -21,9 +21,9 @@ enum class WinCall {
   create_file, close_handle, duplicate_handle, read_file, write_file, get_info, get_info_ex, set_info,
   get_file_type, get_file_size, get_attributes, get_full_path, move_file, delete_file, flush_file_buffers,
   lock_file, unlock_file, create_mapping, map_view_ex, map_view3, unmap_view, virtual_alloc, virtual_alloc2,
-  virtual_free, flush_view, prefetch
+  virtual_free, flush_view, prefetch, device_io_control
 };
-inline constexpr int kWinCallCount = static_cast<int>(WinCall::prefetch) + 1;
+inline constexpr int kWinCallCount = static_cast<int>(WinCall::device_io_control) + 1;
 
 inline const char* win_call_name(WinCall c) {
   static const char* names[] = {
@@ -31,7 +31,7 @@ inline const char* win_call_name(WinCall c) {
       "GetFileInformationByHandleEx", "SetFileInformationByHandle", "GetFileType", "GetFileSizeEx",
       "GetFileAttributesW", "GetFullPathNameW", "MoveFileExW", "DeleteFileW", "FlushFileBuffers", "LockFileEx",
       "UnlockFileEx", "CreateFileMappingW", "MapViewOfFileEx", "MapViewOfFile3", "UnmapViewOfFile", "VirtualAlloc",
-      "VirtualAlloc2", "VirtualFree", "FlushViewOfFile", "PrefetchVirtualMemory"};
+      "VirtualAlloc2", "VirtualFree", "FlushViewOfFile", "PrefetchVirtualMemory", "DeviceIoControl"};
   static_assert(sizeof(names) / sizeof(names[0]) == kWinCallCount);
   return names[static_cast<int>(c)];
 }
@@ -79,6 +79,7 @@ class Win32Hooks {
     t.virtual_free = virtual_free;
     t.flush_view_of_file = flush_view;
     t.prefetch_virtual_memory = prefetch;
+    t.device_io_control = device_io_control;
   }
   ~Win32Hooks() {
     weightcache::platform::win32_calls() = weightcache::platform::default_win32_calls();
@@ -216,6 +217,11 @@ class Win32Hooks {
   static BOOL WINAPI flush_file_buffers(HANDLE h) {
     if (failed(WinCall::flush_file_buffers)) return FALSE;
     return real().flush_file_buffers(h);
+  }
+  static BOOL WINAPI device_io_control(HANDLE h, DWORD code, LPVOID in, DWORD in_size, LPVOID out, DWORD out_size,
+                                       LPDWORD returned, LPOVERLAPPED ov) {
+    if (failed(WinCall::device_io_control)) return FALSE;
+    return real().device_io_control(h, code, in, in_size, out, out_size, returned, ov);
   }
   static BOOL WINAPI lock_file(HANDLE h, DWORD f, DWORD r, DWORD lo, DWORD hi, LPOVERLAPPED ov) {
     if (failed(WinCall::lock_file)) return FALSE;
