@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <unordered_set>
 
@@ -24,15 +25,18 @@ std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
   return XXH3_64bits(data, size);
 }
 
-StreamHash::StreamHash() noexcept : state_(XXH3_createState()) {
-  if (state_ != nullptr) XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+static_assert(sizeof(XXH3_state_t) <= StreamHash::kStateSize, "StreamHash::kStateSize is too small");
+static_assert(alignof(XXH3_state_t) <= 64, "StreamHash's state is aligned to 64");
+
+StreamHash::StreamHash() noexcept {
+  std::memset(state_, 0, sizeof state_);  // what XXH3_INITSTATE asks of a state not from createState
+  XXH3_64bits_reset(reinterpret_cast<XXH3_state_t*>(state_));
 }
-StreamHash::~StreamHash() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 void StreamHash::update(const void* data, std::size_t size) noexcept {
-  if (state_ != nullptr) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+  XXH3_64bits_update(reinterpret_cast<XXH3_state_t*>(state_), data, size);
 }
 std::uint64_t StreamHash::digest() const noexcept {
-  return state_ != nullptr ? XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)) : 0;
+  return XXH3_64bits_digest(reinterpret_cast<const XXH3_state_t*>(state_));
 }
 
 const char* to_string(Problem p) noexcept {

@@ -125,19 +125,24 @@ inline std::uint64_t get_u64(const std::byte* p) {
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept;
 inline std::uint64_t hash_bytes(std::string_view s) noexcept { return hash_bytes(s.data(), s.size()); }
 
-/// XXH3-64 over data that arrives in pieces; equals hash_bytes() of the concatenation.
+/// XXH3-64 over data that arrives in pieces; equals hash_bytes() of the concatenation. The
+/// state lives inside the object, not on the heap: the verify-ahead thread hashes big entries
+/// with it, and an allocation there could be in progress when the host forks, leaving the
+/// child's allocator locked (seen with ASan's allocator).
 class StreamHash {
  public:
   StreamHash() noexcept;
-  ~StreamHash();
+  ~StreamHash() = default;
   StreamHash(const StreamHash&) = delete;
   StreamHash& operator=(const StreamHash&) = delete;
-  bool ok() const noexcept { return state_ != nullptr; }  // false when out of memory
+  bool ok() const noexcept { return true; }
   void update(const void* data, std::size_t size) noexcept;
   std::uint64_t digest() const noexcept;
 
+  static constexpr std::size_t kStateSize = 640;  // >= sizeof(XXH3_state_t), checked in format.cpp
+
  private:
-  void* state_;
+  alignas(64) unsigned char state_[kStateSize];
 };
 
 // ---- encode ---------------------------------------------------------------------------------
