@@ -1664,12 +1664,30 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   // header (read_committed refuses it at open, where the file is rebuilt).
   auto header = read_header(pf_, fd_);
   if (!header) return header.error();
-  if (committed_.sequence == UINT64_MAX ||
+  // Never the last sequence (2^64-1 makes a file corrupt to every reader), never a tie.
+  if (committed_.sequence >= UINT64_MAX - 1 ||
       (header->slot_valid[0] && header->slot_valid[1] && header->slot[0].sequence == header->slot[1].sequence))
     return Error{Errc::corrupt, 0,
                  "the commit slots of '" + opts_.path +
-                     "' are damaged (a tie or an exhausted sequence); the file is rebuilt by the next open that finds "
-                     "it unused"};
+                     "' are damaged or exhausted (a tie, or no sequence left); the file is rebuilt by the next open "
+                     "that finds it unused"};
+  // Only on top of the newest commit: one this cache did not load (another writer's, or one it
+  // could not read) must never be overwritten by a commit that does not name its entries.
+  for (int i : {0, 1})
+    if (header->slot_valid[i] && header->slot[i].sequence > committed_.sequence)
+      return Error{Errc::busy, 0,
+                   "'" + opts_.path + "' holds a newer commit (sequence " + std::to_string(header->slot[i].sequence) +
+                       ") than this cache loaded (" + std::to_string(committed_.sequence) + "); reopen the cache"};
+  // And only into the file at the path: another program may have renamed a new file over it
+  // while we held the lease, and a commit into the old inode would be lost to every later opener.
+  if (!from_descriptor_) {
+    auto at_path = pf_.stat_path(opts_.path, opts_.allow_symlink);
+    auto ours = pf_.stat_file(fd_);
+    if (!at_path || !ours || at_path->inode != ours->inode || at_path->device != ours->device) {
+      file_disabled_ = true;
+      return Error{Errc::busy, 0, "the file at '" + opts_.path + "' was replaced by another program; reopen the cache"};
+    }
+  }
   const int target_slot = next_slot_index(header.value());
   // Commit protocol (docs/FORMAT.md): data, flush, index + footer, flush, slot, flush. A
   // reservation taken before an earlier finalize may be committed now: flush from the lowest

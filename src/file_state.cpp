@@ -88,11 +88,14 @@ Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle f
         continue;
       }
       // Never allocate for, or read, an index that could not be mapped anyway: a hostile sparse
-      // file may claim terabytes.
-      if (s.committed_size > max_bytes) {
-        detail = "commit slot names " + std::to_string(s.committed_size) + " bytes, more than max_file_bytes";
-        continue;
-      }
+      // file may claim terabytes. But a commit larger than this process may map is not damage:
+      // falling back to the older commit would have a writer commit over it (the same sequence
+      // again, and a trim below the newer commit's data). Say the file is too large instead.
+      if (s.committed_size > max_bytes)
+        return Error{Errc::no_space, 0,
+                     "the newest commit of '" + path + "' spans " + std::to_string(s.committed_size) +
+                         " bytes, more than this cache's max_file_bytes (" + std::to_string(max_bytes) +
+                         "); raise max_file_bytes (or the address-space limit) to use it"};
       if (s.index_size > kStreamCheckIndexBytes) {
         auto same = index_matches_slot(pf, fd, s);
         if (!same) return same.error();

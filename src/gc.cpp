@@ -81,7 +81,9 @@ Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* ou
   out->data = info.value();
   out->bytes = info->allocated;
   out->last_used = info->mtime_ns;
-  if (auto lk = pf.stat_path(path + ".lock", false); lk && lk->regular && !lk->symlink) {
+  // A lock file is always empty: "<name>.lock" with anything in it is somebody's file (maybe a
+  // cache of its own, scanned on its own), never this cache's to remove with it.
+  if (auto lk = pf.stat_path(path + ".lock", false); lk && lk->regular && !lk->symlink && lk->size == 0) {
     out->has_lock = true;
     out->lock = lk.value();
     out->bytes += lk->allocated;
@@ -269,12 +271,18 @@ Result<GcReport> collect(platform::Platform& pf, const std::string& dir, std::ui
 }  // namespace
 
 bool temporary_name(const std::string& name, std::string* base) {
+  // Exactly what the library and the CLI name them: "<base>.tmp.<pid>.<n>" (n a number) or
+  // "<base>.tmp.<pid>.compact" / ".convert"; nothing else that merely looks alike.
   constexpr std::string_view kTmp = ".tmp.";
+  auto digits_only = [](std::string_view v) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
   for (auto p = name.find(kTmp, 1); p != std::string::npos; p = name.find(kTmp, p + 1)) {
-    const std::size_t digits = p + kTmp.size();
-    std::size_t d = digits;
-    while (d < name.size() && name[d] >= '0' && name[d] <= '9') ++d;
-    if (d > digits && d + 1 < name.size() && name[d] == '.') {
+    const std::string_view rest = std::string_view(name).substr(p + kTmp.size());
+    const auto dot = rest.find('.');
+    if (dot == std::string_view::npos) continue;
+    const std::string_view pid = rest.substr(0, dot), tail = rest.substr(dot + 1);
+    if (digits_only(pid) && (digits_only(tail) || tail == "compact" || tail == "convert")) {
       *base = name.substr(0, p);
       return true;
     }
