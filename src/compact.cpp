@@ -195,8 +195,27 @@ Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, cons
                        [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
       const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
       if (planned >= file_size) {
-        out->bytes_after = file_size;
-        return {};
+        // Nothing to reclaim, but a damaged entry still makes this a refusal (or, told to drop
+        // damaged entries, a rewrite without them), as it would if there were.
+        std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kCopyChunk]);
+        if (buf == nullptr) return Error{Errc::no_memory, 0, "out of memory for the read buffer"};
+        std::vector<std::string> damaged;
+        for (const auto& e : entries) {
+          auto h = hash_range(pf, fd, e.offset, e.size, buf.get(),
+                              [](const std::byte*, std::size_t, std::uint64_t) -> Result<void> { return {}; });
+          if (!h) return h.error();
+          if (e.checksum && h.value() != *e.checksum) damaged.push_back(e.key);
+        }
+        if (damaged.empty()) {
+          out->bytes_after = file_size;
+          return {};
+        }
+        if (!settings.drop_corrupt) {
+          out->corrupt_keys = std::move(damaged);
+          return Error{Errc::corrupt, 0,
+                       std::to_string(out->corrupt_keys.size()) + " entries of '" + path +
+                           "' fail their checksum; not compacted (drop them to compact anyway)"};
+        }
       }
     }
     auto tmp = TempFile::create(pf, path, file_mode);

@@ -593,6 +593,16 @@ Result<void> Core::init_descriptor() noexcept {
   }
   if (auto r = reserve_address_space(opts_.max_file_bytes); !r) return r.error();
   auto h = memory ? pf_.create_anonymous("weightcache") : pf_.reopen(opts_.fd, !opts_.read_only);
+  if (!h && !memory && h.error().code == Errc::read_only && opts_.backing != Backing::file) {
+    // A read-only descriptor: serve its entries, add none (as for a read-only file).
+    log::warn("'{}': {}; using the cache read-only", opts_.path, h.error().message);
+    opts_.read_only = true;
+    try {
+      read_only_why_ = "its descriptor was opened read-only";
+    } catch (...) {
+    }
+    h = pf_.reopen(opts_.fd, false);
+  }
   if (!h) return h.error();
   fd_ = h.value();
   if (!opts_.read_only) {

@@ -262,7 +262,9 @@ WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
  * end of the reservation or entry ptr points into (or of what the cache has mapped there), is
  * WC_ERR_INVALID_ARGUMENT (see wc_last_error) and nothing is read; a size past the end of the
  * caller's own memory cannot be checked.
- * Returns WC_NOT_FOUND only on invalid arguments or when no memory at all can be had.
+ * Returns WC_NOT_FOUND only on invalid arguments, when no memory at all can be had, or, with
+ * WC_BACKING_FILE and bytes copied from the caller's memory, when the file cannot take them (disk
+ * full, the lease busy past lease_timeout, a read-only file): see wc_last_error.
  * Not durable until wc_finalize. Thread-safe: a key raced by two threads ends with one entry.
  */
 WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_size, void* ptr,

@@ -365,6 +365,13 @@ class PosixPlatform final : public Platform {
       if (sys().fstat(descriptor, &st) != 0) return os_error(errno, "cannot use", label);
       if (!S_ISREG(st.st_mode))
         return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file (or memfd); pass a cache file"};
+      // Never more access than the caller gave: reopening /proc/self/fd/N read-write would turn a
+      // read-only descriptor (a host's way of keeping a reader from writing) into a writable one.
+      const int mode = sys().fcntl(descriptor, F_GETFL, 0);
+      if (mode < 0) return os_error(errno, "cannot use", label);
+      if (writable && (mode & O_ACCMODE) == O_RDONLY)
+        return Error{Errc::read_only, EBADF,
+                     "'" + label + "' was opened read-only: pass a read-write descriptor to add entries, or set read_only"};
       // A description of our own: flock and OFD locks belong to the description, and a dup
       // would share the caller's (two caches of one process would then both hold "the" lease).
       const std::string proc = "/proc/self/fd/" + std::to_string(descriptor);

@@ -20,6 +20,18 @@ namespace {
 
 constexpr std::size_t kCount = 16, kSize = 1 << 20;
 
+WeightCache open_ok(const Options& o) {
+  auto r = WeightCache::open(o);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? std::move(r.value()) : WeightCache{};
+}
+
+std::string check_bytes_of(WeightCache& c, const std::string& key, const std::string& want) {
+  const std::size_t off = c.look_up(key);
+  if (off == kNotFound) return key + " misses";
+  return std::memcmp(c.offset_to_addr(off), want.data(), want.size()) == 0 ? "" : key + " has other bytes";
+}
+
 bool send_fd(int sock, int fd) {
   char byte = 'f';
   iovec io{&byte, 1};
@@ -127,6 +139,64 @@ TEST(Descriptors, ACacheOnACallersDescriptorPersistsAndTheCallerKeepsItsOwn) {
   ASSERT_NE(off, kNotFound);
   EXPECT_EQ(std::memcmp(r->offset_to_addr(off), bytes.data(), bytes.size()), 0);
   EXPECT_EQ(wc_get_fd(nullptr), -1);
+}
+
+// A read-only descriptor never becomes a writable cache: reopening /proc/self/fd/N read-write
+// would give a reader the access its host took away.
+TEST(Descriptors, AReadOnlyDescriptorNeverWrites) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("ro-fd.wcache");
+  {
+    WeightCache w = open_ok(cache_options(path));
+    ASSERT_TRUE(w);
+    ASSERT_NE(w.insert("k", "value"), kNotFound);
+    ASSERT_TRUE(w.finalize().ok());
+  }
+  const std::string before = read_file(path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  Options o = cache_options("");
+  o.fd = fd;
+  o.backing = Backing::file;
+  auto refused = WeightCache::open(o);
+  ASSERT_FALSE(refused.ok()) << "a read-only descriptor opened as a writable cache";
+  EXPECT_EQ(refused.error().code, Errc::read_only) << refused.error().message;
+  o.backing = Backing::automatic;
+  {
+    auto c = WeightCache::open(o);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(check_bytes_of(c.value(), "k", "value"), "");
+    ASSERT_NE(c->insert("new", "bytes"), kNotFound);
+    auto f = c->finalize();
+    EXPECT_FALSE(f.ok());
+    EXPECT_EQ(f.error().code, Errc::read_only) << f.error().message;
+  }
+  ::close(fd);
+  EXPECT_EQ(read_file(path), before) << "a read-only descriptor's cache changed the file";
+}
+
+// Another program renames a new file over the path while this process holds the lease with an
+// insert pending: finalize must not say OK for entries committed into the unlinked file.
+TEST(Descriptors, AFileReplacedWhileTheLeaseIsHeldIsNotCalledDurable) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("x.wcache");
+  {
+    WeightCache other = open_ok(cache_options(dir.file("other.wcache")));
+    ASSERT_NE(other.insert("o", "other"), kNotFound);
+    ASSERT_TRUE(other.finalize().ok());
+  }
+  WeightCache c = open_ok(cache_options(path));
+  ASSERT_TRUE(c);
+  void* p = c.reserve(1000);  // takes the lease
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 7, 1000);
+  ASSERT_NE(c.look_up_or_insert("pre", p, 1000), kNotFound);
+  ASSERT_EQ(std::rename(dir.file("other.wcache").c_str(), path.c_str()), 0);
+  auto f = c.finalize();
+  EXPECT_FALSE(f.ok()) << "finalize said OK for entries written into a file no longer at the path";
+  if (!f.ok()) {
+    EXPECT_NE(f.error().message.find("replaced"), std::string::npos) << f.error().message;
+  }
 }
 
 }  // namespace

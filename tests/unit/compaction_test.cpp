@@ -5,6 +5,8 @@
 #include <weightcache/weightcache.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace weightcache::test {
@@ -232,6 +234,101 @@ TEST(Compaction, ReplacingEveryEntryEveryLaunchStaysBounded) {
   EXPECT_LE(largest[true], kLive * 5 / 2) << "with compaction at open";
   EXPECT_GT(largest[false], kLive * 10) << "without it the file should have grown with every launch";
 }
+
+// A cache whose max_file_bytes is smaller than the newest commit (an explicit small value, or
+// the default under a lower address-space limit) must not fall back to the older commit: as a
+// writer it would commit over the newer one (the same sequence again) and cut the file below the
+// other writer's data. It says the file is too large instead, and the file stays as it was.
+TEST(Review, ASmallerMaxFileBytesNeverCommitsOverANewerLargerCommit) {
+  TempDir dir;
+  const std::string path = dir.file("big.wcache");
+  Options o = options_for(path);
+  o.compact_dead_percent = 0;
+  write_generation(o, 1, 100, 1);
+  write_generation(o, 3, 1500000, 2);  // newest commit: ~4.5 MB
+  const std::string before_size = std::to_string(file_size(path));
+  Options small = o;
+  small.max_file_bytes = 1 << 20;
+  small.backing = Backing::file;
+  auto refused = WeightCache::open(small);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Errc::no_space) << refused.error().message;
+  small.backing = Backing::automatic;
+  {
+    auto heap = WeightCache::open(small);
+    ASSERT_TRUE(heap.ok()) << heap.error().message;
+    EXPECT_EQ(heap->stats().backing, Backing::heap);
+    ASSERT_NE(heap->insert("late", "bytes"), kNotFound);
+    EXPECT_FALSE(heap->finalize().ok());
+  }
+  EXPECT_EQ(std::to_string(file_size(path)), before_size) << "the file was cut";
+  expect_generation(o, 3, 1500000, 2);
+}
+
+// A file with nothing to reclaim but a damaged entry is not "already compact": refused, or
+// rewritten without it when told to drop damaged entries.
+TEST(Review, AnAlreadyCompactFileWithADamagedEntryIsNotCalledCompact) {
+  TempDir dir;
+  const std::string path = dir.file("c.wcache");
+  Options o = options_for(path);
+  o.compact_dead_percent = 0;
+  write_generation(o, 3, 64 * 100, 1);
+  wc_options co = c_options(path);
+  ASSERT_EQ(wc_compact(&co), WC_OK);  // compact now: nothing to reclaim from here on
+  std::size_t off = 0;
+  {
+    Options ro = o;
+    ro.read_only = true;
+    WeightCache c = open_or_fail(ro);
+    off = c.look_up("w1");
+    ASSERT_NE(off, kNotFound);
+  }
+  {
+    std::FILE* f = std::fopen(path.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, static_cast<long>(off + 10), SEEK_SET);
+    std::fputc(0x5a ^ std::fgetc(f), f);
+    std::fclose(f);
+  }
+  EXPECT_EQ(wc_compact(&co), WC_ERR_CORRUPT) << wc_last_error();
+  wc_compact_report r;
+  wc_compact_report_init(&r);
+  ASSERT_EQ(wc_compact_ex(&co, WC_COMPACT_DROP_CORRUPT, &r), WC_OK) << wc_last_error();
+  EXPECT_EQ(r.compacted, 1);
+  EXPECT_EQ(r.dropped_entries, 1u);
+  EXPECT_EQ(r.entries, 2u);
+}
+
+#ifndef _WIN32
+// gc goes by what files are, not by their names: a cache called "a.lock" that a reader holds is
+// not "a"'s lock file, and neither a user's "data.tmp.2024.csv" nor a cache in use called
+// "model.tmp.1.wc" is a dead writer's temporary.
+TEST(Review, GcNeverRemovesAFileForItsName) {
+  TempDir dir;
+  write_generation(options_for(dir.file("a")), 2, 1000, 1);
+  write_generation(options_for(dir.file("a.lock")), 2, 1000, 2);
+  write_generation(options_for(dir.file("data")), 1, 1000, 3);
+  write_generation(options_for(dir.file("model.tmp.1.wc")), 2, 1000, 4);
+  { std::ofstream(dir.file("data.tmp.2024.csv")) << "precious"; }
+  Options ro = options_for(dir.file("a.lock"));
+  ro.read_only = true;
+  WeightCache reader = open_or_fail(ro);
+  WeightCache writer = open_or_fail(options_for(dir.file("model.tmp.1.wc")));
+  ASSERT_TRUE(reader);
+  ASSERT_TRUE(writer);
+  auto r = gc(dir.path().string(), 1);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("a.lock"))) << "a cache in use was removed as a lock file";
+  EXPECT_TRUE(std::filesystem::exists(dir.file("model.tmp.1.wc"))) << "a cache in use was removed as a temporary";
+  EXPECT_TRUE(std::filesystem::exists(dir.file("data.tmp.2024.csv"))) << "a user's file was removed as a temporary";
+  EXPECT_FALSE(std::filesystem::exists(dir.file("data"))) << "the unused cache should have gone";
+  const std::size_t off = reader.look_up("w0");
+  ASSERT_NE(off, kNotFound);
+  EXPECT_EQ(std::memcmp(reader.offset_to_addr(off), content("w0", 2, 1000).data(), 1000), 0);
+  ASSERT_NE(writer.insert("late", "bytes"), kNotFound);
+  EXPECT_TRUE(writer.finalize().ok());
+}
+#endif
 
 }  // namespace
 }  // namespace weightcache::test
