@@ -53,7 +53,7 @@ void wc_options_init(wc_options* o) {
   o->lease_timeout_ms = 120000;
   o->compact_dead_percent = 50;
   o->compact_min_dead_bytes = std::uint64_t{16} << 20;
-  o->max_file_bytes = std::uint64_t{256} << 30;
+  o->max_file_bytes = sizeof(void*) >= 8 ? std::uint64_t{256} << 30 : std::uint64_t{256} << 20;
   o->verify_ahead = 1;
 }
 

@@ -29,7 +29,8 @@ constexpr std::uint64_t kPopulateMinBytes = 256ull << 10;
 constexpr std::uint64_t kMinChunk = 1ull << 20;       // first growth of the file
 constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation granularity; a
                                                        // multiple of every page size we know
-constexpr std::uint64_t kMinAddressSpace = 1ull << 30;
+// 32-bit: a few caches must fit beside the host in a 3-4 GiB address space.
+constexpr std::uint64_t kMinAddressSpace = sizeof(void*) >= 8 ? 1ull << 30 : 64ull << 20;
 
 thread_local Error t_last_error;
 
@@ -259,7 +260,12 @@ Result<void> Core::reserve_address_space(std::uint64_t file_span) noexcept {
   file_span = align_up(file_span, va_align);
   // Try the full range first; an address-space limit (RLIMIT_AS, 32-bit) gets halving retries.
   for (;;) {
-    auto r = pf_.reserve_address_space(static_cast<std::size_t>(file_span + heap_span), va_align);
+    // A span a 32-bit size_t cannot hold (the 256 GiB a 64-bit default asks for) is refused like
+    // an address-space limit, not cut to its low 32 bits (a reservation far smaller than the
+    // ranges the cache then maps and commits over).
+    auto r = file_span + heap_span <= SIZE_MAX / 2
+                 ? pf_.reserve_address_space(static_cast<std::size_t>(file_span + heap_span), va_align)
+                 : Result<void*>(Error{Errc::no_memory, 0, "the address space is too small for max_file_bytes"});
     if (r) {
       base_ = static_cast<std::byte*>(r.value());
       file_span_ = file_span;

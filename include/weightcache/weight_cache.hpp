@@ -113,8 +113,9 @@ struct Options {
   std::chrono::milliseconds lease_timeout{120000};
   /// A look-up miss first checks for entries other processes committed since the last refresh.
   bool refresh_on_miss = false;
-  /// Address space reserved for the file mapping (the file can never grow past it).
-  std::uint64_t max_file_bytes = std::uint64_t{256} << 30;
+  /// Address space reserved for the file mapping (the file can never grow past it). Default
+  /// 256 GiB; 256 MiB in a 32-bit process.
+  std::uint64_t max_file_bytes = sizeof(void*) >= 8 ? std::uint64_t{256} << 30 : std::uint64_t{256} << 20;
   /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
   /// CPUs, one background thread checksums entries (from the middle of the file on) before their
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the

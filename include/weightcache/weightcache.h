@@ -131,7 +131,8 @@ typedef struct wc_options {
   uint32_t lease_timeout_ms;  /* wait for the writer lease; default 120000 */
   int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
                                  committed since the last refresh (cheap when none) */
-  uint64_t max_file_bytes;    /* address space reserved for the file; default 256 GiB */
+  uint64_t max_file_bytes;    /* address space reserved for the file; default 256 GiB
+                                 (256 MiB in a 32-bit process) */
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
