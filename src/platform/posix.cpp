@@ -32,6 +32,7 @@ namespace {
 
 // The byte the "in use" lock covers: past any offset a cache file reaches, so it never overlaps
 // a lock some other tool takes on real data.
+static_assert(sizeof(off_t) == 8, "32-bit builds need -D_FILE_OFFSET_BITS=64 (CMakeLists.txt sets it)");
 constexpr off_t kInUseOffset = off_t{1} << 62;
 
 const PosixCalls kDefaultCalls = {

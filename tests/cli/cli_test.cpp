@@ -378,10 +378,13 @@ class CliTest : public ::testing::Test {
       ::dup2(out, 1);
       ::dup2(err, 2);
       std::vector<char*> argv;
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+      argv.push_back(const_cast<char*>(WEIGHTCACHE_TEST_EMULATOR));  // see tests/support/spawn.hpp
+#endif
       argv.push_back(const_cast<char*>(WEIGHTCACHE_CLI_PATH));
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(WEIGHTCACHE_CLI_PATH, argv.data());
+      ::execv(argv.front(), argv.data());
       ::_exit(127);
     }
     CliRun r;

@@ -102,14 +102,19 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
   return kNoProcess;
 #else
   std::vector<std::string> storage;
-  storage.reserve(args.size() + 1);
+  storage.reserve(args.size() + 2);
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  // A cross build run under qemu-user without binfmt_misc: the kernel cannot start the helper
+  // itself. The child is the emulator running it (so its pid is the one to signal and reap).
+  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);
+#endif
   storage.push_back(exe);
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, storage.front().c_str(), nullptr, nullptr, argv.data(), environ);
   if (spawn_errno != nullptr) *spawn_errno = rc;
   return rc == 0 ? pid : kNoProcess;
 #endif
