@@ -661,7 +661,7 @@ Result<void> Core::init_descriptor() noexcept {
   }
 }
 
-Result<void> Core::write_empty_cache_in_place() noexcept {
+Result<void> Core::write_empty_cache(platform::Handle h) noexcept {
   format::HeaderFixed fixed;
   fixed.alignment = align_;
   fixed.size_alignment = opts_.size_alignment;
@@ -672,15 +672,20 @@ Result<void> Core::write_empty_cache_in_place() noexcept {
     const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
     const auto header = format::encode_header(fixed, {}, slot);
     // Index first, header last: a reader never sees a header naming an index not yet written.
-    if (auto r = pf_.write_at(fd_, trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
+    if (auto r = pf_.write_at(h, trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
     if (opts_.durability == Durability::full)
-      if (auto r = pf_.sync(fd_); !r) return r.error();
-    if (auto r = pf_.write_at(fd_, header.data(), header.size(), 0); !r) return r.error();
+      if (auto r = pf_.sync(h); !r) return r.error();
+    if (auto r = pf_.write_at(h, header.data(), header.size(), 0); !r) return r.error();
     if (opts_.durability == Durability::full)
-      if (auto r = pf_.sync(fd_); !r) return r.error();
+      if (auto r = pf_.sync(h); !r) return r.error();
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while initialising '" + opts_.path + "'"};
   }
+  return {};
+}
+
+Result<void> Core::write_empty_cache_in_place() noexcept {
+  if (auto r = write_empty_cache(fd_); !r) return r;
   log::info("initialised cache file '{}'", opts_.path);
   return {};
 }
@@ -791,27 +796,8 @@ Result<void> Core::create_fresh_file() noexcept {
   }
   auto tmp = TempFile::create(pf_, opts_.path, opts_.file_mode);
   if (!tmp) return tmp.error();
-  format::HeaderFixed fixed;
-  fixed.alignment = align_;
-  fixed.size_alignment = opts_.size_alignment;
-  fixed.compat_hash = compat_hash_;
-  format::CommitSlot slot;
-  slot.sequence = 1;
-  try {
-    const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
-    const auto header = format::encode_header(fixed, {}, slot);
-    if (auto r = pf_.write_at(tmp->handle(), header.data(), header.size(), 0); !r) return r.error();
-    if (auto r = pf_.write_at(tmp->handle(), trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
-  } catch (const std::bad_alloc&) {
-    return Error{Errc::no_memory, 0, "out of memory while creating '" + opts_.path + "'"};
-  }
-  if (opts_.durability == Durability::full) {
-    if (auto r = tmp->commit(true); !r) return r.error();
-  } else {
-    if (opts_.durability == Durability::async)
-      if (auto r = pf_.sync(tmp->handle()); !r) return r.error();
-    if (auto r = tmp->commit(false); !r) return r.error();
-  }
+  if (auto r = write_empty_cache(tmp->handle()); !r) return r;
+  if (auto r = tmp->commit(opts_.durability != Durability::none); !r) return r.error();
   log::info("created cache file '{}'", opts_.path);
   return {};
 }

@@ -163,6 +163,7 @@ class Core {
   Result<void> try_attach_locked() noexcept;  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file() noexcept;  // under the lease
   Result<void> init_descriptor() noexcept;      // options.fd or ":memory:"
+  Result<void> write_empty_cache(platform::Handle h) noexcept;  // header + empty index, in order
   Result<void> write_empty_cache_in_place() noexcept;
   Result<void> rebuild_file() noexcept;         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
