@@ -165,8 +165,8 @@ TEST_P(InsertSemantics, OffsetToAddrOfNonEntriesIsNull) {
   ASSERT_NE(off, kNotFound);
   EXPECT_NE(cache_.offset_to_addr(off), nullptr);
   // Far past the heap arena: 2^40, or 2^30 where size_t has 32 bits.
-  const std::size_t far = static_cast<std::size_t>(std::uint64_t{1} << (sizeof(std::size_t) >= 8 ? 40 : 30));
-  for (std::size_t bad : {off + 1, off - 1, off + 64, off + 4096, std::size_t{4096}, std::size_t{12345}, far,
+  const std::size_t far_away = static_cast<std::size_t>(std::uint64_t{1} << (sizeof(std::size_t) >= 8 ? 40 : 30));
+  for (std::size_t bad : {off + 1, off - 1, off + 64, off + 4096, std::size_t{4096}, std::size_t{12345}, far_away,
                           kNotFound - 1}) {
     EXPECT_EQ(cache_.offset_to_addr(bad), nullptr) << "offset " << bad;
   }
