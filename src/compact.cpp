@@ -177,7 +177,8 @@ std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) n
 
 Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
-                               const CompactSettings& settings, CompactResult* out) noexcept {
+                               const CompactSettings& settings, CompactResult* out,
+                               const std::function<void()>& let_go) noexcept {
   try {
     out->bytes_before = file_size;
     out->entries = st.records.size();
@@ -230,6 +231,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, cons
       return Error{Errc::corrupt, 0,
                    std::to_string(w.corrupt_keys.size()) + " entries of '" + path +
                        "' fail their checksum; not compacted (drop them to compact anyway)"};
+    if (!pf.replaces_open_files() && let_go) let_go();
     if (auto r = tmp->commit(settings.durability != Durability::none); !r) return r.error();
     out->rewritten = true;
     out->entries = w.records.size();
@@ -291,7 +293,12 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
     if (!settings.any_key && st->fixed.compat_hash != format::hash_bytes(options.compat_key))
       return Error{Errc::incompatible, 0, "'" + path + "' was written for another compatibility key"};
     CompactResult out;
-    if (auto r = rewrite_compacted(pf, h, path, st.value(), info->size, info->mode, settings, &out); !r) return r.error();
+    auto let_go = [&] {
+      pf.close_file(close_data.h);
+      close_data.h = platform::kInvalidHandle;
+    };
+    if (auto r = rewrite_compacted(pf, h, path, st.value(), info->size, info->mode, settings, &out, let_go); !r)
+      return r.error();
     if (out.rewritten)
       log::info("compacted '{}': {} -> {} bytes, {} entries", path, out.bytes_before, out.bytes_after, out.entries);
     return out;

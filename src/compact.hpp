@@ -8,6 +8,7 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -87,9 +88,12 @@ std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) n
 /// Rewrites the live entries of the cache file open at `fd` (committed state `st`) into a new
 /// file renamed over `path`. The caller holds the writer lease and the exclusive in-use lock on
 /// `fd`, so no process has the file open and none can commit meanwhile.
+/// `let_go` closes `fd` (and so its locks): called just before the rename where the platform
+/// cannot rename over a file this process holds open (Windows).
 Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
-                               const CompactSettings& settings, CompactResult* out) noexcept;
+                               const CompactSettings& settings, CompactResult* out,
+                               const std::function<void()>& let_go) noexcept;
 
 /// wc_compact: opens options.path, takes the writer lease and the exclusive in-use lock (busy
 /// when another process holds either), checks the compatibility key (unless settings.any_key),

@@ -780,6 +780,12 @@ Result<void> Core::rebuild_file() noexcept {
   // tries waits until the new file has taken the name. The lease keeps a creator of a missing
   // file, or the CLI, from racing us.
   if (auto r = acquire_lease_locked(nullptr, false); !r) return r.error();
+  if (!pf_.replaces_open_files()) {  // Windows: the rename needs our handle closed, lock and all
+    release_lease_locked();
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
+    if (auto r = acquire_lease_locked(nullptr, false); !r) return r.error();
+  }
   auto out = create_fresh_file();
   release_lease_locked();
   // Let go of the unusable file only now (and before reopening: Windows refuses to replace, and
@@ -823,7 +829,11 @@ bool Core::compact_in_place(const CommittedState& st) noexcept {
   CompactSettings settings;
   settings.durability = opts_.durability;
   CompactResult out;
-  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out);
+  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out, [this] {
+    if (has_lease_) release_lease_locked();  // its data-file lock goes with the handle
+    pf_.close_file(fd_);
+    fd_ = platform::kInvalidHandle;
+  });
   release_lease_locked();
   if (!r) {
     log::warn("'{}': could not compact the cache at open ({}: {}); using it as it is", opts_.path,

@@ -70,6 +70,9 @@ class Platform {
   virtual Result<Handle> create_anonymous(const char* name) noexcept = 0;
   /// The OS descriptor behind a handle (-1 where handles are not descriptors: Windows).
   virtual int native_descriptor(Handle h) const noexcept = 0;
+  /// Whether a file this process holds open can be renamed over (POSIX: yes; Windows: not
+  /// everywhere, so the replacer lets go of its handle, and its in-use lock, just before).
+  virtual bool replaces_open_files() const noexcept { return true; }
 
   // ---- address space ----
   /// Reserves (does not commit) `size` bytes of address space aligned to `align`.

@@ -690,6 +690,7 @@ class Win32Platform final : public Platform {
     return Error{Errc::unsupported, 0, "':memory:' caches are not supported on Windows yet"};
   }
   int native_descriptor(Handle) const noexcept override { return -1; }
+  bool replaces_open_files() const noexcept override { return false; }
 
   Result<void> remove_file(const std::string& path) noexcept override {
     std::wstring w;
@@ -954,6 +955,14 @@ class Win32Platform final : public Platform {
         if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
         err = ::GetLastError();
         (void)sys().lock_file_ex(as_handle(h), LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov);
+      }
+    }
+    if (!exclusive && (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING)) {
+      // A downgrade: our own exclusive lock refuses the shared one. Let go of it (a no-op when we
+      // held none: then someone else holds it) and take the shared one.
+      if (sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov) != FALSE) {
+        if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
+        err = ::GetLastError();
       }
     }
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;

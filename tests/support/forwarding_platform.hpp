@@ -53,6 +53,7 @@ class ForwardingPlatform : public platform::Platform {
   Result<Handle> reopen(int d, bool w) noexcept override { return os_.reopen(d, w); }
   Result<Handle> create_anonymous(const char* n) noexcept override { return os_.create_anonymous(n); }
   int native_descriptor(Handle h) const noexcept override { return os_.native_descriptor(h); }
+  bool replaces_open_files() const noexcept override { return os_.replaces_open_files(); }
   Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override { return os_.try_lock_in_use(h, exclusive); }
   void unlock_in_use(Handle h) noexcept override { os_.unlock_in_use(h); }
   std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
