@@ -947,6 +947,10 @@ class Win32Platform final : public Platform {
     // Windows does not convert a lock, and our own shared lock refuses our exclusive one: when
     // refused, let go of a shared lock we may hold, try again, and take it back if we had it.
     const DWORD flags = LOCKFILE_FAIL_IMMEDIATELY | (exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0);
+    // A shared lock stacks on our own exclusive one instead of replacing it (two unlocks would
+    // then be needed, the exclusive one first): a downgrade lets go of what this handle holds
+    // first (a no-op when it holds nothing).
+    if (!exclusive) (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
     if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
     DWORD err = ::GetLastError();
     if (exclusive && (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING)) {
@@ -955,14 +959,6 @@ class Win32Platform final : public Platform {
         if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
         err = ::GetLastError();
         (void)sys().lock_file_ex(as_handle(h), LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov);
-      }
-    }
-    if (!exclusive && (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING)) {
-      // A downgrade: our own exclusive lock refuses the shared one. Let go of it (a no-op when we
-      // held none: then someone else holds it) and take the shared one.
-      if (sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov) != FALSE) {
-        if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
-        err = ::GetLastError();
       }
     }
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
