@@ -287,7 +287,9 @@ TEST(Review, AnAlreadyCompactFileWithADamagedEntryIsNotCalledCompact) {
     std::FILE* f = std::fopen(path.c_str(), "r+b");
     ASSERT_NE(f, nullptr);
     std::fseek(f, static_cast<long>(off + 10), SEEK_SET);
-    std::fputc(0x5a ^ std::fgetc(f), f);
+    const int c = std::fgetc(f);
+    std::fseek(f, static_cast<long>(off + 10), SEEK_SET);  // C requires a seek between a read and a write
+    std::fputc(c ^ 0x5a, f);
     std::fclose(f);
   }
   EXPECT_EQ(wc_compact(&co), WC_ERR_CORRUPT) << wc_last_error();

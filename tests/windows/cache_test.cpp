@@ -286,7 +286,12 @@ TEST(WindowsCache, GrowthThatCannotBeMappedPacksToHeap) {
     }
     EXPECT_GE(c.stats().heap_fallbacks, 1u);
     EXPECT_EQ(c.stats().heap_bytes, big.size);
-    ASSERT_TRUE(c.finalize());
+    // The big entry cannot be moved into the file either (growth still cannot be mapped):
+    // finalize commits the small one and says the big one is not durable.
+    auto fin = c.finalize();
+    EXPECT_FALSE(fin.ok()) << "finalize said durable for an entry only in heap memory";
+    EXPECT_EQ(c.stats().unpersisted_entries, 1u);
+    EXPECT_TRUE(c.is_finalized());
   }
   // The entry that fit the mapped chunk persisted; the heap one did not.
   auto cache = WeightCache::open(suite_options(o.path));
