@@ -86,7 +86,11 @@ std::uint64_t floor_pow2(std::uint64_t v) { return v == 0 ? 0 : std::uint64_t{1}
 std::uint64_t default_max_file_bytes(const platform::Platform& pf) noexcept {
   std::uint64_t space = sizeof(void*) >= 8 ? std::uint64_t{1} << 47 : std::uint64_t{1} << 31;
   space = std::min(space, pf.address_space_limit());
-  return std::clamp<std::uint64_t>(floor_pow2(space / kDefaultSpanShare), kMinChunk, kMaxDefaultFileSpan);
+  // A 32-bit process cannot hold hundreds of caches anyway; 1/512 of its 2 GiB (4 MiB) would be
+  // too small for one model's weights. An eighth of its space (256 MiB) leaves room for a few
+  // caches beside the host; the halving retries at open take less where that is not there.
+  const std::uint64_t share = sizeof(void*) >= 8 ? kDefaultSpanShare : 8;
+  return std::clamp<std::uint64_t>(floor_pow2(space / share), kMinChunk, kMaxDefaultFileSpan);
 }
 
 }  // namespace

@@ -116,7 +116,7 @@ struct Options {
   bool refresh_on_miss = false;
   /// Address space reserved for the file mapping (the file can never grow past it). 0 (the
   /// default): 1/512 of what the process may reserve (pointer width, RLIMIT_AS), between 1 MiB
-  /// and 256 GiB: 256 GiB in a 64-bit process without a limit, 4 MiB in a 32-bit one. Heap
+  /// and 256 GiB: 256 GiB in a 64-bit process without a limit; in a 32-bit one an eighth (256 MiB). Heap
   /// memory (a heap-only cache, a fallback) is reserved as it is used, whatever this says.
   std::uint64_t max_file_bytes = 0;
   /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
