@@ -139,8 +139,9 @@ typedef struct wc_options {
   int refresh_on_miss;        /* nonzero: a look-up miss first maps entries other processes
                                  committed since the last refresh (cheap when none) */
   uint64_t max_file_bytes;    /* address space reserved for the file; 0 (default) = 1/512 of
-                                 what the process may reserve (RLIMIT_AS, pointer width), 1 MiB
-                                 to 256 GiB; heap memory is reserved as it is used */
+                                 what the process may reserve (1/8 in a 32-bit process;
+                                 RLIMIT_AS, pointer width), 1 MiB to 256 GiB; heap memory is
+                                 reserved as it is used */
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
