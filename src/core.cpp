@@ -44,7 +44,10 @@ constexpr std::uint64_t kMapGranularity = 1ull << 16;  // Windows' allocation gr
 constexpr std::uint64_t kMaxDefaultFileSpan = 256ull << 30;
 constexpr std::uint64_t kDefaultSpanShare = 512;
 // No entry or reservation is larger (the format allows more; no machine has that memory).
-constexpr std::uint64_t kMaxEntrySize = 1ull << 48;
+// In a 32-bit process, more than half the address space is as implausible as 2^48 is in a 64-bit
+// one (and SIZE_MAX itself is below 2^48 there).
+constexpr std::uint64_t kMaxEntrySize =
+    sizeof(std::size_t) >= 8 ? 1ull << 48 : static_cast<std::uint64_t>(SIZE_MAX / 2);
 
 thread_local Error t_last_error;
 
@@ -559,21 +562,25 @@ Result<void> Core::init_file() noexcept {
       if (auto r = create_missing_file(); !r) return r;
       continue;
     }
-    const bool alone = opened.value();
+    // Opened shared, as every user: an exclusive lock is asked for only when this open wants to
+    // replace the file (a rebuild, a compaction), so that ordinary opens never keep each other
+    // out, not even for a moment. The upgrade succeeds only if no other process has it open.
     auto st = read_state();
     if (st) {
-      // Nobody else has the file open: the moment to reclaim what replaced entries left behind.
-      if (alone && round < 2 && compaction_due(st.value())) {
-        if (compact_in_place(st.value())) continue;  // reopen the new file
-      }
-      if (alone)
+      if (round < 2 && compaction_due(st.value()) && upgrade_in_use()) {
+        // Alone now; what others committed before we were alone is read again before copying.
+        if (auto again = read_state(); again && compaction_due(again.value())) {
+          if (compact_in_place(again.value())) continue;  // reopen the new file
+          st = std::move(again);
+        }
         if (auto r = pf_.try_lock_in_use(fd_, false); !r || !r.value()) continue;  // lost it: start again
+      }
       return attach(st.value());
     }
     const Error& why = st.error();
     const bool rebuildable = why.code == Errc::corrupt || why.code == Errc::incompatible;
     if (!rebuildable || opts_.read_only) return why;
-    if (!alone)
+    if (!upgrade_in_use())
       return Error{Errc::busy, 0,
                    "cache file '" + opts_.path + "' is not usable (" + why.message +
                        ") and another process has it open, so it cannot be replaced now; the next open that finds "
@@ -582,6 +589,12 @@ Result<void> Core::init_file() noexcept {
     log::warn("cache file '{}' is not usable ({}); building a fresh one", opts_.path, why.message);
     if (auto r = rebuild_file(); !r) return r;
   }
+}
+
+bool Core::upgrade_in_use() noexcept {
+  if (opts_.read_only) return false;
+  auto ex = pf_.try_lock_in_use(fd_, true);
+  return ex && ex.value();
 }
 
 // A cache on a descriptor (the caller's, or a memfd for ":memory:"): no path to open, rename or
@@ -623,39 +636,30 @@ Result<void> Core::init_descriptor() noexcept {
     return {};
   };
   for (int round = 0;; ++round) {
-    bool alone = false;
-    if (!opts_.read_only) {
-      auto ex = pf_.try_lock_in_use(fd_, true);
-      alone = ex && ex.value();
-    }
-    if (!alone) {
-      auto sh = pf_.try_lock_in_use(fd_, false);
-      if (sh && !sh.value()) {
-        if (auto r = wait("was being rebuilt by another process"); !r) return r;
-        continue;
-      }
+    // Shared, as every user; exclusive only to initialise or rebuild the file (see init_file).
+    auto sh = pf_.try_lock_in_use(fd_, false);
+    if (sh && !sh.value()) {
+      if (auto r = wait("was being rebuilt by another process"); !r) return r;
+      continue;
     }
     auto info = pf_.stat_file(fd_);
     if (!info) return info.error();
     if (info->size == 0) {
       if (opts_.read_only) return Error{Errc::corrupt, 0, "'" + opts_.path + "' is empty: no cache was written to it"};
-      if (!alone) {  // another process is initialising it
+      if (!upgrade_in_use()) {  // another process is initialising it
         if (auto r = wait("stayed empty while another process had it open"); !r) return r;
         continue;
       }
-      if (auto r = write_empty_cache_in_place(); !r) return r;
-      continue;
+      if (auto st = pf_.stat_file(fd_); st && st->size == 0)  // still empty now that we are alone
+        if (auto r = write_empty_cache_in_place(); !r) return r;
+      continue;  // downgraded by the next round's shared request
     }
     auto st = read_state();
-    if (st) {
-      if (alone)
-        if (auto r = pf_.try_lock_in_use(fd_, false); !r || !r.value()) continue;
-      return attach(st.value());
-    }
+    if (st) return attach(st.value());
     const Error& why = st.error();
     const bool rebuildable = why.code == Errc::corrupt || why.code == Errc::incompatible;
     if (!rebuildable || opts_.read_only || round >= 2) return why;
-    if (!alone)
+    if (!upgrade_in_use())
       return Error{Errc::busy, 0,
                    "'" + opts_.path + "' is not usable (" + why.message +
                        ") and another process has it open, so it cannot be rebuilt now"};
@@ -726,14 +730,9 @@ Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) n
     }
     if (!fd) return fd.error();
     fd_ = fd.value();
-    // Try for the file alone (no other process has it open) when we could rebuild or compact it;
-    // otherwise share it. An exclusive holder is rebuilding, compacting or deleting it: wait.
-    bool alone = false;
-    if (!opts_.read_only) {
-      auto ex = pf_.try_lock_in_use(fd_, true);
-      alone = ex && ex.value();
-    }
-    if (!alone) {
+    // Shared, as every user holds it. An exclusive holder is rebuilding, compacting or deleting
+    // the file: wait.
+    {
       auto sh = pf_.try_lock_in_use(fd_, false);
       if (!sh) {
         // No such lock here (a filesystem without byte-range locks): use the file all the same;
@@ -761,7 +760,7 @@ Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) n
         return Error{Errc::busy, 0, "'" + opts_.path + "' kept being replaced for longer than lease_timeout"};
       continue;
     }
-    return alone;
+    return false;
   }
 }
 

@@ -157,6 +157,7 @@ class Core {
   /// and checks the path still names the file it locked.
   Result<bool> open_in_use(std::chrono::steady_clock::time_point deadline) noexcept;
   Result<CommittedState> read_state() noexcept;  // header, slot and index of fd_ (checked)
+  bool upgrade_in_use() noexcept;  // shared -> exclusive: true when no other process has the file open
   Result<void> attach(CommittedState& st) noexcept;  // map + index what read_state found
   Result<void> attach_locked(CommittedState& st) noexcept;
   void await_file(const Error& why) noexcept;
