@@ -60,6 +60,25 @@ void expect_generation(const Options& o, std::size_t n, std::size_t size, std::u
   }
 }
 
+// Flips one byte `at` bytes into the entry under `key`, behind the library's back.
+void damage_entry(const Options& o, const std::string& key, std::size_t at) {
+  std::size_t off = 0;
+  {
+    Options ro = o;
+    ro.read_only = true;
+    WeightCache c = open_or_fail(ro);
+    off = c.look_up(key);
+    ASSERT_NE(off, kNotFound) << key;
+  }
+  std::FILE* f = std::fopen(o.path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  std::fseek(f, static_cast<long>(off + at), SEEK_SET);
+  const int c = std::fgetc(f);
+  std::fseek(f, static_cast<long>(off + at), SEEK_SET);  // C requires a seek between a read and a write
+  std::fputc(c ^ 0x40, f);
+  std::fclose(f);
+}
+
 wc_options c_options(const std::string& path, const char* key = kKey) {
   wc_options o;
   wc_options_init(&o);
@@ -141,23 +160,7 @@ TEST(Compaction, WcCompactRefusesDamagedEntriesUnlessToldToDropThem) {
   o.compact_dead_percent = 0;
   write_generation(o, 4, 10000, 1);
   write_generation(o, 4, 10000, 2);
-  std::size_t off = 0;
-  {
-    Options ro = o;
-    ro.read_only = true;
-    WeightCache c = open_or_fail(ro);
-    off = c.look_up("w2");
-    ASSERT_NE(off, kNotFound);
-  }
-  {
-    std::FILE* f = std::fopen(path.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    std::fseek(f, static_cast<long>(off + 100), SEEK_SET);
-    const int c = std::fgetc(f);
-    std::fseek(f, static_cast<long>(off + 100), SEEK_SET);
-    std::fputc(c ^ 0x40, f);
-    std::fclose(f);
-  }
+  ASSERT_NO_FATAL_FAILURE(damage_entry(o, "w2", 100));
   const FileState st = file_state(path);
   wc_options co = c_options(path);
   EXPECT_EQ(wc_compact(&co), WC_ERR_CORRUPT);
@@ -275,23 +278,7 @@ TEST(Review, AnAlreadyCompactFileWithADamagedEntryIsNotCalledCompact) {
   write_generation(o, 3, 64 * 100, 1);
   wc_options co = c_options(path);
   ASSERT_EQ(wc_compact(&co), WC_OK);  // compact now: nothing to reclaim from here on
-  std::size_t off = 0;
-  {
-    Options ro = o;
-    ro.read_only = true;
-    WeightCache c = open_or_fail(ro);
-    off = c.look_up("w1");
-    ASSERT_NE(off, kNotFound);
-  }
-  {
-    std::FILE* f = std::fopen(path.c_str(), "r+b");
-    ASSERT_NE(f, nullptr);
-    std::fseek(f, static_cast<long>(off + 10), SEEK_SET);
-    const int c = std::fgetc(f);
-    std::fseek(f, static_cast<long>(off + 10), SEEK_SET);  // C requires a seek between a read and a write
-    std::fputc(c ^ 0x5a, f);
-    std::fclose(f);
-  }
+  ASSERT_NO_FATAL_FAILURE(damage_entry(o, "w1", 10));
   EXPECT_EQ(wc_compact(&co), WC_ERR_CORRUPT) << wc_last_error();
   wc_compact_report r;
   wc_compact_report_init(&r);
