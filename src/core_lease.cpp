@@ -1,0 +1,124 @@
+// The writer lease: the lock file and the data file's lock, taken and released. (Core, see core.hpp.)
+#include "core.hpp"
+#include "core_internal.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace weightcache {
+
+using namespace core_detail;
+
+// ---------------------------------------------------------------------------------------------
+// writer side
+// ---------------------------------------------------------------------------------------------
+
+Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up) noexcept {
+  if (has_lease_) return {};
+  if (lock_fd_ == platform::kInvalidHandle)
+    return Error{Errc::read_only, 0, "cache is open read-only"};
+  // Another cache of this process holds the lease on this lock file (the file at the path was
+  // replaced, and this process opened the new one while still holding the old one's lease):
+  // waiting would be waiting for ourselves.
+  if (const Core* holder = lease_holder(lock_identity_); holder != nullptr && holder != this)
+    return Error{Errc::busy, 0,
+                 "this process already holds the writer lease on '" + lock_path_ +
+                     "' through another open cache of that path (of a file since replaced); finalize or close "
+                     "that cache first"};
+  // After one full wait timed out, later allocations only try once until the next finalize or
+  // refresh: a packer with hundreds of weights must not wait lease_timeout for each of them.
+  const auto wait = lease_gave_up_ ? std::chrono::milliseconds(0) : opts_.lease_timeout;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  auto backoff = std::chrono::microseconds(200);
+  for (;;) {
+    auto got = try_lock_both_locked();
+    if (!got) return got.error();
+    if (got.value()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      if (!lease_gave_up_) lease_timeouts_.fetch_add(1, std::memory_order_relaxed);
+      lease_gave_up_ = true;
+      return Error{Errc::busy, 0,
+                   "another process held the writer lease on '" + lock_path_ + "' for longer than lease_timeout"};
+    }
+    // Wait without the write mutex, so this process's readers can refresh and other threads
+    // can commit their reservations meanwhile; callers re-read state after this returns.
+    if (lk != nullptr) lk->unlock();
+    std::this_thread::sleep_for(backoff);
+    if (lk != nullptr) {
+      lk->lock();
+      if (has_lease_) return {};  // another thread of ours took it meanwhile
+    }
+    backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+  }
+  has_lease_ = true;
+  set_lease_holder(lock_identity_, this);
+  lease_gave_up_ = false;
+  if (fd_ == platform::kInvalidHandle || !catch_up) return {};  // creating or replacing the file
+  // The path may now name another file (a rebuild or compaction elsewhere): never append to an
+  // inode others no longer read. (A descriptor cache has no path: its file is its file.)
+  auto ours = pf_.stat_file(fd_);
+  auto at_path = from_descriptor_ ? ours : pf_.stat_path(opts_.path, opts_.allow_symlink);
+  if (!at_path || !ours || at_path->inode != ours->inode || at_path->device != ours->device) {
+    release_lease_locked();
+    file_disabled_ = true;
+    return Error{Errc::busy, 0,
+                 "'" + opts_.path + "' was replaced by another process; " +
+                     (opts_.backing == Backing::file ? std::string("reopen the cache to write to the new file")
+                                                     : std::string("new entries stay in heap memory until reopened"))};
+  }
+  if (auto r = refresh_locked(); !r) {
+    release_lease_locked();
+    return r.error();
+  }
+  file_size_ = ours->size;
+  publish_sizes_locked();
+  // Bytes past the committed size are either free or garbage of a writer that died: ours to
+  // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe).
+  cursor_ = align_up(committed_.committed_size, offset_align());
+  flush_from_ = cursor_;
+  return {};
+}
+
+void Core::publish_sizes_locked() noexcept {
+  seen_file_size_.store(file_size_, std::memory_order_relaxed);
+  seen_committed_.store(committed_.committed_size, std::memory_order_relaxed);
+  seen_trailer_.store(committed_.index_size + format::kFooterSize, std::memory_order_relaxed);
+}
+
+Result<bool> Core::try_lock_both_locked() noexcept {
+  // The sidecar orders creation and rebuilds, which happen before there is a file to lock. The
+  // data file's own lock makes appends exclusive per file, not per name: two processes that
+  // open one file through two hard links hold different sidecars. Always sidecar first.
+  auto got = pf_.try_lock(lock_fd_);
+  if (!got || !got.value() || fd_ == platform::kInvalidHandle) return got;
+  auto data = pf_.try_lock(fd_);
+  if (!data || !data.value()) {
+    pf_.unlock(lock_fd_);
+    return data;
+  }
+  data_locked_ = fd_;
+  return true;
+}
+
+void Core::release_lease_locked() noexcept {
+  if (!has_lease_) return;
+  if (data_locked_ != platform::kInvalidHandle) {
+    pf_.unlock(data_locked_);
+    data_locked_ = platform::kInvalidHandle;
+  }
+  pf_.unlock(lock_fd_);
+  has_lease_ = false;
+  set_lease_holder(lock_identity_, nullptr);
+}
+
+void Core::release_lease_if_safe_locked() noexcept {
+  // A reservation past the committed size would be handed to the next writer as free space:
+  // keep the lease until a finalize writes a trailer after it (or until close).
+  for (const auto& [off, r] : reservations_)
+    if (!r.heap && off + r.capacity > committed_.committed_size) return;
+  release_lease_locked();
+}
+
+
+}  // namespace weightcache
