@@ -1,4 +1,5 @@
 // The C ABI: handles, struct-size versioning, status codes. No exception crosses it.
+#include "boundary.hpp"
 #include "c_api_internal.hpp"
 #include "compact.hpp"
 #include "registry.hpp"
@@ -14,10 +15,17 @@ namespace {
 
 wc_status status_of(const Error& e) { return static_cast<wc_status>(e.code); }
 
-wc_status invalid(std::string what) {
-  set_last_error({Errc::invalid_argument, 0, std::move(what)});
+// For the checks made before a call's own try block: never throws.
+wc_status invalid(const char* what) noexcept {
+  try {
+    set_last_error({Errc::invalid_argument, 0, what});
+  } catch (...) {
+    set_last_error({Errc::invalid_argument, 0, {}});
+  }
   return WC_ERR_INVALID_ARGUMENT;
 }
+// Inside a try block (options_from).
+wc_status invalid(const std::string& what) { return invalid(what.c_str()); }
 
 // Reads a field only if the caller's struct is big enough to have it (older callers).
 // Reads an enum field as the int a C caller may have stored in it (any value), so the range
@@ -123,8 +131,7 @@ wc_status wc_open(const wc_options* o, wc_cache** out) {
     *out = new wc_cache{std::move(core.value())};
     return WC_OK;
   } catch (...) {
-    set_last_error({Errc::no_memory, 0, "wc_open: out of memory"});
-    return WC_ERR_NO_MEMORY;
+    return static_cast<wc_status>(absorb_exception("wc_open"));
   }
 }
 
@@ -162,46 +169,54 @@ wc_status wc_compact_ex(const wc_options* o, unsigned flags, wc_compact_report* 
     }
     return WC_OK;
   } catch (...) {
-    set_last_error({Errc::no_memory, 0, "wc_compact: out of memory"});
-    return WC_ERR_NO_MEMORY;
+    return static_cast<wc_status>(absorb_exception("wc_compact"));
   }
 }
 
 wc_status wc_compact(const wc_options* options) { return wc_compact_ex(options, 0, nullptr); }
 
-void wc_close(wc_cache* c) { delete c; }
+void wc_close(wc_cache* c) {
+  guard_void("wc_close", [&] { delete c; });
+}
 
 size_t wc_look_up(wc_cache* c, const void* key, size_t key_size) {
   if (c == nullptr || (key == nullptr && key_size != 0)) return (invalid("wc_look_up: NULL cache or key"), WC_NOT_FOUND);
-  return c->core->look_up(std::string_view(static_cast<const char*>(key), key_size));
+  return guard("wc_look_up", WC_NOT_FOUND,
+               [&] { return c->core->look_up(std::string_view(static_cast<const char*>(key), key_size)); });
 }
 
 void* wc_reserve_space(wc_cache* c, size_t size) {
   if (c == nullptr) return (invalid("wc_reserve_space: NULL cache"), nullptr);
-  return c->core->reserve(size);
+  return guard("wc_reserve_space", static_cast<void*>(nullptr), [&] { return c->core->reserve(size); });
 }
 
 wc_status wc_release_space(wc_cache* c, void* ptr) {
   if (c == nullptr || ptr == nullptr) return invalid("wc_release_space: NULL cache or pointer");
-  auto r = c->core->release(ptr);
-  return r ? WC_OK : status_of(r.error());
+  return guard_status("wc_release_space", [&] {
+    auto r = c->core->release(ptr);
+    return r ? WC_OK : status_of(r.error());
+  });
 }
 
 size_t wc_look_up_or_insert(wc_cache* c, const void* key, size_t key_size, void* ptr, size_t size) {
   if (c == nullptr || (key == nullptr && key_size != 0))
     return (invalid("wc_look_up_or_insert: NULL cache or key"), WC_NOT_FOUND);
-  return c->core->look_up_or_insert(std::string_view(static_cast<const char*>(key), key_size), ptr, size);
+  return guard("wc_look_up_or_insert", WC_NOT_FOUND, [&] {
+    return c->core->look_up_or_insert(std::string_view(static_cast<const char*>(key), key_size), ptr, size);
+  });
 }
 
 void* wc_offset_to_addr(wc_cache* c, size_t offset) {
   if (c == nullptr) return nullptr;
-  return c->core->offset_to_addr(offset);
+  return guard("wc_offset_to_addr", static_cast<void*>(nullptr), [&] { return c->core->offset_to_addr(offset); });
 }
 
 wc_status wc_finalize(wc_cache* c) {
   if (c == nullptr) return invalid("wc_finalize: NULL cache");
-  auto r = c->core->finalize();
-  return r ? WC_OK : status_of(r.error());
+  return guard_status("wc_finalize", [&] {
+    auto r = c->core->finalize();
+    return r ? WC_OK : status_of(r.error());
+  });
 }
 
 int wc_get_fd(wc_cache* c) { return c == nullptr ? -1 : c->core->descriptor(); }
@@ -210,15 +225,23 @@ int wc_is_finalized(wc_cache* c) { return c != nullptr && c->core->is_finalized(
 
 wc_status wc_refresh(wc_cache* c) {
   if (c == nullptr) return invalid("wc_refresh: NULL cache");
-  auto r = c->core->refresh();
-  return r ? WC_OK : status_of(r.error());
+  return guard_status("wc_refresh", [&] {
+    auto r = c->core->refresh();
+    return r ? WC_OK : status_of(r.error());
+  });
 }
 
 wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   if (c == nullptr || out == nullptr) return invalid("wc_get_stats: NULL cache or stats");
   if (out->struct_size < offsetof(wc_stats, backing) + sizeof(wc_backing))
     return invalid("wc_get_stats: stats.struct_size is not set; call wc_stats_init first");
-  const Stats s = c->core->stats();
+  Stats s;
+  if (wc_status st = guard_status("wc_get_stats", [&] {
+        s = c->core->stats();
+        return WC_OK;
+      });
+      st != WC_OK)
+    return st;
   wc_stats full{};
   full.struct_size = out->struct_size;
   full.entries = s.entries;

@@ -23,7 +23,7 @@ std::uint64_t region_of(std::uint64_t size, std::uint64_t size_alignment) {
 
 // ---- TempFile ----------------------------------------------------------------------------------
 
-Result<TempFile> TempFile::create(platform::Platform& pf, const std::string& path, unsigned mode) noexcept {
+Result<TempFile> TempFile::create(platform::Platform& pf, const std::string& path, unsigned mode) {
   static std::atomic<unsigned> counter{0};
   try {
     std::string tmp = path + ".tmp." + std::to_string(pf.process_id()) + "." + std::to_string(counter.fetch_add(1));
@@ -47,7 +47,7 @@ TempFile::~TempFile() {
   if (!committed_) pf_->remove(tmp_);
 }
 
-Result<void> TempFile::commit(bool durable) noexcept {
+Result<void> TempFile::commit(bool durable) {
   if (durable)
     if (auto r = pf_->sync(h_); !r) return r.error();
   pf_->close_file(h_);
@@ -82,7 +82,7 @@ namespace {
 // Hashes `size` bytes at `offset` of `fd`, handing each piece to `sink` (may be null).
 template <class Sink>
 Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, std::uint64_t offset,
-                                 std::uint64_t size, std::byte* buf, Sink&& sink) noexcept {
+                                 std::uint64_t size, std::byte* buf, Sink&& sink) {
   format::StreamHash h;
   if (!h.ok()) return Error{Errc::no_memory, 0, "out of memory while hashing"};
   for (std::uint64_t done = 0; done < size;) {
@@ -97,7 +97,7 @@ Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, st
 
 // Reads the new file back before it replaces anything: the header, the one commit slot and the
 // index decode to exactly what was written, and every entry hashes to its checksum.
-Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf) noexcept {
+Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf) {
   auto st = read_committed(pf, dst.handle(), dst.name(), w.file_size, UINT64_MAX, 0);
   if (!st) return Error{Errc::io, 0, "the new file '" + dst.name() + "' does not read back: " + st.error().message};
   if (st->records.size() != w.records.size())
@@ -120,7 +120,7 @@ Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile&
 
 Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
                               TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
-                              const std::vector<SourceEntry>& entries, WrittenFile* out) noexcept {
+                              const std::vector<SourceEntry>& entries, WrittenFile* out) {
   try {
     std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kCopyChunk]);
     if (buf == nullptr) return Error{Errc::no_memory, 0, "out of memory for the copy buffer"};
@@ -178,7 +178,7 @@ std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) n
 Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
                                const CompactSettings& settings, CompactResult* out,
-                               const std::function<void()>& let_go) noexcept {
+                               const std::function<void()>& let_go) {
   try {
     out->bytes_before = file_size;
     out->entries = st.records.size();
@@ -243,7 +243,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, cons
   }
 }
 
-Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings) noexcept {
+Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings) {
   try {
     platform::Platform& pf = platform::os();
     if (options.path.empty()) return Error{Errc::invalid_argument, 0, "compact: no path given"};

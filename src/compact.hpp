@@ -19,7 +19,7 @@ namespace weightcache {
 /// destructor unless commit() renamed it over `path` (the shape of LLVM's FileOutputBuffer).
 class TempFile {
  public:
-  static Result<TempFile> create(platform::Platform& pf, const std::string& path, unsigned mode) noexcept;
+  static Result<TempFile> create(platform::Platform& pf, const std::string& path, unsigned mode);
   TempFile(TempFile&& o) noexcept;
   TempFile& operator=(TempFile&&) = delete;
   TempFile(const TempFile&) = delete;
@@ -28,7 +28,7 @@ class TempFile {
   const std::string& name() const noexcept { return tmp_; }
   /// Syncs the file (when `durable`), closes it, renames it over the path and syncs the
   /// directory (when `durable`). After a failure the temporary is still deleted by the destructor.
-  Result<void> commit(bool durable) noexcept;
+  Result<void> commit(bool durable);
 
  private:
   TempFile(platform::Platform& pf, std::string path, std::string tmp, platform::Handle h)
@@ -63,7 +63,7 @@ std::uint64_t planned_file_size(const std::vector<SourceEntry>& entries, std::ui
 /// file back (header, index and every entry's checksum) before the caller commits it.
 Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
                               TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
-                              const std::vector<SourceEntry>& entries, WrittenFile* out) noexcept;
+                              const std::vector<SourceEntry>& entries, WrittenFile* out);
 
 struct CompactSettings {
   bool drop_corrupt = false;  // leave damaged entries out instead of refusing
@@ -93,11 +93,11 @@ std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) n
 Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
                                const CompactSettings& settings, CompactResult* out,
-                               const std::function<void()>& let_go) noexcept;
+                               const std::function<void()>& let_go);
 
 /// wc_compact: opens options.path, takes the writer lease and the exclusive in-use lock (busy
 /// when another process holds either), checks the compatibility key (unless settings.any_key),
 /// and rewrites the file if anything can be reclaimed.
-Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings) noexcept;
+Result<CompactResult> compact_path(const Options& options, const CompactSettings& settings);
 
 }  // namespace weightcache

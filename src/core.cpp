@@ -1,4 +1,5 @@
 #include "core.hpp"
+#include "boundary.hpp"
 #include "core_internal.hpp"
 #include "compact.hpp"
 #include "log.hpp"
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <map>
+#include <new>
 #include <random>
 
 namespace weightcache {
@@ -20,7 +22,7 @@ thread_local Error t_last_error;
 
 // Seeds the index's key hash: a hostile file cannot pick keys that collide in this process's
 // tables without knowing it.
-std::uint64_t process_key_seed() noexcept {
+std::uint64_t process_key_seed() {
   static const std::uint64_t seed = [] {
     std::uint64_t v = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     try {
@@ -42,7 +44,10 @@ struct LeaseHolders {
   std::map<std::pair<std::uint64_t, std::uint64_t>, const Core*> by_lock_file;
 };
 LeaseHolders& lease_holders() {
-  static LeaseHolders* h = new LeaseHolders();  // outlives static destructors of hosts
+  // Never destroyed (it outlives static destructors of hosts) and never allocated: constructing
+  // an empty map and a mutex in place cannot fail, so the noexcept callers below may use it.
+  alignas(LeaseHolders) static unsigned char storage[sizeof(LeaseHolders)];
+  static LeaseHolders* h = new (storage) LeaseHolders();
   return *h;
 }
 
@@ -50,7 +55,7 @@ LeaseHolders& lease_holders() {
 // max_file_bytes when the caller leaves it 0: a share of what this process may reserve. A
 // 64-bit process has 128 TiB of user address space on every system we build for (47 bits); a
 // 32-bit one 2 GiB for sure. RLIMIT_AS lowers it (reservations count against it).
-std::uint64_t default_max_file_bytes(const platform::Platform& pf) noexcept {
+std::uint64_t default_max_file_bytes(const platform::Platform& pf) {
   std::uint64_t space = sizeof(void*) >= 8 ? std::uint64_t{1} << 47 : std::uint64_t{1} << 31;
   space = std::min(space, pf.address_space_limit());
   // A 32-bit process cannot hold hundreds of caches anyway; 1/512 of its 2 GiB (4 MiB) would be
@@ -99,11 +104,57 @@ const char* errc_name(Errc code) noexcept {
   return "WC_ERR_UNKNOWN";
 }
 
-void set_last_error(const Error& e) {
+namespace {
+// At most 15 characters: assigning one to a std::string never allocates (every standard library
+// we build with keeps that many in the string itself), so a last error can always be recorded.
+const char* short_text(Errc code) noexcept {
+  switch (code) {
+    case Errc::ok: return "ok";
+    case Errc::invalid_argument: return "invalid arg";
+    case Errc::io: return "I/O error";
+    case Errc::no_space: return "no space";
+    case Errc::corrupt: return "corrupt file";
+    case Errc::incompatible: return "incompatible";
+    case Errc::busy: return "busy";
+    case Errc::unsupported: return "unsupported";
+    case Errc::no_memory: return "out of memory";
+    case Errc::read_only: return "read-only";
+  }
+  return "error";
+}
+}  // namespace
+
+void set_last_error(const Error& e) noexcept {
   try {
+    if (e.message.empty()) throw std::bad_alloc();  // say at least what kind of failure
     t_last_error = e;
   } catch (...) {
+    // No memory for the message: the code, and a message that fits without any.
+    t_last_error.code = e.code;
+    t_last_error.sys_errno = e.sys_errno;
+    t_last_error.message.assign(short_text(e.code));
   }
+}
+
+Errc absorb_exception(const char* call) noexcept {
+  Errc code = Errc::io;
+  const char* what = "unexpected failure";
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    code = Errc::no_memory;
+    what = "out of memory";
+  } catch (const std::exception& e) {
+    what = e.what();  // lives as long as the exception, which the caller's catch block holds
+  } catch (...) {
+  }
+  try {
+    set_last_error({code, 0, std::string(call) + ": " + what});
+    log::warn("{}: {}", call, what);
+  } catch (...) {
+    set_last_error({code, 0, {}});
+  }
+  return code;
 }
 
 Error fail(Error e) {
@@ -147,6 +198,16 @@ Core::~Core() {
     return;
   }
   std::lock_guard<std::mutex> lock(write_mu_);
+  // A destructor is a boundary: trimming is best effort (out of memory for a message or a
+  // slot's index skips it); the mappings and descriptors below are released whatever happens.
+  guard_void("wc_close", [&] { trim_on_close_locked(); });
+  release_lease_locked();
+  pf_.release_address_space(base_, va_size_);
+  pf_.close_file(fd_);
+  if (lock_fd_ != fd_) pf_.close_file(lock_fd_);  // a descriptor cache leases the file itself
+}
+
+void Core::trim_on_close_locked() {
   if (has_lease_) {
     // Drop what was grown but never committed so the file ends at its footer again. Only this
     // process (holding the lease) may have touched bytes past the committed size.
@@ -157,7 +218,10 @@ Core::~Core() {
     }
     release_lease_locked();
   }
+  // Unmapped first: see below.
   pf_.release_address_space(base_, va_size_);
+  base_ = nullptr;
+  va_size_ = 0;
   // Where the OS refuses to shrink a mapped file (Windows), the trim above failed, and where
   // mapping itself extends a file (Windows' legacy mapping mode rounds it up to 64 KiB) the file
   // grew without our knowing: now that nothing of ours is mapped, cut the uncommitted tail if no
@@ -181,8 +245,6 @@ Core::~Core() {
       release_lease_locked();
     }
   }
-  pf_.close_file(fd_);
-  if (lock_fd_ != fd_) pf_.close_file(lock_fd_);  // a descriptor cache leases the file itself
 }
 
 std::uint64_t Core::round_size(std::uint64_t size) const noexcept {
@@ -194,7 +256,7 @@ std::uint64_t Core::round_size(std::uint64_t size) const noexcept {
 // reader API
 // ---------------------------------------------------------------------------------------------
 
-std::size_t Core::look_up(std::string_view key) noexcept {
+std::size_t Core::look_up(std::string_view key) {
   if (key.size() > kMaxKeySize) {  // cannot be in any cache; say why instead of a bare miss
     try {
       set_last_error({Errc::invalid_argument, 0,
@@ -217,7 +279,7 @@ std::size_t Core::look_up(std::string_view key) noexcept {
   return static_cast<std::size_t>(e->offset);
 }
 
-void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept {
+void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const {
   if (offset == kNotFound) return nullptr;
   const Entry* e = index_.find_offset(offset);
   // An entry whose checksum failed is never data, even for an offset learned some other way.
@@ -235,7 +297,7 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const noexcept
   return addr(offset);
 }
 
-Result<void> Core::refresh() noexcept {
+Result<void> Core::refresh() {
   if (!file_backed_ && !awaiting_file_.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(write_mu_);
   lease_gave_up_ = false;  // the next allocation may wait for the lease again
@@ -244,7 +306,7 @@ Result<void> Core::refresh() noexcept {
   return {};
 }
 
-Result<void> Core::refresh_locked() noexcept {
+Result<void> Core::refresh_locked() {
   if (awaiting_file_.load(std::memory_order_relaxed)) return try_attach_locked();
   if (!file_backed_ || fd_ == platform::kInvalidHandle) return {};
   auto info = pf_.stat_file(fd_);
@@ -267,7 +329,7 @@ Result<void> Core::refresh_locked() noexcept {
   return {};
 }
 
-Stats Core::stats() const noexcept {
+Stats Core::stats() const {
   Stats s;
   // Never takes write_mu_: a writer may hold it while it waits for another process's lease.
   s.file_bytes = file_backed_ ? seen_file_size_.load(std::memory_order_relaxed) : 0;

@@ -26,7 +26,7 @@ namespace weightcache {
 
 /// Sets this thread's last error and returns it (for `return fail(...)`).
 Error fail(Error e);
-void set_last_error(const Error& e);
+void set_last_error(const Error& e) noexcept;
 /// "WC_ERR_NO_SPACE" etc.: the C name of a code, for log lines users grep for.
 const char* errc_name(Errc code) noexcept;
 
@@ -64,7 +64,7 @@ class HeapArena {
 
   /// The arena offset of `size` committed bytes at or after `from`, aligned to `align` (a power
   /// of two no larger than `gran`, the chunk alignment, or a multiple of it). Writer only.
-  Result<std::uint64_t> place(std::uint64_t from, std::uint64_t size, std::uint64_t align, std::uint64_t gran) noexcept;
+  Result<std::uint64_t> place(std::uint64_t from, std::uint64_t size, std::uint64_t align, std::uint64_t gran);
   /// Address of an arena offset inside a chunk. Any thread.
   std::byte* addr(std::uint64_t off) const noexcept;
   /// Whether `p` lies in a chunk. Any thread.
@@ -82,7 +82,7 @@ class HeapArena {
   // Chunks at least double, so 64 hold any arena an address space can; only retries that had
   // to settle for less (an address-space limit) add more.
   static constexpr unsigned kMaxChunks = 64;
-  Result<void> commit(Chunk& c, std::uint64_t end, std::uint64_t gran) noexcept;
+  Result<void> commit(Chunk& c, std::uint64_t end, std::uint64_t gran);
 
   platform::Platform& pf_;
   Chunk chunks_[kMaxChunks];
@@ -97,23 +97,23 @@ class Core {
   };
 
   /// Opens a cache per `options` (file-backed, or heap-only). Applies the fallback policy.
-  static Result<std::shared_ptr<Core>> open(const Options& options, platform::Platform& pf) noexcept;
+  static Result<std::shared_ptr<Core>> open(const Options& options, platform::Platform& pf);
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
 
-  std::size_t look_up(std::string_view key) noexcept;
-  void* reserve(std::size_t size) noexcept;
-  Result<void> release(void* ptr) noexcept;
-  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
+  std::size_t look_up(std::string_view key);
+  void* reserve(std::size_t size);
+  Result<void> release(void* ptr);
+  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size);
   /// Address of the live entry at `offset`, or nullptr. With `replaced_too`, also of an entry
   /// since replaced under its key (its bytes stay mapped until close): for a caller that holds
   /// an offset it was given before the replacement and cannot take a null (the XNNPACK adapter).
-  void* offset_to_addr(std::size_t offset, bool replaced_too = false) const noexcept;
-  Result<void> finalize() noexcept;
+  void* offset_to_addr(std::size_t offset, bool replaced_too = false) const;
+  Result<void> finalize();
   bool is_finalized() const noexcept { return finalized_.load(std::memory_order_acquire); }
-  Result<void> refresh() noexcept;
-  Stats stats() const noexcept;
+  Result<void> refresh();
+  Stats stats() const;
   std::size_t alignment() const noexcept { return align_; }
   /// The OS descriptor of a file-backed cache's file (wc_get_fd), or -1.
   int descriptor() const noexcept {
@@ -147,77 +147,80 @@ class Core {
   };
 
   // set-up
-  Result<void> init_heap_only() noexcept;
+  Result<void> init_heap_only();
   /// Commits the heap arena's first chunk now: a fallback must not promise memory it cannot get.
-  Result<void> ready_heap() noexcept;
-  Result<void> reserve_address_space(std::uint64_t file_span) noexcept;
-  Result<void> init_file() noexcept;
+  Result<void> ready_heap();
+  Result<void> reserve_address_space(std::uint64_t file_span);
+  Result<void> init_file();
   /// Opens the file at the path into fd_ and takes its in-use lock: exclusive when no other
   /// process has it open (returns true), else shared; waits while another holds it exclusively,
   /// and checks the path still names the file it locked.
-  Result<bool> open_in_use(std::chrono::steady_clock::time_point deadline) noexcept;
-  Result<CommittedState> read_state() noexcept;  // header, slot and index of fd_ (checked)
-  bool upgrade_in_use() noexcept;  // shared -> exclusive: true when no other process has the file open
-  Result<void> attach(CommittedState& st) noexcept;  // map + index what read_state found
-  Result<void> attach_locked(CommittedState& st) noexcept;
-  void await_file(const Error& why) noexcept;
-  Result<void> try_attach_locked() noexcept;  // a cache awaiting its file: attach it if it exists now
-  Result<void> create_missing_file() noexcept;  // under the lease
-  Result<void> init_descriptor() noexcept;      // options.fd or ":memory:"
-  Result<void> write_empty_cache(platform::Handle h) noexcept;  // header + empty index, in order
-  Result<void> write_empty_cache_in_place() noexcept;
-  Result<void> rebuild_file() noexcept;         // holding fd_ alone; renames a new file over it
-  Result<void> create_fresh_file() noexcept;    // under the lease; renames a new file into place
-  bool compaction_due(const CommittedState& st) const noexcept;
-  bool compact_in_place(const CommittedState& st) noexcept;  // true: a new file took the path
-  void make_read_only(std::string why) noexcept;
+  Result<bool> open_in_use(std::chrono::steady_clock::time_point deadline);
+  Result<CommittedState> read_state();  // header, slot and index of fd_ (checked)
+  bool upgrade_in_use();  // shared -> exclusive: true when no other process has the file open
+  Result<void> attach(CommittedState& st);  // map + index what read_state found
+  Result<void> attach_locked(CommittedState& st);
+  void await_file(const Error& why);
+  Result<void> try_attach_locked();  // a cache awaiting its file: attach it if it exists now
+  Result<void> create_missing_file();  // under the lease
+  Result<void> init_descriptor();      // options.fd or ":memory:"
+  Result<void> write_empty_cache(platform::Handle h);  // header + empty index, in order
+  Result<void> write_empty_cache_in_place();
+  Result<void> rebuild_file();         // holding fd_ alone; renames a new file over it
+  Result<void> create_fresh_file();    // under the lease; renames a new file into place
+  bool compaction_due(const CommittedState& st) const;
+  bool compact_in_place(const CommittedState& st);  // true: a new file took the path
+  void make_read_only(std::string why);
   bool persist_wanted() const noexcept { return file_backed_ || heap_why_.code != Errc::ok; }
   static const Core* lease_holder(const Identity& lock) noexcept;
   void set_lease_holder(const Identity& lock, const Core* holder) noexcept;
   Result<format::CommitSlot> read_latest_slot(std::uint64_t newer_than, std::vector<format::IndexRecord>* records,
-                                              std::uint64_t file_size) noexcept;
+                                              std::uint64_t file_size);
 
   // writer side (write_mu_ held)
   /// Takes the writer lease, waiting up to lease_timeout. While it waits it unlocks *lk (if
   /// given), so callers must re-read any state they computed before calling.
   /// With catch_up (appending), also checks the path still names our file and merges what
   /// others committed; without it (replacing the file), only takes the locks.
-  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up = true) noexcept;
+  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up = true);
   void release_lease_locked() noexcept;
-  void publish_sizes_locked() noexcept;  // copies sizes for stats(), which takes no write lock
-  void release_lease_if_safe_locked() noexcept;
-  Result<void> refresh_locked() noexcept;
-  Result<void> ensure_mapped_locked(std::uint64_t end) noexcept;
-  Result<void> grow_file_locked(std::uint64_t end) noexcept;
-  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, std::unique_lock<std::mutex>& lk) noexcept;
-  Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) noexcept;
-  void release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept;
-  void merge_records_locked(std::vector<format::IndexRecord>& records) noexcept;
-  Result<void> persist_locked(std::unique_lock<std::mutex>& lk) noexcept;
-  Result<void> persist_all_locked(std::unique_lock<std::mutex>& lk) noexcept;
-  Result<void> migrate_heap_entries_locked() noexcept;
-  Result<bool> try_lock_both_locked() noexcept;
-  void maybe_trim_locked() noexcept;
+  void publish_sizes_locked();  // copies sizes for stats(), which takes no write lock
+  void release_lease_if_safe_locked();
+  Result<void> refresh_locked();
+  Result<void> ensure_mapped_locked(std::uint64_t end);
+  Result<void> grow_file_locked(std::uint64_t end);
+  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, std::unique_lock<std::mutex>& lk);
+  Result<std::uint64_t> allocate_heap_locked(std::uint64_t size);
+  void release_reservation_locked(std::uint64_t offset, const Reservation& r);
+  void merge_records_locked(std::vector<format::IndexRecord>& records);
+  Result<void> persist_locked(std::unique_lock<std::mutex>& lk);
+  Result<void> persist_all_locked(std::unique_lock<std::mutex>& lk);
+  Result<void> migrate_heap_entries_locked();
+  Result<bool> try_lock_both_locked();
+  void maybe_trim_locked();
+  /// At close, holding the lease (or able to take it): cuts what was grown but never committed.
+  /// Unmaps the cache's address space (base_, va_size_) before it asks the OS for the file's size.
+  void trim_on_close_locked();
 
-  bool verify_entry(Entry* e) noexcept;
+  bool verify_entry(Entry* e);
   /// Hashes an entry this thread claimed (kVerifying) and records the verdict. With `stop` (the
   /// verify-ahead thread), gives up between chunks once it is set: the entry is unverified again.
-  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr) noexcept;
+  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr);
   enum class Check { good, bad_checksum, past_end, hole, stopped };
   /// The entry's bytes against its checksum, hashed in chunks (docs/DESIGN.md, "Verification").
-  Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept;
+  Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const;
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
-  void start_verify_ahead() noexcept;
+  void start_verify_ahead();
   void wake_verify_waiters() noexcept;  // after an entry leaves kVerifying
   // True in a child forked after open: the verify-ahead thread is not here, and the parent's
   // threads may have left verify_sync_ locked or waited on at the fork.
   bool in_forked_child() const noexcept;
   void stop_verify_ahead() noexcept;
-  void verify_all(const std::vector<Entry*>& entries) noexcept;
+  void verify_all(const std::vector<Entry*>& entries);
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
-  void recount_durable_locked() noexcept;
+  void recount_durable_locked();
   std::byte* addr(std::uint64_t offset) const noexcept {
     return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
   }

@@ -49,7 +49,7 @@ bool HeapArena::find(const std::byte* p, std::uint64_t* off, std::uint64_t* room
   return false;
 }
 
-Result<void> HeapArena::commit(Chunk& c, std::uint64_t end, std::uint64_t gran) noexcept {
+Result<void> HeapArena::commit(Chunk& c, std::uint64_t end, std::uint64_t gran) {
   if (end <= c.committed) return {};
   // Geometric, as the file grows, but settle for just what is needed when memory is short.
   std::uint64_t target = std::min(std::max({align_up(end, gran), c.committed * 2, kMinChunk}), c.size);
@@ -64,7 +64,7 @@ Result<void> HeapArena::commit(Chunk& c, std::uint64_t end, std::uint64_t gran) 
 }
 
 Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, std::uint64_t align,
-                                       std::uint64_t gran) noexcept {
+                                       std::uint64_t gran) {
   const unsigned n = count_.load(std::memory_order_relaxed);
   if (n > 0) {  // the rest of the last chunk
     Chunk& c = chunks_[n - 1];
@@ -159,7 +159,7 @@ bool Core::offset_of(const void* ptr, std::uint64_t* offset, std::uint64_t* room
 }
 
 
-Result<void> Core::ensure_mapped_locked(std::uint64_t end) noexcept {
+Result<void> Core::ensure_mapped_locked(std::uint64_t end) {
   if (end <= mapped_end_) return {};
   const std::uint64_t new_end = std::min(align_up(std::max(end, file_size_), gran_), file_span_);
   if (new_end < end) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it"};
@@ -171,7 +171,7 @@ Result<void> Core::ensure_mapped_locked(std::uint64_t end) noexcept {
   return {};
 }
 
-Result<void> Core::grow_file_locked(std::uint64_t end) noexcept {
+Result<void> Core::grow_file_locked(std::uint64_t end) {
   if (end > file_span_) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
   if (end > file_size_) {
     // Geometric growth keeps the number of mappings logarithmic; on a full disk retry with just
@@ -190,7 +190,7 @@ Result<void> Core::grow_file_locked(std::uint64_t end) noexcept {
   return ensure_mapped_locked(end);
 }
 
-Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
+Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) {
   auto r = heap_.place(heap_cursor_, size, align_, gran_);
   if (!r) return r.error();
   heap_cursor_ = r.value() + size;
@@ -198,7 +198,7 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) noexcept {
 }
 
 Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
-                                           std::unique_lock<std::mutex>& lk) noexcept {
+                                           std::unique_lock<std::mutex>& lk) {
   *fell_back = false;
   Error why{Errc::ok, 0, {}};
   if (file_backed_ && !file_disabled_ && !opts_.read_only) {
@@ -235,7 +235,7 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
   return Region{h.value(), true};
 }
 
-void* Core::reserve(std::size_t size) noexcept {
+void* Core::reserve(std::size_t size) {
   try {
     if (size > kMaxEntrySize) {
       set_last_error({Errc::invalid_argument, 0,
@@ -258,7 +258,7 @@ void* Core::reserve(std::size_t size) noexcept {
   }
 }
 
-Result<void> Core::release(void* ptr) noexcept {
+Result<void> Core::release(void* ptr) {
   std::lock_guard<std::mutex> lock(write_mu_);
   std::uint64_t at = 0, room = 0;
   if (!offset_of(ptr, &at, &room))
@@ -272,7 +272,7 @@ Result<void> Core::release(void* ptr) noexcept {
   return {};
 }
 
-void Core::release_reservation_locked(std::uint64_t offset, const Reservation& r) noexcept {
+void Core::release_reservation_locked(std::uint64_t offset, const Reservation& r) {
   // Give the space back when it is the last thing allocated (the common re-insert case), so
   // re-inserting identical bytes does not grow the file.
   if (r.heap) {

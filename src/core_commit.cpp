@@ -17,8 +17,11 @@ using namespace core_detail;
 // index
 // ---------------------------------------------------------------------------------------------
 
-void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexcept {
-  try {
+void Core::merge_records_locked(std::vector<format::IndexRecord>& records) {
+  // All or nothing: everything that allocates comes before the first publish, so running out of
+  // memory (it propagates) leaves the index as it was. A partial merge would be worse than none:
+  // this process's next commit writes an index of what it knows, and would drop the rest.
+  {
     // write_mu_ is held: no other writer changes the index meanwhile.
     std::vector<Entry*> fresh;
     fresh.reserve(records.size());
@@ -34,7 +37,7 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
       fresh.push_back(e);
     }
     if (opts_.verify == Verify::on_open) verify_all(fresh);
-    index_.reserve(index_.live_count() + fresh.size(), index_.live_count() + fresh.size());
+    index_.reserve_publishes(fresh.size());  // from here on nothing allocates
     for (Entry* e : fresh) {
       if (Entry* old = index_.publish(e); old != nullptr) {
         if (old->in_file) mapped_bytes_ -= old->size;
@@ -42,13 +45,11 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) noexc
       }
       mapped_bytes_ += e->size;
     }
-  } catch (...) {
-    log::error("out of memory while loading the index of '{}'", opts_.path);
   }
   recount_durable_locked();
 }
 
-void Core::recount_durable_locked() noexcept {
+void Core::recount_durable_locked() {
   std::uint64_t bytes = 0;
   index_.for_each_live([&](const Entry& e) {
     if (e.durable.load(std::memory_order_relaxed)) bytes += round_size(e.size);
@@ -57,7 +58,7 @@ void Core::recount_durable_locked() noexcept {
 }
 
 
-std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept {
+std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) {
   if (ptr == nullptr) return look_up(key);
   if (key.empty() || key.size() > kMaxKeySize) {
     set_last_error({Errc::invalid_argument, 0,
@@ -160,7 +161,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   }
 }
 
-Result<void> Core::migrate_heap_entries_locked() noexcept {
+Result<void> Core::migrate_heap_entries_locked() {
   std::vector<Entry*> heap;
   try {
     index_.for_each_live([&](Entry& e) {
@@ -196,7 +197,7 @@ Result<void> Core::migrate_heap_entries_locked() noexcept {
   }
 }
 
-Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
+Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) {
   if (auto r = acquire_lease_locked(&lk); !r) return r.error();
   // Entries that went to the heap (no lease, no space, no file at the time) go into the file
   // first; as many as fit are committed with the rest even when not all of them do.
@@ -299,7 +300,7 @@ Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) noexcept {
   return migrated;
 }
 
-void Core::maybe_trim_locked() noexcept {
+void Core::maybe_trim_locked() {
   // Put the footer back at EOF: cut the preallocated tail, unless a reservation still lives there.
   // Never below a commit slot we wrote: one whose sync failed may still be read (from the page
   // cache) by another process, which then maps up to its committed size.
@@ -314,7 +315,7 @@ void Core::maybe_trim_locked() noexcept {
   }
 }
 
-Result<void> Core::finalize() noexcept {
+Result<void> Core::finalize() {
   try {
     std::unique_lock<std::mutex> lock(write_mu_);
     lease_gave_up_ = false;  // a new packing phase may wait for the lease again
@@ -339,7 +340,7 @@ Result<void> Core::finalize() noexcept {
   }
 }
 
-Result<void> Core::persist_all_locked(std::unique_lock<std::mutex>& lk) noexcept {
+Result<void> Core::persist_all_locked(std::unique_lock<std::mutex>& lk) {
   const bool heap_left = unpersisted_entries_.load(std::memory_order_relaxed) != 0;
   if (!file_backed_) {
     if (!heap_left) return {};

@@ -14,7 +14,7 @@ using namespace core_detail;
 // writer side
 // ---------------------------------------------------------------------------------------------
 
-Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up) noexcept {
+Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up) {
   if (has_lease_) return {};
   if (lock_fd_ == platform::kInvalidHandle)
     return Error{Errc::read_only, 0, "cache is open read-only"};
@@ -80,13 +80,13 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool c
   return {};
 }
 
-void Core::publish_sizes_locked() noexcept {
+void Core::publish_sizes_locked() {
   seen_file_size_.store(file_size_, std::memory_order_relaxed);
   seen_committed_.store(committed_.committed_size, std::memory_order_relaxed);
   seen_trailer_.store(committed_.index_size + format::kFooterSize, std::memory_order_relaxed);
 }
 
-Result<bool> Core::try_lock_both_locked() noexcept {
+Result<bool> Core::try_lock_both_locked() {
   // The sidecar orders creation and rebuilds, which happen before there is a file to lock. The
   // data file's own lock makes appends exclusive per file, not per name: two processes that
   // open one file through two hard links hold different sidecars. Always sidecar first.
@@ -112,7 +112,7 @@ void Core::release_lease_locked() noexcept {
   set_lease_holder(lock_identity_, nullptr);
 }
 
-void Core::release_lease_if_safe_locked() noexcept {
+void Core::release_lease_if_safe_locked() {
   // A reservation past the committed size would be handed to the next writer as free space:
   // keep the lease until a finalize writes a trailer after it (or until close).
   for (const auto& [off, r] : reservations_)

@@ -23,7 +23,7 @@ using namespace core_detail;
 // open
 // ---------------------------------------------------------------------------------------------
 
-Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platform& pf) noexcept {
+Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platform& pf) {
   try {
     if (!is_pow2(options.alignment) || options.alignment > kMaxAlignment)
       return fail({Errc::invalid_argument, 0,
@@ -90,7 +90,7 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
   }
 }
 
-Result<void> Core::reserve_address_space(std::uint64_t file_span) noexcept {
+Result<void> Core::reserve_address_space(std::uint64_t file_span) {
   // 2 MiB at least: the page cache holds ext4 files in large folios, and a mapping whose
   // addresses line up with file offsets modulo 2 MiB faults them in whole (a 256 MiB fill takes
   // ~10k faults instead of ~44k, 4-6x faster; docs/BENCHMARKS.md).
@@ -119,14 +119,14 @@ Result<void> Core::reserve_address_space(std::uint64_t file_span) noexcept {
   }
 }
 
-Result<void> Core::init_heap_only() noexcept {
+Result<void> Core::init_heap_only() {
   // Nothing to reserve up front: the heap arena takes address space chunk by chunk as it fills.
   file_backed_ = false;
   file_disabled_ = true;
   return {};
 }
 
-Result<void> Core::ready_heap() noexcept {
+Result<void> Core::ready_heap() {
   // Room for a first megabyte (reserved and committed, the cursor left where it is): less would
   // be a heap cache in name only.
   std::lock_guard<std::mutex> lock(write_mu_);
@@ -156,21 +156,24 @@ std::string resolve_symlinks(const std::string& path) {
 
 // Temporary files of a process that died while building a cache file. Called under the lease,
 // when no other process can be writing one.
-void remove_stale_temporaries(const std::string& path) {
+void remove_stale_temporaries(platform::Platform& pf, const std::string& path) {
   namespace fs = std::filesystem;
-  std::error_code ec;
   const fs::path p = fs::u8path(path);
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const auto prefix = p.filename().u8string() + u8".tmp.";
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const auto name = it->path().filename().u8string();
-    if (name.compare(0, prefix.size(), prefix) == 0) fs::remove(it->path(), ec);
+  const auto dir_u8 = (p.has_parent_path() ? p.parent_path() : fs::path(".")).u8string();
+  const auto base_u8 = p.filename().u8string();
+  const std::string dir(dir_u8.begin(), dir_u8.end()), prefix = std::string(base_u8.begin(), base_u8.end()) + ".tmp.";
+  auto names = pf.list_directory(dir);
+  if (!names) return;  // best effort: a later open tries again
+  for (const auto& name : names.value()) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const auto full = (fs::u8path(dir) / fs::u8path(name)).u8string();
+    (void)pf.remove_file(std::string(full.begin(), full.end()));
   }
 }
 
 }  // namespace
 
-Result<void> Core::init_file() noexcept {
+Result<void> Core::init_file() {
   file_backed_ = true;
   if (opts_.fd >= 0 || opts_.path == kMemoryPath) return init_descriptor();
   try {
@@ -238,7 +241,7 @@ Result<void> Core::init_file() noexcept {
   }
 }
 
-bool Core::upgrade_in_use() noexcept {
+bool Core::upgrade_in_use() {
   if (opts_.read_only) return false;
   auto ex = pf_.try_lock_in_use(fd_, true);
   return ex && ex.value();
@@ -247,7 +250,7 @@ bool Core::upgrade_in_use() noexcept {
 // A cache on a descriptor (the caller's, or a memfd for ":memory:"): no path to open, rename or
 // lock beside, so the lease and the in-use lock are the file's own, an empty file is initialised
 // in place, and an unusable one is rebuilt in place, only while nobody else has it open.
-Result<void> Core::init_descriptor() noexcept {
+Result<void> Core::init_descriptor() {
   from_descriptor_ = true;
   const bool memory = opts_.fd < 0;
   try {
@@ -316,7 +319,7 @@ Result<void> Core::init_descriptor() noexcept {
   }
 }
 
-Result<void> Core::write_empty_cache(platform::Handle h) noexcept {
+Result<void> Core::write_empty_cache(platform::Handle h) {
   format::HeaderFixed fixed;
   fixed.alignment = align_;
   fixed.size_alignment = opts_.size_alignment;
@@ -339,13 +342,13 @@ Result<void> Core::write_empty_cache(platform::Handle h) noexcept {
   return {};
 }
 
-Result<void> Core::write_empty_cache_in_place() noexcept {
+Result<void> Core::write_empty_cache_in_place() {
   if (auto r = write_empty_cache(fd_); !r) return r;
   log::info("initialised cache file '{}'", opts_.path);
   return {};
 }
 
-void Core::make_read_only(std::string why) noexcept {
+void Core::make_read_only(std::string why) {
   opts_.read_only = true;
   try {
     read_only_why_ = std::move(why);
@@ -357,7 +360,7 @@ void Core::make_read_only(std::string why) noexcept {
   }
 }
 
-Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) noexcept {
+Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) {
   auto backoff = std::chrono::microseconds(200);
   for (;;) {
     pf_.close_file(fd_);
@@ -411,7 +414,7 @@ Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) n
   }
 }
 
-Result<void> Core::create_missing_file() noexcept {
+Result<void> Core::create_missing_file() {
   // Build under the lease so concurrent openers build once; re-check first: another process may
   // have put a file in place while we waited.
   pf_.close_file(fd_);
@@ -425,7 +428,7 @@ Result<void> Core::create_missing_file() noexcept {
   return out;
 }
 
-Result<void> Core::rebuild_file() noexcept {
+Result<void> Core::rebuild_file() {
   // We hold the file alone (exclusive in-use lock on fd_): no process has it open, and any that
   // tries waits until the new file has taken the name. The lease keeps a creator of a missing
   // file, or the CLI, from racing us.
@@ -445,9 +448,9 @@ Result<void> Core::rebuild_file() noexcept {
   return out;
 }
 
-Result<void> Core::create_fresh_file() noexcept {
+Result<void> Core::create_fresh_file() {
   try {
-    remove_stale_temporaries(opts_.path);
+    remove_stale_temporaries(pf_, opts_.path);
   } catch (...) {
   }
   auto tmp = TempFile::create(pf_, opts_.path, opts_.file_mode);
@@ -458,7 +461,7 @@ Result<void> Core::create_fresh_file() noexcept {
   return {};
 }
 
-bool Core::compaction_due(const CommittedState& st) const noexcept {
+bool Core::compaction_due(const CommittedState& st) const {
   if (opts_.compact_dead_percent == 0 || opts_.read_only) return false;
   // The share is of the file's data: everything but the header and the index in use. So a file
   // half of whose entries were replaced (a whole model repacked once) is due, which it would miss
@@ -469,7 +472,7 @@ bool Core::compaction_due(const CommittedState& st) const noexcept {
   return dead > 0 && dead >= opts_.compact_min_dead_bytes && dead * 100 >= data * opts_.compact_dead_percent;
 }
 
-bool Core::compact_in_place(const CommittedState& st) noexcept {
+bool Core::compact_in_place(const CommittedState& st) {
   // Under the lease too: a writer reaching the file through another name (a hard link) would
   // hold the in-use lock as well, but the CLI and creators of a missing file take only the lease.
   if (auto r = acquire_lease_locked(nullptr, false); !r) {
@@ -499,7 +502,7 @@ bool Core::compact_in_place(const CommittedState& st) noexcept {
   return true;
 }
 
-Result<CommittedState> Core::read_state() noexcept {
+Result<CommittedState> Core::read_state() {
   auto info = pf_.stat_file(fd_);
   if (!info) return info.error();
   if (info->size < format::kHeaderSize)
@@ -520,7 +523,7 @@ Result<CommittedState> Core::read_state() noexcept {
   return st;
 }
 
-Result<void> Core::attach(CommittedState& st) noexcept {
+Result<void> Core::attach(CommittedState& st) {
   std::lock_guard<std::mutex> lock(write_mu_);
   if (auto r = attach_locked(st); !r) return r;
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
@@ -530,7 +533,7 @@ Result<void> Core::attach(CommittedState& st) noexcept {
   return {};
 }
 
-Result<void> Core::attach_locked(CommittedState& st) noexcept {
+Result<void> Core::attach_locked(CommittedState& st) {
   if (st.slot.committed_size > file_span_)
     return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
   file_size_ = state_size_;
@@ -542,7 +545,7 @@ Result<void> Core::attach_locked(CommittedState& st) noexcept {
   return {};
 }
 
-void Core::await_file(const Error& why) noexcept {
+void Core::await_file(const Error& why) {
   // The address space for the file is already reserved (init_file did that before it found no
   // file); refresh, or a miss with refresh_on_miss, attaches the file once it exists.
   file_backed_.store(false, std::memory_order_relaxed);
@@ -551,7 +554,7 @@ void Core::await_file(const Error& why) noexcept {
   awaiting_file_.store(true, std::memory_order_release);
 }
 
-Result<void> Core::try_attach_locked() noexcept {
+Result<void> Core::try_attach_locked() {
   auto opened = open_in_use(std::chrono::steady_clock::now());  // no waiting: a later refresh tries again
   if (!opened) {
     pf_.close_file(fd_);
@@ -573,7 +576,7 @@ Result<void> Core::try_attach_locked() noexcept {
 
 Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
                                                   std::vector<format::IndexRecord>* records,
-                                                  std::uint64_t file_size) noexcept {
+                                                  std::uint64_t file_size) {
   auto st = read_committed(pf_, fd_, opts_.path, file_size, file_span_, newer_than);
   if (!st) return st.error();
   if (st->fixed.compat_hash != compat_hash_)

@@ -1,6 +1,7 @@
 // Verification: checksums of entries on first use or at open, the verify-ahead thread, and a forked
 // child's share of them. (Core, see core.hpp.)
 #include "core.hpp"
+#include "boundary.hpp"
 #include "core_internal.hpp"
 #include "log.hpp"
 
@@ -11,7 +12,7 @@ namespace weightcache {
 
 using namespace core_detail;
 
-void Core::verify_all(const std::vector<Entry*>& entries) noexcept {
+void Core::verify_all(const std::vector<Entry*>& entries) {
   // Checksumming is memory-bound per core: spread big loads over the cores (entries are never
   // split, so a single huge entry still takes one core).
   std::uint64_t total = 0;
@@ -19,8 +20,12 @@ void Core::verify_all(const std::vector<Entry*>& entries) noexcept {
   const unsigned hw = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   const unsigned workers = total < (64ull << 20) ? 1 : hw;
   std::atomic<std::size_t> next{0};
+  // Each worker thread's body is a boundary; an entry a failure left unverified is verified on
+  // its first look-up instead.
   auto work = [&] {
-    for (std::size_t i = next.fetch_add(1); i < entries.size(); i = next.fetch_add(1)) verify_entry(entries[i]);
+    guard_void("verify worker", [&] {
+      for (std::size_t i = next.fetch_add(1); i < entries.size(); i = next.fetch_add(1)) verify_entry(entries[i]);
+    });
   };
   std::vector<std::thread> threads;
   try {
@@ -32,7 +37,7 @@ void Core::verify_all(const std::vector<Entry*>& entries) noexcept {
   for (auto& t : threads) t.join();
 }
 
-bool Core::verify_entry(Entry* e) noexcept {
+bool Core::verify_entry(Entry* e) {
   std::uint8_t s = e->state.load(std::memory_order_acquire);
   if (s == kGood) return true;
   if (s == kBad) return false;
@@ -57,7 +62,7 @@ bool Core::verify_entry(Entry* e) noexcept {
   }
 }
 
-Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) const noexcept {
+Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) const {
   if (e->in_file && e->size >= kHoleCheckMinBytes) {
     // A query the OS cannot answer, or fails, says nothing: the checksum still decides.
     if (auto hole = pf_.first_hole(fd_, e->offset, e->size); hole && hole.value() < e->offset + e->size)
@@ -87,8 +92,17 @@ Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) con
   return h.digest() == e->checksum ? Check::good : Check::bad_checksum;
 }
 
-bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) noexcept {
-  const Check c = check_bytes(e, stop);
+bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) {
+  Check c;
+  try {
+    c = check_bytes(e, stop);
+  } catch (...) {
+    // No verdict (out of memory asking for holes): give the claim back, or every later look-up
+    // of this entry would wait for a verdict that never comes.
+    e->state.store(kUnverified, std::memory_order_release);
+    wake_verify_waiters();
+    throw;
+  }
   if (c == Check::stopped) {  // closing: no verdict, as if never claimed
     e->state.store(kUnverified, std::memory_order_release);
     wake_verify_waiters();
@@ -130,7 +144,7 @@ bool Core::in_forked_child() const noexcept {
   return pf_.process_id() != opener_pid_;
 }
 
-void Core::start_verify_ahead() noexcept {
+void Core::start_verify_ahead() {
   if (opts_.verify != Verify::first_use || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
   try {
     std::vector<Entry*> todo;
@@ -155,15 +169,19 @@ void Core::start_verify_ahead() noexcept {
     sync->ahead_running.store(true, std::memory_order_relaxed);
     try {
       std::thread([this, sync, todo = std::move(todo)] {
-        for (Entry* e : todo) {
-          if (sync->stop.load(std::memory_order_relaxed)) break;
-          std::uint8_t expected = kUnverified;
-          if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
-            finish_verify(e, &sync->stop);
-            // Stopped half-way, it left the entry unverified (close is waiting: nothing else runs).
-            if (!sync->stop.load(std::memory_order_relaxed)) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+        // A thread's body is a boundary: a failure ends the work ahead, and look-ups verify
+        // what is left on first use.
+        guard_void("verify-ahead thread", [&] {
+          for (Entry* e : todo) {
+            if (sync->stop.load(std::memory_order_relaxed)) break;
+            std::uint8_t expected = kUnverified;
+            if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
+              finish_verify(e, &sync->stop);
+              // Stopped half-way, it left the entry unverified (close is waiting: nothing else runs).
+              if (!sync->stop.load(std::memory_order_relaxed)) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
+            }
           }
-        }
+        });
         // The last touch of the cache: close may free it (and `sync`) once the mutex is free.
         std::lock_guard<std::mutex> lk(sync->mu);
         sync->ahead_running.store(false, std::memory_order_release);

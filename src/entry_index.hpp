@@ -207,6 +207,13 @@ class EntryIndex {
     return nullptr;
   }
 
+  /// Room for `n` more publish() calls: none of them then allocates, so a batch is published
+  /// whole or not at all. Throws std::bad_alloc, and then nothing changed that readers see.
+  void reserve_publishes(std::uint64_t n) {
+    reserve(live_.load(std::memory_order_relaxed) + n, offsets_ + n);
+    by_start_.reserve(by_start_.size() + static_cast<std::size_t>(n));
+  }
+
   /// Room for `keys` live keys and `offsets` offsets without growing (growth copies a table).
   void reserve(std::uint64_t keys, std::uint64_t offsets) {
     grow(by_key_, keys, [this](const Entry& e) { return hash_key(e.key); });

@@ -14,7 +14,7 @@ constexpr std::size_t kStreamCheckChunk = 1u << 20;
 
 // A large index is checked against the slot's checksum in small pieces before anything is
 // allocated for it: a hostile sparse file then costs a bounded read, not its size in memory.
-Result<bool> index_matches_slot(platform::Platform& pf, platform::Handle fd, const format::CommitSlot& s) noexcept {
+Result<bool> index_matches_slot(platform::Platform& pf, platform::Handle fd, const format::CommitSlot& s) {
   format::StreamHash h;
   std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kStreamCheckChunk]);
   if (!h.ok() || buf == nullptr) return Error{Errc::no_memory, 0, "out of memory while checking the index"};
@@ -29,7 +29,7 @@ Result<bool> index_matches_slot(platform::Platform& pf, platform::Handle fd, con
 
 }  // namespace
 
-Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd) noexcept {
+Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd) {
   try {
     std::vector<std::byte> hb(format::kHeaderSize);
     if (auto r = pf.read_at(fd, hb.data(), hb.size(), 0); !r) return r.error();
@@ -54,7 +54,7 @@ int next_slot_index(const format::DecodedHeader& h) noexcept {
 
 Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                       std::uint64_t file_size, std::uint64_t max_bytes,
-                                      std::uint64_t newer_than) noexcept {
+                                      std::uint64_t newer_than) {
   try {
     auto hr = read_header(pf, fd);
     if (!hr) return hr.error();
@@ -104,13 +104,8 @@ Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle f
           continue;
         }
       }
-      std::vector<std::byte> t;
-      try {
-        t.resize(s.index_size + format::kFooterSize);
-      } catch (...) {
-        detail = "index too large to read";
-        continue;
-      }
+      // At most max_bytes (checked above): no memory for it is not damage (std::bad_alloc, below).
+      std::vector<std::byte> t(s.index_size + format::kFooterSize);
       if (auto r = pf.read_at(fd, t.data(), t.size(), s.index_offset); !r) return r.error();
       std::string why;
       out.records.clear();

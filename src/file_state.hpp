@@ -27,13 +27,13 @@ struct CommittedState {
 /// `max_bytes`. Errors: corrupt, incompatible (version or byte order), io, no_memory.
 Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                       std::uint64_t file_size, std::uint64_t max_bytes,
-                                      std::uint64_t newer_than) noexcept;
+                                      std::uint64_t newer_than);
 
 /// Which header slot the next commit goes to: a slot that never verified, else the one holding
 /// the lower sequence, so the newest commit is never overwritten.
 int next_slot_index(const format::DecodedHeader& h) noexcept;
 
 /// Reads and decodes the header of the file open at `fd` (the slot checksums only).
-Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd) noexcept;
+Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd);
 
 }  // namespace weightcache

@@ -200,16 +200,10 @@ std::string join(const std::string& dir, const std::string& name) {
 Result<GcReport> collect(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes) {
   namespace fs = std::filesystem;
   if (dir.empty()) return Error{Errc::invalid_argument, 0, "gc: no directory given"};
-  // The names first, then each file through the platform layer. Listing is the one call made
-  // around it (std::filesystem, as the library's removal of stale temporaries does).
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::u8path(dir), ec), end; !ec && it != end; it.increment(ec)) {
-    const auto u8 = it->path().filename().u8string();
-    names.emplace_back(u8.begin(), u8.end());
-  }
-  if (ec)
-    return Error{Errc::io, ec.value(), "gc: cannot read the directory '" + dir + "': " + ec.message()};
+  // The names first, then each file, all through the platform layer.
+  auto listed = pf.list_directory(dir);
+  if (!listed) return Error{listed.error().code, listed.error().sys_errno, "gc: " + listed.error().message};
+  std::vector<std::string> names = std::move(listed.value());
   std::sort(names.begin(), names.end());
 
   std::map<std::string, std::vector<std::string>> temporaries;  // base name -> its temporaries
@@ -290,7 +284,7 @@ bool temporary_name(const std::string& name, std::string* base) {
   return false;
 }
 
-Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes) noexcept {
+Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes) {
   try {
     return collect(pf, dir, max_bytes);
   } catch (const std::bad_alloc&) {

@@ -12,7 +12,7 @@
 namespace weightcache {
 
 /// gc() through a given platform (tests pass one that observes or fails calls).
-Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes) noexcept;
+Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes);
 
 /// True when `name` is what a writer names the file it builds before renaming it over
 /// `<base>`: "<base>.tmp.<digits>.<anything>" (the library's TempFile, the CLI's compact and

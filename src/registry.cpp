@@ -89,7 +89,7 @@ std::string opening_key(const Options& options, std::uint64_t compat) {
 
 }  // namespace
 
-Result<std::shared_ptr<Core>> open(const Options& options) noexcept {
+Result<std::shared_ptr<Core>> open(const Options& options) {
   // A descriptor or ":memory:" cache has no path to share by: each open is a cache of its own.
   const bool file_candidate = !options.path.empty() && options.fd < 0 && options.path != kMemoryPath &&
                               options.backing != Backing::heap && !options.private_cache;

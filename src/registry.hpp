@@ -7,7 +7,7 @@
 namespace weightcache::registry {
 
 /// Returns the live Core for this file if one is open in this process, else opens one.
-Result<std::shared_ptr<Core>> open(const Options& options) noexcept;
+Result<std::shared_ptr<Core>> open(const Options& options);
 
 /// Number of live registered caches (for tests).
 std::size_t live_count() noexcept;

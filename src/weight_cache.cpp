@@ -1,4 +1,5 @@
 // The C++ handle: a thin, non-throwing shell over Core.
+#include "boundary.hpp"
 #include "registry.hpp"
 
 namespace weightcache {
@@ -7,39 +8,50 @@ const char* to_string(Errc code) noexcept { return wc_status_string(static_cast<
 
 WeightCache::WeightCache() noexcept = default;
 WeightCache::WeightCache(std::shared_ptr<Core> core) noexcept : core_(std::move(core)) {}
-WeightCache::~WeightCache() = default;
+WeightCache::~WeightCache() {
+  guard_void("WeightCache::~WeightCache", [&] { core_.reset(); });
+}
 WeightCache::WeightCache(WeightCache&&) noexcept = default;
-WeightCache& WeightCache::operator=(WeightCache&&) noexcept = default;
+WeightCache& WeightCache::operator=(WeightCache&& other) noexcept {
+  if (this != &other) {
+    guard_void("WeightCache::operator=", [&] { core_.reset(); });  // may close a cache
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
 
 Result<WeightCache> WeightCache::open(const Options& options) noexcept {
-  auto core = registry::open(options);
-  if (!core) return core.error();
-  return WeightCache(std::move(core.value()));
+  return guard_result("WeightCache::open", [&]() -> Result<WeightCache> {
+    auto core = registry::open(options);
+    if (!core) return core.error();
+    return WeightCache(std::move(core.value()));
+  });
 }
 
 namespace {
-const Error& no_cache() {
-  static const Error e{Errc::invalid_argument, 0, "operation on an empty WeightCache handle"};
+Error no_cache() {
+  Error e{Errc::invalid_argument, 0, "operation on an empty WeightCache handle"};
   set_last_error(e);
   return e;
 }
 }  // namespace
 
 std::size_t WeightCache::look_up(std::string_view key) noexcept {
-  if (!core_) return (no_cache(), kNotFound);
-  return core_->look_up(key);
+  return guard("WeightCache::look_up", kNotFound, [&] { return core_ ? core_->look_up(key) : (no_cache(), kNotFound); });
 }
 void* WeightCache::reserve(std::size_t size) noexcept {
-  if (!core_) return (no_cache(), nullptr);
-  return core_->reserve(size);
+  return guard("WeightCache::reserve", static_cast<void*>(nullptr),
+               [&] { return core_ ? core_->reserve(size) : (no_cache(), nullptr); });
 }
 Result<void> WeightCache::release(void* ptr) noexcept {
-  if (!core_) return no_cache();
-  return core_->release(ptr);
+  return guard_result("WeightCache::release", [&]() -> Result<void> {
+    if (!core_) return no_cache();
+    return core_->release(ptr);
+  });
 }
 std::size_t WeightCache::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept {
-  if (!core_) return (no_cache(), kNotFound);
-  return core_->look_up_or_insert(key, ptr, size);
+  return guard("WeightCache::look_up_or_insert", kNotFound,
+               [&] { return core_ ? core_->look_up_or_insert(key, ptr, size) : (no_cache(), kNotFound); });
 }
 std::size_t WeightCache::insert(std::string_view key, std::string_view bytes) noexcept {
   static char empty = 0;
@@ -47,18 +59,26 @@ std::size_t WeightCache::insert(std::string_view key, std::string_view bytes) no
   return look_up_or_insert(key, p, bytes.size());
 }
 void* WeightCache::offset_to_addr(std::size_t offset) const noexcept {
-  return core_ ? core_->offset_to_addr(offset) : nullptr;
+  if (!core_) return nullptr;
+  return guard("WeightCache::offset_to_addr", static_cast<void*>(nullptr), [&] { return core_->offset_to_addr(offset); });
 }
 Result<void> WeightCache::finalize() noexcept {
-  if (!core_) return no_cache();
-  return core_->finalize();
+  return guard_result("WeightCache::finalize", [&]() -> Result<void> {
+    if (!core_) return no_cache();
+    return core_->finalize();
+  });
 }
 bool WeightCache::is_finalized() const noexcept { return core_ ? core_->is_finalized() : false; }
 Result<void> WeightCache::refresh() noexcept {
-  if (!core_) return no_cache();
-  return core_->refresh();
+  return guard_result("WeightCache::refresh", [&]() -> Result<void> {
+    if (!core_) return no_cache();
+    return core_->refresh();
+  });
 }
-Stats WeightCache::stats() const noexcept { return core_ ? core_->stats() : Stats{}; }
+Stats WeightCache::stats() const noexcept {
+  if (!core_) return Stats{};
+  return guard("WeightCache::stats", Stats{}, [&] { return core_->stats(); });
+}
 std::size_t WeightCache::alignment() const noexcept { return core_ ? core_->alignment() : 0; }
 
 int WeightCache::descriptor() const noexcept { return core_ ? core_->descriptor() : -1; }

@@ -184,8 +184,10 @@ bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept {
 }
 
 Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std::uint64_t alignment,
-                       std::vector<IndexRecord>* out, std::string* detail) noexcept {
-  try {
+                       std::vector<IndexRecord>* out, std::string* detail) {
+  // Allocation failures propagate (std::bad_alloc): running out of memory says nothing about the
+  // file, and the caller must not take it for damage (it would rebuild a good cache).
+  {
     out->clear();
     if (t.size() != slot.index_size + kFooterSize || slot.index_size < kIndexHeaderSize)
       return Problem::truncated;
@@ -251,9 +253,6 @@ Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std
       }
     }
     return Problem::none;
-  } catch (...) {
-    out->clear();
-    return Problem::bad_value;  // allocation failure: treat as unusable, never throw out
   }
 }
 

@@ -178,7 +178,7 @@ bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept;
 /// and duplicate keys. `trailer` holds index block + footer (index_size + 20 bytes).
 Problem decode_trailer(std::span<const std::byte> trailer, const CommitSlot& slot,
                        std::uint64_t alignment, std::vector<IndexRecord>* out,
-                       std::string* detail) noexcept;
+                       std::string* detail);
 
 /// Parses the 20 footer bytes.
 Footer decode_footer(const std::byte* p) noexcept;

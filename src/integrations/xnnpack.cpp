@@ -10,6 +10,8 @@
 // reads past delete_cache. tests/xnnpack checks the layout against a real xnnpack.h when found.
 #include <weightcache/xnnpack.h>
 
+#include "boundary.hpp"
+
 #include "c_api_internal.hpp"
 #include "core.hpp"
 #include "log.hpp"
@@ -405,52 +407,41 @@ wc_xnn_adapter* adapter_of(void* context) { return static_cast<wc_xnn_adapter*>(
 // their types must equal the mirror's function-pointer types exactly, or UBSan's
 // -fsanitize=function flags C++ callers.)
 std::size_t provider_look_up(void* context, const wc_xnn_weights_cache_look_up_key* key) {
-  try {
-    return adapter_of(context)->look_up(key);
-  } catch (...) {
-    return SIZE_MAX;
-  }
+  return weightcache::guard("xnn provider look_up", std::size_t{SIZE_MAX},
+                            [&] { return adapter_of(context)->look_up(key); });
 }
 
 void* provider_reserve_space(void* context, std::size_t n) {
-  try {
-    return adapter_of(context)->reserve_space(n);
-  } catch (...) {
-    return nullptr;
-  }
+  return weightcache::guard("xnn provider reserve_space", static_cast<void*>(nullptr),
+                            [&] { return adapter_of(context)->reserve_space(n); });
 }
 
 std::size_t provider_look_up_or_insert(void* context, const wc_xnn_weights_cache_look_up_key* key, void* ptr,
                                        std::size_t size) {
-  try {
-    return adapter_of(context)->look_up_or_insert(key, ptr, size);
-  } catch (...) {
-    return SIZE_MAX;
-  }
+  return weightcache::guard("xnn provider look_up_or_insert", std::size_t{SIZE_MAX},
+                            [&] { return adapter_of(context)->look_up_or_insert(key, ptr, size); });
 }
 
 bool provider_is_finalized(void* context) { return wc_is_finalized(adapter_of(context)->cache) != 0; }
 
 void* provider_offset_to_addr(void* context, std::size_t offset) {
-  try {
-    return adapter_of(context)->offset_to_addr(offset);
-  } catch (...) {
-    return nullptr;
-  }
+  return weightcache::guard("xnn provider offset_to_addr", static_cast<void*>(nullptr),
+                            [&] { return adapter_of(context)->offset_to_addr(offset); });
 }
 
 wc_xnn_status provider_delete_cache(void*) { return WC_XNN_STATUS_SUCCESS; }
 
 wc_xnn_status provider_alias_data(void* context, void* alias, void* original) {
-  try {
-    return adapter_of(context)->alias_data(alias, original);
-  } catch (...) {
-    return WC_XNN_STATUS_OUT_OF_MEMORY;
-  }
+  return weightcache::guard("xnn provider alias_data", WC_XNN_STATUS_OUT_OF_MEMORY,
+                            [&] { return adapter_of(context)->alias_data(alias, original); });
 }
 
-wc_status invalid(const char* what) {
-  weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, what});
+wc_status invalid(const char* what) noexcept {
+  try {
+    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, what});
+  } catch (...) {
+    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, {}});
+  }
   return WC_ERR_INVALID_ARGUMENT;
 }
 
@@ -480,7 +471,9 @@ wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out) {
   return WC_OK;
 }
 
-void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter) { delete adapter; }
+void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter) {
+  weightcache::guard_void("wc_xnn_adapter_destroy", [&] { delete adapter; });
+}
 
 wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, const char* name) {
   if (adapter == nullptr || data == nullptr) return invalid("wc_xnn_adapter_name_buffer: NULL adapter or data");
@@ -493,8 +486,7 @@ wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, 
     adapter->bind_name(data, name);
     return WC_OK;
   } catch (...) {
-    weightcache::set_last_error({weightcache::Errc::no_memory, 0, "wc_xnn_adapter_name_buffer: out of memory"});
-    return WC_ERR_NO_MEMORY;
+    return static_cast<wc_status>(weightcache::absorb_exception("wc_xnn_adapter_name_buffer"));
   }
 }
 
@@ -512,6 +504,7 @@ wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats
   if (adapter == nullptr || out == nullptr) return invalid("wc_xnn_adapter_get_stats: NULL adapter or stats");
   if (out->struct_size < sizeof(std::size_t) || out->struct_size > (1u << 16))
     return invalid("wc_xnn_adapter_get_stats: stats.struct_size is not set; call wc_xnn_adapter_stats_init first");
+  return weightcache::guard_status("wc_xnn_adapter_get_stats", [&] {
   wc_xnn_adapter_stats s{};
   s.struct_size = out->struct_size;
   s.look_ups = adapter->look_ups.load();
@@ -536,6 +529,7 @@ wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats
   }
   std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
   return WC_OK;
+  });
 }
 
 wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const void* model_digest,
@@ -561,10 +555,11 @@ wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const vo
   }
   if (out == nullptr || out_capacity < size) {
     *out_size = size;
-    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0,
-                                 "wc_xnn_compat_key: the output buffer holds " + std::to_string(out_capacity) +
-                                     " bytes; the key needs " + std::to_string(size) + " (see *out_size)"});
-    return WC_ERR_INVALID_ARGUMENT;
+    return weightcache::guard_status("wc_xnn_compat_key", [&] {
+      return invalid(("wc_xnn_compat_key: the output buffer holds " + std::to_string(out_capacity) +
+                      " bytes; the key needs " + std::to_string(size) + " (see *out_size)")
+                         .c_str());
+    });
   }
   // Header: magic "xnck" and a format version; then each part as u32 LE length + bytes.
   auto* p = static_cast<unsigned char*>(out);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace weightcache::platform {
 
@@ -40,34 +41,37 @@ class Platform {
 
   // ---- files ----
   virtual Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
-                                   bool follow_symlink) noexcept = 0;
+                                   bool follow_symlink) = 0;
   virtual void close_file(Handle h) noexcept = 0;
-  virtual Result<FileInfo> stat_file(Handle h) noexcept = 0;
-  virtual Result<FileInfo> stat_path(const std::string& path, bool follow_symlink) noexcept = 0;
+  virtual Result<FileInfo> stat_file(Handle h) = 0;
+  virtual Result<FileInfo> stat_path(const std::string& path, bool follow_symlink) = 0;
   /// Reads exactly `size` bytes or fails (a short read past EOF is Errc::corrupt).
-  virtual Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept = 0;
+  virtual Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) = 0;
   /// Writes exactly `size` bytes (retrying short writes and EINTR) or fails.
-  virtual Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept = 0;
+  virtual Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) = 0;
   /// Allocates disk blocks for [offset, offset+len) and extends the file to cover it, so later
   /// stores through a mapping can never fault for lack of space. ENOSPC/EFBIG -> Errc::no_space.
-  virtual Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept = 0;
-  virtual Result<void> truncate(Handle h, std::uint64_t size) noexcept = 0;
+  virtual Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) = 0;
+  virtual Result<void> truncate(Handle h, std::uint64_t size) = 0;
   /// Makes the file's data and size durable (fdatasync / FlushFileBuffers).
-  virtual Result<void> sync(Handle h) noexcept = 0;
-  virtual Result<void> rename(const std::string& from, const std::string& to) noexcept = 0;
+  virtual Result<void> sync(Handle h) = 0;
+  virtual Result<void> rename(const std::string& from, const std::string& to) = 0;
   /// Makes a rename in the directory of `path` durable (no-op where the OS has no such call).
-  virtual Result<void> sync_parent_dir(const std::string& path) noexcept = 0;
+  virtual Result<void> sync_parent_dir(const std::string& path) = 0;
   virtual void remove(const std::string& path) noexcept = 0;
   /// Deletes the name `path` (a symlink there, not its target), saying why when it cannot.
-  virtual Result<void> remove_file(const std::string& path) noexcept = 0;
+  virtual Result<void> remove_file(const std::string& path) = 0;
+  /// The names in a directory (not "." or ".."), in no particular order. Not std::filesystem:
+  /// libstdc++ 12's directory_iterator calls std::terminate when it runs out of memory.
+  virtual Result<std::vector<std::string>> list_directory(const std::string& dir) = 0;
   /// Sets the file's modification time to now (advisory bookkeeping; errors ignored).
   virtual void touch(Handle h) noexcept = 0;
   /// A new handle of our own on the regular file a caller's descriptor refers to: a new open file
   /// description where the OS allows (/proc/self/fd on Linux), so that locks taken through it are
   /// ours alone, else a duplicate. Close-on-exec. Not a regular file: invalid_argument.
-  virtual Result<Handle> reopen(int descriptor, bool writable) noexcept = 0;
+  virtual Result<Handle> reopen(int descriptor, bool writable) = 0;
   /// An anonymous file (memfd on Linux, sealed against shrinking), for ":memory:" caches.
-  virtual Result<Handle> create_anonymous(const char* name) noexcept = 0;
+  virtual Result<Handle> create_anonymous(const char* name) = 0;
   /// The OS descriptor behind a handle (-1 where handles are not descriptors: Windows).
   virtual int native_descriptor(Handle h) const noexcept = 0;
   /// Whether a file this process holds open can be renamed over (POSIX: yes; Windows: not
@@ -76,17 +80,17 @@ class Platform {
 
   // ---- address space ----
   /// Reserves (does not commit) `size` bytes of address space aligned to `align`.
-  virtual Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept = 0;
+  virtual Result<void*> reserve_address_space(std::size_t size, std::size_t align) = 0;
   /// Releases a reservation and everything mapped or committed inside it.
   virtual void release_address_space(void* base, std::size_t size) noexcept = 0;
   /// Maps [offset, offset+len) of the file at exactly `at` (inside a reservation). `offset`,
   /// `len` and `at` are multiples of map_granularity().
   virtual Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
-                                bool writable) noexcept = 0;
+                                bool writable) = 0;
   /// Makes [at, at+len) of a reservation usable as private zeroed memory (the heap arena).
-  virtual Result<void> commit_memory(void* at, std::size_t len) noexcept = 0;
+  virtual Result<void> commit_memory(void* at, std::size_t len) = 0;
   /// Writes back mapped pages of [addr, addr+len); waits for completion when `wait`.
-  virtual Result<void> flush_mapping(void* addr, std::size_t len, bool wait) noexcept = 0;
+  virtual Result<void> flush_mapping(void* addr, std::size_t len, bool wait) = 0;
   /// Asks the OS to read ahead [addr, addr+len) of a mapping (advisory; errors ignored).
   virtual void prefetch(void* addr, std::size_t len) noexcept = 0;
   /// Maps the pages of [addr, addr+len) of a file mapping now, in one call, because they are
@@ -100,14 +104,14 @@ class Platform {
   /// file system's allocation map (SEEK_HOLE and FIEMAP, FSCTL_QUERY_ALLOCATED_RANGES) and reads
   /// no data. Where the OS or the file system cannot tell,
   /// the range counts as allocated ("unsupported" is never a hole). Errors are I/O errors only.
-  virtual Result<std::uint64_t> first_hole(Handle /*h*/, std::uint64_t offset, std::uint64_t len) noexcept {
+  virtual Result<std::uint64_t> first_hole(Handle /*h*/, std::uint64_t offset, std::uint64_t len) {
     return offset + len;
   }
 
   // ---- locks ----
   /// Exclusive lock on an open file, owned by this handle (not the process). Non-blocking:
   /// returns false when someone else holds it. Released by unlock, close or process death.
-  virtual Result<bool> try_lock(Handle h) noexcept = 0;
+  virtual Result<bool> try_lock(Handle h) = 0;
   virtual void unlock(Handle h) noexcept = 0;
   /// The "in use" lock on a cache file (docs/DESIGN.md, "Who may replace a file"): every
   /// process that has the file open holds it shared; rebuilding, compacting or deleting the file
@@ -119,7 +123,7 @@ class Platform {
   /// shared lock is let go for a moment, so a failed upgrade may come back without it, in which
   /// case it returns false and the caller must take it again). Exclusive needs a handle opened
   /// for writing on POSIX.
-  virtual Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept = 0;
+  virtual Result<bool> try_lock_in_use(Handle h, bool exclusive) = 0;
   virtual void unlock_in_use(Handle h) noexcept = 0;
 
   // ---- facts ----

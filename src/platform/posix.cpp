@@ -70,6 +70,9 @@ const PosixCalls kDefaultCalls = {
     },
     .sysconf = ::sysconf,
     .getpid = ::getpid,
+    .opendir = ::opendir,
+    .readdir = ::readdir,
+    .closedir = ::closedir,
 };
 PosixCalls g_calls = kDefaultCalls;
 PosixCalls& sys() { return g_calls; }
@@ -126,7 +129,7 @@ Error file_size_limit_reached(Handle h) {
 class PosixPlatform final : public Platform {
  public:
   Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
-                           bool follow_symlink) noexcept override {
+                           bool follow_symlink) override {
     // O_NONBLOCK so that a FIFO planted at the path cannot block open(); cleared below.
     int flags = O_CLOEXEC | O_NONBLOCK;
     if (!follow_symlink) flags |= O_NOFOLLOW;
@@ -173,20 +176,20 @@ class PosixPlatform final : public Platform {
     (void)sys().close(static_cast<int>(h));
   }
 
-  Result<FileInfo> stat_file(Handle h) noexcept override {
+  Result<FileInfo> stat_file(Handle h) override {
     struct stat st {};
     if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", path_of(h));
     return info_of(st);
   }
 
-  Result<FileInfo> stat_path(const std::string& path, bool follow) noexcept override {
+  Result<FileInfo> stat_path(const std::string& path, bool follow) override {
     struct stat st {};
     const int rc = follow ? sys().stat(path.c_str(), &st) : sys().lstat(path.c_str(), &st);
     if (rc != 0) return os_error(errno, "cannot stat", path);
     return info_of(st);
   }
 
-  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) override {
     auto* p = static_cast<char*>(buf);
     while (size > 0) {
       const ssize_t n = sys().pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
@@ -202,7 +205,7 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) override {
     if (offset + size > file_size_limit()) return file_size_limit_reached(h);
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
@@ -219,7 +222,7 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) override {
     if (offset + len > file_size_limit()) return file_size_limit_reached(h);
     int rc;
     do {
@@ -229,7 +232,7 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> truncate(Handle h, std::uint64_t size) noexcept override {
+  Result<void> truncate(Handle h, std::uint64_t size) override {
     int rc;
     do {
       rc = sys().ftruncate(static_cast<int>(h), static_cast<off_t>(size));
@@ -238,7 +241,7 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> sync(Handle h) noexcept override {
+  Result<void> sync(Handle h) override {
     int rc;
     do {
       rc = sys().fdatasync(static_cast<int>(h));
@@ -247,12 +250,12 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> rename(const std::string& from, const std::string& to) noexcept override {
+  Result<void> rename(const std::string& from, const std::string& to) override {
     if (sys().rename(from.c_str(), to.c_str()) != 0) return os_error(errno, "cannot rename a new cache file onto", to);
     return {};
   }
 
-  Result<void> sync_parent_dir(const std::string& path) noexcept override {
+  Result<void> sync_parent_dir(const std::string& path) override {
     const int fd = sys().open(parent_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
     if (fd < 0) return os_error(errno, "cannot open the directory of", path);
     const int rc = sys().fsync(fd);
@@ -265,12 +268,31 @@ class PosixPlatform final : public Platform {
   // A file left behind is a temporary that the next writer's clean-up removes.
   void remove(const std::string& path) noexcept override { (void)sys().unlink(path.c_str()); }
 
-  Result<void> remove_file(const std::string& path) noexcept override {
+  Result<std::vector<std::string>> list_directory(const std::string& dir) override {
+    DIR* d = sys().opendir(dir.c_str());
+    if (d == nullptr) return os_error(errno, "cannot read the directory", dir);
+    struct Closer {
+      DIR* d;
+      ~Closer() { (void)sys().closedir(d); }
+    } closer{d};
+    std::vector<std::string> names;
+    for (;;) {
+      errno = 0;
+      const struct dirent* e = sys().readdir(d);
+      if (e == nullptr) {
+        if (errno != 0) return os_error(errno, "cannot read the directory", dir);
+        return names;
+      }
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+    }
+  }
+
+  Result<void> remove_file(const std::string& path) override {
     if (sys().unlink(path.c_str()) != 0) return os_error(errno, "cannot delete", path);
     return {};
   }
 
-  Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
+  Result<void*> reserve_address_space(std::size_t size, std::size_t align) override {
     const std::size_t total = size + align;
     void* p = sys().mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
@@ -293,7 +315,7 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
-                        bool writable) noexcept override {
+                        bool writable) override {
     const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
     void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
     if (p != MAP_FAILED) remember_mapping(at, len, h);
@@ -314,13 +336,13 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> commit_memory(void* at, std::size_t len) noexcept override {
+  Result<void> commit_memory(void* at, std::size_t len) override {
     if (sys().mprotect(at, len, PROT_READ | PROT_WRITE) != 0)
       return Error{Errc::no_memory, errno, "cannot commit " + std::to_string(len) + " bytes of heap memory"};
     return {};
   }
 
-  Result<void> flush_mapping(void* addr, std::size_t len, bool wait) noexcept override {
+  Result<void> flush_mapping(void* addr, std::size_t len, bool wait) override {
     // msync wants a page-aligned start.
     const std::size_t page = map_granularity();
     const auto a = reinterpret_cast<std::uintptr_t>(addr);
@@ -359,7 +381,7 @@ class PosixPlatform final : public Platform {
 
   void touch(Handle h) noexcept override { (void)sys().futimens(static_cast<int>(h), nullptr); }
 
-  Result<Handle> reopen(int descriptor, bool writable) noexcept override {
+  Result<Handle> reopen(int descriptor, bool writable) override {
     try {
       const std::string label = "fd " + std::to_string(descriptor);
       struct stat st {};
@@ -390,7 +412,7 @@ class PosixPlatform final : public Platform {
     }
   }
 
-  Result<Handle> create_anonymous(const char* name) noexcept override {
+  Result<Handle> create_anonymous(const char* name) override {
 #if defined(__linux__) && defined(MFD_ALLOW_SEALING)
     const int fd = sys().memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return os_error(errno, "cannot create an anonymous file for", ":memory:");
@@ -408,7 +430,7 @@ class PosixPlatform final : public Platform {
   }
 
   int native_descriptor(Handle h) const noexcept override { return static_cast<int>(h); }
-  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) override {
     const std::uint64_t end = offset + len;
 #ifdef SEEK_HOLE
     const int fd = static_cast<int>(h);
@@ -473,7 +495,7 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
-  Result<bool> try_lock(Handle h) noexcept override {
+  Result<bool> try_lock(Handle h) override {
     for (;;) {
       if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
       if (errno == EINTR) continue;
@@ -487,7 +509,7 @@ class PosixPlatform final : public Platform {
   // An open-file-description lock (Linux 3.15+): owned by the descriptor like flock, not by the
   // process like a classic fcntl lock (which any close of any descriptor of the file would drop),
   // and independent of the lease's flock. A read lock for "in use", a write lock to replace.
-  Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override {
+  Result<bool> try_lock_in_use(Handle h, bool exclusive) override {
 #ifdef F_OFD_SETLK
     struct flock fl {};
     fl.l_type = static_cast<short>(exclusive ? F_WRLCK : F_RDLCK);

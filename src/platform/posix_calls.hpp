@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 
 #include <cstddef>
@@ -43,6 +44,9 @@ struct PosixCalls {
   int (*getrlimit)(int resource, struct rlimit* rl);
   long (*sysconf)(int name);
   pid_t (*getpid)();
+  DIR* (*opendir)(const char* path);
+  struct dirent* (*readdir)(DIR* dir);
+  int (*closedir)(DIR* dir);
 };
 
 /// The table in use (mutable for tests; swap entries only while no cache is open).

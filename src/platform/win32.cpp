@@ -161,6 +161,9 @@ Win32Calls make_default_calls() {
   c.get_full_path_name_w = ::GetFullPathNameW;
   c.move_file_ex_w = ::MoveFileExW;
   c.delete_file_w = ::DeleteFileW;
+  c.find_first_file_w = ::FindFirstFileW;
+  c.find_next_file_w = ::FindNextFileW;
+  c.find_close = ::FindClose;
   c.flush_file_buffers = ::FlushFileBuffers;
   c.lock_file_ex = ::LockFileEx;
   c.unlock_file_ex = ::UnlockFileEx;
@@ -479,7 +482,7 @@ class Win32Platform final : public Platform {
  public:
   // ---- files ----
 
-  Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned /*perm*/, bool follow_symlink) noexcept override {
+  Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned /*perm*/, bool follow_symlink) override {
     // POSIX permission bits have no Windows equivalent; new files inherit the directory's ACL.
     std::wstring w;
     if (!widen(path, &w)) return bad_path(path);
@@ -538,7 +541,7 @@ class Win32Platform final : public Platform {
     sys().close_handle(as_handle(h));
   }
 
-  Result<FileInfo> stat_file(Handle h) noexcept override {
+  Result<FileInfo> stat_file(Handle h) override {
     FileInfo info;
     if (!info_of(as_handle(h), &info)) return win_error(::GetLastError(), "cannot query", path_of(h));
     // The core trusts its mapping up to the size it learns here: back any hole the file now
@@ -547,7 +550,7 @@ class Win32Platform final : public Platform {
     return info;
   }
 
-  Result<FileInfo> stat_path(const std::string& path, bool follow) noexcept override {
+  Result<FileInfo> stat_path(const std::string& path, bool follow) override {
     std::wstring w;
     if (!widen(path, &w)) return bad_path(path);
     DWORD flags = FILE_FLAG_BACKUP_SEMANTICS;  // lets directories open too, to be reported as such
@@ -569,7 +572,7 @@ class Win32Platform final : public Platform {
     return info;
   }
 
-  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) override {
     auto* p = static_cast<char*>(buf);
     while (size > 0) {
       const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
@@ -590,7 +593,7 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) noexcept override {
+  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) override {
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
       const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
@@ -608,7 +611,7 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) override {
     const std::uint64_t target = offset + len;
     if (target < offset || target > static_cast<std::uint64_t>(INT64_MAX))
       return Error{Errc::no_space, EFBIG, "the cache file would exceed the largest file size Windows supports"};
@@ -636,7 +639,7 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  Result<void> truncate(Handle h, std::uint64_t size) noexcept override {
+  Result<void> truncate(Handle h, std::uint64_t size) override {
     // Fails with ERROR_USER_MAPPED_FILE while any process maps the part being cut: the core
     // tolerates that (the file then keeps its preallocated tail past the footer).
     FILE_END_OF_FILE_INFO eof{};
@@ -646,13 +649,13 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  Result<void> sync(Handle h) noexcept override {
+  Result<void> sync(Handle h) override {
     if (!sys().flush_file_buffers(as_handle(h)))
       return win_error(::GetLastError(), "FlushFileBuffers failed on", path_of(h));
     return {};
   }
 
-  Result<void> rename(const std::string& from, const std::string& to) noexcept override {
+  Result<void> rename(const std::string& from, const std::string& to) override {
     std::wstring wf, wt;
     if (!widen(from, &wf)) return bad_path(from);
     if (!widen(to, &wt)) return bad_path(to);
@@ -667,7 +670,7 @@ class Win32Platform final : public Platform {
     return win_error(err, "cannot rename a new cache file onto", to);
   }
 
-  Result<void> sync_parent_dir(const std::string&) noexcept override {
+  Result<void> sync_parent_dir(const std::string&) override {
     // NTFS journals the rename itself and MoveFileEx was asked to write through: nothing to do.
     return {};
   }
@@ -683,16 +686,42 @@ class Win32Platform final : public Platform {
 
   void remove(const std::string& path) noexcept override { (void)remove_file(path); }
 
-  Result<Handle> reopen(int, bool) noexcept override {
+  Result<Handle> reopen(int, bool) override {
     return Error{Errc::unsupported, 0, "opening a cache from a descriptor is not supported on Windows yet"};
   }
-  Result<Handle> create_anonymous(const char*) noexcept override {
+  Result<Handle> create_anonymous(const char*) override {
     return Error{Errc::unsupported, 0, "':memory:' caches are not supported on Windows yet"};
   }
   int native_descriptor(Handle) const noexcept override { return -1; }
   bool replaces_open_files() const noexcept override { return false; }
 
-  Result<void> remove_file(const std::string& path) noexcept override {
+  Result<std::vector<std::string>> list_directory(const std::string& dir) override {
+    std::wstring w;
+    if (!widen(dir, &w)) return Error{Errc::invalid_argument, 0, "'" + dir + "' is not a valid UTF-8 path"};
+    if (!w.empty() && w.back() != L'\\' && w.back() != L'/') w += L'\\';
+    w += L'*';
+    WIN32_FIND_DATAW data;
+    HANDLE h = sys().find_first_file_w(w.c_str(), &data);
+    if (h == INVALID_HANDLE_VALUE) {
+      const DWORD err = ::GetLastError();
+      if (err == ERROR_FILE_NOT_FOUND) return std::vector<std::string>{};  // no entry at all
+      return win_error(err, "cannot read the directory", dir);
+    }
+    struct Closer {
+      HANDLE h;
+      ~Closer() { (void)sys().find_close(h); }
+    } closer{h};
+    std::vector<std::string> names;
+    do {
+      const std::wstring_view name(data.cFileName);
+      if (name != L"." && name != L"..") names.push_back(narrow(data.cFileName, static_cast<int>(name.size())));
+    } while (sys().find_next_file_w(h, &data) != 0);
+    if (const DWORD err = ::GetLastError(); err != ERROR_NO_MORE_FILES)
+      return win_error(err, "cannot read the directory", dir);
+    return names;
+  }
+
+  Result<void> remove_file(const std::string& path) override {
     std::wstring w;
     if (!widen(path, &w)) return Error{Errc::invalid_argument, 0, "'" + path + "' is not a valid UTF-8 path"};
     // POSIX-semantics delete frees the name at once even while others hold the file open.
@@ -710,7 +739,7 @@ class Win32Platform final : public Platform {
 
   // ---- address space ----
 
-  Result<void*> reserve_address_space(std::size_t size, std::size_t align) noexcept override {
+  Result<void*> reserve_address_space(std::size_t size, std::size_t align) override {
     const Api& a = api();
     align = std::max<std::size_t>(align, a.granularity);
     size = static_cast<std::size_t>(align_up(size, a.granularity));
@@ -787,7 +816,7 @@ class Win32Platform final : public Platform {
     reservations_.erase(it);
   }
 
-  Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at, bool writable) noexcept override {
+  Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at, bool writable) override {
     try {
       std::lock_guard<std::mutex> lock(mu_);
       const auto start = reinterpret_cast<std::uintptr_t>(at);
@@ -815,7 +844,7 @@ class Win32Platform final : public Platform {
     }
   }
 
-  Result<void> commit_memory(void* at, std::size_t len) noexcept override {
+  Result<void> commit_memory(void* at, std::size_t len) override {
     try {
       std::lock_guard<std::mutex> lock(mu_);
       const auto start = reinterpret_cast<std::uintptr_t>(at);
@@ -829,7 +858,7 @@ class Win32Platform final : public Platform {
     }
   }
 
-  Result<void> flush_mapping(void* addr, std::size_t len, bool wait) noexcept override {
+  Result<void> flush_mapping(void* addr, std::size_t len, bool wait) override {
     struct Part {
       std::uintptr_t start;
       std::size_t len;
@@ -884,7 +913,7 @@ class Win32Platform final : public Platform {
     (void)sys().prefetch_virtual_memory(::GetCurrentProcess(), 1, &r, 0);
   }
 
-  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) noexcept override {
+  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) override {
     // The allocated ranges inside [offset, end), in file order. Only a sparse file (NTFS, ReFS)
     // has holes; elsewhere the call answers "all of it" or fails as unsupported, which counts
     // as allocated too.
@@ -920,7 +949,7 @@ class Win32Platform final : public Platform {
 
   // ---- locks ----
 
-  Result<bool> try_lock(Handle h) noexcept override {
+  Result<bool> try_lock(Handle h) override {
     // Byte-range locks belong to the handle (file object) that took them, like flock, and die
     // with it: another handle in the same process is refused as another process is.
     OVERLAPPED ov{};
@@ -940,7 +969,7 @@ class Win32Platform final : public Platform {
     (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
   }
 
-  Result<bool> try_lock_in_use(Handle h, bool exclusive) noexcept override {
+  Result<bool> try_lock_in_use(Handle h, bool exclusive) override {
     OVERLAPPED ov{};
     ov.Offset = static_cast<DWORD>(kInUseOffset);
     ov.OffsetHigh = static_cast<DWORD>(kInUseOffset >> 32);
@@ -1293,7 +1322,7 @@ class Win32Platform final : public Platform {
 
   // ---- holes ----
 
-  Result<void> fill_holes(std::uint64_t device, std::uint64_t inode) noexcept {
+  Result<void> fill_holes(std::uint64_t device, std::uint64_t inode) {
     try {
       std::lock_guard<std::mutex> lock(mu_);
       return fill_holes_locked(device, inode);

@@ -43,6 +43,9 @@ struct Win32Calls {
   DWORD(WINAPI* get_full_path_name_w)(LPCWSTR path, DWORD n, LPWSTR buf, LPWSTR* file_part);
   BOOL(WINAPI* move_file_ex_w)(LPCWSTR from, LPCWSTR to, DWORD flags);
   BOOL(WINAPI* delete_file_w)(LPCWSTR path);
+  HANDLE(WINAPI* find_first_file_w)(LPCWSTR pattern, LPWIN32_FIND_DATAW data);
+  BOOL(WINAPI* find_next_file_w)(HANDLE find, LPWIN32_FIND_DATAW data);
+  BOOL(WINAPI* find_close)(HANDLE find);
   BOOL(WINAPI* flush_file_buffers)(HANDLE h);
   BOOL(WINAPI* lock_file_ex)(HANDLE h, DWORD flags, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);
   BOOL(WINAPI* unlock_file_ex)(HANDLE h, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);

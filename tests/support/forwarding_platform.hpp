@@ -33,6 +33,7 @@ class ForwardingPlatform : public platform::Platform {
   Result<void> sync_parent_dir(const std::string& p) noexcept override { return os_.sync_parent_dir(p); }
   void remove(const std::string& p) noexcept override { os_.remove(p); }
   Result<void> remove_file(const std::string& p) noexcept override { return os_.remove_file(p); }
+  Result<std::vector<std::string>> list_directory(const std::string& d) override { return os_.list_directory(d); }
   Result<void*> reserve_address_space(std::size_t n, std::size_t a) noexcept override {
     return os_.reserve_address_space(n, a);
   }
