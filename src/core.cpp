@@ -197,10 +197,14 @@ Core::~Core() {
     if (lock_fd_ != fd_) pf_.close_file(lock_fd_);
     return;
   }
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   // A destructor is a boundary: trimming is best effort (out of memory for a message or a
   // slot's index skips it); the mappings and descriptors below are released whatever happens.
-  guard_void("wc_close", [&] { trim_on_close_locked(); });
+  try {
+    trim_on_close_locked();
+  } catch (...) {
+    absorb_exception("wc_close");
+  }
   release_lease_locked();
   pf_.release_address_space(base_, va_size_);
   pf_.close_file(fd_);
@@ -226,13 +230,12 @@ void Core::trim_on_close_locked() {
   // mapping itself extends a file (Windows' legacy mapping mode rounds it up to 64 KiB) the file
   // grew without our knowing: now that nothing of ours is mapped, cut the uncommitted tail if no
   // other writer is at work. The real size decides, not the size we last set.
-  const auto grown = [&] {
-    if (!file_backed_ || opts_.read_only || fd_ == platform::kInvalidHandle || lock_fd_ == platform::kInvalidHandle)
-      return false;
+  bool grown = false;
+  if (file_backed_ && !opts_.read_only && fd_ != platform::kInvalidHandle && lock_fd_ != platform::kInvalidHandle) {
     auto info = pf_.stat_file(fd_);
-    return info && info->size > committed_.committed_size;
-  };
-  if (grown()) {
+    grown = info && info->size > committed_.committed_size;
+  }
+  if (grown) {
     // The whole lease (the data file's lock too): a writer on another name of this file (a
     // hard link) holds its own sidecar, and the tail we would cut is the one it is filling.
     if (auto got = try_lock_both_locked(); got && got.value()) {
@@ -268,8 +271,17 @@ std::size_t Core::look_up(std::string_view key) {
   }
   Entry* e = find_entry(key);
   if (e == nullptr && opts_.refresh_on_miss && (file_backed_ || awaiting_file_.load(std::memory_order_acquire))) {
-    std::unique_lock<std::mutex> lock(write_mu_, std::try_to_lock);
-    if (lock.owns_lock() && refresh_locked()) e = find_entry(key);
+    if (write_mu_.try_lock()) {
+      bool refreshed = false;
+      try {
+        refreshed = bool(refresh_locked());
+      } catch (...) {
+        write_mu_.unlock();
+        throw;
+      }
+      write_mu_.unlock();
+      if (refreshed) e = find_entry(key);
+    }
   }
   if (e == nullptr || !verify_entry(e)) {
     misses_.add();
@@ -299,7 +311,7 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const {
 
 Result<void> Core::refresh() {
   if (!file_backed_ && !awaiting_file_.load(std::memory_order_acquire)) return {};
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   lease_gave_up_ = false;  // the next allocation may wait for the lease again
   auto r = refresh_locked();
   if (!r) return fail(r.error());

@@ -6,6 +6,7 @@
 #include "file_state.hpp"
 #include "format/format.hpp"
 #include "platform/platform.hpp"
+#include "thread_annotations.hpp"
 
 #include <weightcache/weight_cache.hpp>
 
@@ -159,9 +160,9 @@ class Core {
   Result<CommittedState> read_state();  // header, slot and index of fd_ (checked)
   bool upgrade_in_use();  // shared -> exclusive: true when no other process has the file open
   Result<void> attach(CommittedState& st);  // map + index what read_state found
-  Result<void> attach_locked(CommittedState& st);
+  Result<void> attach_locked(CommittedState& st) WC_REQUIRES(write_mu_);
   void await_file(const Error& why);
-  Result<void> try_attach_locked();  // a cache awaiting its file: attach it if it exists now
+  Result<void> try_attach_locked() WC_REQUIRES(write_mu_);  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file();  // under the lease
   Result<void> init_descriptor();      // options.fd or ":memory:"
   Result<void> write_empty_cache(platform::Handle h);  // header + empty index, in order
@@ -182,25 +183,27 @@ class Core {
   /// given), so callers must re-read any state they computed before calling.
   /// With catch_up (appending), also checks the path still names our file and merges what
   /// others committed; without it (replacing the file), only takes the locks.
-  Result<void> acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up = true);
-  void release_lease_locked() noexcept;
-  void publish_sizes_locked();  // copies sizes for stats(), which takes no write lock
-  void release_lease_if_safe_locked();
-  Result<void> refresh_locked();
-  Result<void> ensure_mapped_locked(std::uint64_t end);
-  Result<void> grow_file_locked(std::uint64_t end);
-  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, std::unique_lock<std::mutex>& lk);
-  Result<std::uint64_t> allocate_heap_locked(std::uint64_t size);
-  void release_reservation_locked(std::uint64_t offset, const Reservation& r);
-  void merge_records_locked(std::vector<format::IndexRecord>& records);
-  Result<void> persist_locked(std::unique_lock<std::mutex>& lk);
-  Result<void> persist_all_locked(std::unique_lock<std::mutex>& lk);
-  Result<void> migrate_heap_entries_locked();
-  Result<bool> try_lock_both_locked();
-  void maybe_trim_locked();
+  Result<void> acquire_lease_locked(MutexLock* lk, bool catch_up = true) WC_REQUIRES(write_mu_);
+  /// Sleeps with *lk (write_mu_) released, and takes it back (no lock when lk is null).
+  static void sleep_unlocked(MutexLock* lk, std::chrono::microseconds d) WC_NO_THREAD_SAFETY_ANALYSIS;
+  void release_lease_locked() noexcept WC_REQUIRES(write_mu_);
+  void publish_sizes_locked() WC_REQUIRES(write_mu_);  // copies sizes for stats(), which takes no write lock
+  void release_lease_if_safe_locked() WC_REQUIRES(write_mu_);
+  Result<void> refresh_locked() WC_REQUIRES(write_mu_);
+  Result<void> ensure_mapped_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
+  Result<void> grow_file_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
+  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
+  Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) WC_REQUIRES(write_mu_);
+  void release_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
+  void merge_records_locked(std::vector<format::IndexRecord>& records) WC_REQUIRES(write_mu_);
+  Result<void> persist_locked(MutexLock& lk) WC_REQUIRES(write_mu_);
+  Result<void> persist_all_locked(MutexLock& lk) WC_REQUIRES(write_mu_);
+  Result<void> migrate_heap_entries_locked() WC_REQUIRES(write_mu_);
+  Result<bool> try_lock_both_locked() WC_REQUIRES(write_mu_);
+  void maybe_trim_locked() WC_REQUIRES(write_mu_);
   /// At close, holding the lease (or able to take it): cuts what was grown but never committed.
   /// Unmaps the cache's address space (base_, va_size_) before it asks the OS for the file's size.
-  void trim_on_close_locked();
+  void trim_on_close_locked() WC_REQUIRES(write_mu_);
 
   bool verify_entry(Entry* e);
   /// Hashes an entry this thread claimed (kVerifying) and records the verdict. With `stop` (the
@@ -220,7 +223,7 @@ class Core {
   void verify_all(const std::vector<Entry*>& entries);
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
-  void recount_durable_locked();
+  void recount_durable_locked() WC_REQUIRES(write_mu_);
   std::byte* addr(std::uint64_t offset) const noexcept {
     return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
   }
@@ -230,7 +233,7 @@ class Core {
   std::string source_problem(const void* ptr, std::uint64_t size);
   /// The offset of an address in the cache's own memory (file mirror or heap arena), and how many
   /// mapped or committed bytes follow it there; false for any other address. write_mu_ held.
-  bool offset_of(const void* p, std::uint64_t* offset, std::uint64_t* room) const noexcept;
+  bool offset_of(const void* p, std::uint64_t* offset, std::uint64_t* room) const noexcept WC_REQUIRES(write_mu_);
   std::uint64_t round_size(std::uint64_t size) const noexcept;
   /// Alignment of new file offsets: the file's own (from its header) when stricter than ours,
   /// so every entry keeps the invariant the header states.
@@ -265,21 +268,21 @@ class Core {
   std::uint64_t file_span_ = 0;
   HeapArena heap_{pf_};
 
-  // Guarded by write_mu_.
-  mutable std::mutex write_mu_;
-  bool has_lease_ = false;
-  bool lease_gave_up_ = false;  // a full lease wait timed out: only quick tries until finalize/refresh
-  platform::Handle data_locked_ = platform::kInvalidHandle;  // data file locked with the lease
-  std::uint64_t file_size_ = 0;     // current size of the file
-  std::uint64_t mapped_end_ = 0;    // file bytes [0, mapped_end_) are mapped
-  std::uint64_t cursor_ = 0;        // next free file offset (valid with the lease)
-  std::uint64_t flush_from_ = 0;    // start of data not yet flushed
-  std::uint64_t heap_cursor_ = 0;   // arena offset
-  format::CommitSlot committed_{};  // latest slot we wrote or read
-  std::uint64_t written_size_ = 0;  // largest committed_size of any slot we wrote, synced or not
-  std::map<std::uint64_t, Reservation> reservations_;
-  std::vector<Entry*> pending_;     // file entries not yet in a committed index
-  bool warned_fallback_ = false;
+  // The writer's state: guarded by write_mu_ (checked by clang's -Wthread-safety).
+  mutable Mutex write_mu_;
+  bool has_lease_ WC_GUARDED_BY(write_mu_) = false;
+  bool lease_gave_up_ WC_GUARDED_BY(write_mu_) = false;  // a full lease wait timed out: only quick tries until finalize/refresh
+  platform::Handle data_locked_ WC_GUARDED_BY(write_mu_) = platform::kInvalidHandle;  // data file locked with the lease
+  std::uint64_t file_size_ WC_GUARDED_BY(write_mu_) = 0;     // current size of the file
+  std::uint64_t mapped_end_ WC_GUARDED_BY(write_mu_) = 0;    // file bytes [0, mapped_end_) are mapped
+  std::uint64_t cursor_ WC_GUARDED_BY(write_mu_) = 0;        // next free file offset (valid with the lease)
+  std::uint64_t flush_from_ WC_GUARDED_BY(write_mu_) = 0;    // start of data not yet flushed
+  std::uint64_t heap_cursor_ WC_GUARDED_BY(write_mu_) = 0;   // arena offset
+  format::CommitSlot committed_ WC_GUARDED_BY(write_mu_){};  // latest slot we wrote or read
+  std::uint64_t written_size_ WC_GUARDED_BY(write_mu_) = 0;  // largest committed_size of any slot we wrote, synced or not
+  std::map<std::uint64_t, Reservation> reservations_ WC_GUARDED_BY(write_mu_);
+  std::vector<Entry*> pending_ WC_GUARDED_BY(write_mu_);     // file entries not yet in a committed index
+  bool warned_fallback_ WC_GUARDED_BY(write_mu_) = false;
   // Live heap entries of a cache meant to persist (a fallback): what finalize still owes.
   std::atomic<std::uint64_t> unpersisted_entries_{0}, unpersisted_bytes_{0};
   std::atomic<std::uint64_t> compactions_{0};

@@ -113,7 +113,7 @@ std::string Core::source_problem(const void* ptr, std::uint64_t size) {
   const auto* p = static_cast<const std::byte*>(ptr);
   if (!(base_ != nullptr && p >= base_ && p < base_ + file_span_) && !heap_.contains(p))
     return {};  // the caller's own memory: its size is the caller's word
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   std::uint64_t at = 0, room = 0;
   if (!offset_of(p, &at, &room)) return {};
   const std::string n = std::to_string(size);
@@ -198,7 +198,7 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) {
 }
 
 Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
-                                           std::unique_lock<std::mutex>& lk) {
+                                           MutexLock& lk) {
   *fell_back = false;
   Error why{Errc::ok, 0, {}};
   if (file_backed_ && !file_disabled_ && !opts_.read_only) {
@@ -242,7 +242,7 @@ void* Core::reserve(std::size_t size) {
                       "reserve: size " + std::to_string(size) + " is over 2^48 bytes, the largest entry a cache takes"});
       return nullptr;
     }
-    std::unique_lock<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     const std::uint64_t cap = round_size(size);
     bool fell_back = false;
     auto region = allocate_locked(cap, &fell_back, lock);
@@ -259,7 +259,7 @@ void* Core::reserve(std::size_t size) {
 }
 
 Result<void> Core::release(void* ptr) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   std::uint64_t at = 0, room = 0;
   if (!offset_of(ptr, &at, &room))
     return fail({Errc::invalid_argument, 0, "release: pointer is not from this cache"});

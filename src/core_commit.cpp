@@ -78,7 +78,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     }
     const std::uint64_t checksum = format::hash_bytes(ptr, size);
     const auto* p = static_cast<std::byte*>(ptr);
-    std::unique_lock<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     std::optional<std::pair<std::uint64_t, Reservation>> res;
     if (std::uint64_t at = 0, room = 0; offset_of(p, &at, &room)) {
       auto it = reservations_.find(at);
@@ -197,7 +197,7 @@ Result<void> Core::migrate_heap_entries_locked() {
   }
 }
 
-Result<void> Core::persist_locked(std::unique_lock<std::mutex>& lk) {
+Result<void> Core::persist_locked(MutexLock& lk) {
   if (auto r = acquire_lease_locked(&lk); !r) return r.error();
   // Entries that went to the heap (no lease, no space, no file at the time) go into the file
   // first; as many as fit are committed with the rest even when not all of them do.
@@ -317,7 +317,7 @@ void Core::maybe_trim_locked() {
 
 Result<void> Core::finalize() {
   try {
-    std::unique_lock<std::mutex> lock(write_mu_);
+    MutexLock lock(write_mu_);
     lease_gave_up_ = false;  // a new packing phase may wait for the lease again
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
@@ -340,7 +340,7 @@ Result<void> Core::finalize() {
   }
 }
 
-Result<void> Core::persist_all_locked(std::unique_lock<std::mutex>& lk) {
+Result<void> Core::persist_all_locked(MutexLock& lk) {
   const bool heap_left = unpersisted_entries_.load(std::memory_order_relaxed) != 0;
   if (!file_backed_) {
     if (!heap_left) return {};

@@ -14,7 +14,13 @@ using namespace core_detail;
 // writer side
 // ---------------------------------------------------------------------------------------------
 
-Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool catch_up) {
+void Core::sleep_unlocked(MutexLock* lk, std::chrono::microseconds d) {
+  if (lk != nullptr) lk->unlock();
+  std::this_thread::sleep_for(d);
+  if (lk != nullptr) lk->lock();
+}
+
+Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   if (has_lease_) return {};
   if (lock_fd_ == platform::kInvalidHandle)
     return Error{Errc::read_only, 0, "cache is open read-only"};
@@ -43,12 +49,8 @@ Result<void> Core::acquire_lease_locked(std::unique_lock<std::mutex>* lk, bool c
     }
     // Wait without the write mutex, so this process's readers can refresh and other threads
     // can commit their reservations meanwhile; callers re-read state after this returns.
-    if (lk != nullptr) lk->unlock();
-    std::this_thread::sleep_for(backoff);
-    if (lk != nullptr) {
-      lk->lock();
-      if (has_lease_) return {};  // another thread of ours took it meanwhile
-    }
+    sleep_unlocked(lk, backoff);
+    if (lk != nullptr && has_lease_) return {};  // another thread of ours took it meanwhile
     backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
   }
   has_lease_ = true;

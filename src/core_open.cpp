@@ -129,7 +129,7 @@ Result<void> Core::init_heap_only() {
 Result<void> Core::ready_heap() {
   // Room for a first megabyte (reserved and committed, the cursor left where it is): less would
   // be a heap cache in name only.
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   auto r = heap_.place(heap_cursor_, kMinChunk, align_, gran_);
   if (!r) return r.error();
   return {};
@@ -415,6 +415,7 @@ Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) {
 }
 
 Result<void> Core::create_missing_file() {
+  MutexLock lock(write_mu_);  // nobody else has this cache yet; the lease's state wants it
   // Build under the lease so concurrent openers build once; re-check first: another process may
   // have put a file in place while we waited.
   pf_.close_file(fd_);
@@ -429,6 +430,7 @@ Result<void> Core::create_missing_file() {
 }
 
 Result<void> Core::rebuild_file() {
+  MutexLock lock(write_mu_);  // nobody else has this cache yet; the lease's state wants it
   // We hold the file alone (exclusive in-use lock on fd_): no process has it open, and any that
   // tries waits until the new file has taken the name. The lease keeps a creator of a missing
   // file, or the CLI, from racing us.
@@ -473,6 +475,7 @@ bool Core::compaction_due(const CommittedState& st) const {
 }
 
 bool Core::compact_in_place(const CommittedState& st) {
+  MutexLock lock(write_mu_);  // nobody else has this cache yet; the lease's state wants it
   // Under the lease too: a writer reaching the file through another name (a hard link) would
   // hold the in-use lock as well, but the CLI and creators of a missing file take only the lease.
   if (auto r = acquire_lease_locked(nullptr, false); !r) {
@@ -482,7 +485,8 @@ bool Core::compact_in_place(const CommittedState& st) {
   CompactSettings settings;
   settings.durability = opts_.durability;
   CompactResult out;
-  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out, [this] {
+  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out,
+                             [this]() WC_NO_THREAD_SAFETY_ANALYSIS {  // called while this holds write_mu_
     if (has_lease_) release_lease_locked();  // its data-file lock goes with the handle
     pf_.close_file(fd_);
     fd_ = platform::kInvalidHandle;
@@ -524,7 +528,7 @@ Result<CommittedState> Core::read_state() {
 }
 
 Result<void> Core::attach(CommittedState& st) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(write_mu_);
   if (auto r = attach_locked(st); !r) return r;
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
