@@ -50,20 +50,25 @@ extern "C" {
 
 void wc_options_init(wc_options* o) {
   if (o == nullptr) return;
+  const Options d;  // the one set of defaults (weight_cache.hpp)
   std::memset(o, 0, sizeof(*o));
   o->struct_size = sizeof(wc_options);
-  o->alignment = 64;
-  o->size_alignment = 1;
-  o->backing = WC_BACKING_AUTO;
-  o->durability = WC_DURABILITY_FULL;
-  o->verify = WC_VERIFY_FIRST_USE;
-  o->file_mode = 0644;
-  o->lease_timeout_ms = 120000;
-  o->compact_dead_percent = 50;
-  o->compact_min_dead_bytes = std::uint64_t{16} << 20;
-  o->fd = -1;
-  o->max_file_bytes = 0;  // sized at open to fit the process
-  o->verify_ahead = 1;
+  o->alignment = d.alignment;
+  o->size_alignment = d.size_alignment;
+  o->backing = static_cast<wc_backing>(d.backing);
+  o->durability = static_cast<wc_durability>(d.durability);
+  o->read_only = d.read_only ? 1 : 0;
+  o->verify = static_cast<wc_verify>(d.verify);
+  o->private_cache = d.private_cache ? 1 : 0;
+  o->allow_symlink = d.allow_symlink ? 1 : 0;
+  o->file_mode = d.file_mode;
+  o->lease_timeout_ms = static_cast<uint32_t>(d.lease_timeout.count());
+  o->refresh_on_miss = d.refresh_on_miss ? 1 : 0;
+  o->max_file_bytes = d.max_file_bytes;  // 0: sized at open to fit the process
+  o->verify_ahead = d.verify_ahead ? 1 : 0;
+  o->compact_dead_percent = d.compact_dead_percent;
+  o->compact_min_dead_bytes = d.compact_min_dead_bytes;
+  o->fd = d.fd;
 }
 
 void wc_stats_init(wc_stats* s) {
@@ -87,8 +92,8 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
     if (o->compat_key == nullptr) return invalid(who + ": compat_key is NULL but compat_key_size is not 0");
     opt.compat_key.assign(static_cast<const char*>(o->compat_key), o->compat_key_size);
   }
-  opt.alignment = o->alignment == 0 ? 64 : o->alignment;
-  opt.size_alignment = o->size_alignment == 0 ? 1 : o->size_alignment;
+  if (o->alignment != 0) opt.alignment = o->alignment;  // 0: the default
+  if (o->size_alignment != 0) opt.size_alignment = o->size_alignment;
   const int backing = raw_enum(o->backing), durability = raw_enum(o->durability);
   if (backing < WC_BACKING_AUTO || backing > WC_BACKING_HEAP) return invalid(who + ": unknown backing");
   if (durability < WC_DURABILITY_NONE || durability > WC_DURABILITY_FULL) return invalid(who + ": unknown durability");
@@ -266,21 +271,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   return WC_OK;
 }
 
-const char* wc_status_string(wc_status s) {
-  switch (s) {
-    case WC_OK: return "ok";
-    case WC_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case WC_ERR_IO: return "I/O error";
-    case WC_ERR_NO_SPACE: return "no space";
-    case WC_ERR_CORRUPT: return "corrupt cache file";
-    case WC_ERR_INCOMPATIBLE: return "incompatible cache file";
-    case WC_ERR_BUSY: return "busy";
-    case WC_ERR_UNSUPPORTED: return "unsupported";
-    case WC_ERR_NO_MEMORY: return "out of memory";
-    case WC_ERR_READ_ONLY: return "read-only";
-  }
-  return "unknown status";
-}
+const char* wc_status_string(wc_status s) { return errc_text(static_cast<Errc>(s)); }
 
 const char* wc_last_error(void) { return last_error().message.c_str(); }
 

@@ -88,41 +88,53 @@ void Core::set_lease_holder(const Identity& lock, const Core* holder) noexcept {
   }
 }
 
-const char* errc_name(Errc code) noexcept {
-  switch (code) {
-    case Errc::ok: return "WC_OK";
-    case Errc::invalid_argument: return "WC_ERR_INVALID_ARGUMENT";
-    case Errc::io: return "WC_ERR_IO";
-    case Errc::no_space: return "WC_ERR_NO_SPACE";
-    case Errc::corrupt: return "WC_ERR_CORRUPT";
-    case Errc::incompatible: return "WC_ERR_INCOMPATIBLE";
-    case Errc::busy: return "WC_ERR_BUSY";
-    case Errc::unsupported: return "WC_ERR_UNSUPPORTED";
-    case Errc::no_memory: return "WC_ERR_NO_MEMORY";
-    case Errc::read_only: return "WC_ERR_READ_ONLY";
-  }
-  return "WC_ERR_UNKNOWN";
-}
-
 namespace {
-// At most 15 characters: assigning one to a std::string never allocates (every standard library
-// we build with keeps that many in the string itself), so a last error can always be recorded.
-const char* short_text(Errc code) noexcept {
-  switch (code) {
-    case Errc::ok: return "ok";
-    case Errc::invalid_argument: return "invalid arg";
-    case Errc::io: return "I/O error";
-    case Errc::no_space: return "no space";
-    case Errc::corrupt: return "corrupt file";
-    case Errc::incompatible: return "incompatible";
-    case Errc::busy: return "busy";
-    case Errc::unsupported: return "unsupported";
-    case Errc::no_memory: return "out of memory";
-    case Errc::read_only: return "read-only";
-  }
-  return "error";
+// Every name a status has, in one table (indexed by its value): the C enumerator, the text of
+// wc_status_string, and a short text of at most 15 characters (assigning one to a std::string
+// never allocates: every standard library we build with keeps that many in the string itself,
+// so a last error can be recorded when memory has run out).
+struct ErrcNames {
+  Errc code;
+  const char* c_name;
+  const char* text;
+  const char* brief;
+};
+constexpr ErrcNames kErrcNames[] = {
+    {Errc::ok, "WC_OK", "ok", "ok"},
+    {Errc::invalid_argument, "WC_ERR_INVALID_ARGUMENT", "invalid argument", "invalid arg"},
+    {Errc::io, "WC_ERR_IO", "I/O error", "I/O error"},
+    {Errc::no_space, "WC_ERR_NO_SPACE", "no space", "no space"},
+    {Errc::corrupt, "WC_ERR_CORRUPT", "corrupt cache file", "corrupt file"},
+    {Errc::incompatible, "WC_ERR_INCOMPATIBLE", "incompatible cache file", "incompatible"},
+    {Errc::busy, "WC_ERR_BUSY", "busy", "busy"},
+    {Errc::unsupported, "WC_ERR_UNSUPPORTED", "unsupported", "unsupported"},
+    {Errc::no_memory, "WC_ERR_NO_MEMORY", "out of memory", "out of memory"},
+    {Errc::read_only, "WC_ERR_READ_ONLY", "read-only", "read-only"},
+};
+constexpr bool table_in_order() {
+  for (std::size_t i = 0; i < std::size(kErrcNames); ++i)
+    if (static_cast<std::size_t>(kErrcNames[i].code) != i) return false;
+  return true;
+}
+static_assert(table_in_order(), "kErrcNames is indexed by the status value");
+static_assert(std::size(kErrcNames) == static_cast<std::size_t>(Errc::read_only) + 1, "a status without names");
+
+const ErrcNames* names_of(Errc code) noexcept {
+  const auto i = static_cast<std::size_t>(code);
+  return i < std::size(kErrcNames) ? &kErrcNames[i] : nullptr;
 }
 }  // namespace
+
+const char* errc_name(Errc code) noexcept {
+  const ErrcNames* n = names_of(code);
+  return n != nullptr ? n->c_name : "WC_ERR_UNKNOWN";
+}
+
+const char* errc_text(Errc code) noexcept {
+  const ErrcNames* n = names_of(code);
+  return n != nullptr ? n->text : "unknown status";
+}
+
 
 void set_last_error(const Error& e) noexcept {
   try {
@@ -132,7 +144,8 @@ void set_last_error(const Error& e) noexcept {
     // No memory for the message: the code, and a message that fits without any.
     t_last_error.code = e.code;
     t_last_error.sys_errno = e.sys_errno;
-    t_last_error.message.assign(short_text(e.code));
+    const ErrcNames* n = names_of(e.code);
+    t_last_error.message.assign(n != nullptr ? n->brief : "error");
   }
 }
 

@@ -30,6 +30,8 @@ Error fail(Error e);
 void set_last_error(const Error& e) noexcept;
 /// "WC_ERR_NO_SPACE" etc.: the C name of a code, for log lines users grep for.
 const char* errc_name(Errc code) noexcept;
+/// "corrupt cache file" etc.: what wc_status_string says.
+const char* errc_text(Errc code) noexcept;
 
 /// A statistics counter that many threads bump at once: one cache line per stripe, so
 /// concurrent look-ups do not fight over a single line. Reads sum the stripes.

@@ -4,7 +4,7 @@
 
 namespace weightcache {
 
-const char* to_string(Errc code) noexcept { return wc_status_string(static_cast<wc_status>(code)); }
+const char* to_string(Errc code) noexcept { return errc_text(code); }
 
 WeightCache::WeightCache() noexcept = default;
 WeightCache::WeightCache(std::shared_ptr<Core> core) noexcept : core_(std::move(core)) {}
