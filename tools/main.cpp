@@ -262,15 +262,15 @@ int cmd_ls(const std::string& path, bool json) {
   for (const auto& e : in.entries) {
     if (json) {
       o += first ? "" : ",";
-      o += "{\"key\":" + json_string(display_key(e.key)) + ",\"offset\":" + u64s(e.offset) +
+      o += "{\"key\":" + json_string(fmt_::display_key(e.key)) + ",\"offset\":" + u64s(e.offset) +
            ",\"size\":" + u64s(e.size) + ",\"checksum\":" + (e.checksum ? json_string(hex64(*e.checksum)) : "null");
       if (in.format == FileFormat::xpwc) {
-        o += ",\"name\":" + json_string(display_key(e.name));
+        o += ",\"name\":" + json_string(fmt_::display_key(e.name));
         o += ",\"seed\":" + (e.seed ? u64s(*e.seed) : std::string("null"));
       }
       o += "}";
     } else {
-      o += display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
+      o += fmt_::display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
            (e.checksum ? hex64(*e.checksum) : std::string("-")) + "\n";
     }
     first = false;
@@ -319,7 +319,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
       const auto& f = in.findings[i];
       o += i ? "," : "";
       o += "{\"kind\":" + json_string(f.kind);
-      if (f.key) o += ",\"key\":" + json_string(display_key(*f.key));
+      if (f.key) o += ",\"key\":" + json_string(fmt_::display_key(*f.key));
       o += ",\"message\":" + json_string(f.message) + "}";
     }
     o += "]}\n";
@@ -340,7 +340,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
 }
 
 int cmd_cat(const std::string& path, const std::string& key_arg) {
-  const auto key = parse_key(key_arg);
+  const auto key = fmt_::parse_key(key_arg);
   if (!key) return usage_error("KEY '" + key_arg + "' starts with 0x but is not an even number of hex digits", "cat");
   int code = kExitOk;
   auto loaded = load(path, &code);
@@ -351,11 +351,11 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
   for (const auto& x : in.entries)
     if (x.key == *key) e = &x;
   if (e == nullptr) {
-    say_error("no entry with key '" + display_key(*key) + "' in '" + path + "'");
+    say_error("no entry with key '" + fmt_::display_key(*key) + "' in '" + path + "'");
     return kExitProblems;
   }
   if (!e->in_bounds) {
-    say_error("entry '" + display_key(*key) + "' lies outside the file's data area; nothing written");
+    say_error("entry '" + fmt_::display_key(*key) + "' lies outside the file's data area; nothing written");
     return kExitProblems;
   }
   // Check first, then write: a damaged entry must produce no output at all. The second read of
@@ -367,7 +367,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
       return kExitCannotRead;
     }
     if (h.value() != *e->checksum) {
-      say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
+      say_error("entry '" + fmt_::display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
                 ", the data hashes to " + hex64(h.value()) + "); nothing written");
       return kExitProblems;
     }
@@ -390,7 +390,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     return kExitCannotRead;
   }
   if (e->checksum && h.value() != *e->checksum) {
-    say_error("entry '" + display_key(*key) + "' changed while it was being written");
+    say_error("entry '" + fmt_::display_key(*key) + "' changed while it was being written");
     return kExitProblems;
   }
   return kExitOk;

@@ -17,13 +17,6 @@ constexpr char kHexDigits[] = "0123456789abcdef";
 constexpr auto kProgressDelay = std::chrono::milliseconds(500);
 constexpr auto kProgressInterval = std::chrono::milliseconds(250);
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 bool stderr_is_terminal() {
 #if defined(_WIN32)
   return _isatty(_fileno(stderr)) != 0;
@@ -63,40 +56,6 @@ std::size_t utf8_sequence(std::string_view s, std::size_t i) {
 }
 
 }  // namespace
-
-std::string display_key(std::string_view key) {
-  bool printable = key.substr(0, 2) != "0x" && !key.empty();
-  for (char c : key) {
-    if (c < 0x20 || c > 0x7E) {
-      printable = false;
-      break;
-    }
-  }
-  if (printable) return std::string(key);
-  std::string out = "0x";
-  out.reserve(2 + 2 * key.size());
-  for (char c : key) {
-    const auto b = static_cast<unsigned char>(c);
-    out.push_back(kHexDigits[b >> 4]);
-    out.push_back(kHexDigits[b & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> parse_key(std::string_view arg) {
-  if (arg.substr(0, 2) != "0x") return std::string(arg);
-  const std::string_view digits = arg.substr(2);
-  if (digits.size() % 2 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(digits.size() / 2);
-  for (std::size_t i = 0; i < digits.size(); i += 2) {
-    const int hi = hex_value(digits[i]);
-    const int lo = hex_value(digits[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
 
 std::string hex64(std::uint64_t v) {
   std::string out = "0x0000000000000000";
