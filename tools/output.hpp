@@ -1,12 +1,10 @@
-// Presentation helpers of the command-line tool: hex and human sizes, JSON strings, and the
-// progress line. Keys are shown and parsed as the library does (format::display_key, parse_key).
+// Presentation helpers of the command-line tool: hex and human sizes, and the progress line.
+// Keys are shown and parsed as the library does (format::display_key, parse_key).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <string_view>
 
 namespace weightcache::cli {
 
@@ -22,10 +20,6 @@ enum ExitCode : int {
 
 /// "0x" + 16 lowercase hex digits.
 std::string hex64(std::uint64_t v);
-
-/// A JSON string literal (quotes included). Bytes that are not valid UTF-8 are escaped as
-/// \u00XX (read as Latin-1), so the output is always well-formed JSON.
-std::string json_string(std::string_view s);
 
 /// "1.5 GiB" style size for humans.
 std::string human_bytes(std::uint64_t n);
