@@ -597,7 +597,9 @@ TEST_F(CliTest, TruncatedFilesNeverCrashTheTool) {
       const CliRun r = run(args);
       EXPECT_TRUE(r.exited) << args[0] << " crashed with signal " << r.code - 128;
       EXPECT_LT(r.code, 6) << args[0];
-      if (args[0] != "info" && args[0] != "ls") EXPECT_NE(r.code, 0) << args[0] << ": " << r.out;
+      if (args[0] != "info" && args[0] != "ls") {
+        EXPECT_NE(r.code, 0) << args[0] << ": " << r.out;
+      }
     }
     EXPECT_EQ(read_file(f), bytes.substr(0, cut)) << "compact must not touch a damaged file";
   }
@@ -1026,7 +1028,9 @@ TEST_F(CliTest, GcRejectsBadSizesAndArguments) {
     const auto j = parse_json(r.out);
     ASSERT_TRUE(j) << r.out;
     EXPECT_EQ((*j)["max_bytes"].get<std::uint64_t>(), bytes) << arg;
-    if (bytes == 0) EXPECT_FALSE(fs::exists(d + "/a.wcache"));
+    if (bytes == 0) {
+      EXPECT_FALSE(fs::exists(d + "/a.wcache"));
+    }
   }
 }
 

@@ -1039,7 +1039,9 @@ TEST_F(VerifyModes, FirstUseTurnsADamagedEntryIntoAMiss) {
   }
   EXPECT_EQ(cache->stats().verify_failures, 1u);  // counted once per entry
   for (std::size_t i = 0; i < kEntries; ++i)
-    if (i != kVictim) EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    if (i != kVictim) {
+      EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    }
 }
 
 TEST_F(VerifyModes, OnOpenChecksEverythingAtOpen) {
@@ -1051,7 +1053,9 @@ TEST_F(VerifyModes, OnOpenChecksEverythingAtOpen) {
   EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
   EXPECT_EQ(cache->stats().verify_failures, 1u);
   for (std::size_t i = 0; i < kEntries; ++i)
-    if (i != kVictim) EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    if (i != kVictim) {
+      EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    }
 }
 
 TEST_F(VerifyModes, NoneStillVerifiesTheIndex) {
