@@ -1,6 +1,7 @@
 // Runs the `weightcache` executable (path from WEIGHTCACHE_CLI_PATH) as a child process and
 // checks exit codes and output. Good files come from the library's public API; damaged files are
 // made by flipping or cutting bytes; ExecuTorch XPWC files are written here by hand.
+#include "child_exit.hpp"
 #include "format/format.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -205,7 +206,7 @@ class CliTest : public ::testing::Test {
       const int in = ::open("/dev/null", O_RDONLY);
       const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (in < 0 || out < 0 || err < 0) ::_exit(126);
+      if (in < 0 || out < 0 || err < 0) weightcache::test::child_exit(weightcache::test::kChildExecFailed, "redirect");
       ::dup2(in, 0);
       ::dup2(out, 1);
       ::dup2(err, 2);
@@ -217,7 +218,7 @@ class CliTest : public ::testing::Test {
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
       ::execv(argv.front(), argv.data());
-      ::_exit(127);
+      weightcache::test::child_exit(weightcache::test::kChildExecFailed, "exec");
     }
     CliRun r;
     int status = 0;
@@ -1176,7 +1177,8 @@ TEST_F(CliTest, CanonicalCompactionMakesByteIdenticalFilesWhateverTheInsertionOr
         std::vector<int> mine;
         for (int i = k; i < kEntries; i += 2) mine.push_back(i);
         std::reverse(mine.begin(), mine.end());
-        ::_exit(insert_range(c, mine) ? 0 : 1);
+        if (!insert_range(c, mine)) weightcache::test::child_exit(weightcache::test::kChildCacheError, "insert_range");
+        weightcache::test::child_exit(weightcache::test::kChildOk);
       }
     }
     for (pid_t kid : kids) {

@@ -11,6 +11,7 @@
 // the exact set of served keys is checked too.
 //
 // WEIGHTCACHE_FULL=1 (or WEIGHTCACHE_FORMAT_FULL=1) flips every bit of every structural byte instead of one per byte.
+#include "child_exit.hpp"
 #include "file_image.hpp"
 #include "log_capture.hpp"
 #include "random_bytes.hpp"
@@ -315,11 +316,11 @@ Outcome run_variant(const Variant& v) {
     Report r;
     try {
       child_body(v, path, &r);
-    } catch (...) {
-      ::_exit(3);
+    } catch (const std::exception& e) {
+      test::child_exit(test::kChildUnexpected, std::string("threw: ") + e.what());
     }
     const bool sent = ::write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-    ::_exit(sent ? 0 : 4);
+    test::child_exit(sent ? test::kChildOk : test::kChildSetupFailed, "cannot send the report");
   }
   ::close(fds[1]);
   std::size_t got = 0;
