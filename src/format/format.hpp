@@ -205,7 +205,7 @@ struct DecodedHeader {
 };
 
 /// Parses the first kHeaderSize bytes. Slot validity is checked only by checksum here; bounds
-/// against the file size are the caller's (see choose_slots).
+/// against the file size are the caller's (see read_committed in file_state.hpp).
 Problem decode_header(std::span<const std::byte> bytes, DecodedHeader* out) noexcept;
 
 /// Slot self-consistency against the file size and alignment rules.
