@@ -297,6 +297,15 @@ class CliTest : public ::testing::Test {
     return out;
   }
 
+  // `info --json FILE`, parsed; nullopt (with a failure) unless it succeeds with valid JSON.
+  std::optional<Json> info_json(const std::string& file) {
+    const CliRun r = run({"info", "--json", file});
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto j = parse_json(r.out);
+    EXPECT_TRUE(j) << r.out;
+    return r.code == 0 ? j : std::nullopt;
+  }
+
   std::map<std::string, std::string> info_fields(const std::string& file) {
     std::map<std::string, std::string> f;
     const CliRun r = run({"info", file});
@@ -406,10 +415,8 @@ TEST_F(CliTest, InfoReportsALibraryFile) {
 TEST_F(CliTest, InfoJsonIsWellFormed) {
   const std::string f = path("we\"ird\\name.wcache");
   make_cache(f, kEntries);
-  const CliRun r = run({"info", "--json", f});
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = parse_json(r.out);
-  ASSERT_TRUE(j) << r.out;
+  const auto j = info_json(f);
+  ASSERT_TRUE(j);
   EXPECT_EQ((*j)["file"].get<std::string>(), f);
   EXPECT_EQ((*j)["format"].get<std::string>(), "weightcache");
   EXPECT_EQ((*j)["version"].get<std::uint64_t>(), 1u);
@@ -426,10 +433,8 @@ TEST_F(CliTest, InfoJsonIsWellFormed) {
 TEST_F(CliTest, JsonStaysValidForANameThatIsNotUtf8) {
   const std::string f = path("caf\xc3\xa9-\xff\xfe-\xc3.wcache");
   make_cache(f, kEntries);
-  const CliRun r = run({"info", "--json", f});
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = parse_json(r.out);
-  ASSERT_TRUE(j) << r.out;
+  const auto j = info_json(f);
+  ASSERT_TRUE(j);
   const std::string replacement = "\xef\xbf\xbd";
   EXPECT_EQ((*j)["file"].get<std::string>(),
             path("caf\xc3\xa9-" + replacement + replacement + "-" + replacement + ".wcache"));
