@@ -170,17 +170,17 @@ bool reserve_fill_insert(WeightCache& cache, const std::vector<std::size_t>& siz
 
 std::size_t file_vmas(const std::string& path) {
   // /proc/self/maps lists the same mapping headers as smaps, without the counters.
-  return examples::file_mapping_usage(path, "/proc/self/maps").mappings;
+  return smaps::file_mapping_usage(path, "/proc/self/maps").mappings;
 }
 
 MemFigures process_memory(pid_t pid) {
   // smaps_rollup: one header standing for the whole process, then its counters.
-  return examples::sum_mappings("/proc/" + std::to_string(pid) + "/smaps_rollup",
-                                [](const examples::MappingHeader&) { return true; });
+  return smaps::sum_mappings("/proc/" + std::to_string(pid) + "/smaps_rollup",
+                                [](const smaps::MappingHeader&) { return true; });
 }
 
 MemFigures file_memory(pid_t pid, const std::string& path) {
-  return examples::file_mapping_usage(path, "/proc/" + std::to_string(pid) + "/smaps");
+  return smaps::file_mapping_usage(path, "/proc/" + std::to_string(pid) + "/smaps");
 }
 
 bool sync_file(const std::string& path) {

@@ -2,7 +2,7 @@
 // mixes, and the per-run record that the closing summary turns into ratios.
 #pragma once
 
-#include "../examples/common/smaps.hpp"
+#include "proc_smaps.hpp"
 
 #include <sys/types.h>
 
@@ -70,7 +70,7 @@ std::size_t file_vmas(const std::string& path);
 
 /// Memory counters of a process, in bytes (from /proc/<pid>/smaps_rollup or smaps); `readable`
 /// is false when they could not be read.
-using MemFigures = examples::MappingUsage;
+using MemFigures = smaps::MappingUsage;
 /// The whole process (smaps_rollup).
 MemFigures process_memory(pid_t pid);
 /// Only the mappings of the file at `path` (smaps, matched by device and inode).

@@ -97,7 +97,8 @@ Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, st
 
 // Reads the new file back before it replaces anything: the header, the one commit slot and the
 // index decode to exactly what was written, and every entry hashes to its checksum.
-Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf) {
+Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf,
+                       const std::function<void(std::uint64_t)>& progress) {
   auto st = read_committed(pf, dst.handle(), dst.name(), w.file_size, UINT64_MAX, 0);
   if (!st) return Error{Errc::io, 0, "the new file '" + dst.name() + "' does not read back: " + st.error().message};
   if (st->records.size() != w.records.size())
@@ -108,7 +109,10 @@ Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile&
     if (a.key != b.key || a.offset != b.offset || a.size != b.size || a.checksum != b.checksum)
       return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with another index"};
     auto h = hash_range(pf, dst.handle(), a.offset, a.size, buf,
-                        [](const std::byte*, std::size_t, std::uint64_t) -> Result<void> { return {}; });
+                        [&](const std::byte*, std::size_t n, std::uint64_t) -> Result<void> {
+                          if (progress) progress(n);
+                          return {};
+                        });
     if (!h) return h.error();
     if (h.value() != a.checksum)
       return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with other bytes"};
@@ -120,7 +124,8 @@ Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile&
 
 Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
                               TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
-                              const std::vector<SourceEntry>& entries, WrittenFile* out) {
+                              const std::vector<SourceEntry>& entries, WrittenFile* out,
+                              const std::function<void(std::uint64_t)>& progress) {
   try {
     std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kCopyChunk]);
     if (buf == nullptr) return Error{Errc::no_memory, 0, "out of memory for the copy buffer"};
@@ -133,6 +138,7 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
       const std::uint64_t at = align_up(cursor, fixed.alignment);
       auto h = hash_range(pf, src, e.offset, e.size, buf.get(),
                           [&](const std::byte* p, std::size_t n, std::uint64_t done) {
+                            if (progress) progress(n);
                             return pf.write_at(dst.handle(), p, n, at + done);
                           });
       if (!h) return Error{h.error().code, h.error().sys_errno, "copying from '" + src_path + "': " + h.error().message};
@@ -153,7 +159,7 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
     if (slot.committed_size < planned)  // entries were left out
       if (auto r = pf.truncate(dst.handle(), slot.committed_size); !r) return r.error();
     out->file_size = slot.committed_size;
-    return read_back(pf, dst, *out, buf.get());
+    return read_back(pf, dst, *out, buf.get(), progress);
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while writing '" + dst.name() + "'"};
   }

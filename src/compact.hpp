@@ -1,5 +1,5 @@
 // Writing whole cache files: a temporary file that deletes itself unless committed, the writer
-// that copies live entries into a new file (compaction, rebuilds, the CLI's convert), and
+// that copies live entries into a new file (compaction and the CLI's convert), and
 // compaction of a cache file at a path (wc_compact).
 #pragma once
 
@@ -61,9 +61,12 @@ std::uint64_t planned_file_size(const std::vector<SourceEntry>& entries, std::ui
 /// entries copied from `src` in the order given (checksummed on the way; one whose bytes fail
 /// its expected checksum is left out and listed), the index and the footer, then reads the new
 /// file back (header, index and every entry's checksum) before the caller commits it.
+/// `progress`, if set, hears of every piece of entry bytes copied or read back (a CLI's progress
+/// line: twice the entries' bytes in all).
 Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
                               TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
-                              const std::vector<SourceEntry>& entries, WrittenFile* out);
+                              const std::vector<SourceEntry>& entries, WrittenFile* out,
+                              const std::function<void(std::uint64_t)>& progress = {});
 
 struct CompactSettings {
   bool drop_corrupt = false;  // leave damaged entries out instead of refusing

@@ -76,7 +76,7 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   file_size_ = ours->size;
   publish_sizes_locked();
   // Bytes past the committed size are either free or garbage of a writer that died: ours to
-  // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe).
+  // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe_locked).
   cursor_ = align_up(committed_.committed_size, offset_align());
   flush_from_ = cursor_;
   return {};

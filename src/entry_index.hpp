@@ -22,7 +22,7 @@ namespace weightcache {
 
 struct Entry {
   std::string_view key;      // bytes owned by the EntryIndex's key arena
-  std::uint64_t offset = 0;  // file offset, or heap_base_offset_ + arena offset for heap entries
+  std::uint64_t offset = 0;  // file offset, or the Core's file_span_ + arena offset for heap entries
   std::uint64_t size = 0;
   std::uint64_t checksum = 0;
   std::uint32_t number = 0;  // position in the EntryIndex's storage

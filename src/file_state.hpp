@@ -1,12 +1,13 @@
 // Reading what a cache file has committed: the header, the commit slot in use and its index. One
-// parser for every reader of the format inside the library (a Core opening or refreshing, and
-// compaction); the CLI's inspector reports the same checks as findings.
+// parser for every reader of the format (a Core opening or refreshing, compaction, and the CLI,
+// which asks it for a Diagnosis: every problem it meets, in words).
 #pragma once
 
 #include "format/format.hpp"
 #include "platform/platform.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,9 +16,22 @@ namespace weightcache {
 struct CommittedState {
   format::HeaderFixed fixed;
   format::CommitSlot slot;             // the commit in use
+  int slot_index = -1;                 // the header slot holding it
   bool newest_damaged = false;         // an older commit is in use: the newest does not verify
   bool unchanged = false;              // nothing newer than `newer_than` (records left empty)
   std::vector<format::IndexRecord> records;
+};
+
+/// What read_committed tells a caller that asks for it (the CLI's verify, info and ls) besides
+/// its result: every problem it meets, in file order, including those it steps over (a damaged
+/// older slot, a newest commit it falls back from); the header, when it decodes; and, when no
+/// commit can be used, the records of the best index that parsed at all, so that their data can
+/// still be checked.
+struct Diagnosis {
+  std::vector<format::Diagnostic> problems;
+  std::optional<format::HeaderFixed> header;
+  std::vector<format::IndexRecord> salvaged;
+  std::uint64_t salvaged_data_end = 0;  // where their commit's data area ends (its index begins)
 };
 
 /// Reads the header of the file open at `fd`, refuses a tie between the two commit slots or an
@@ -25,9 +39,11 @@ struct CommittedState {
 /// newest commit whose slot, bounds and index verify, falling back to the older one. Never
 /// allocates or reads more than the index a slot names, nor an index that could not lie within
 /// `max_bytes`. Errors: corrupt, incompatible (version or byte order), io, no_memory.
+/// With `diagnosis`, also reads the slot it does not use (and an index whose checksum fails, to
+/// say what else is wrong with it) and fills `*diagnosis`; the result is the same.
 Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle fd, const std::string& path,
                                       std::uint64_t file_size, std::uint64_t max_bytes,
-                                      std::uint64_t newer_than);
+                                      std::uint64_t newer_than, Diagnosis* diagnosis = nullptr);
 
 /// Which header slot the next commit goes to: a slot that never verified, else the one holding
 /// the lower sequence, so the newest commit is never overwritten.

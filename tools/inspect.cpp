@@ -1,16 +1,12 @@
 #include "inspect.hpp"
 
+#include "file_state.hpp"
 #include "output.hpp"
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
-#include <numeric>
-#include <unordered_map>
 
 namespace weightcache::cli {
 namespace {
@@ -21,15 +17,7 @@ namespace fmt_ = weightcache::format;
 constexpr std::size_t kChunk = std::size_t{8} << 20;
 constexpr std::size_t kReaderBuffer = std::size_t{1} << 20;
 
-std::uint32_t bswap32(std::uint32_t v) {
-  return (v >> 24) | ((v >> 8) & 0xFF00u) | ((v << 8) & 0xFF0000u) | (v << 24);
-}
-std::uint64_t bswap64(std::uint64_t v) {
-  return (static_cast<std::uint64_t>(bswap32(static_cast<std::uint32_t>(v))) << 32) |
-         bswap32(static_cast<std::uint32_t>(v >> 32));
-}
-
-std::string quoted(std::string_view key) { return "'" + display_key(key) + "'"; }
+std::string quoted(std::string_view key) { return "'" + fmt_::display_key(key) + "'"; }
 
 void add(Inspection* in, std::string kind, std::string message, std::optional<std::string> key = std::nullopt) {
   in->findings.push_back({std::move(kind), std::move(message), std::move(key)});
@@ -82,252 +70,47 @@ Result<std::vector<std::byte>> read_bytes(const File& f, std::uint64_t offset, s
   return b;
 }
 
-// Bounds, alignment, duplicate keys and overlaps: the rules decode_trailer applies, but every
-// violation is reported (decode_trailer stops at the first), with the keys involved.
-void check_layout(Inspection* in, std::uint64_t begin, std::uint64_t end, std::uint64_t alignment) {
-  auto& es = in->entries;
-  std::unordered_map<std::string_view, std::size_t> seen;
-  for (auto& e : es) {
-    if (e.offset < begin || e.offset > end || e.size > end - e.offset) {
-      e.in_bounds = false;
-      add(in, "entry_bounds",
-          "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ", " + std::to_string(e.size) +
-              " bytes) lies outside the data area [" + std::to_string(begin) + ", " + std::to_string(end) + ")",
-          e.key);
-    } else if (alignment > 1 && e.offset % alignment != 0) {
-      add(in, "entry_alignment",
-          "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ") is not aligned to " +
-              std::to_string(alignment),
-          e.key);
-    }
-    if (!seen.emplace(e.key, 0).second)
-      add(in, "duplicate_key", "key " + quoted(e.key) + " appears more than once in the index", e.key);
-  }
-  std::vector<const Entry*> order;
-  for (const auto& e : es)
-    if (e.in_bounds) order.push_back(&e);
-  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-    return a->offset != b->offset ? a->offset < b->offset : a->size < b->size;
-  });
-  // The entry reaching furthest so far: an overlap with any earlier entry implies one with it.
-  const Entry* reach = nullptr;
-  const Entry* prev = nullptr;
-  for (const Entry* e : order) {
-    const Entry* other = nullptr;
-    if (reach != nullptr && e->offset < reach->offset + reach->size) other = reach;
-    else if (prev != nullptr && e->offset == prev->offset) other = prev;  // same start, even if empty
-    if (other != nullptr)
-      add(in, "entry_overlap",
-          "entries " + quoted(other->key) + " (offset " + std::to_string(other->offset) + ", " +
-              std::to_string(other->size) + " bytes) and " + quoted(e->key) + " (offset " +
-              std::to_string(e->offset) + ", " + std::to_string(e->size) + " bytes) overlap",
-          e->key);
-    if (reach == nullptr || e->offset + e->size > reach->offset + reach->size) reach = e;
-    prev = e;
-  }
-}
-
-// Detailed walk of an index block that decode_trailer rejected: says everything that is wrong
-// with it, and recovers whatever records can be parsed so their data can still be checked.
-void diagnose_index(Inspection* in, std::span<const std::byte> t, const fmt_::CommitSlot& s,
-                    const std::string& where) {
-  const std::byte* b = t.data();
-  const std::uint64_t n = s.index_size;
-  if (fmt_::hash_bytes(b, n) != s.index_checksum)
-    add(in, "index", where + ": the index does not match the checksum in its commit slot");
-  if (fmt_::get_u32(b) != fmt_::kIndexMagic) {
-    add(in, "index", where + ": no index magic ('WCIX') at offset " + std::to_string(s.index_offset));
-    return;
-  }
-  if (fmt_::get_u32(b + 4) != fmt_::kIndexVersion) {
-    add(in, "index", where + ": unsupported index version " + std::to_string(fmt_::get_u32(b + 4)));
-    return;
-  }
-  const std::uint64_t count = fmt_::get_u64(b + 8);
-  const std::uint64_t body = fmt_::get_u64(b + 16);
-  if (count != s.entry_count)
-    add(in, "index", where + ": the index counts " + std::to_string(count) + " entries, its commit slot " +
-                         std::to_string(s.entry_count));
-  if (body != n - fmt_::kIndexHeaderSize)
-    add(in, "index", where + ": the index body size " + std::to_string(body) + " disagrees with its commit slot (" +
-                         std::to_string(n - fmt_::kIndexHeaderSize) + ")");
-  if (fmt_::hash_bytes(b + fmt_::kIndexHeaderSize, n - fmt_::kIndexHeaderSize) != fmt_::get_u64(b + 24))
-    add(in, "index", where + ": index records fail their checksum");
-  const fmt_::Footer f = fmt_::decode_footer(b + n);
-  if (f.magic != fmt_::kFooterMagic || f.version != fmt_::kFooterVersion)
-    add(in, "footer", where + ": no XPWC footer after the index");
-  else if (f.index_start != s.index_offset || f.entry_count != std::min<std::uint64_t>(count, UINT32_MAX))
-    add(in, "footer", where + ": the footer disagrees with the index (index_start " + std::to_string(f.index_start) +
-                          ", " + std::to_string(f.entry_count) + " entries)");
-
-  const std::byte* p = b + fmt_::kIndexHeaderSize;
-  const std::byte* end = b + n;
-  bool complete = true;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const std::string rec = where + ": index record " + std::to_string(i);
-    if (static_cast<std::size_t>(end - p) < fmt_::kRecordFixedSize) {
-      add(in, "index", rec + " is cut off by the end of the index");
-      complete = false;
-      break;
-    }
-    const std::uint32_t key_size = fmt_::get_u32(p);
-    if (fmt_::get_u32(p + 4) != 0) add(in, "index", rec + " has unknown flags " + std::to_string(fmt_::get_u32(p + 4)));
-    if (key_size == 0 || key_size > fmt_::kMaxKeySize) {
-      add(in, "index", rec + " has an invalid key size " + std::to_string(key_size));
-      complete = false;
-      break;
-    }
-    if (static_cast<std::size_t>(end - p) - fmt_::kRecordFixedSize < key_size) {
-      add(in, "index", rec + " is cut off by the end of the index");
-      complete = false;
-      break;
-    }
+// Entries of a weightcache index; those outside [kHeaderSize, data_end) are never read.
+void add_entries(Inspection* in, std::vector<fmt_::IndexRecord>& records, std::uint64_t data_end) {
+  for (auto& r : records) {
     Entry e;
-    e.key.assign(reinterpret_cast<const char*>(p + fmt_::kRecordFixedSize), key_size);
-    e.offset = fmt_::get_u64(p + 8);
-    e.size = fmt_::get_u64(p + 16);
-    e.checksum = fmt_::get_u64(p + 24);
+    e.key = std::move(r.key);
+    e.offset = r.offset;
+    e.size = r.size;
+    e.checksum = r.checksum;
+    e.in_bounds = fmt_::lies_within(e.offset, e.size, fmt_::kHeaderSize, data_end);
     in->entries.push_back(std::move(e));
-    p += fmt_::kRecordFixedSize + key_size;
   }
-  if (complete && p != end)
-    add(in, "index", where + ": " + std::to_string(end - p) + " bytes follow the last index record");
-  check_layout(in, fmt_::kHeaderSize, s.index_offset, in->header.alignment);
 }
 
-std::string slot_problem(const std::byte* raw, const fmt_::CommitSlot& s) {
-  if (s.sequence == 0) return "holds data but sequence 0";
-  if (fmt_::get_u64(raw + 48) != 0) return "its reserved field is not zero";
-  return "fails its checksum (a torn or damaged commit)";
-}
-
-std::string bounds_problem(const fmt_::CommitSlot& s, std::uint64_t file_size) {
-  if (s.committed_size > file_size)
-    return "names a commit ending at byte " + std::to_string(s.committed_size) + " but the file has only " +
-           std::to_string(file_size) + " bytes (truncated?)";
-  return "is inconsistent (index at " + std::to_string(s.index_offset) + ", " + std::to_string(s.index_size) +
-         " bytes, " + std::to_string(s.entry_count) + " entries, commit ends at " + std::to_string(s.committed_size) +
-         ")";
-}
-
+// The library reads the file and says what is wrong with it.
 Result<void> inspect_weightcache(const File& f, Inspection* in) {
-  if (f.size() < fmt_::kHeaderSize) {
-    add(in, "header", "the file is shorter than its header (" + std::to_string(f.size()) + " of " +
-                          std::to_string(fmt_::kHeaderSize) + " bytes)");
-    return {};
+  Diagnosis d;
+  auto st = read_committed(platform::os(), f.handle(), f.path(), f.size(), UINT64_MAX, 0, &d);
+  in->findings = std::move(d.problems);
+  if (d.header) {
+    in->header_ok = true;
+    in->header = *d.header;
   }
-  auto hb = read_bytes(f, 0, fmt_::kHeaderSize);
-  if (!hb) return hb.error();
-  fmt_::DecodedHeader h;
-  if (const auto p = fmt_::decode_header(hb.value(), &h); p != fmt_::Problem::none) {
-    std::string msg = std::string("header: ") + fmt_::to_string(p);
-    if (p == fmt_::Problem::byte_order) msg += " (this file was written on a host of the other byte order)";
-    if (p == fmt_::Problem::version) msg += " (written by another version of weightcache)";
-    add(in, "header", msg);
-    return {};
-  }
-  in->header_ok = true;
-  in->header = h.fixed;
-
-  struct SlotState {
-    bool present = false;  // checksum verifies
-    bool usable = false;   // and bounds and index verify
-    std::string failure;   // why not, if present
-    std::string kind;
-    std::vector<std::byte> trailer;
-    std::vector<fmt_::IndexRecord> records;
-  };
-  SlotState st[2];
-  for (int i = 0; i < 2; ++i) {
-    const std::byte* raw = hb->data() + fmt_::kSlotOffset[i];
-    const bool empty = std::all_of(raw, raw + fmt_::kSlotSize, [](std::byte b) { return b == std::byte{0}; });
-    if (empty) continue;
-    const auto& s = h.slot[i];
-    if (!h.slot_valid[i]) {
-      add(in, "slot", "commit slot " + std::to_string(i) + " " + slot_problem(raw, s));
-      continue;
-    }
-    st[i].present = true;
-    if (!fmt_::slot_in_bounds(s, f.size())) {
-      st[i].kind = "slot";
-      st[i].failure = bounds_problem(s, f.size());
-      continue;
-    }
-    auto t = read_bytes(f, s.index_offset, s.index_size + fmt_::kFooterSize);
-    if (!t) return t.error();
-    std::string why;
-    const auto p = fmt_::decode_trailer(t.value(), s, h.fixed.alignment, &st[i].records, &why);
-    if (p != fmt_::Problem::none) {
-      st[i].kind = "index";
-      st[i].failure = std::string("points at an index that fails: ") + fmt_::to_string(p) +
-                      (why.empty() ? "" : " (" + why + ")");
-      st[i].trailer = std::move(t.value());
-      continue;
-    }
-    st[i].usable = true;
-  }
-  if (st[0].present && st[1].present && h.slot[0].sequence == h.slot[1].sequence)
-    add(in, "slot", "both commit slots carry sequence " + std::to_string(h.slot[0].sequence));
-
-  // The library's choice: the highest sequence whose slot, bounds and index all verify.
-  int order[2] = {0, 1};
-  if (h.slot[1].sequence > h.slot[0].sequence) std::swap(order[0], order[1]);
-  int newest = -1;
-  for (int i : order)
-    if (st[i].present) {
-      newest = i;
-      break;
-    }
-  for (int i : order)
-    if (st[i].usable) {
-      in->slot_index = i;
-      break;
-    }
-  for (int i : order) {
-    if (!st[i].present || st[i].usable) continue;
-    std::string msg = "commit slot " + std::to_string(i) + " (sequence " + std::to_string(h.slot[i].sequence) + ") " +
-                      st[i].failure;
-    if (in->slot_index >= 0 && h.slot[i].sequence > h.slot[in->slot_index].sequence)
-      msg += "; readers fall back to sequence " + std::to_string(h.slot[in->slot_index].sequence);
-    add(in, st[i].kind, msg);
-  }
-
-  if (in->slot_index >= 0) {
-    const int i = in->slot_index;
-    in->slot = h.slot[i];
-    in->newest_commit_damaged = i != newest;
+  if (st) {
+    in->slot_index = st->slot_index;
+    in->slot = st->slot;
+    in->newest_commit_damaged = st->newest_damaged;
     in->index_usable = true;
-    for (auto& r : st[i].records) {
-      Entry e;
-      e.key = std::move(r.key);
-      e.offset = r.offset;
-      e.size = r.size;
-      e.checksum = r.checksum;
-      in->entries.push_back(std::move(e));
-    }
-    // decode_trailer accepted this index; the same rules again, so a disagreement shows.
-    check_layout(in, fmt_::kHeaderSize, in->slot.index_offset, in->header.alignment);
+    add_entries(in, st->records, st->slot.index_offset);
     return {};
   }
-  if (newest < 0) {
-    add(in, "slot", "no commit slot was ever written: the file holds no index");
-    return {};
-  }
-  add(in, "index", "no commit slot points at a valid index: the library would replace this file with an empty one");
-  // Show what is wrong in the newest index we could read, and keep its records for the data check.
-  for (int i : order) {
-    if (!st[i].trailer.empty()) {
-      diagnose_index(in, st[i].trailer, h.slot[i], "index of sequence " + std::to_string(h.slot[i].sequence));
-      break;
-    }
-  }
+  // Damage is a finding; anything else (an I/O error) means the file could not be read.
+  const Errc code = st.error().code;
+  if ((code != Errc::corrupt && code != Errc::incompatible) || in->findings.empty()) return st.error();
+  add_entries(in, d.salvaged, d.salvaged_data_end);
   return {};
 }
 
 Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_start, std::uint32_t count) {
   const std::uint64_t index_end = f.size() - fmt_::kFooterSize;
   in->index_start = index_start;
-  if (in->xpwc_version != 1 && in->xpwc_version != 2) {
+  if (in->xpwc_version < fmt_::kXpwcFirstVersion || in->xpwc_version > fmt_::kXpwcLastVersion) {
     add(in, "footer", "XPWC version " + std::to_string(in->xpwc_version) + " is not supported (1 and 2 are)");
     return {};
   }
@@ -336,9 +119,10 @@ Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_sta
                           std::to_string(f.size()) + " bytes)");
     return {};
   }
-  auto u32 = [in](const std::byte* p) { return in->byte_swapped ? bswap32(fmt_::get_u32(p)) : fmt_::get_u32(p); };
-  auto u64 = [in](const std::byte* p) { return in->byte_swapped ? bswap64(fmt_::get_u64(p)) : fmt_::get_u64(p); };
-  const std::size_t fixed = in->xpwc_version == 2 ? 24 : 20;  // name_len + offset + size (+ seed)
+  const bool big = in->byte_swapped;
+  auto u32 = [big](const std::byte* p) { return big ? fmt_::get_u32_be(p) : fmt_::get_u32(p); };
+  auto u64 = [big](const std::byte* p) { return big ? fmt_::get_u64_be(p) : fmt_::get_u64(p); };
+  const std::size_t fixed = fmt_::xpwc_record_fixed_size(in->xpwc_version);
   SequentialReader rd(f, index_start, index_end);
   if (count > rd.remaining() / fixed)
     add(in, "index", "the footer counts " + std::to_string(count) + " entries but the index has room for at most " +
@@ -363,15 +147,20 @@ Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_sta
     e.offset = u64(tail.data());
     e.size = u64(tail.data() + 8);
     e.key = e.name;
-    if (in->xpwc_version == 2) {
+    if (in->xpwc_version >= 2) {
       e.seed = u32(tail.data() + 16);
       e.key += "#seed=" + std::to_string(*e.seed);
     }
+    e.in_bounds = fmt_::lies_within(e.offset, e.size, 0, index_start);
     in->entries.push_back(std::move(e));
   }
   if (complete && rd.remaining() != 0)
     add(in, "index", std::to_string(rd.remaining()) + " bytes between the last index entry and the footer");
-  check_layout(in, 0, index_start, 0);
+  // The library's rules for where entries may lie (XPWC records no alignment).
+  std::vector<fmt_::IndexRecord> layout;
+  layout.reserve(in->entries.size());
+  for (const auto& e : in->entries) layout.push_back({e.key, e.offset, e.size, 0});
+  fmt_::check_layout(layout, 0, index_start, 1, nullptr, &in->findings);
   in->index_usable = complete;
   return {};
 }
@@ -382,6 +171,7 @@ File& File::operator=(File&& o) noexcept {
   if (this != &o) {
     close();
     handle_ = o.handle_;
+    path_ = std::move(o.path_);
     size_ = o.size_;
     o.handle_ = platform::kInvalidHandle;
   }
@@ -401,7 +191,7 @@ Result<File> open_for_reading(const std::string& path) {
     platform::os().close_file(h.value());
     return info.error();
   }
-  return File(h.value(), info->size);
+  return File(h.value(), path, info->size);
 }
 
 std::uint64_t Inspection::payload_bytes() const noexcept {
@@ -458,19 +248,21 @@ Result<Inspection> inspect(const File& f) {
     if (f.size() >= fmt_::kFooterSize) {
       auto fb = read_bytes(f, f.size() - fmt_::kFooterSize, fmt_::kFooterSize);
       if (!fb) return fb.error();
-      const fmt_::Footer foot = fmt_::decode_footer(fb->data());
+      const std::byte* raw = fb->data();
+      const fmt_::Footer foot = fmt_::decode_footer(raw);
       if (foot.magic == fmt_::kFooterMagic && foot.version == fmt_::kFooterVersion) {
         in.format = FileFormat::weightcache;
         add(&in, "header", "the footer is a weightcache footer but the header has no 'WGTCACHE' magic: the header is "
                            "damaged");
         return in;
       }
-      if (foot.magic == fmt_::kFooterMagic || foot.magic == bswap32(fmt_::kFooterMagic)) {
+      const bool big = foot.magic != fmt_::kFooterMagic && fmt_::get_u32_be(raw + 12) == fmt_::kFooterMagic;
+      if (foot.magic == fmt_::kFooterMagic || big) {
         in.format = FileFormat::xpwc;
-        in.byte_swapped = foot.magic != fmt_::kFooterMagic;
-        in.xpwc_version = in.byte_swapped ? bswap32(foot.version) : foot.version;
-        const std::uint64_t start = in.byte_swapped ? bswap64(foot.index_start) : foot.index_start;
-        const std::uint32_t count = in.byte_swapped ? bswap32(foot.entry_count) : foot.entry_count;
+        in.byte_swapped = big;
+        in.xpwc_version = big ? fmt_::get_u32_be(raw + 16) : foot.version;
+        const std::uint64_t start = big ? fmt_::get_u64_be(raw) : foot.index_start;
+        const std::uint32_t count = big ? fmt_::get_u32_be(raw + 8) : foot.entry_count;
         if (auto r = inspect_xpwc(f, &in, start, count); !r) return r.error();
         return in;
       }
@@ -493,27 +285,25 @@ Result<std::uint64_t> hash_range(const File& f, std::uint64_t offset, std::uint6
     if (buf.size() < need) buf.resize(need);
     if (size <= kChunk) {
       // The common case: exactly the library's own checksum call.
-      if (auto r = platform::os().read_at(f.handle(), buf.data(), static_cast<std::size_t>(size), offset); !r)
-        return r.error();
+      const auto n = static_cast<std::size_t>(size);
+      if (auto r = platform::os().read_at(f.handle(), buf.data(), n, offset); !r) return r.error();
       if (progress) progress->add(size);
       if (sink)
-        if (auto r = sink(buf.data(), static_cast<std::size_t>(size)); !r) return r.error();
-      return fmt_::hash_bytes(buf.data(), static_cast<std::size_t>(size));
+        if (auto r = sink(buf.data(), n); !r) return r.error();
+      return fmt_::hash_bytes(buf.data(), n);
     }
-    // Entries bigger than a chunk: streaming XXH3 gives the same value as the one-shot hash.
-    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-    if (!state) return Error{Errc::no_memory, 0, "out of memory"};
-    XXH3_64bits_reset(state.get());
+    // Entries bigger than a chunk: the library's streaming hash gives the same value.
+    fmt_::StreamHash hash;
     for (std::uint64_t done = 0; done < size;) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, size - done));
       if (auto r = platform::os().read_at(f.handle(), buf.data(), n, offset + done); !r) return r.error();
-      XXH3_64bits_update(state.get(), buf.data(), n);
+      hash.update(buf.data(), n);
       if (sink)
         if (auto r = sink(buf.data(), n); !r) return r.error();
       if (progress) progress->add(n);
       done += n;
     }
-    return static_cast<std::uint64_t>(XXH3_64bits_digest(state.get()));
+    return hash.digest();
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory"};
   }

@@ -1,5 +1,7 @@
 // Reading side of the command-line tool: recognises a weightcache file or an ExecuTorch XPWC
-// file, checks every structure it can reach, and lists the entries. All reads go through pread
+// file, checks every structure it can reach, and lists the entries. A weightcache file is read by
+// the library's own reader (read_committed, with a Diagnosis); XPWC files, which the library does
+// not read, are parsed here with the format's byte helpers. All reads go through pread
 // (platform::read_at), never a mapping, so a file truncated under us yields an error instead of
 // SIGBUS.
 #pragma once
@@ -23,19 +25,23 @@ class Progress;
 class File {
  public:
   File() = default;
-  File(platform::Handle h, std::uint64_t size) : handle_(h), size_(size) {}
+  File(platform::Handle h, std::string path, std::uint64_t size) : handle_(h), path_(std::move(path)), size_(size) {}
   ~File() { close(); }
-  File(File&& o) noexcept : handle_(o.handle_), size_(o.size_) { o.handle_ = platform::kInvalidHandle; }
+  File(File&& o) noexcept : handle_(o.handle_), path_(std::move(o.path_)), size_(o.size_) {
+    o.handle_ = platform::kInvalidHandle;
+  }
   File& operator=(File&& o) noexcept;
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
   platform::Handle handle() const noexcept { return handle_; }
+  const std::string& path() const noexcept { return path_; }
   std::uint64_t size() const noexcept { return size_; }
   void close() noexcept;
 
  private:
   platform::Handle handle_ = platform::kInvalidHandle;
+  std::string path_;
   std::uint64_t size_ = 0;
 };
 
@@ -54,12 +60,9 @@ struct Entry {
   bool in_bounds = true;                   // its bytes lie inside the data area
 };
 
-/// One problem found in a file. `key` is set when the problem belongs to one entry.
-struct Finding {
-  std::string kind;
-  std::string message;
-  std::optional<std::string> key;
-};
+/// One problem found in a file: the library's diagnostics, plus the tool's own kinds
+/// ("format", "entry_checksum", "compat_key").
+using Finding = format::Diagnostic;
 
 struct Inspection {
   FileFormat format = FileFormat::unknown;
@@ -80,8 +83,8 @@ struct Inspection {
   /// Entries of the index in use, in index order. When no index verifies, the entries of the
   /// newest index that could be parsed at all (for diagnostics; index_usable is then false).
   std::vector<Entry> entries;
-  /// True when `entries` come from an index that passed every structural check the library
-  /// applies: info, ls, cat, compact and convert work only then.
+  /// True when `entries` come from an index the library would use (for XPWC files: one that
+  /// passed the same checks): info, ls, cat, compact and convert work only then.
   bool index_usable = false;
   std::vector<Finding> findings;
 

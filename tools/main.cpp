@@ -6,6 +6,8 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,8 @@ namespace weightcache::cli {
 namespace {
 
 namespace fmt_ = weightcache::format;
+// Fields come out in the order they are set, the order docs/CLI.md shows.
+using Json = nlohmann::ordered_json;
 
 constexpr const char* kExitCodesHelp =
     "exit codes:\n"
@@ -159,6 +163,13 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 std::string u64s(std::uint64_t v) { return std::to_string(v); }
 
+// One JSON document on one line. A string that is not valid UTF-8 (a path is whatever bytes the
+// filesystem holds) has each invalid byte replaced by U+FFFD, so the output is always valid
+// JSON; keys never need it (display_key shows a key that is not printable ASCII in hex).
+void print_json(const Json& j) { print(j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n"); }
+
+Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
+
 // Opens and inspects FILE; on failure prints why and returns the exit code in *code.
 std::optional<std::pair<File, Inspection>> load(const std::string& path, int* code) {
   auto f = open_for_reading(path);
@@ -200,22 +211,28 @@ int cmd_info(const std::string& path, bool json) {
   if (!require_index(path, in, &code)) return code;
   const bool ours = in.format == FileFormat::weightcache;
   if (json) {
-    std::string o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) +
-                    ",\"version\":" + u64s(ours ? in.header.format_version : in.xpwc_version) +
-                    ",\"byte_order\":" + (in.byte_swapped ? "\"big\"" : "\"little\"");
+    Json o = {{"file", path},
+              {"format", format_name(in)},
+              {"version", ours ? in.header.format_version : in.xpwc_version},
+              {"byte_order", in.byte_swapped ? "big" : "little"}};
     if (ours) {
-      o += ",\"compat_hash\":" + json_string(hex64(in.header.compat_hash)) + ",\"alignment\":" +
-           u64s(in.header.alignment) + ",\"size_alignment\":" + u64s(in.header.size_alignment) +
-           ",\"sequence\":" + u64s(in.slot.sequence) + ",\"slot\":" + u64s(in.slot_index) +
-           ",\"newest_commit_damaged\":" + (in.newest_commit_damaged ? "true" : "false");
+      o["compat_hash"] = hex64(in.header.compat_hash);
+      o["alignment"] = in.header.alignment;
+      o["size_alignment"] = in.header.size_alignment;
+      o["sequence"] = in.slot.sequence;
+      o["slot"] = in.slot_index;
+      o["newest_commit_damaged"] = in.newest_commit_damaged;
     } else {
-      o += ",\"compat_hash\":null,\"alignment\":null,\"size_alignment\":null,\"sequence\":null,\"slot\":null"
-           ",\"newest_commit_damaged\":false";
+      for (const char* none : {"compat_hash", "alignment", "size_alignment", "sequence", "slot"}) o[none] = nullptr;
+      o["newest_commit_damaged"] = false;
     }
-    o += ",\"offset_alignment\":" + u64s(in.offset_alignment()) + ",\"entries\":" + u64s(in.entries.size()) +
-         ",\"payload_bytes\":" + u64s(in.payload_bytes()) + ",\"file_bytes\":" + u64s(in.file_size) +
-         ",\"dead_bytes\":" + u64s(in.dead_bytes()) + ",\"problems\":" + u64s(in.findings.size()) + "}\n";
-    print(o);
+    o["offset_alignment"] = in.offset_alignment();
+    o["entries"] = in.entries.size();
+    o["payload_bytes"] = in.payload_bytes();
+    o["file_bytes"] = in.file_size;
+    o["dead_bytes"] = in.dead_bytes();
+    o["problems"] = in.findings.size();
+    print_json(o);
     return kExitOk;
   }
   std::string o;
@@ -256,30 +273,31 @@ int cmd_ls(const std::string& path, bool json) {
   if (!loaded) return code;
   const Inspection& in = loaded->second;
   if (!require_index(path, in, &code)) return code;
-  std::string o;
-  if (json) o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) + ",\"entries\":[";
-  bool first = true;
-  for (const auto& e : in.entries) {
-    if (json) {
-      o += first ? "" : ",";
-      o += "{\"key\":" + json_string(display_key(e.key)) + ",\"offset\":" + u64s(e.offset) +
-           ",\"size\":" + u64s(e.size) + ",\"checksum\":" + (e.checksum ? json_string(hex64(*e.checksum)) : "null");
+  if (json) {
+    Json entries = Json::array();
+    for (const auto& e : in.entries) {
+      Json j = {{"key", fmt_::display_key(e.key)},
+                {"offset", e.offset},
+                {"size", e.size},
+                {"checksum", optional_string(e.checksum ? std::optional(hex64(*e.checksum)) : std::nullopt)}};
       if (in.format == FileFormat::xpwc) {
-        o += ",\"name\":" + json_string(display_key(e.name));
-        o += ",\"seed\":" + (e.seed ? u64s(*e.seed) : std::string("null"));
+        j["name"] = fmt_::display_key(e.name);
+        j["seed"] = e.seed ? Json(*e.seed) : Json(nullptr);
       }
-      o += "}";
-    } else {
-      o += display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
-           (e.checksum ? hex64(*e.checksum) : std::string("-")) + "\n";
+      entries.push_back(std::move(j));
     }
-    first = false;
+    print_json({{"file", path}, {"format", format_name(in)}, {"entries", std::move(entries)}});
+    return kExitOk;
+  }
+  std::string o;
+  for (const auto& e : in.entries) {
+    o += fmt_::display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
+         (e.checksum ? hex64(*e.checksum) : std::string("-")) + "\n";
     if (o.size() > (1u << 16)) {
       print(o);
       o.clear();
     }
   }
-  if (json) o += "]}\n";
   print(o);
   return kExitOk;
 }
@@ -312,18 +330,19 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
   }
   const bool ok = in.findings.empty();
   if (json) {
-    std::string o = "{\"file\":" + json_string(path) + ",\"format\":" + json_string(format_name(in)) +
-                    ",\"ok\":" + (ok ? "true" : "false") + ",\"entries\":" + u64s(in.entries.size()) +
-                    ",\"checksummed_bytes\":" + u64s(hashed) + ",\"problems\":[";
-    for (std::size_t i = 0; i < in.findings.size(); ++i) {
-      const auto& f = in.findings[i];
-      o += i ? "," : "";
-      o += "{\"kind\":" + json_string(f.kind);
-      if (f.key) o += ",\"key\":" + json_string(display_key(*f.key));
-      o += ",\"message\":" + json_string(f.message) + "}";
+    Json problems = Json::array();
+    for (const auto& f : in.findings) {
+      Json p = {{"kind", f.kind}};
+      if (f.key) p["key"] = fmt_::display_key(*f.key);
+      p["message"] = f.message;
+      problems.push_back(std::move(p));
     }
-    o += "]}\n";
-    print(o);
+    print_json({{"file", path},
+                {"format", format_name(in)},
+                {"ok", ok},
+                {"entries", in.entries.size()},
+                {"checksummed_bytes", hashed},
+                {"problems", std::move(problems)}});
     return ok ? kExitOk : kExitProblems;
   }
   std::string o;
@@ -340,7 +359,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
 }
 
 int cmd_cat(const std::string& path, const std::string& key_arg) {
-  const auto key = parse_key(key_arg);
+  const auto key = fmt_::parse_key(key_arg);
   if (!key) return usage_error("KEY '" + key_arg + "' starts with 0x but is not an even number of hex digits", "cat");
   int code = kExitOk;
   auto loaded = load(path, &code);
@@ -351,11 +370,11 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
   for (const auto& x : in.entries)
     if (x.key == *key) e = &x;
   if (e == nullptr) {
-    say_error("no entry with key '" + display_key(*key) + "' in '" + path + "'");
+    say_error("no entry with key '" + fmt_::display_key(*key) + "' in '" + path + "'");
     return kExitProblems;
   }
   if (!e->in_bounds) {
-    say_error("entry '" + display_key(*key) + "' lies outside the file's data area; nothing written");
+    say_error("entry '" + fmt_::display_key(*key) + "' lies outside the file's data area; nothing written");
     return kExitProblems;
   }
   // Check first, then write: a damaged entry must produce no output at all. The second read of
@@ -367,7 +386,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
       return kExitCannotRead;
     }
     if (h.value() != *e->checksum) {
-      say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
+      say_error("entry '" + fmt_::display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
                 ", the data hashes to " + hex64(h.value()) + "); nothing written");
       return kExitProblems;
     }
@@ -390,7 +409,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     return kExitCannotRead;
   }
   if (e->checksum && h.value() != *e->checksum) {
-    say_error("entry '" + display_key(*key) + "' changed while it was being written");
+    say_error("entry '" + fmt_::display_key(*key) + "' changed while it was being written");
     return kExitProblems;
   }
   return kExitOk;
@@ -457,27 +476,30 @@ int cmd_gc(const std::string& dir, const std::string& size_arg, bool json) {
   const GcReport& g = r.value();
   const int code = g.within_budget() ? kExitOk : g.kept_in_use != 0 ? kExitBusy : kExitIo;
   if (json) {
-    std::string o = "{\"dir\":" + json_string(dir) + ",\"max_bytes\":" + u64s(g.max_bytes) +
-                    ",\"total_before\":" + u64s(g.total_before) + ",\"total_after\":" + u64s(g.total_after) +
-                    ",\"within_budget\":" + (g.within_budget() ? "true" : "false") +
-                    ",\"removed_files\":" + u64s(g.removed_files) + ",\"removed_bytes\":" + u64s(g.removed_bytes) +
-                    ",\"kept_files\":" + u64s(g.kept_files) + ",\"kept_bytes\":" + u64s(g.kept_bytes) +
-                    ",\"kept_in_use\":" + u64s(g.kept_in_use) + ",\"kept_in_use_bytes\":" + u64s(g.kept_in_use_bytes) +
-                    ",\"kept_unremovable\":" + u64s(g.kept_unremovable) +
-                    ",\"kept_unremovable_bytes\":" + u64s(g.kept_unremovable_bytes) +
-                    ",\"removed_temporaries\":" + u64s(g.removed_temporaries) +
-                    ",\"removed_temporary_bytes\":" + u64s(g.removed_temporary_bytes) + ",\"files\":[";
-    for (std::size_t i = 0; i < g.files.size(); ++i) {
-      const GcFile& f = g.files[i];
-      o += i ? "," : "";
-      o += "{\"path\":" + json_string(f.path) + ",\"bytes\":" + u64s(f.bytes) +
-           ",\"last_used\":" + json_string(utc_time(f.last_used_ns)) +
-           ",\"action\":" + (f.removed ? "\"removed\"" : "\"kept\"") +
-           ",\"reason\":" + json_string(to_string(f.reason)) +
-           ",\"detail\":" + (f.detail.empty() ? std::string("null") : json_string(f.detail)) + "}";
-    }
-    o += "]}\n";
-    print(o);
+    Json files = Json::array();
+    for (const GcFile& f : g.files)
+      files.push_back({{"path", f.path},
+                       {"bytes", f.bytes},
+                       {"last_used", utc_time(f.last_used_ns)},
+                       {"action", f.removed ? "removed" : "kept"},
+                       {"reason", to_string(f.reason)},
+                       {"detail", optional_string(f.detail.empty() ? std::nullopt : std::optional(f.detail))}});
+    print_json({{"dir", dir},
+                {"max_bytes", g.max_bytes},
+                {"total_before", g.total_before},
+                {"total_after", g.total_after},
+                {"within_budget", g.within_budget()},
+                {"removed_files", g.removed_files},
+                {"removed_bytes", g.removed_bytes},
+                {"kept_files", g.kept_files},
+                {"kept_bytes", g.kept_bytes},
+                {"kept_in_use", g.kept_in_use},
+                {"kept_in_use_bytes", g.kept_in_use_bytes},
+                {"kept_unremovable", g.kept_unremovable},
+                {"kept_unremovable_bytes", g.kept_unremovable_bytes},
+                {"removed_temporaries", g.removed_temporaries},
+                {"removed_temporary_bytes", g.removed_temporary_bytes},
+                {"files", std::move(files)}});
     return code;
   }
   std::string o;

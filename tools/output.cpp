@@ -17,13 +17,6 @@ constexpr char kHexDigits[] = "0123456789abcdef";
 constexpr auto kProgressDelay = std::chrono::milliseconds(500);
 constexpr auto kProgressInterval = std::chrono::milliseconds(250);
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 bool stderr_is_terminal() {
 #if defined(_WIN32)
   return _isatty(_fileno(stderr)) != 0;
@@ -32,116 +25,11 @@ bool stderr_is_terminal() {
 #endif
 }
 
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if there is none.
-std::size_t utf8_sequence(std::string_view s, std::size_t i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  std::size_t len = 0;
-  std::uint32_t cp = 0;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-    cp = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    cp = b0 & 0x0F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    cp = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (s.size() - i < len) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  // Overlong forms, surrogates and values past U+10FFFF are not valid UTF-8.
-  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
-    return 0;
-  return len;
-}
-
 }  // namespace
-
-std::string display_key(std::string_view key) {
-  bool printable = key.substr(0, 2) != "0x" && !key.empty();
-  for (char c : key) {
-    if (c < 0x20 || c > 0x7E) {
-      printable = false;
-      break;
-    }
-  }
-  if (printable) return std::string(key);
-  std::string out = "0x";
-  out.reserve(2 + 2 * key.size());
-  for (char c : key) {
-    const auto b = static_cast<unsigned char>(c);
-    out.push_back(kHexDigits[b >> 4]);
-    out.push_back(kHexDigits[b & 15]);
-  }
-  return out;
-}
-
-std::optional<std::string> parse_key(std::string_view arg) {
-  if (arg.substr(0, 2) != "0x") return std::string(arg);
-  const std::string_view digits = arg.substr(2);
-  if (digits.size() % 2 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(digits.size() / 2);
-  for (std::size_t i = 0; i < digits.size(); i += 2) {
-    const int hi = hex_value(digits[i]);
-    const int lo = hex_value(digits[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>(hi * 16 + lo));
-  }
-  return out;
-}
 
 std::string hex64(std::uint64_t v) {
   std::string out = "0x0000000000000000";
   for (int i = 0; i < 16; ++i) out[17 - i] = kHexDigits[(v >> (4 * i)) & 15];
-  return out;
-}
-
-std::string json_string(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out.push_back('"');
-  auto escape_byte = [&out](unsigned char b) {
-    out += "\\u00";
-    out.push_back(kHexDigits[b >> 4]);
-    out.push_back(kHexDigits[b & 15]);
-  };
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    if (b == '"') {
-      out += "\\\"";
-    } else if (b == '\\') {
-      out += "\\\\";
-    } else if (b == '\n') {
-      out += "\\n";
-    } else if (b == '\t') {
-      out += "\\t";
-    } else if (b == '\r') {
-      out += "\\r";
-    } else if (b < 0x20 || b == 0x7F) {
-      escape_byte(b);
-    } else if (b >= 0x80) {
-      const std::size_t len = utf8_sequence(s, i);
-      if (len == 0) {
-        escape_byte(b);
-      } else {
-        out.append(s.substr(i, len));
-        i += len;
-        continue;
-      }
-    } else {
-      out.push_back(static_cast<char>(b));
-    }
-    ++i;
-  }
-  out.push_back('"');
   return out;
 }
 

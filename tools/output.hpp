@@ -1,12 +1,10 @@
-// Presentation helpers of the command-line tool: how keys are shown and parsed, JSON strings,
-// and the progress line.
+// Presentation helpers of the command-line tool: hex and human sizes, and the progress line.
+// Keys are shown and parsed as the library does (format::display_key, parse_key).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <string_view>
 
 namespace weightcache::cli {
 
@@ -20,20 +18,8 @@ enum ExitCode : int {
   kExitIo = 5,          // any other I/O failure (writing, syncing, renaming)
 };
 
-/// A key as ls shows it: as-is when every byte is printable ASCII and it does not itself start
-/// with "0x"; otherwise "0x" followed by lowercase hex. parse_key(display_key(k)) == k.
-std::string display_key(std::string_view key);
-
-/// A KEY argument: "0x" + hex digits (either case) is hex, anything else is the text itself.
-/// nullopt for "0x..." with a non-hex digit or an odd number of digits.
-std::optional<std::string> parse_key(std::string_view arg);
-
 /// "0x" + 16 lowercase hex digits.
 std::string hex64(std::uint64_t v);
-
-/// A JSON string literal (quotes included). Bytes that are not valid UTF-8 are escaped as
-/// \u00XX (read as Latin-1), so the output is always well-formed JSON.
-std::string json_string(std::string_view s);
 
 /// "1.5 GiB" style size for humans.
 std::string human_bytes(std::uint64_t n);

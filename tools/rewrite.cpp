@@ -1,5 +1,6 @@
 #include "rewrite.hpp"
 
+#include "compact.hpp"
 #include "format/format.hpp"
 #include "inspect.hpp"
 #include "output.hpp"
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <numeric>
 
 #if !defined(_WIN32)
 #include <sys/stat.h>
@@ -29,8 +29,6 @@ struct Failure {
   std::string message;
 };
 using Outcome = std::optional<Failure>;  // nullopt = success
-
-std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
 void say_error(const std::string& msg) { std::fprintf(stderr, "weightcache: %s\n", msg.c_str()); }
 
@@ -105,165 +103,6 @@ class Lease {
  private:
   platform::Handle h_ = platform::kInvalidHandle;
 };
-
-struct SourceEntry {
-  std::string key;
-  std::uint64_t offset = 0;
-  std::uint64_t size = 0;
-  std::optional<std::uint64_t> checksum;  // expected; nullopt: computed while copying
-};
-
-struct Written {
-  std::vector<fmt_::IndexRecord> records;
-  std::vector<std::string> corrupt_keys;  // left out: their bytes fail the stored checksum
-  std::uint64_t file_size = 0;
-};
-
-struct Placement {
-  std::uint64_t alignment = 64, size_alignment = 1;
-  std::uint64_t region(std::uint64_t size) const { return align_up(std::max<std::uint64_t>(size, 1), size_alignment); }
-};
-
-// Same placement as the library's writer: each region starts on the alignment and spans its size
-// rounded up to size_alignment (at least one byte, so no two entries share an offset); the index
-// follows on an 8-byte boundary.
-std::uint64_t planned_size(const std::vector<SourceEntry>& entries, const Placement& pl) {
-  std::uint64_t cursor = fmt_::kHeaderSize;
-  std::uint64_t index_bytes = fmt_::kIndexHeaderSize + fmt_::kFooterSize;
-  for (const auto& e : entries) {
-    cursor = align_up(cursor, pl.alignment) + pl.region(e.size);
-    index_bytes += fmt_::kRecordFixedSize + e.key.size();
-  }
-  return align_up(cursor, 8) + index_bytes;
-}
-
-// Writes a complete cache file at `tmp`: header with one commit slot, the entries copied from
-// `src` (checksummed on the way), the index and the footer; then syncs it.
-Outcome write_cache_file(const File& src, const std::string& tmp, const fmt_::HeaderFixed& fixed,
-                         std::uint64_t sequence, const std::vector<SourceEntry>& entries, const Ownership& own,
-                         Progress* progress, Written* out) {
-  auto& os = platform::os();
-  os.remove(tmp);  // a leftover of an interrupted run with our pid
-  auto created = os.open_file(tmp, platform::OpenMode::create_new, own.mode, false);
-  if (!created) return Failure{kExitIo, "cannot create '" + tmp + "': " + created.error().message};
-  File dst(created.value(), 0);
-  auto fail = [&](int code, std::string msg) -> Outcome {
-    dst.close();
-    os.remove(tmp);
-    return Failure{code, std::move(msg)};
-  };
-  apply_ownership(dst.handle(), own);
-
-  const Placement pl{fixed.alignment, fixed.size_alignment};
-  const std::uint64_t planned = planned_size(entries, pl);
-  // Claim the space up front: a full disk fails here, before any copying.
-  if (auto r = os.allocate(dst.handle(), 0, planned); !r)
-    return fail(kExitIo, "cannot allocate " + std::to_string(planned) + " bytes for '" + tmp + "': " + r.error().message);
-
-  std::uint64_t cursor = fmt_::kHeaderSize;
-  for (const auto& e : entries) {
-    const std::uint64_t at = align_up(cursor, pl.alignment);
-    std::uint64_t pos = at;
-    std::optional<Error> write_error;
-    auto sink = [&](const std::byte* p, std::size_t n) -> Result<void> {
-      if (auto r = os.write_at(dst.handle(), p, n, pos); !r) {
-        write_error = r.error();
-        return r.error();
-      }
-      pos += n;
-      return {};
-    };
-    auto h = hash_range(src, e.offset, e.size, progress, sink);
-    if (write_error) return fail(kExitIo, "cannot write '" + tmp + "': " + write_error->message);
-    if (!h) return fail(kExitCannotRead, "cannot read entry " + display_key(e.key) + ": " + h.error().message);
-    if (e.checksum && *e.checksum != h.value()) {
-      out->corrupt_keys.push_back(e.key);
-      continue;  // its region is reused by the next entry
-    }
-    out->records.push_back({e.key, at, e.size, h.value()});
-    cursor = at + pl.region(e.size);
-  }
-
-  fmt_::CommitSlot slot;
-  slot.sequence = sequence;
-  std::vector<std::byte> trailer;
-  std::vector<std::byte> header;
-  try {
-    trailer = fmt_::encode_trailer(out->records, align_up(cursor, 8), &slot);
-    header = sequence % 2 == 0 ? fmt_::encode_header(fixed, slot, {}) : fmt_::encode_header(fixed, {}, slot);
-  } catch (const std::bad_alloc&) {
-    return fail(kExitIo, "out of memory while encoding the index");
-  }
-  if (auto r = os.write_at(dst.handle(), trailer.data(), trailer.size(), slot.index_offset); !r)
-    return fail(kExitIo, "cannot write '" + tmp + "': " + r.error().message);
-  if (auto r = os.write_at(dst.handle(), header.data(), header.size(), 0); !r)
-    return fail(kExitIo, "cannot write '" + tmp + "': " + r.error().message);
-  if (slot.committed_size < planned)  // entries were left out
-    if (auto r = os.truncate(dst.handle(), slot.committed_size); !r)
-      return fail(kExitIo, "cannot resize '" + tmp + "': " + r.error().message);
-  if (auto r = os.sync(dst.handle()); !r) return fail(kExitIo, "cannot sync '" + tmp + "': " + r.error().message);
-  out->file_size = slot.committed_size;
-  return std::nullopt;
-}
-
-// Reads the new file back before it replaces anything: our own checks (which parse with the
-// library's decoders and re-hash every entry) and, when the compatibility key is known, a
-// read-only open by the library itself with every entry verified.
-Outcome verify_written(const std::string& tmp, const Written& w, const fmt_::HeaderFixed& fixed,
-                       const std::optional<std::string>& compat_key, Progress* progress) {
-  auto fail = [&](std::string msg) -> Outcome {
-    platform::os().remove(tmp);
-    return Failure{kExitIo, "the new file '" + tmp + "' does not verify (" + msg + "); the original is untouched"};
-  };
-  {
-    auto f = open_for_reading(tmp);
-    if (!f) return fail(f.error().message);
-    auto in = inspect(f.value());
-    if (!in) return fail(in.error().message);
-    auto hashed = check_checksums(f.value(), &in.value(), progress);
-    if (!hashed) return fail(hashed.error().message);
-    if (in->format != FileFormat::weightcache || !in->index_usable || !in->findings.empty())
-      return fail(in->findings.empty() ? "no usable index" : in->findings.front().message);
-    if (in->entries.size() != w.records.size() || in->file_size != w.file_size) return fail("unexpected contents");
-    for (std::size_t i = 0; i < w.records.size(); ++i) {
-      const auto& a = in->entries[i];
-      const auto& b = w.records[i];
-      if (a.key != b.key || a.offset != b.offset || a.size != b.size || a.checksum != b.checksum)
-        return fail("entry " + display_key(b.key) + " differs");
-    }
-  }
-  if (!compat_key) return std::nullopt;
-  Options o;
-  o.path = tmp;
-  o.compat_key = *compat_key;
-  o.alignment = static_cast<std::size_t>(fixed.alignment);
-  o.size_alignment = static_cast<std::size_t>(fixed.size_alignment);
-  o.backing = Backing::file;
-  o.read_only = true;
-  o.verify = Verify::on_open;
-  o.max_file_bytes = std::max<std::uint64_t>(o.max_file_bytes, align_up(w.file_size, std::uint64_t{1} << 30));
-  auto cache = WeightCache::open(o);
-  if (!cache) return fail("the library cannot open it: " + cache.error().message);
-  const Stats s = cache->stats();
-  if (s.entries != w.records.size() || s.verify_failures != 0) return fail("the library sees other entries");
-  for (const auto& r : w.records)
-    if (cache->look_up(r.key) != r.offset) return fail("the library does not serve entry " + display_key(r.key));
-  return std::nullopt;
-}
-
-Outcome install(const std::string& tmp, const std::string& path) {
-  if (auto r = platform::os().rename(tmp, path); !r) {
-    platform::os().remove(tmp);
-    return Failure{kExitIo, r.error().message};
-  }
-  if (auto r = platform::os().sync_parent_dir(path); !r)
-    return Failure{kExitIo, "'" + path + "' was replaced, but the directory could not be synced: " + r.error().message};
-  return std::nullopt;
-}
-
-std::string temp_name(const std::string& path, const char* what) {
-  return path + ".tmp." + std::to_string(platform::os().process_id()) + "." + what;
-}
 
 // For files a command replaces: a symlink would be replaced by the rename, not followed.
 Outcome check_replaceable(const std::string& path, bool must_exist, bool* exists) {
@@ -381,7 +220,7 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
                                         "' has an empty name, which cannot make a weightcache key; not converted"});
   for (const auto& e : in->entries)
     if (e.key.empty() || e.key.size() > fmt_::kMaxKeySize)
-      return report({kExitProblems, "entry '" + display_key(e.key) + "' of '" + in_path +
+      return report({kExitProblems, "entry '" + fmt_::display_key(e.key) + "' of '" + in_path +
                                         "' cannot be a weightcache key (keys are 1 to 4096 bytes); not converted"});
 
   bool exists = false;
@@ -401,18 +240,23 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   fixed.size_alignment = 1;
   fixed.compat_hash = fmt_::hash_bytes(opt.compat_key);
 
-  const std::string tmp = temp_name(out_path, "convert");
-  Written w;
-  const std::uint64_t payload = in->payload_bytes();
+  // The library's writer: the new file under a temporary name, read back whole before it is
+  // renamed into place (and removed if anything fails).
+  auto tmp = TempFile::create(platform::os(), out_path, own.mode);
+  if (!tmp) return report({kExitIo, "cannot create a new file beside '" + out_path + "': " + tmp.error().message});
+  apply_ownership(tmp->handle(), own);
+  WrittenFile w;
   {
-    Progress progress("converting", payload);
-    if (auto f = write_cache_file(file.value(), tmp, fixed, 1, entries, own, &progress, &w)) return report(*f);
+    Progress progress("converting", 2 * in->payload_bytes());  // the copy, then the read-back
+    auto r = write_cache_file(platform::os(), file.value().handle(), in_path, tmp.value(), fixed, 1, entries, &w,
+                              [&progress](std::uint64_t n) { progress.add(n); });
+    if (!r) {
+      // An input cut short under us reads as corrupt; anything else is writing or reading back.
+      const int code = r.error().code == Errc::corrupt ? kExitCannotRead : kExitIo;
+      return report({code, "cannot write '" + tmp->name() + "': " + r.error().message});
+    }
   }
-  {
-    Progress progress("verifying the converted file", payload);
-    if (auto f = verify_written(tmp, w, fixed, opt.compat_key, &progress)) return report(*f);
-  }
-  if (auto f = install(tmp, out_path)) return report(*f);
+  if (auto r = tmp->commit(true); !r) return report({kExitIo, r.error().message});
   std::printf("converted %s (ExecuTorch XPWC version %u, %zu entries) to %s (weightcache, alignment %llu, "
               "compat key hash %s)\n",
               in_path.c_str(), in->xpwc_version, w.records.size(), out_path.c_str(),

@@ -23,7 +23,7 @@
 #include <vector>
 #include <weightcache/weight_cache.hpp>
 
-#include "../common/smaps.hpp"
+#include "proc_smaps.hpp"
 #include "demo_model.hpp"
 
 extern char** environ;
@@ -322,7 +322,7 @@ int warm_run(const Args& a) {
   put("fingerprint", strf("%016" PRIx64, fingerprint));
 
   // The cache file's mappings: their Pss and Private_Dirty show whether run 2 shares run 1's pages.
-  const wc::examples::MappingUsage mem = wc::examples::file_mapping_usage(a.path);
+  const wc::smaps::MappingUsage mem = wc::smaps::file_mapping_usage(a.path);
   put("smaps", mem.readable ? 1 : 0);
   put("vmas", mem.mappings);
   put("rss", mem.rss);
@@ -574,7 +574,7 @@ int cold_run(const Args& args_in, const char* argv0) {
     if (p != nullptr) fingerprint += demo::word_sum(p, demo::packed_bytes(m));
   }
   const wc::Stats s1 = cache.stats();
-  const wc::examples::MappingUsage mem1 = wc::examples::file_mapping_usage(a.path);
+  const wc::smaps::MappingUsage mem1 = wc::smaps::file_mapping_usage(a.path);
   if (s1.backing != wc::Backing::file || s1.heap_bytes != 0 || !fin) {
     std::fprintf(stderr,
                  "weightcache-demo: the weights did not all reach the cache file (backing %s, %s in heap memory%s);\n"
@@ -639,7 +639,7 @@ int cold_run(const Args& args_in, const char* argv0) {
 
   // ---- the table ----
   const double run1_ready_s = open_s + lookup_s + pack_s;
-  const wc::examples::MappingUsage mem2{.readable = u64("smaps") != 0,
+  const wc::smaps::MappingUsage mem2{.readable = u64("smaps") != 0,
                                          .mappings = static_cast<std::size_t>(u64("vmas")),
                                          .rss = u64("rss"),
                                          .pss = u64("pss"),
@@ -647,7 +647,7 @@ int cold_run(const Args& args_in, const char* argv0) {
                                          .shared_dirty = u64("shared_dirty"),
                                          .private_clean = u64("private_clean"),
                                          .private_dirty = u64("private_dirty")};
-  auto mem_cell = [&](const wc::examples::MappingUsage& m, std::uint64_t v) {
+  auto mem_cell = [&](const wc::smaps::MappingUsage& m, std::uint64_t v) {
     return m.readable ? bytes_str(double(v)) : std::string("n/a");
   };
   auto row = [](const std::string& a, const std::string& b, const std::string& c, const std::string& d) {

@@ -3,7 +3,7 @@
 // its C ABI, or, as the baseline, without weightcache at all). Run it twice: the first run
 // packs into the cache file, the second maps the packed weights. See --help, and
 // docs/INTEGRATION.md.
-#include "../common/smaps.hpp"
+#include "proc_smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
 
@@ -187,10 +187,10 @@ int parse_args(int argc, char** argv, Args* a) {
 // file) and private anonymous memory (the baseline's buffers, or a cache's heap fallback).
 // Both are measured from the kernel's account, never assumed.
 
-using weightcache::examples::AddressRange;
-using weightcache::examples::anonymous_usage_of;
-using weightcache::examples::file_mapping_usage;
-using weightcache::examples::MappingUsage;
+using weightcache::smaps::AddressRange;
+using weightcache::smaps::anonymous_usage_of;
+using weightcache::smaps::file_mapping_usage;
+using weightcache::smaps::MappingUsage;
 
 std::vector<AddressRange> ranges_of(const refep::ExecutionProvider& ep) {
   std::vector<AddressRange> out;

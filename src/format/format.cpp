@@ -165,8 +165,13 @@ Problem decode_header(std::span<const std::byte> b, DecodedHeader* out) noexcept
     slot.committed_size = get_u64(s + 24);
     slot.entry_count = get_u64(s + 32);
     slot.index_checksum = get_u64(s + 40);
-    out->slot_valid[i] = slot.sequence != 0 && get_u64(s + 48) == 0 &&
-                         get_u64(s + 56) == hash_bytes(s, 56);
+    SlotState& state = out->slot_state[i];
+    if (std::all_of(s, s + kSlotSize, [](std::byte x) { return x == std::byte{0}; })) state = SlotState::empty;
+    else if (slot.sequence == 0) state = SlotState::zero_sequence;
+    else if (get_u64(s + 48) != 0) state = SlotState::reserved_not_zero;
+    else if (get_u64(s + 56) != hash_bytes(s, 56)) state = SlotState::bad_checksum;
+    else state = SlotState::valid;
+    out->slot_valid[i] = state == SlotState::valid;
   }
   return Problem::none;
 }
@@ -183,76 +188,255 @@ bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept {
   return true;
 }
 
+namespace {
+
+constexpr char kHexDigits[] = "0123456789abcdef";
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::string quoted(std::string_view key) { return "'" + display_key(key) + "'"; }
+
+// The problems of one decode: the first decides the result; the rest are wanted only by a
+// diagnosing caller. found() says whether decoding must stop: at the first problem without
+// diagnostics, and never with them (the caller stops where nothing beyond can be read).
+class Findings {
+ public:
+  Findings(std::string* detail, std::vector<Diagnostic>* diagnostics) : detail_(detail), diagnostics_(diagnostics) {}
+  bool diagnosing() const noexcept { return diagnostics_ != nullptr; }
+  Problem first() const noexcept { return first_; }
+
+  /// A problem that another finding will describe.
+  void note(Problem p) noexcept {
+    if (first_ == Problem::none) first_ = p;
+  }
+  /// `message` is built only when someone reads it.
+  template <class Message>
+  bool found(Problem p, const char* detail, const char* kind, Message&& message,
+             std::optional<std::string> key = std::nullopt) {
+    if (first_ == Problem::none) {
+      first_ = p;
+      if (detail_ != nullptr && detail != nullptr) *detail_ = detail;
+    }
+    if (diagnostics_ == nullptr) return true;
+    diagnostics_->push_back({kind, message(), std::move(key)});
+    return false;
+  }
+
+ private:
+  std::string* detail_;
+  std::vector<Diagnostic>* diagnostics_;
+  Problem first_ = Problem::none;
+};
+
+std::string span_text(const IndexRecord& r) {
+  return "(offset " + std::to_string(r.offset) + ", " + std::to_string(r.size) + " bytes)";
+}
+
+Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
+                     std::uint64_t alignment, Findings& f) {
+  std::unordered_set<std::string_view> keys;
+  keys.reserve(records.size());
+  std::vector<const IndexRecord*> order;
+  order.reserve(records.size());
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const IndexRecord& r = records[i];
+    if (!lies_within(r.offset, r.size, begin, end)) {
+      const std::string detail = "entry " + std::to_string(i) + " lies outside the data area";
+      if (f.found(Problem::bad_bounds, detail.c_str(), "entry_bounds", [&] {
+            return "entry " + quoted(r.key) + " " + span_text(r) + " lies outside the data area [" +
+                   std::to_string(begin) + ", " + std::to_string(end) + ")";
+          }, r.key))
+        return f.first();
+    } else {
+      order.push_back(&r);
+      if (alignment > 1 && r.offset % alignment != 0) {
+        const std::string detail = "entry " + std::to_string(i) + " is misaligned";
+        if (f.found(Problem::bad_value, detail.c_str(), "entry_alignment", [&] {
+              return "entry " + quoted(r.key) + " (offset " + std::to_string(r.offset) + ") is not aligned to " +
+                     std::to_string(alignment);
+            }, r.key))
+          return f.first();
+      }
+    }
+    if (!keys.insert(r.key).second &&
+        f.found(Problem::bad_value, "duplicate key in index", "duplicate_key",
+                [&] { return "key " + quoted(r.key) + " appears more than once in the index"; }, r.key))
+      return f.first();
+  }
+  std::sort(order.begin(), order.end(), [](const IndexRecord* a, const IndexRecord* b) {
+    return a->offset != b->offset ? a->offset < b->offset : a->size < b->size;
+  });
+  // The entry reaching furthest so far: an overlap with any earlier entry implies one with it.
+  const IndexRecord* reach = nullptr;
+  const IndexRecord* prev = nullptr;
+  for (const IndexRecord* r : order) {
+    const IndexRecord* other = nullptr;
+    if (reach != nullptr && r->offset < reach->offset + reach->size) other = reach;
+    else if (prev != nullptr && r->offset == prev->offset) other = prev;  // same start, even if empty
+    if (other != nullptr &&
+        f.found(Problem::bad_bounds, "entries overlap", "entry_overlap", [&] {
+          return "entries " + quoted(other->key) + " " + span_text(*other) + " and " + quoted(r->key) + " " +
+                 span_text(*r) + " overlap";
+        }, r->key))
+      return f.first();
+    if (reach == nullptr || r->offset + r->size > reach->offset + reach->size) reach = r;
+    prev = r;
+  }
+  return f.first();
+}
+
+}  // namespace
+
+std::string display_key(std::string_view key) {
+  bool printable = key.substr(0, 2) != "0x" && !key.empty();
+  for (char c : key) {
+    if (c < 0x20 || c > 0x7E) {
+      printable = false;
+      break;
+    }
+  }
+  if (printable) return std::string(key);
+  std::string out = "0x";
+  out.reserve(2 + 2 * key.size());
+  for (char c : key) {
+    const auto b = static_cast<unsigned char>(c);
+    out.push_back(kHexDigits[b >> 4]);
+    out.push_back(kHexDigits[b & 15]);
+  }
+  return out;
+}
+
+std::optional<std::string> parse_key(std::string_view text) {
+  if (text.substr(0, 2) != "0x") return std::string(text);
+  const std::string_view digits = text.substr(2);
+  if (digits.size() % 2 != 0) return std::nullopt;
+  std::string out;
+  out.reserve(digits.size() / 2);
+  for (std::size_t i = 0; i < digits.size(); i += 2) {
+    const int hi = hex_value(digits[i]);
+    const int lo = hex_value(digits[i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out.push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return out;
+}
+
+Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
+                     std::uint64_t alignment, std::string* detail, std::vector<Diagnostic>* diagnostics) {
+  Findings f(detail, diagnostics);  // std::bad_alloc propagates: no memory is not damage
+  return check_layout(records, begin, end, alignment, f);
+}
+
 Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std::uint64_t alignment,
-                       std::vector<IndexRecord>* out, std::string* detail) {
+                       std::vector<IndexRecord>* out, std::string* detail,
+                       std::vector<Diagnostic>* diagnostics) {
   // Allocation failures propagate (std::bad_alloc): running out of memory says nothing about the
   // file, and the caller must not take it for damage (it would rebuild a good cache).
   {
     out->clear();
     if (t.size() != slot.index_size + kFooterSize || slot.index_size < kIndexHeaderSize)
       return Problem::truncated;
+    Findings f(detail, diagnostics);
+    // Messages about the index block itself say which commit's index it is.
+    const std::string where = diagnostics ? "index of sequence " + std::to_string(slot.sequence) + ": " : "";
+    auto index_problem = [&](Problem p, auto&& message) {
+      return f.found(p, nullptr, "index", [&] { return where + message(); });
+    };
     const std::byte* b = t.data();
-    if (hash_bytes(b, slot.index_size) != slot.index_checksum) return Problem::bad_checksum;
-    if (get_u32(b) != kIndexMagic) return Problem::bad_magic;
-    if (get_u32(b + 4) != kIndexVersion) return Problem::version;
+    const std::uint64_t n = slot.index_size;
+    const std::uint64_t body = n - kIndexHeaderSize;
+    if (hash_bytes(b, n) != slot.index_checksum && index_problem(Problem::bad_checksum, [] {
+          return std::string("the index does not match the checksum in its commit slot");
+        }))
+      return f.first();
+    if (get_u32(b) != kIndexMagic) {
+      index_problem(Problem::bad_magic,
+                    [&] { return "no index magic ('WCIX') at offset " + std::to_string(slot.index_offset); });
+      return f.first();  // not an index: nothing in it can be read
+    }
+    if (get_u32(b + 4) != kIndexVersion) {
+      index_problem(Problem::version, [&] { return "unsupported index version " + std::to_string(get_u32(b + 4)); });
+      return f.first();
+    }
     const std::uint64_t count = get_u64(b + 8);
-    const std::uint64_t body = get_u64(b + 16);
-    if (count != slot.entry_count || body != slot.index_size - kIndexHeaderSize) return Problem::bad_value;
-    if (hash_bytes(b + kIndexHeaderSize, body) != get_u64(b + 24)) return Problem::bad_checksum;
-    const Footer f = decode_footer(b + slot.index_size);
-    if (f.magic != kFooterMagic || f.version != kFooterVersion) return Problem::bad_magic;
-    if (f.index_start != slot.index_offset ||
-        f.entry_count != std::min<std::uint64_t>(count, UINT32_MAX))
-      return Problem::bad_value;
-    if (count > body / kRecordFixedSize) return Problem::bad_bounds;
-    out->reserve(count);
+    if (count != slot.entry_count && index_problem(Problem::bad_value, [&] {
+          return "the index counts " + std::to_string(count) + " entries, its commit slot " +
+                 std::to_string(slot.entry_count);
+        }))
+      return f.first();
+    if (get_u64(b + 16) != body && index_problem(Problem::bad_value, [&] {
+          return "the index body size " + std::to_string(get_u64(b + 16)) + " disagrees with its commit slot (" +
+                 std::to_string(body) + ")";
+        }))
+      return f.first();
+    if (hash_bytes(b + kIndexHeaderSize, body) != get_u64(b + 24) &&
+        index_problem(Problem::bad_checksum, [] { return std::string("index records fail their checksum"); }))
+      return f.first();
+    const Footer footer = decode_footer(b + n);
+    if (footer.magic != kFooterMagic || footer.version != kFooterVersion) {
+      if (f.found(Problem::bad_magic, nullptr, "footer", [&] { return where + "no XPWC footer after the index"; }))
+        return f.first();
+    } else if (footer.index_start != slot.index_offset ||
+               footer.entry_count != std::min<std::uint64_t>(count, UINT32_MAX)) {
+      if (f.found(Problem::bad_value, nullptr, "footer", [&] {
+            return where + "the footer disagrees with the index (index_start " + std::to_string(footer.index_start) +
+                   ", " + std::to_string(footer.entry_count) + " entries)";
+          }))
+        return f.first();
+    }
+    // Every record needs kRecordFixedSize bytes: a count beyond that cannot be right (and must
+    // not decide what is allocated). Diagnosing, the walk below says which record is cut off.
+    if (count > body / kRecordFixedSize) {
+      f.note(Problem::bad_bounds);
+      if (!f.diagnosing()) return f.first();
+    }
+    out->reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, body / kRecordFixedSize)));
     const std::byte* p = b + kIndexHeaderSize;
     const std::byte* end = p + body;
-    std::unordered_set<std::string_view> keys;
-    keys.reserve(count);
+    bool complete = true;
     for (std::uint64_t i = 0; i < count; ++i) {
-      if (static_cast<std::size_t>(end - p) < kRecordFixedSize) return Problem::truncated;
+      const auto record = [&] { return "index record " + std::to_string(i); };
+      if (static_cast<std::size_t>(end - p) < kRecordFixedSize) {
+        index_problem(Problem::truncated, [&] { return record() + " is cut off by the end of the index"; });
+        complete = false;
+        break;
+      }
       IndexRecord r;
       const std::uint32_t key_size = get_u32(p);
-      if (get_u32(p + 4) != 0) return Problem::version;  // unknown record flags
+      const std::uint32_t flags = get_u32(p + 4);
+      if (flags != 0 &&  // unknown record flags
+          index_problem(Problem::version, [&] { return record() + " has unknown flags " + std::to_string(flags); }))
+        return f.first();
+      if (key_size == 0 || key_size > kMaxKeySize) {
+        index_problem(Problem::bad_value,
+                      [&] { return record() + " has an invalid key size " + std::to_string(key_size); });
+        complete = false;
+        break;
+      }
+      if (static_cast<std::size_t>(end - p) - kRecordFixedSize < key_size) {
+        index_problem(Problem::truncated, [&] { return record() + " is cut off by the end of the index"; });
+        complete = false;
+        break;
+      }
       r.offset = get_u64(p + 8);
       r.size = get_u64(p + 16);
       r.checksum = get_u64(p + 24);
-      if (key_size == 0 || key_size > kMaxKeySize) return Problem::bad_value;
-      if (static_cast<std::size_t>(end - p) - kRecordFixedSize < key_size) return Problem::truncated;
       r.key.assign(reinterpret_cast<const char*>(p + kRecordFixedSize), key_size);
       p += kRecordFixedSize + key_size;
-      // Entries live between the header and this index; size 0 is allowed (an empty weight).
-      if (r.offset < kHeaderSize || r.offset > slot.index_offset ||
-          r.size > slot.index_offset - r.offset) {
-        if (detail) *detail = "entry " + std::to_string(i) + " lies outside the data area";
-        return Problem::bad_bounds;
-      }
-      if (r.offset % alignment != 0) {
-        if (detail) *detail = "entry " + std::to_string(i) + " is misaligned";
-        return Problem::bad_value;
-      }
       out->push_back(std::move(r));
     }
-    if (p != end) return Problem::bad_value;
-    for (const auto& r : *out) {
-      if (!keys.insert(r.key).second) {
-        if (detail) *detail = "duplicate key in index";
-        return Problem::bad_value;
-      }
-    }
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
-    spans.reserve(out->size());
-    for (const auto& r : *out) spans.emplace_back(r.offset, r.size);
-    std::sort(spans.begin(), spans.end());
-    for (std::size_t i = 1; i < spans.size(); ++i) {
-      if (spans[i - 1].first + spans[i - 1].second > spans[i].first ||
-          (spans[i - 1].first == spans[i].first)) {
-        if (detail) *detail = "entries overlap";
-        return Problem::bad_bounds;
-      }
-    }
-    return Problem::none;
+    if (!complete && !f.diagnosing()) return f.first();
+    if (complete && p != end && index_problem(Problem::bad_value, [&] {
+          return std::to_string(end - p) + " bytes follow the last index record";
+        }))
+      return f.first();
+    // Entries live between the header and this index; size 0 is allowed (an empty weight).
+    return check_layout(*out, kHeaderSize, slot.index_offset, alignment, f);
   }
 }
 

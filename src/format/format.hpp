@@ -104,6 +104,13 @@ struct Footer {
   std::uint32_t version = kFooterVersion;
 };
 
+// ExecuTorch's own XPWC files (the CLI reads and converts them) end in the same 20-byte footer,
+// with version 1 or 2; the index before it is a run of records, native byte order:
+//   name_len u32 | name bytes | offset u64 | size u64 | (version 2:) seed u32
+inline constexpr std::uint32_t kXpwcFirstVersion = 1;
+inline constexpr std::uint32_t kXpwcLastVersion = 2;
+inline constexpr std::size_t xpwc_record_fixed_size(std::uint32_t version) { return version >= 2 ? 24 : 20; }
+
 // ---- little-endian byte helpers ---------------------------------------------------------------
 inline void put_u32(std::byte* p, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
@@ -119,6 +126,17 @@ inline std::uint32_t get_u32(const std::byte* p) {
 inline std::uint64_t get_u64(const std::byte* p) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint64_t>(p[i]);
+  return v;
+}
+// Big-endian readers: an ExecuTorch XPWC file written on a big-endian host (the CLI reads those).
+inline std::uint32_t get_u32_be(const std::byte* p) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | static_cast<std::uint32_t>(p[i]);
+  return v;
+}
+inline std::uint64_t get_u64_be(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<std::uint64_t>(p[i]);
   return v;
 }
 
@@ -160,25 +178,61 @@ std::vector<std::byte> encode_trailer(std::span<const IndexRecord> records, std:
 enum class Problem { none, truncated, bad_magic, byte_order, version, bad_checksum, bad_bounds, bad_value };
 const char* to_string(Problem p) noexcept;
 
+/// One problem a diagnosing reader found (the CLI's verify prints them). `kind` names what is
+/// damaged: "header", "slot", "index", "footer", "entry_bounds", "entry_alignment",
+/// "duplicate_key" or "entry_overlap"; `key` is set when the problem belongs to one entry.
+struct Diagnostic {
+  std::string kind;
+  std::string message;
+  std::optional<std::string> key;
+};
+
+/// A key as people read it: as-is when every byte is printable ASCII and it does not itself
+/// start with "0x"; otherwise "0x" followed by lowercase hex. parse_key(display_key(k)) == k.
+std::string display_key(std::string_view key);
+/// The inverse of display_key: "0x" + hex digits (either case) is hex, anything else the text
+/// itself. nullopt for "0x..." with a non-hex digit or an odd number of digits.
+std::optional<std::string> parse_key(std::string_view text);
+
+/// What one commit slot of a header holds.
+enum class SlotState { empty, valid, zero_sequence, reserved_not_zero, bad_checksum };
+
 struct DecodedHeader {
   HeaderFixed fixed;
   CommitSlot slot[2];
   bool slot_valid[2] = {false, false};  // checksum verified and sequence != 0
+  SlotState slot_state[2] = {SlotState::empty, SlotState::empty};  // why a slot is not valid
 };
 
 /// Parses the first kHeaderSize bytes. Slot validity is checked only by checksum here; bounds
-/// against the file size are the caller's (see choose_slots).
+/// against the file size are the caller's (see read_committed in file_state.hpp).
 Problem decode_header(std::span<const std::byte> bytes, DecodedHeader* out) noexcept;
 
 /// Slot self-consistency against the file size and alignment rules.
 bool slot_in_bounds(const CommitSlot& s, std::uint64_t file_size) noexcept;
 
+/// Whether [offset, offset + size) lies inside [begin, end).
+inline bool lies_within(std::uint64_t offset, std::uint64_t size, std::uint64_t begin, std::uint64_t end) noexcept {
+  return offset >= begin && offset <= end && size <= end - offset;
+}
+
+/// Where entries lie: each inside [begin, end) and on the alignment (1: any offset), each under
+/// a key no other entry has, no two overlapping (nor sharing an offset, even when empty). Returns
+/// the first violation, with `detail`; with `diagnostics`, goes on and appends one per violation,
+/// naming the keys involved.
+Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
+                     std::uint64_t alignment, std::string* detail,
+                     std::vector<Diagnostic>* diagnostics = nullptr);
+
 /// Verifies and parses an index block of exactly slot.index_size bytes followed by the footer.
 /// Bounds-checks every record against [kHeaderSize, slot.index_offset), the alignment, overlaps
-/// and duplicate keys. `trailer` holds index block + footer (index_size + 20 bytes).
+/// and duplicate keys (check_layout). `trailer` holds index block + footer (index_size + 20
+/// bytes). Returns the first problem. With `diagnostics`, decoding goes on past every problem it
+/// can read beyond, appends one Diagnostic per problem, and leaves in `out` every record that
+/// parsed (so their data can still be checked); the result is the same problem either way.
 Problem decode_trailer(std::span<const std::byte> trailer, const CommitSlot& slot,
                        std::uint64_t alignment, std::vector<IndexRecord>* out,
-                       std::string* detail);
+                       std::string* detail, std::vector<Diagnostic>* diagnostics = nullptr);
 
 /// Parses the 20 footer bytes.
 Footer decode_footer(const std::byte* p) noexcept;

@@ -2,7 +2,7 @@
 // We call the OS directly rather than through Boost.Interprocess's mapped_region / file_lock:
 // we need MAP_FIXED placement inside one reserved range, posix_fallocate before mapping, msync
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
-// docs/DESIGN.md, "Below Boost".
+// docs/DESIGN.md, "Dependencies, and where we use system calls instead".
 #include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"

@@ -1143,8 +1143,9 @@ class Win32Platform final : public Platform {
     return it;
   }
 
-  // Maps [offset, offset+len) of the file at `start` replacing a placeholder. The view never
-  // extends past `file_end` (rounded up to a page: the rest of that page reads as zeros).
+  // Maps [offset, offset + avail) of the file at `start` replacing a placeholder. The caller
+  // keeps `avail` within the file, so the view never extends past its end (rounded up to a page:
+  // the rest of that page reads as zeros).
   Result<void> place_view(Reservation& res, const std::shared_ptr<FileRef>& file, std::uint64_t offset,
                           std::uintptr_t start, std::uint64_t avail, bool writable) {
     const std::uint64_t vlen = align_up(avail, api().page);

@@ -1,11 +1,13 @@
 // Runs the `weightcache` executable (path from WEIGHTCACHE_CLI_PATH) as a child process and
 // checks exit codes and output. Good files come from the library's public API; damaged files are
 // made by flipping or cutting bytes; ExecuTorch XPWC files are written here by hand.
+#include "child_exit.hpp"
 #include "format/format.hpp"
 
 #include <weightcache/weight_cache.hpp>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -33,184 +35,15 @@ namespace wf = weightcache::format;
 using weightcache::Options;
 using weightcache::WeightCache;
 
-// ---- a minimal JSON parser: enough to prove the output is well-formed and to read fields ------
-struct Json {
-  enum class Type { null, boolean, number, string, array, object } type = Type::null;
-  bool b = false;
-  std::string text;  // number literal, or decoded string
-  std::vector<Json> items;
-  std::map<std::string, Json> fields;
+// ---- the tool's JSON, parsed strictly: a document that is not valid JSON (or not valid UTF-8)
+// does not parse -----------------------------------------------------------------------------
+using Json = nlohmann::json;
 
-  const Json& operator[](const std::string& k) const {
-    static const Json kNull;
-    auto it = fields.find(k);
-    return it == fields.end() ? kNull : it->second;
-  }
-  bool has(const std::string& k) const { return fields.count(k) != 0; }
-  std::uint64_t u64() const { return std::stoull(text); }
-};
-
-class JsonParser {
- public:
-  explicit JsonParser(std::string_view s) : s_(s) {}
-
-  std::optional<Json> parse() {
-    Json v;
-    if (!value(&v)) return std::nullopt;
-    ws();
-    if (i_ != s_.size()) return std::nullopt;
-    return v;
-  }
-
- private:
-  void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\t' || s_[i_] == '\r')) ++i_;
-  }
-  bool lit(std::string_view w) {
-    if (s_.substr(i_, w.size()) != w) return false;
-    i_ += w.size();
-    return true;
-  }
-  bool value(Json* v) {
-    ws();
-    if (i_ >= s_.size()) return false;
-    const char c = s_[i_];
-    if (c == '{') return object(v);
-    if (c == '[') return array(v);
-    if (c == '"') {
-      v->type = Json::Type::string;
-      return string(&v->text);
-    }
-    if (lit("true")) {
-      v->type = Json::Type::boolean;
-      v->b = true;
-      return true;
-    }
-    if (lit("false")) {
-      v->type = Json::Type::boolean;
-      return true;
-    }
-    if (lit("null")) return true;
-    return number(v);
-  }
-  bool number(Json* v) {
-    const std::size_t start = i_;
-    if (i_ < s_.size() && s_[i_] == '-') ++i_;
-    if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) return false;
-    if (s_[i_] == '0') {
-      ++i_;
-    } else {
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    if (i_ < s_.size() && s_[i_] == '.') {
-      ++i_;
-      if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) return false;
-      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
-    }
-    v->type = Json::Type::number;
-    v->text = std::string(s_.substr(start, i_ - start));
-    return true;
-  }
-  bool string(std::string* out) {
-    ++i_;  // opening quote
-    while (i_ < s_.size()) {
-      const auto c = static_cast<unsigned char>(s_[i_++]);
-      if (c == '"') return true;
-      if (c < 0x20) return false;  // raw control characters are not allowed
-      if (c != '\\') {
-        out->push_back(static_cast<char>(c));
-        continue;
-      }
-      if (i_ >= s_.size()) return false;
-      const char e = s_[i_++];
-      switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
-        case 'u': {
-          if (s_.size() - i_ < 4) return false;
-          unsigned cp = 0;
-          for (int k = 0; k < 4; ++k) {
-            const char h = s_[i_++];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) return false;
-            cp = cp * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
-                                                                                             : (std::tolower(h) - 'a' + 10));
-          }
-          // The tool only emits \u00XX; keep the byte so tests can compare.
-          out->push_back(static_cast<char>(cp & 0xFF));
-          break;
-        }
-        default: return false;
-      }
-    }
-    return false;
-  }
-  bool array(Json* v) {
-    v->type = Json::Type::array;
-    ++i_;
-    ws();
-    if (i_ < s_.size() && s_[i_] == ']') {
-      ++i_;
-      return true;
-    }
-    for (;;) {
-      Json item;
-      if (!value(&item)) return false;
-      v->items.push_back(std::move(item));
-      ws();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < s_.size() && s_[i_] == ']') {
-        ++i_;
-        return true;
-      }
-      return false;
-    }
-  }
-  bool object(Json* v) {
-    v->type = Json::Type::object;
-    ++i_;
-    ws();
-    if (i_ < s_.size() && s_[i_] == '}') {
-      ++i_;
-      return true;
-    }
-    for (;;) {
-      ws();
-      if (i_ >= s_.size() || s_[i_] != '"') return false;
-      std::string k;
-      if (!string(&k)) return false;
-      ws();
-      if (i_ >= s_.size() || s_[i_] != ':') return false;
-      ++i_;
-      Json item;
-      if (!value(&item)) return false;
-      if (!v->fields.emplace(k, std::move(item)).second) return false;  // duplicate field
-      ws();
-      if (i_ < s_.size() && s_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < s_.size() && s_[i_] == '}') {
-        ++i_;
-        return true;
-      }
-      return false;
-    }
-  }
-
-  std::string_view s_;
-  std::size_t i_ = 0;
-};
-
-std::optional<Json> parse_json(const std::string& s) { return JsonParser(s).parse(); }
+std::optional<Json> parse_json(const std::string& s) {
+  Json j = Json::parse(s, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
 
 // ---- files ------------------------------------------------------------------------------------
 std::string read_file(const std::string& path) {
@@ -373,7 +206,7 @@ class CliTest : public ::testing::Test {
       const int in = ::open("/dev/null", O_RDONLY);
       const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      if (in < 0 || out < 0 || err < 0) ::_exit(126);
+      if (in < 0 || out < 0 || err < 0) weightcache::test::child_exit(weightcache::test::kChildExecFailed, "redirect");
       ::dup2(in, 0);
       ::dup2(out, 1);
       ::dup2(err, 2);
@@ -385,7 +218,7 @@ class CliTest : public ::testing::Test {
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
       ::execv(argv.front(), argv.data());
-      ::_exit(127);
+      weightcache::test::child_exit(weightcache::test::kChildExecFailed, "exec");
     }
     CliRun r;
     int status = 0;
@@ -462,6 +295,15 @@ class CliTest : public ::testing::Test {
       if (n != keep && n != keep + ".lock" && n[0] != '.') out.push_back(n);
     }
     return out;
+  }
+
+  // `info --json FILE`, parsed; nullopt (with a failure) unless it succeeds with valid JSON.
+  std::optional<Json> info_json(const std::string& file) {
+    const CliRun r = run({"info", "--json", file});
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto j = parse_json(r.out);
+    EXPECT_TRUE(j) << r.out;
+    return r.code == 0 ? j : std::nullopt;
   }
 
   std::map<std::string, std::string> info_fields(const std::string& file) {
@@ -573,19 +415,30 @@ TEST_F(CliTest, InfoReportsALibraryFile) {
 TEST_F(CliTest, InfoJsonIsWellFormed) {
   const std::string f = path("we\"ird\\name.wcache");
   make_cache(f, kEntries);
-  const CliRun r = run({"info", "--json", f});
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = parse_json(r.out);
-  ASSERT_TRUE(j) << r.out;
-  EXPECT_EQ((*j)["file"].text, f);
-  EXPECT_EQ((*j)["format"].text, "weightcache");
-  EXPECT_EQ((*j)["version"].u64(), 1u);
-  EXPECT_EQ((*j)["compat_hash"].text, hex64(wf::hash_bytes("model-a|packer-1")));
-  EXPECT_EQ((*j)["alignment"].u64(), 64u);
-  EXPECT_EQ((*j)["entries"].u64(), 5u);
-  EXPECT_EQ((*j)["file_bytes"].u64(), fs::file_size(f));
-  EXPECT_EQ((*j)["dead_bytes"].u64(), expected_dead(fs::file_size(f), as_map(kEntries)));
-  EXPECT_EQ((*j)["problems"].u64(), 0u);
+  const auto j = info_json(f);
+  ASSERT_TRUE(j);
+  EXPECT_EQ((*j)["file"].get<std::string>(), f);
+  EXPECT_EQ((*j)["format"].get<std::string>(), "weightcache");
+  EXPECT_EQ((*j)["version"].get<std::uint64_t>(), 1u);
+  EXPECT_EQ((*j)["compat_hash"].get<std::string>(), hex64(wf::hash_bytes("model-a|packer-1")));
+  EXPECT_EQ((*j)["alignment"].get<std::uint64_t>(), 64u);
+  EXPECT_EQ((*j)["entries"].get<std::uint64_t>(), 5u);
+  EXPECT_EQ((*j)["file_bytes"].get<std::uint64_t>(), fs::file_size(f));
+  EXPECT_EQ((*j)["dead_bytes"].get<std::uint64_t>(), expected_dead(fs::file_size(f), as_map(kEntries)));
+  EXPECT_EQ((*j)["problems"].get<std::uint64_t>(), 0u);
+}
+
+// A file name is whatever bytes the filesystem holds. --json still prints valid JSON (UTF-8):
+// each byte that is not UTF-8 becomes U+FFFD; valid UTF-8 passes through unchanged.
+TEST_F(CliTest, JsonStaysValidForANameThatIsNotUtf8) {
+  const std::string f = path("caf\xc3\xa9-\xff\xfe-\xc3.wcache");
+  make_cache(f, kEntries);
+  const auto j = info_json(f);
+  ASSERT_TRUE(j);
+  const std::string replacement = "\xef\xbf\xbd";
+  EXPECT_EQ((*j)["file"].get<std::string>(),
+            path("caf\xc3\xa9-" + replacement + replacement + "-" + replacement + ".wcache"));
+  EXPECT_EQ((*j)["entries"].get<std::uint64_t>(), 5u);
 }
 
 // ---- ls ---------------------------------------------------------------------------------------
@@ -623,15 +476,15 @@ TEST_F(CliTest, LsJsonEscapesKeys) {
   const auto j = parse_json(r.out);
   ASSERT_TRUE(j) << r.out;
   const Json& entries = (*j)["entries"];
-  ASSERT_EQ(entries.type, Json::Type::array);
-  ASSERT_EQ(entries.items.size(), kEntries.size());
+  ASSERT_TRUE(entries.is_array());
+  ASSERT_EQ(entries.size(), kEntries.size());
   std::map<std::string, const Json*> by_key;
-  for (const auto& e : entries.items) by_key[e["key"].text] = &e;
+  for (const auto& e : entries) by_key[e["key"].get<std::string>()] = &e;
   ASSERT_EQ(by_key.count("quote\"back\\slash"), 1u);  // escaped in JSON, decoded back intact
   ASSERT_EQ(by_key.count(hex(kEntries[2].first)), 1u);
-  EXPECT_EQ((*by_key["layer1.bias"])["offset"].u64(), offsets.at("layer1.bias"));
-  EXPECT_EQ((*by_key["layer1.bias"])["size"].u64(), 256u);
-  EXPECT_EQ((*by_key["layer1.bias"])["checksum"].text, hex64(wf::hash_bytes(kEntries[1].second)));
+  EXPECT_EQ((*by_key["layer1.bias"])["offset"].get<std::uint64_t>(), offsets.at("layer1.bias"));
+  EXPECT_EQ((*by_key["layer1.bias"])["size"].get<std::uint64_t>(), 256u);
+  EXPECT_EQ((*by_key["layer1.bias"])["checksum"].get<std::string>(), hex64(wf::hash_bytes(kEntries[1].second)));
 }
 
 // ---- verify -----------------------------------------------------------------------------------
@@ -646,9 +499,9 @@ TEST_F(CliTest, VerifyPassesAGoodFile) {
   EXPECT_EQ(j.code, 0);
   const auto v = parse_json(j.out);
   ASSERT_TRUE(v) << j.out;
-  EXPECT_TRUE((*v)["ok"].b);
-  EXPECT_EQ((*v)["entries"].u64(), kEntries.size());
-  EXPECT_TRUE((*v)["problems"].items.empty());
+  EXPECT_TRUE((*v)["ok"].get<bool>());
+  EXPECT_EQ((*v)["entries"].get<std::uint64_t>(), kEntries.size());
+  EXPECT_TRUE((*v)["problems"].empty());
 }
 
 TEST_F(CliTest, VerifyNamesAnEntryWithAFlippedDataBit) {
@@ -665,10 +518,10 @@ TEST_F(CliTest, VerifyNamesAnEntryWithAFlippedDataBit) {
   EXPECT_EQ(j.code, 1);
   const auto v = parse_json(j.out);
   ASSERT_TRUE(v) << j.out;
-  EXPECT_FALSE((*v)["ok"].b);
-  ASSERT_EQ((*v)["problems"].items.size(), 1u);
-  EXPECT_EQ((*v)["problems"].items[0]["kind"].text, "entry_checksum");
-  EXPECT_EQ((*v)["problems"].items[0]["key"].text, "layer1.weight");
+  EXPECT_FALSE((*v)["ok"].get<bool>());
+  ASSERT_EQ((*v)["problems"].size(), 1u);
+  EXPECT_EQ((*v)["problems"][0]["kind"].get<std::string>(), "entry_checksum");
+  EXPECT_EQ((*v)["problems"][0]["key"].get<std::string>(), "layer1.weight");
 
   // cat refuses the damaged entry, writing nothing, and still serves the others.
   const CliRun bad = run({"cat", f, "layer1.weight"});
@@ -750,7 +603,9 @@ TEST_F(CliTest, TruncatedFilesNeverCrashTheTool) {
       const CliRun r = run(args);
       EXPECT_TRUE(r.exited) << args[0] << " crashed with signal " << r.code - 128;
       EXPECT_LT(r.code, 6) << args[0];
-      if (args[0] != "info" && args[0] != "ls") EXPECT_NE(r.code, 0) << args[0] << ": " << r.out;
+      if (args[0] != "info" && args[0] != "ls") {
+        EXPECT_NE(r.code, 0) << args[0] << ": " << r.out;
+      }
     }
     EXPECT_EQ(read_file(f), bytes.substr(0, cut)) << "compact must not touch a damaged file";
   }
@@ -834,12 +689,12 @@ TEST_F(CliTest, ReadsAndConvertsXpwcVersion2WithSeeds) {
   ASSERT_EQ(ls.code, 0) << ls.err;
   const auto j = parse_json(ls.out);
   ASSERT_TRUE(j) << ls.out;
-  ASSERT_EQ((*j)["entries"].items.size(), 3u);
-  const Json& e0 = (*j)["entries"].items[0];
-  EXPECT_EQ(e0["key"].text, "conv1.weight#seed=7");
-  EXPECT_EQ(e0["name"].text, "conv1.weight");
-  EXPECT_EQ(e0["seed"].u64(), 7u);
-  EXPECT_EQ(e0["checksum"].type, Json::Type::null);
+  ASSERT_EQ((*j)["entries"].size(), 3u);
+  const Json& e0 = (*j)["entries"][0];
+  EXPECT_EQ(e0["key"].get<std::string>(), "conv1.weight#seed=7");
+  EXPECT_EQ(e0["name"].get<std::string>(), "conv1.weight");
+  EXPECT_EQ(e0["seed"].get<std::uint64_t>(), 7u);
+  EXPECT_TRUE(e0["checksum"].is_null());
 
   const CliRun v = run({"verify", "--json", in});
   EXPECT_EQ(v.code, 0);
@@ -1178,8 +1033,10 @@ TEST_F(CliTest, GcRejectsBadSizesAndArguments) {
     ASSERT_TRUE(r.code == 0) << arg << ": " << r.err;
     const auto j = parse_json(r.out);
     ASSERT_TRUE(j) << r.out;
-    EXPECT_EQ((*j)["max_bytes"].u64(), bytes) << arg;
-    if (bytes == 0) EXPECT_FALSE(fs::exists(d + "/a.wcache"));
+    EXPECT_EQ((*j)["max_bytes"].get<std::uint64_t>(), bytes) << arg;
+    if (bytes == 0) {
+      EXPECT_FALSE(fs::exists(d + "/a.wcache"));
+    }
   }
 }
 
@@ -1198,27 +1055,27 @@ TEST_F(CliTest, GcRemovesTheLeastRecentlyUsedAndSaysWhatItDid) {
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = parse_json(r.out);
   ASSERT_TRUE(j) << r.out;
-  EXPECT_EQ((*j)["dir"].text, d);
-  EXPECT_EQ((*j)["max_bytes"].u64(), 2 * each);
-  EXPECT_EQ((*j)["total_before"].u64(), 3 * each);
-  EXPECT_EQ((*j)["total_after"].u64(), 2 * each);
-  EXPECT_TRUE((*j)["within_budget"].b);
-  EXPECT_EQ((*j)["removed_files"].u64(), 1u);
-  EXPECT_EQ((*j)["removed_bytes"].u64(), each);
-  EXPECT_EQ((*j)["kept_files"].u64(), 2u);
-  EXPECT_EQ((*j)["kept_in_use"].u64(), 0u);
-  const auto& files = (*j)["files"].items;
+  EXPECT_EQ((*j)["dir"].get<std::string>(), d);
+  EXPECT_EQ((*j)["max_bytes"].get<std::uint64_t>(), 2 * each);
+  EXPECT_EQ((*j)["total_before"].get<std::uint64_t>(), 3 * each);
+  EXPECT_EQ((*j)["total_after"].get<std::uint64_t>(), 2 * each);
+  EXPECT_TRUE((*j)["within_budget"].get<bool>());
+  EXPECT_EQ((*j)["removed_files"].get<std::uint64_t>(), 1u);
+  EXPECT_EQ((*j)["removed_bytes"].get<std::uint64_t>(), each);
+  EXPECT_EQ((*j)["kept_files"].get<std::uint64_t>(), 2u);
+  EXPECT_EQ((*j)["kept_in_use"].get<std::uint64_t>(), 0u);
+  const auto& files = (*j)["files"];
   ASSERT_EQ(files.size(), 3u);  // caches only, least recently used first
-  EXPECT_EQ(files[0]["path"].text, d + "/old.wcache");
-  EXPECT_EQ(files[0]["action"].text, "removed");
-  EXPECT_EQ(files[0]["reason"].text, "least_recently_used");
-  EXPECT_EQ(files[0]["last_used"].text, "2020-09-13T12:26:40.000000000Z");
-  EXPECT_EQ(files[0]["bytes"].u64(), each);
-  EXPECT_EQ(files[0]["detail"].type, Json::Type::null);
-  EXPECT_EQ(files[1]["path"].text, d + "/mid.wcache");
-  EXPECT_EQ(files[1]["action"].text, "kept");
-  EXPECT_EQ(files[1]["reason"].text, "within_budget");
-  EXPECT_EQ(files[2]["path"].text, d + "/new.wcache");
+  EXPECT_EQ(files[0]["path"].get<std::string>(), d + "/old.wcache");
+  EXPECT_EQ(files[0]["action"].get<std::string>(), "removed");
+  EXPECT_EQ(files[0]["reason"].get<std::string>(), "least_recently_used");
+  EXPECT_EQ(files[0]["last_used"].get<std::string>(), "2020-09-13T12:26:40.000000000Z");
+  EXPECT_EQ(files[0]["bytes"].get<std::uint64_t>(), each);
+  EXPECT_TRUE(files[0]["detail"].is_null());
+  EXPECT_EQ(files[1]["path"].get<std::string>(), d + "/mid.wcache");
+  EXPECT_EQ(files[1]["action"].get<std::string>(), "kept");
+  EXPECT_EQ(files[1]["reason"].get<std::string>(), "within_budget");
+  EXPECT_EQ(files[2]["path"].get<std::string>(), d + "/new.wcache");
   EXPECT_FALSE(fs::exists(d + "/old.wcache"));
   EXPECT_FALSE(fs::exists(d + "/old.wcache.lock"));
   EXPECT_EQ(read_file(d + "/notes.wcache"), "not a cache");
@@ -1249,18 +1106,19 @@ TEST_F(CliTest, GcExitsBusyWhenAFileInUseKeepsTheDirectoryOverBudget) {
   EXPECT_EQ(r.code, 4) << r.out << r.err;
   const auto j = parse_json(r.out);
   ASSERT_TRUE(j) << r.out;
-  EXPECT_FALSE((*j)["within_budget"].b);
-  EXPECT_EQ((*j)["kept_in_use"].u64(), 1u);
-  EXPECT_EQ((*j)["kept_in_use_bytes"].u64(), allocated(d + "/open.wcache") + allocated(d + "/open.wcache.lock"));
-  EXPECT_EQ((*j)["total_after"].u64(), (*j)["kept_in_use_bytes"].u64());
-  EXPECT_EQ((*j)["kept_unremovable"].u64(), 0u);
-  EXPECT_EQ((*j)["removed_files"].u64(), 1u);
-  const auto& files = (*j)["files"].items;
+  EXPECT_FALSE((*j)["within_budget"].get<bool>());
+  EXPECT_EQ((*j)["kept_in_use"].get<std::uint64_t>(), 1u);
+  EXPECT_EQ((*j)["kept_in_use_bytes"].get<std::uint64_t>(),
+            allocated(d + "/open.wcache") + allocated(d + "/open.wcache.lock"));
+  EXPECT_EQ((*j)["total_after"].get<std::uint64_t>(), (*j)["kept_in_use_bytes"].get<std::uint64_t>());
+  EXPECT_EQ((*j)["kept_unremovable"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ((*j)["removed_files"].get<std::uint64_t>(), 1u);
+  const auto& files = (*j)["files"];
   ASSERT_EQ(files.size(), 2u);
-  EXPECT_EQ(files[0]["path"].text, d + "/open.wcache");
-  EXPECT_EQ(files[0]["action"].text, "kept");
-  EXPECT_EQ(files[0]["reason"].text, "in_use");
-  EXPECT_NE(files[0]["detail"].text.find("open"), std::string::npos);
+  EXPECT_EQ(files[0]["path"].get<std::string>(), d + "/open.wcache");
+  EXPECT_EQ(files[0]["action"].get<std::string>(), "kept");
+  EXPECT_EQ(files[0]["reason"].get<std::string>(), "in_use");
+  EXPECT_NE(files[0]["detail"].get<std::string>().find("open"), std::string::npos);
   EXPECT_TRUE(fs::exists(d + "/open.wcache"));
   EXPECT_FALSE(fs::exists(d + "/idle.wcache"));
   EXPECT_NE(held->look_up("layer1.weight"), weightcache::kNotFound);
@@ -1324,7 +1182,8 @@ TEST_F(CliTest, CanonicalCompactionMakesByteIdenticalFilesWhateverTheInsertionOr
         std::vector<int> mine;
         for (int i = k; i < kEntries; i += 2) mine.push_back(i);
         std::reverse(mine.begin(), mine.end());
-        ::_exit(insert_range(c, mine) ? 0 : 1);
+        if (!insert_range(c, mine)) weightcache::test::child_exit(weightcache::test::kChildCacheError, "insert_range");
+        weightcache::test::child_exit(weightcache::test::kChildOk);
       }
     }
     for (pid_t kid : kids) {

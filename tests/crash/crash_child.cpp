@@ -18,7 +18,8 @@
 // The verifier writes one line:
 //   V <open> <hits> <wrong> <lost> <entries> <verify_failures>
 // with <open> one of ok, absent (no file and nothing was ever finalized into it), failed.
-// Exit codes: 0 done, 2 usage, 3 a cache call failed (stderr says which), 4 verification failed.
+// Exit codes (child_exit.hpp): ok, usage, a cache call failed (stderr says which), or a mismatch.
+#include "child_exit.hpp"
 #include "crash_common.hpp"
 
 #include <cerrno>
@@ -36,14 +37,13 @@
 
 using namespace weightcache;
 using namespace weightcache::crash;
+using namespace weightcache::test;
 
 namespace {
 
-constexpr int kOk = 0, kUsage = 2, kCacheError = 3, kMismatch = 4;
-
 int fail(const std::string& what) {
   std::fprintf(stderr, "crash_child: %s: %s\n", what.c_str(), last_error().message.c_str());
-  return kCacheError;
+  return kChildCacheError;
 }
 
 /// Packs entries [first, end) of `round` the way a backend does and returns an exit code.
@@ -69,19 +69,19 @@ int pack(WeightCache& cache, std::uint64_t round, std::uint64_t first, std::uint
     if (cache.offset_to_addr(off) != p) {
       std::fprintf(stderr, "crash_child: entry %llu of round %llu was not committed in place\n",
                    (unsigned long long)i, (unsigned long long)round);
-      return kCacheError;
+      return kChildCacheError;
     }
   }
-  return kOk;
+  return kChildOk;
 }
 
 int finalize(WeightCache& cache, std::uint64_t round, std::uint64_t end) {
   if (auto r = cache.finalize(); !r) {
     std::fprintf(stderr, "crash_child: finalize: %s\n", r.error().message.c_str());
-    return kCacheError;
+    return kChildCacheError;
   }
   report("F " + std::to_string(round) + " " + std::to_string(end));
-  return kOk;
+  return kChildOk;
 }
 
 int run_writer(const std::string& path, std::uint64_t round, std::uint64_t batch, std::uint64_t max_entries) {
@@ -91,10 +91,10 @@ int run_writer(const std::string& path, std::uint64_t round, std::uint64_t batch
   report("R");
   for (std::uint64_t n = 0; n < max_entries; n += batch) {
     report("A " + std::to_string(round) + " " + std::to_string(n + batch));
-    if (int rc = pack(cache, round, n, n + batch, 0); rc != kOk) return rc;
-    if (int rc = finalize(cache, round, n + batch); rc != kOk) return rc;
+    if (int rc = pack(cache, round, n, n + batch, 0); rc != kChildOk) return rc;
+    if (int rc = finalize(cache, round, n + batch); rc != kChildOk) return rc;
   }
-  return kOk;
+  return kChildOk;
 }
 
 int run_big(const std::string& path, std::uint64_t round, std::size_t big_bytes) {
@@ -103,11 +103,11 @@ int run_big(const std::string& path, std::uint64_t round, std::size_t big_bytes)
   WeightCache& cache = opened.value();
   report("R");
   report("A " + std::to_string(round) + " " + std::to_string(kBigIndex));
-  if (int rc = pack(cache, round, 0, kBigIndex, big_bytes); rc != kOk) return rc;
-  if (int rc = finalize(cache, round, kBigIndex); rc != kOk) return rc;
+  if (int rc = pack(cache, round, 0, kBigIndex, big_bytes); rc != kChildOk) return rc;
+  if (int rc = finalize(cache, round, kBigIndex); rc != kChildOk) return rc;
   report("A " + std::to_string(round) + " " + std::to_string(kBigIndex + 1));
   report("B " + std::to_string(round));
-  if (int rc = pack(cache, round, kBigIndex, kBigIndex + 1, big_bytes); rc != kOk) return rc;
+  if (int rc = pack(cache, round, kBigIndex, kBigIndex + 1, big_bytes); rc != kChildOk) return rc;
   return finalize(cache, round, kBigIndex + 1);
 }
 
@@ -122,7 +122,7 @@ int run_verify(const std::string& path, std::size_t big_bytes, const std::vector
   if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && !any_finalized) {
     // Killed before the file was first renamed into place: nothing to check, nothing lost.
     report("V absent 0 0 0 0 0");
-    return kOk;
+    return kChildOk;
   }
   Options o = writer_options(path);
   o.read_only = true;  // a kill must never leave a file that needs a rebuild
@@ -130,7 +130,7 @@ int run_verify(const std::string& path, std::size_t big_bytes, const std::vector
   if (!opened) {
     std::fprintf(stderr, "crash_child: verifier open failed: %s\n", opened.error().message.c_str());
     report("V failed 0 0 0 0 0");
-    return kMismatch;
+    return kChildMismatch;
   }
   WeightCache& cache = opened.value();
   std::uint64_t hits = 0, wrong = 0, lost = 0;
@@ -161,7 +161,7 @@ int run_verify(const std::string& path, std::size_t big_bytes, const std::vector
   const Stats s = cache.stats();
   report("V ok " + std::to_string(hits) + " " + std::to_string(wrong) + " " + std::to_string(lost) + " " +
          std::to_string(s.entries) + " " + std::to_string(s.verify_failures));
-  return wrong == 0 && lost == 0 && s.entries == hits && s.verify_failures == 0 ? kOk : kMismatch;
+  return wrong == 0 && lost == 0 && s.entries == hits && s.verify_failures == 0 ? kChildOk : kChildMismatch;
 }
 
 int usage() {
@@ -169,7 +169,7 @@ int usage() {
                "usage: crash_child write <cache> <round> <batch> <max_entries>\n"
                "       crash_child big <cache> <round> <big_bytes>\n"
                "       crash_child verify <cache> <big_bytes> <round>:<probe>:<finalized>...\n");
-  return kUsage;
+  return kChildUsage;
 }
 
 std::uint64_t number(const char* s) { return std::strtoull(s, nullptr, 10); }

@@ -15,8 +15,9 @@
 //       opens with backing=file, reserves (taking the writer lease), writes "L" to descriptor 3
 //       and waits to be killed
 //
-// Exit codes: 0 as expected, 2 usage, 3 a check failed (stderr says which). Death by SIGXFSZ
+// Exit codes: child_exit.hpp (stderr says what failed). Death by SIGXFSZ
 // means the library grew the file past the limit without checking it first.
+#include "child_exit.hpp"
 #include "env_common.hpp"
 
 #include <cerrno>
@@ -34,15 +35,9 @@
 
 using namespace weightcache;
 using namespace weightcache::env;
+using namespace weightcache::test;
 
 namespace {
-
-constexpr int kOk = 0, kUsage = 2, kFailed = 3;
-
-int failed(const std::string& what) {
-  std::fprintf(stderr, "env_child: %s\n", what.c_str());
-  return kFailed;
-}
 
 bool set_file_limit(std::uint64_t limit) {
   struct rlimit rl {};
@@ -54,79 +49,92 @@ bool set_file_limit(std::uint64_t limit) {
 int commit_some(WeightCache& cache, std::uint64_t first, std::uint64_t count, std::vector<Packed>* out) {
   for (std::uint64_t i = first; i < first + count; ++i) {
     Packed e;
-    if (!pack(cache, i, 4096 + 512 * i, &e)) return failed("pack of a committed entry: " + last_error().message);
+    if (!pack(cache, i, 4096 + 512 * i, &e))
+      return child_failed(kChildCacheError, "pack of a committed entry: " + last_error().message);
     out->push_back(e);
   }
-  if (auto r = cache.finalize(); !r) return failed("finalize of the committed entries: " + r.error().message);
-  return kOk;
+  if (auto r = cache.finalize(); !r)
+    return child_failed(kChildCacheError, "finalize of the committed entries: " + r.error().message);
+  return kChildOk;
 }
 
 int run_fsize(const std::string& path, std::uint64_t limit, bool file_backing) {
   LogCapture log;
-  if (!set_file_limit(limit)) return failed(std::string("setrlimit: ") + std::strerror(errno));
+  if (!set_file_limit(limit)) return child_failed(kChildSetupFailed, std::string("setrlimit: ") + std::strerror(errno));
   auto opened = WeightCache::open(cache_options(path, file_backing ? Backing::file : Backing::automatic));
-  if (!opened) return failed("open: " + opened.error().message);
+  if (!opened) return child_failed(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
-  if (cache.stats().backing != Backing::file) return failed("the cache did not start file-backed");
+  if (cache.stats().backing != Backing::file)
+    return child_failed(kChildFellBack, "the cache did not start file-backed");
   std::vector<Packed> entries;
-  if (int rc = commit_some(cache, 0, 4, &entries); rc != kOk) return rc;
+  if (int rc = commit_some(cache, 0, 4, &entries); rc != kChildOk) return rc;
   constexpr std::size_t kChunk = 256 * 1024;
   const std::uint64_t max_chunks = limit / kChunk + 8;  // enough to cross the limit
   bool refused = false;
   for (std::uint64_t i = 100; i < 100 + max_chunks && !refused; ++i) {
     Packed e;
     if (!pack(cache, i, kChunk, &e)) {
-      if (!file_backing) return failed("reserve with backing=auto failed: " + last_error().message);
+      if (!file_backing)
+        return child_failed(kChildCacheError, "reserve with backing=auto failed: " + last_error().message);
       if (last_error().code != Errc::no_space)
-        return failed("reserve failed with " + std::string(to_string(last_error().code)) + ", not no_space: " +
-                      last_error().message);
+        return child_failed(kChildUnexpected,
+                            "reserve failed with " + std::string(to_string(last_error().code)) + ", not no_space: " +
+                                last_error().message);
       refused = true;
       break;
     }
     entries.push_back(e);
     refused = e.heap;
   }
-  if (!refused) return failed("never ran into the file size limit");
-  if (file_backing && cache.stats().heap_fallbacks != 0) return failed("backing=file fell back to the heap");
-  if (!file_backing && cache.stats().heap_fallbacks == 0) return failed("no heap fallback was counted");
-  if (!log.contains("WC_ERR_NO_SPACE")) return failed("WC_ERR_NO_SPACE was not logged; the log was:\n" + log.all());
+  if (!refused) return child_failed(kChildUnexpected, "never ran into the file size limit");
+  if (file_backing && cache.stats().heap_fallbacks != 0)
+    return child_failed(kChildFellBack, "backing=file fell back to the heap");
+  if (!file_backing && cache.stats().heap_fallbacks == 0)
+    return child_failed(kChildUnexpected, "no heap fallback was counted");
+  if (!log.contains("WC_ERR_NO_SPACE"))
+    return child_failed(kChildUnexpected, "WC_ERR_NO_SPACE was not logged; the log was:\n" + log.all());
   for (const auto& e : entries)
-    if (auto err = check(cache, e); !err.empty()) return failed(err);
-  return kOk;
+    if (auto err = check(cache, e); !err.empty()) return child_failed(kChildMismatch, err);
+  return kChildOk;
 }
 
 int run_fsize_finalize(const std::string& path) {
   LogCapture log;
   auto opened = WeightCache::open(cache_options(path, Backing::file));
-  if (!opened) return failed("open: " + opened.error().message);
+  if (!opened) return child_failed(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   std::vector<Packed> committed, pending;
-  if (int rc = commit_some(cache, 0, 4, &committed); rc != kOk) return rc;
+  if (int rc = commit_some(cache, 0, 4, &committed); rc != kChildOk) return rc;
   std::uint64_t data_end = 0;
   for (std::uint64_t i = 10; i < 14; ++i) {
     Packed e;
-    if (!pack(cache, i, 10000, &e)) return failed("pack: " + last_error().message);
+    if (!pack(cache, i, 10000, &e)) return child_failed(kChildCacheError, "pack: " + last_error().message);
     pending.push_back(e);
     data_end = std::max<std::uint64_t>(data_end, e.offset + e.size);
   }
   // The index and footer go after the data: nothing of them can be written under this limit.
-  if (!set_file_limit(data_end)) return failed(std::string("setrlimit: ") + std::strerror(errno));
+  if (!set_file_limit(data_end))
+    return child_failed(kChildSetupFailed, std::string("setrlimit: ") + std::strerror(errno));
   auto r = cache.finalize();
-  if (r) return failed("finalize succeeded past the file size limit");
+  if (r) return child_failed(kChildUnexpected, "finalize succeeded past the file size limit");
   if (r.error().code != Errc::no_space)
-    return failed("finalize failed with " + std::string(to_string(r.error().code)) + ", not no_space: " +
-                  r.error().message);
-  if (!log.contains("WC_ERR_NO_SPACE")) return failed("WC_ERR_NO_SPACE was not logged; the log was:\n" + log.all());
+    return child_failed(kChildUnexpected,
+                        "finalize failed with " + std::string(to_string(r.error().code)) + ", not no_space: " +
+                            r.error().message);
+  if (!log.contains("WC_ERR_NO_SPACE"))
+    return child_failed(kChildUnexpected, "WC_ERR_NO_SPACE was not logged; the log was:\n" + log.all());
   // A failed finalize poisons nothing: every entry is still served from memory.
   for (const auto* set : {&committed, &pending})
     for (const auto& e : *set)
-      if (auto err = check(cache, e); !err.empty()) return failed("after the failed finalize: " + err);
-  return kOk;
+      if (auto err = check(cache, e); !err.empty())
+        return child_failed(kChildMismatch, "after the failed finalize: " + err);
+  return kChildOk;
 }
 
 int run_list_fds(int out_fd) {
   DIR* d = ::opendir("/proc/self/fd");
-  if (d == nullptr) return failed(std::string("opendir /proc/self/fd: ") + std::strerror(errno));
+  if (d == nullptr)
+    return child_failed(kChildSetupFailed, std::string("opendir /proc/self/fd: ") + std::strerror(errno));
   std::string listing;
   while (const dirent* e = ::readdir(d)) {
     if (e->d_name[0] == '.') continue;
@@ -138,18 +146,19 @@ int run_list_fds(int out_fd) {
   }
   ::closedir(d);
   if (::write(out_fd, listing.data(), listing.size()) != static_cast<ssize_t>(listing.size()))
-    return failed("cannot write the listing");
-  return kOk;
+    return child_failed(kChildSetupFailed, "cannot write the listing");
+  return kChildOk;
 }
 
 int run_hold_lease(const std::string& path, bool allow_symlink) {
   Options o = cache_options(path, Backing::file);
   o.allow_symlink = allow_symlink;
   auto opened = WeightCache::open(o);
-  if (!opened) return failed("open: " + opened.error().message);
-  if (opened.value().reserve(4096) == nullptr) return failed("reserve: " + last_error().message);
+  if (!opened) return child_failed(kChildCacheError, "open: " + opened.error().message);
+  if (opened.value().reserve(4096) == nullptr)
+    return child_failed(kChildCacheError, "reserve: " + last_error().message);
   const char line[] = "L\n";
-  if (::write(3, line, 2) != 2) return failed("cannot report");
+  if (::write(3, line, 2) != 2) return child_failed(kChildSetupFailed, "cannot report");
   for (;;) ::pause();
 }
 
@@ -160,7 +169,7 @@ int main(int argc, char** argv) {
   (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);  // hold-lease must not outlive a test that died
 #endif
   std::signal(SIGXFSZ, SIG_DFL);  // the test is that it is never raised
-  if (argc < 3) return kUsage;
+  if (argc < 3) return kChildUsage;
   const std::string mode = argv[1];
   if (mode == "fsize" && argc == 5)
     return run_fsize(argv[2], std::strtoull(argv[3], nullptr, 10), std::string(argv[4]) == "file");
@@ -168,5 +177,5 @@ int main(int argc, char** argv) {
   if (mode == "list-fds" && argc == 3) return run_list_fds(std::atoi(argv[2]));
   if (mode == "hold-lease" && argc == 4) return run_hold_lease(argv[2], std::atoi(argv[3]) != 0);
   std::fprintf(stderr, "env_child: bad arguments (see the comment at the top of env_child.cpp)\n");
-  return kUsage;
+  return kChildUsage;
 }

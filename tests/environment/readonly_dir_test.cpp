@@ -1,6 +1,7 @@
 // A cache in a directory the process cannot write (a system image, another user's cache) is
 // still mapped and served, read-only; new entries go to memory. Needs an unprivileged user, so
 // the check runs in a forked child that drops to "nobody" (skipped when not root).
+#include "child_exit.hpp"
 #include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,16 @@
 #include <unistd.h>
 
 namespace {
+
+using weightcache::test::child_exit;
+using weightcache::test::child_exit_meaning;
+using weightcache::test::child_failed;
+using weightcache::test::kChildCacheError;
+using weightcache::test::kChildFellBack;
+using weightcache::test::kChildMismatch;
+using weightcache::test::kChildOk;
+using weightcache::test::kChildSetupFailed;
+using weightcache::test::kChildUnexpected;
 
 TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
@@ -43,28 +54,29 @@ TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(10);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) child_exit(kChildSetupFailed, "cannot become nobody");
     weightcache::set_log_level(weightcache::LogLevel::off);
     auto c = weightcache::WeightCache::open(o);
-    if (!c.ok()) ::_exit(11);
-    if (c->stats().backing != weightcache::Backing::file) ::_exit(12);
+    if (!c.ok()) child_exit(kChildCacheError, "open: " + c.error().message);
+    if (c->stats().backing != weightcache::Backing::file) child_exit(kChildFellBack, "not served from the file");
     const std::size_t off = c->look_up("w");
     if (off == weightcache::kNotFound || std::memcmp(c->offset_to_addr(off), bytes.data(), bytes.size()) != 0)
-      ::_exit(13);
+      child_exit(kChildMismatch, "entry w");
     void* p = c->reserve(64);  // memory, not the file
-    if (p == nullptr) ::_exit(14);
+    if (p == nullptr) child_exit(kChildCacheError, "reserve");
     std::memset(p, 1, 64);
-    if (c->look_up_or_insert("new", p, 64) == weightcache::kNotFound) ::_exit(15);
+    if (c->look_up_or_insert("new", p, 64) == weightcache::kNotFound) child_exit(kChildCacheError, "insert");
     // Not durable (the file cannot take it): finalize says so, with the reason.
-    if (auto f = c->finalize(); f.ok() || f.error().code != weightcache::Errc::read_only) ::_exit(16);
-    if (c->stats().unpersisted_entries != 1) ::_exit(18);
-    if (c->stats().heap_bytes != 64) ::_exit(17);
-    ::_exit(0);
+    if (auto f = c->finalize(); f.ok() || f.error().code != weightcache::Errc::read_only)
+      child_exit(kChildUnexpected, "finalize did not say read_only");
+    if (c->stats().unpersisted_entries != 1) child_exit(kChildUnexpected, "unpersisted_entries is not 1");
+    if (c->stats().heap_bytes != 64) child_exit(kChildUnexpected, "heap_bytes is not 64");
+    child_exit(kChildOk);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "child failed at step " << WEXITSTATUS(status);
+  EXPECT_EQ(WEXITSTATUS(status), kChildOk) << child_exit_meaning(WEXITSTATUS(status)) << " (its stderr says where)";
   struct stat after {};
   ASSERT_EQ(::stat(o.path.c_str(), &after), 0);
   EXPECT_EQ(after.st_size, before.st_size);
@@ -73,14 +85,14 @@ TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
 }
 
 
-// Runs `body` in a child that dropped to "nobody"; returns its exit status (0 = all held).
+// Runs `body` in a child that dropped to "nobody"; returns its exit code (kChildOk: all held).
 int as_nobody(const std::function<int()>& body) {
   const pid_t pid = ::fork();
   if (pid < 0) return -1;
   if (pid == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(90);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) child_exit(kChildSetupFailed, "cannot become nobody");
     weightcache::set_log_level(weightcache::LogLevel::off);
-    ::_exit(body());
+    child_exit(body());
   }
   int status = 0;
   if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -2;
@@ -112,19 +124,21 @@ TEST(ReadOnlyDirectory, LockFileThatCannotBeCreatedIsAnErrorForBackingFile) {
     weightcache::Options f = o;
     f.backing = weightcache::Backing::file;
     auto c = weightcache::WeightCache::open(f);
-    if (c.ok()) return 1;
-    if (c.error().code != weightcache::Errc::read_only) return 2;
-    if (c.error().message.find(".lock") == std::string::npos) return 3;
+    if (c.ok()) return child_failed(kChildUnexpected, "backing=file opened");
+    if (c.error().code != weightcache::Errc::read_only) return child_failed(kChildUnexpected, c.error().message);
+    if (c.error().message.find(".lock") == std::string::npos)
+      return child_failed(kChildUnexpected, "the message names no lock file: " + c.error().message);
     weightcache::Options a = o;
     a.backing = weightcache::Backing::automatic;
     auto r = weightcache::WeightCache::open(a);
-    if (!r.ok() || r->look_up("w") == weightcache::kNotFound) return 4;
-    if (r->insert("new", "bytes") == weightcache::kNotFound) return 5;
+    if (!r.ok() || r->look_up("w") == weightcache::kNotFound) return child_failed(kChildMismatch, "entry w");
+    if (r->insert("new", "bytes") == weightcache::kNotFound) return child_failed(kChildCacheError, "insert");
     auto fin = r->finalize();
-    if (fin.ok() || fin.error().code != weightcache::Errc::read_only) return 6;
-    return 0;
+    if (fin.ok() || fin.error().code != weightcache::Errc::read_only)
+      return child_failed(kChildUnexpected, "finalize did not say read_only");
+    return kChildOk;
   });
-  EXPECT_EQ(st, 0) << "child failed at step " << st;
+  EXPECT_EQ(st, kChildOk) << child_exit_meaning(st) << " (its stderr says where)";
   ::chmod(sub.c_str(), 0755);
 }
 
@@ -159,23 +173,26 @@ TEST(ReadOnlyDirectory, ReadOnlyFileServesItsEntriesToAWriter) {
       weightcache::Options f = o;
       f.backing = weightcache::Backing::file;
       auto refused = weightcache::WeightCache::open(f);
-      if (refused.ok() || refused.error().code != weightcache::Errc::read_only) return 7;
+      if (refused.ok() || refused.error().code != weightcache::Errc::read_only)
+        return child_failed(kChildUnexpected, "backing=file was not refused as read_only");
     }
     auto c = weightcache::WeightCache::open(o);
-    if (!c.ok()) return 1;
-    if (c->stats().backing != weightcache::Backing::file) return 2;
+    if (!c.ok()) return child_failed(kChildCacheError, "open: " + c.error().message);
+    if (c->stats().backing != weightcache::Backing::file)
+      return child_failed(kChildFellBack, "not served from the file");
     for (int i = 0; i < 10; ++i) {
       const std::size_t off = c->look_up(keys[i]);
-      if (off == weightcache::kNotFound) return 3;
-      if (std::memcmp(c->offset_to_addr(off), std::string(3000 + i, static_cast<char>('a' + i)).data(), 3000 + i) != 0)
-        return 4;
+      if (off == weightcache::kNotFound ||
+          std::memcmp(c->offset_to_addr(off), std::string(3000 + i, static_cast<char>('a' + i)).data(), 3000 + i) != 0)
+        return child_failed(kChildMismatch, keys[i]);
     }
-    if (c->insert("new", "bytes") == weightcache::kNotFound) return 5;
+    if (c->insert("new", "bytes") == weightcache::kNotFound) return child_failed(kChildCacheError, "insert");
     auto fin = c->finalize();
-    if (fin.ok() || fin.error().code != weightcache::Errc::read_only) return 6;
-    return 0;
+    if (fin.ok() || fin.error().code != weightcache::Errc::read_only)
+      return child_failed(kChildUnexpected, "finalize did not say read_only");
+    return kChildOk;
   });
-  EXPECT_EQ(st, 0) << "child failed at step " << st;
+  EXPECT_EQ(st, kChildOk) << child_exit_meaning(st) << " (its stderr says where)";
   struct stat after {};
   ASSERT_EQ(::stat(o.path.c_str(), &after), 0);
   EXPECT_EQ(after.st_size, before.st_size);

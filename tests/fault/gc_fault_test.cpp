@@ -106,14 +106,18 @@ std::uint64_t run_once(const Fault& fault) {
     if (f.removed) {
       ++removed;
       EXPECT_FALSE(exists(f.path)) << what << ": " << f.path;
-      if (f.detail.empty()) EXPECT_FALSE(exists(f.path + ".lock")) << what << ": " << f.path;
+      if (f.detail.empty()) {
+        EXPECT_FALSE(exists(f.path + ".lock")) << what << ": " << f.path;
+      }
     } else {
       ++kept;
       EXPECT_TRUE(exists(f.path)) << what << ": " << f.path;
       EXPECT_NE(f.reason, weightcache::GcReason::within_budget) << what;  // budget 0: each was tried
       EXPECT_FALSE(f.detail.empty()) << what << ": " << f.path;
     }
-    if (f.path == dir.file("held.wcache")) EXPECT_FALSE(f.removed) << what;
+    if (f.path == dir.file("held.wcache")) {
+      EXPECT_FALSE(f.removed) << what;
+    }
   }
   EXPECT_EQ(r->removed_files, removed) << what;
   EXPECT_EQ(r->kept_files, kept) << what;

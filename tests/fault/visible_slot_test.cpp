@@ -3,6 +3,7 @@
 // names. The writer reports the failure, but must never cut the file below that size afterwards
 // (when it trims its preallocated tail, or at close): the reader would take SIGBUS on entries
 // it was told are there.
+#include "child_exit.hpp"
 #include "hooks.hpp"
 #include "key_content.hpp"
 #include "temp_dir.hpp"
@@ -43,7 +44,8 @@ void insert_batch(WeightCache& c, int batch, int n) {
 }
 
 // Reads every entry the reader knows, in a child so that a SIGBUS is a test failure, not a crash
-// of the test binary. Exit 0: all bytes right; 1: a wrong byte or a miss; killed: a fault.
+// of the test binary. Exits kChildOk when all bytes are right, kChildMismatch at a wrong byte or a
+// miss; killed: a fault.
 int read_all_in_child(WeightCache& reader, const std::vector<std::string>& keys) {
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -52,9 +54,9 @@ int read_all_in_child(WeightCache& reader, const std::vector<std::string>& keys)
       const void* p = off == kNotFound ? nullptr : reader.offset_to_addr(off);
       if (p == nullptr || weightcache::test::bytes_for_key(k, kEntrySize) !=
                               std::string(static_cast<const char*>(p), kEntrySize))
-        ::_exit(1);
+        weightcache::test::child_exit(weightcache::test::kChildMismatch, "wrong bytes or a miss for " + k);
     }
-    ::_exit(0);
+    weightcache::test::child_exit(weightcache::test::kChildOk);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);

@@ -11,6 +11,7 @@
 // the exact set of served keys is checked too.
 //
 // WEIGHTCACHE_FULL=1 (or WEIGHTCACHE_FORMAT_FULL=1) flips every bit of every structural byte instead of one per byte.
+#include "child_exit.hpp"
 #include "file_image.hpp"
 #include "log_capture.hpp"
 #include "random_bytes.hpp"
@@ -315,11 +316,11 @@ Outcome run_variant(const Variant& v) {
     Report r;
     try {
       child_body(v, path, &r);
-    } catch (...) {
-      ::_exit(3);
+    } catch (const std::exception& e) {
+      test::child_exit(test::kChildUnexpected, std::string("threw: ") + e.what());
     }
     const bool sent = ::write(fds[1], &r, sizeof r) == static_cast<ssize_t>(sizeof r);
-    ::_exit(sent ? 0 : 4);
+    test::child_exit(sent ? test::kChildOk : test::kChildSetupFailed, "cannot send the report");
   }
   ::close(fds[1]);
   std::size_t got = 0;
@@ -1039,7 +1040,9 @@ TEST_F(VerifyModes, FirstUseTurnsADamagedEntryIntoAMiss) {
   }
   EXPECT_EQ(cache->stats().verify_failures, 1u);  // counted once per entry
   for (std::size_t i = 0; i < kEntries; ++i)
-    if (i != kVictim) EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    if (i != kVictim) {
+      EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    }
 }
 
 TEST_F(VerifyModes, OnOpenChecksEverythingAtOpen) {
@@ -1051,7 +1054,9 @@ TEST_F(VerifyModes, OnOpenChecksEverythingAtOpen) {
   EXPECT_EQ(cache->look_up(entries()[kVictim].key), kNotFound);
   EXPECT_EQ(cache->stats().verify_failures, 1u);
   for (std::size_t i = 0; i < kEntries; ++i)
-    if (i != kVictim) EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    if (i != kVictim) {
+      EXPECT_EQ(bytes_of(*cache, i), entries()[i].bytes) << "entry " << i;
+    }
 }
 
 TEST_F(VerifyModes, NoneStillVerifiesTheIndex) {

@@ -127,11 +127,14 @@ TEST(PageSize, TheLibrarySeesTheSystemsPageSize) {
 #ifndef _WIN32
   // Unless tests/support/page_size_shim.cpp stands in for a kernel with other pages.
   const char* shim = std::getenv("WEIGHTCACHE_TEST_PAGE_SIZE");
-  if (shim == nullptr || *shim == '\0') EXPECT_EQ(page, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
+  if (shim == nullptr || *shim == '\0') {
+    EXPECT_EQ(page, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
+  }
 #endif
   // scripts/test-arch says which page size the emulator was told to report.
-  if (const char* want = std::getenv("WEIGHTCACHE_EXPECT_PAGE_SIZE"); want != nullptr && *want != '\0')
+  if (const char* want = std::getenv("WEIGHTCACHE_EXPECT_PAGE_SIZE"); want != nullptr && *want != '\0') {
     EXPECT_EQ(page, static_cast<std::size_t>(std::strtoull(want, nullptr, 10)));
+  }
 }
 
 TEST(PageSizeGolden, WritesTheBytesOfEveryCommittedFile) {

@@ -44,7 +44,9 @@ std::vector<format::IndexRecord> check_file(const std::string& path, bool expect
     }
   }
   EXPECT_GT(best, 0u) << "no valid slot";
-  if (expect_trimmed) EXPECT_EQ(committed, b.size()) << "footer not at EOF";
+  if (expect_trimmed) {
+    EXPECT_EQ(committed, b.size()) << "footer not at EOF";
+  }
   return newest;
 }
 

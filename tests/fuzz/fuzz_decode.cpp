@@ -8,6 +8,8 @@
 //    footer) and its index checksum computed from the payload, so the fuzzer gets past the
 //    checksum to the parsing. When it accepts, every record obeys the bounds, alignment,
 //    uniqueness and overlap rules, and encode_trailer reproduces the payload byte for byte.
+//    Decoding again with diagnostics gives the same verdict, with diagnostics exactly when it is
+//    a problem.
 #include "format/format.hpp"
 
 #include <algorithm>
@@ -70,7 +72,16 @@ void check_trailer(std::span<const std::byte> payload, std::uint64_t alignment, 
 
   std::vector<IndexRecord> recs;
   std::string detail;
-  if (decode_trailer(t, slot, alignment, &recs, &detail) != Problem::none) return;
+  const Problem problem = decode_trailer(t, slot, alignment, &recs, &detail);
+  // Asked for diagnostics, the decoder reads on past what it can, and must reach the same verdict.
+  std::vector<IndexRecord> salvaged;
+  std::string diagnosed_detail;
+  std::vector<Diagnostic> diagnostics;
+  if (decode_trailer(t, slot, alignment, &salvaged, &diagnosed_detail, &diagnostics) != problem ||
+      diagnosed_detail != detail)
+    violated("diagnosing changed the verdict");
+  if ((problem == Problem::none) != diagnostics.empty()) violated("problems and diagnostics disagree");
+  if (problem != Problem::none) return;
   if (recs.size() != slot.entry_count) violated("record count differs from the slot");
   std::set<std::string> keys;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;

@@ -50,7 +50,7 @@ void write_seed(const fs::path& path, std::initializer_list<std::uint8_t> prefix
   out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   if (!out) {
     std::fprintf(stderr, "make_seeds: cannot write %s\n", path.c_str());
-    std::exit(1);
+    std::exit(EXIT_FAILURE);
   }
 }
 
@@ -67,23 +67,23 @@ Bytes build(const Layout& l, const fs::path& dir) {
     auto c = WeightCache::open(o);  // creates the fresh file and nothing else
     if (!c) {
       std::fprintf(stderr, "make_seeds: %s\n", c.error().message.c_str());
-      std::exit(1);
+      std::exit(EXIT_FAILURE);
     }
   }
   for (const auto& commit : l.commits) {
     auto c = WeightCache::open(o);
     if (!c) {
       std::fprintf(stderr, "make_seeds: %s\n", c.error().message.c_str());
-      std::exit(1);
+      std::exit(EXIT_FAILURE);
     }
     for (std::size_t i : commit)
       if (c->insert(fuzz::key(i), fuzz::bytes(i)) == kNotFound) {
         std::fprintf(stderr, "make_seeds: insert failed\n");
-        std::exit(1);
+        std::exit(EXIT_FAILURE);
       }
     if (auto r = c->finalize(); !r) {
       std::fprintf(stderr, "make_seeds: finalize: %s\n", r.error().message.c_str());
-      std::exit(1);
+      std::exit(EXIT_FAILURE);
     }
   }
   Bytes b = read_all(path);

@@ -10,6 +10,7 @@
 //   gone               the file at the path was replaced or removed while nobody had it open
 //   compacted / busy   a compaction's outcome
 //   wrong KEY          a look-up served bytes other than the key's (never)
+#include "child_exit.hpp"
 #include "key_content.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -37,7 +38,8 @@ int g_log = -1;
 
 void log_line(const std::string& line) {
   const std::string l = line + "\n";
-  if (::write(g_log, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::_Exit(70);
+  if (::write(g_log, l.data(), l.size()) != static_cast<ssize_t>(l.size()))
+    test::child_exit(test::kChildSetupFailed, "cannot append to the log");
 }
 
 bool stopped(const std::string& dir) { return ::access((dir + "/stop").c_str(), F_OK) == 0; }
@@ -62,7 +64,7 @@ int writer(const std::string& dir, const std::string& slot) {
   std::uint64_t n = 0;
   while (!stopped(dir)) {
     auto c = WeightCache::open(cache_options(dir, kKeyA));
-    if (!c) return 10;
+    if (!c) return test::child_failed(test::kChildCacheError, "writer: open: " + c.error().message);
     if (c->stats().compactions != 0) log_line("compacted-at-open");
     {
       struct stat st {};
@@ -87,11 +89,11 @@ int writer(const std::string& dir, const std::string& slot) {
         } else {
           off = c->insert(key, test::bytes_for_key(key, size));
         }
-        if (off == kNotFound) return 11;
+        if (off == kNotFound) return test::child_failed(test::kChildCacheError, "writer: insert of " + key);
         const void* at = c->offset_to_addr(off);
         if (at == nullptr || std::memcmp(at, test::bytes_for_key(key, size).data(), size) != 0) {
           log_line("wrong " + key);
-          return 12;
+          return test::child_failed(test::kChildMismatch, "writer: wrong bytes for " + key);
         }
         unlogged.emplace_back(key, size);
       }
@@ -100,7 +102,8 @@ int writer(const std::string& dir, const std::string& slot) {
       if (f.ok()) {
         for (const auto& [key, size] : unlogged) log_line("ok " + key + " " + std::to_string(size));
         unlogged.clear();
-        if (c->stats().unpersisted_entries != 0) return 13;  // OK means nothing is left in memory
+        if (c->stats().unpersisted_entries != 0)  // OK means nothing is left in memory
+          return test::child_failed(test::kChildUnexpected, "writer: finalize said OK but left entries in memory");
       } else {
         log_line("notok " + std::to_string(unlogged.size()) + " " + to_string(f.error().code));
       }
@@ -108,7 +111,7 @@ int writer(const std::string& dir, const std::string& slot) {
     c = Result<WeightCache>(WeightCache());  // close, then leave the file alone for a moment
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 40));
   }
-  return 0;
+  return test::kChildOk;
 }
 
 int compactor(const std::string& dir) {
@@ -132,7 +135,7 @@ int compactor(const std::string& dir) {
     else log_line(std::string("compact-") + wc_status_string(st));
     std::this_thread::sleep_for(std::chrono::milliseconds(3));
   }
-  return 0;
+  return test::kChildOk;
 }
 
 int rebuilder(const std::string& dir) {
@@ -140,19 +143,20 @@ int rebuilder(const std::string& dir) {
   while (!stopped(dir) && ::access((dir + "/stop-rebuild").c_str(), F_OK) != 0) {
     {
       auto c = WeightCache::open(cache_options(dir, kKeyB));
-      if (!c) return 20;
+      if (!c) return test::child_failed(test::kChildCacheError, "rebuilder: open: " + c.error().message);
       if (c->stats().backing == Backing::file) {
         // The file at the path is a key-B file now: whatever key-A entries it held are gone, and
         // no key-A writer can commit to it while we hold it (it is in use).
         log_line("gone rebuild");
         const std::string key = "b/" + std::to_string(rng());
-        if (c->insert(key, test::bytes_for_key(key, 100)) == kNotFound) return 21;
+        if (c->insert(key, test::bytes_for_key(key, 100)) == kNotFound)
+          return test::child_failed(test::kChildCacheError, "rebuilder: insert");
         (void)c->finalize();
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 40));
   }
-  return 0;
+  return test::kChildOk;
 }
 
 // Garbage collection of the directory under a budget smaller than what is there: decoy caches
@@ -165,19 +169,19 @@ int collector(const std::string& dir) {
       Options o = cache_options(dir, kKeyA);
       o.path = dir + "/decoy-" + std::to_string(n++ % 6) + ".wcache";
       auto c = WeightCache::open(o);
-      if (!c) return 50;
+      if (!c) return test::child_failed(test::kChildCacheError, "collector: open: " + c.error().message);
       (void)c->insert("d", std::string(200 * 1024, 'd'));
-      if (!c->finalize().ok()) return 51;
+      if (!c->finalize().ok()) return test::child_failed(test::kChildCacheError, "collector: finalize");
     }
     auto r = gc(dir, std::uint64_t{3} << 20);
-    if (!r) return 52;
+    if (!r) return test::child_failed(test::kChildCacheError, "collector: gc: " + r.error().message);
     for (const auto& f : r->files)
       if (f.removed && f.path.size() >= 13 && f.path.compare(f.path.size() - 13, 13, "/model.wcache") == 0)
         log_line("gone gc");
     log_line("gc removed " + std::to_string(r->removed_files) + " kept-in-use " + std::to_string(r->kept_in_use));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return 0;
+  return test::kChildOk;
 }
 
 // Checks, read-only, every entry the log says was finalized: found or not (it may be gone), a
@@ -189,9 +193,9 @@ int reader(const std::string& dir, const std::string& log_path) {
     o.read_only = true;
     o.refresh_on_miss = true;
     auto c = WeightCache::open(o);
-    if (!c) return 30;
+    if (!c) return test::child_failed(test::kChildCacheError, "reader: open: " + c.error().message);
     FILE* f = std::fopen(log_path.c_str(), "r");
-    if (f == nullptr) return 31;
+    if (f == nullptr) return test::child_failed(test::kChildSetupFailed, "reader: cannot read the log");
     char line[512];
     while (std::fgets(line, sizeof line, f) != nullptr) {
       char key[400];
@@ -203,7 +207,7 @@ int reader(const std::string& dir, const std::string& log_path) {
       if (at == nullptr || std::memcmp(at, test::bytes_for_key(key, size).data(), size) != 0) {
         log_line(std::string("wrong ") + key);
         std::fclose(f);
-        return 32;
+        return test::child_failed(test::kChildMismatch, std::string("reader: wrong bytes for ") + key);
       }
       ++checked;
     }
@@ -212,7 +216,7 @@ int reader(const std::string& dir, const std::string& log_path) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
   }
   log_line("reader-checked " + std::to_string(checked));
-  return 0;
+  return test::kChildOk;
 }
 
 // The final check, in a process that never had the cache open: every entry finalized OK after
@@ -220,7 +224,7 @@ int reader(const std::string& dir, const std::string& log_path) {
 int checker(const std::string& dir, const std::string& log_path) {
   std::vector<std::pair<std::string, std::size_t>> required;
   FILE* f = std::fopen(log_path.c_str(), "r");
-  if (f == nullptr) return 40;
+  if (f == nullptr) return test::child_failed(test::kChildSetupFailed, "checker: cannot read the log");
   char line[512];
   while (std::fgets(line, sizeof line, f) != nullptr) {
     char key[400];
@@ -235,8 +239,8 @@ int checker(const std::string& dir, const std::string& log_path) {
   o.verify = Verify::on_open;
   auto c = WeightCache::open(o);
   if (!c) {
-    std::fprintf(stderr, "checker: cannot open: %s\n", c.error().message.c_str());
-    return required.empty() ? 0 : 41;
+    if (required.empty()) return test::kChildOk;
+    return test::child_failed(test::kChildCacheError, "checker: cannot open: " + c.error().message);
   }
   std::size_t missing = 0, wrong = 0;
   for (const auto& [key, size] : required) {
@@ -249,17 +253,18 @@ int checker(const std::string& dir, const std::string& log_path) {
   }
   std::printf("checked %zu entries finalized OK since the last replacement: %zu missing, %zu wrong\n",
               required.size(), missing, wrong);
-  return missing == 0 && wrong == 0 ? 0 : 42;
+  return missing == 0 && wrong == 0 ? test::kChildOk
+                                    : test::child_failed(test::kChildMismatch, "checker: entries missing or wrong");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) return 2;
+  if (argc < 4) return test::child_failed(test::kChildUsage, "lifecycle_child MODE DIR [SLOT] LOG");
   const std::string mode = argv[1], dir = argv[2];
   const std::string log_path = argv[argc - 1];
   g_log = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (g_log < 0) return 3;
+  if (g_log < 0) return test::child_failed(test::kChildSetupFailed, "cannot open the log " + log_path);
   // The library's own account of what it did (rebuilds, compactions, fallbacks) goes into the
   // event log too, so a failed run can be read back.
   set_log_level(LogLevel::info);
@@ -284,5 +289,5 @@ int main(int argc, char** argv) {
   if (mode == "gc") return collector(dir);
   if (mode == "reader") return reader(dir, log_path);
   if (mode == "check") return checker(dir, log_path);
-  return 2;
+  return test::child_failed(test::kChildUsage, "unknown mode " + mode);
 }

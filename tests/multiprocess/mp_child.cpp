@@ -1,7 +1,7 @@
 // Helper process of the multi-process suite: each instance is a fresh process (posix_spawn, or
 // CreateProcessW on Windows: a fresh address space and a fresh registry) playing one role
 // against a shared cache file. Arguments are name=value pairs after the mode; *_fd arguments
-// are inherited pipe ends (descriptors, or handle values on Windows). Exit codes: mp_util.hpp.
+// are inherited pipe ends (descriptors, or handle values on Windows). Exit codes: child_exit.hpp.
 //
 //   pack     path tag shared own size [rounds=1] [gate_fd] [results] [lease_ms] [rotate]
 //            Packs shared/0..shared-1 and own/<tag>/0..own-1 through look_up -> reserve -> fill ->
@@ -14,7 +14,7 @@
 //            signals ready, and waits for a byte on go_fd (then inserts + finalizes) or EOF.
 //   replace  path tag count size
 //            Under the writer lease, builds a new file with own/<tag>/0..count-1 and renames it
-//            over path, as compaction does. Exits 14 when the OS refuses to replace the file.
+//            over path, as compaction does. Exits kChildRefused when the OS refuses to replace the file.
 //   keep_reading  path tag count size ready_fd stop results
 //            Opens the cache (as a writer would: no read_only), then checks every own/<tag>/<j> by
 //            look-up and byte compare, pass after pass, signalling ready after the first, until the
@@ -94,13 +94,13 @@ int run_pack(const KeyValues& kv) {
   const std::size_t shared = num(kv, "shared", 0), own = num(kv, "own", 0), size = num(kv, "size", 0);
   const std::size_t rounds = std::max<std::uint64_t>(1, num(kv, "rounds", 1));
   const std::size_t rotate = num(kv, "rotate", 0);
-  if (path.empty() || tag.empty() || size == 0) return fail(kUsage, "pack: path, tag and size are required");
+  if (path.empty() || tag.empty() || size == 0) return fail(kChildUsage, "pack: path, tag and size are required");
   wait_gate(fd_arg(kv, "gate_fd"));
 
   Options o = cache_options(path);
   if (kv.count("lease_ms") != 0) o.lease_timeout = std::chrono::milliseconds(num(kv, "lease_ms", 0));
   auto opened = WeightCache::open(o);
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
 
   for (std::size_t r = 0; r < rounds; ++r) {
@@ -111,19 +111,19 @@ int run_pack(const KeyValues& kv) {
       for (std::size_t i = 0; i < shared; ++i) keys.push_back(shared_key((i + rotate) % shared));
     for (std::size_t j = r; j < own; j += rounds) keys.push_back(own_key(tag, j));
     for (const auto& key : keys)
-      if (auto err = pack_key(cache, key, size); !err.empty()) return fail(kMismatch, err);
-    if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+      if (auto err = pack_key(cache, key, size); !err.empty()) return fail(kChildMismatch, err);
+    if (auto f = cache.finalize(); !f) return fail(kChildCacheError, "finalize: " + f.error().message);
   }
 
   // Everything this process packed (or found packed) still reads right after its finalizes.
   for (std::size_t i = 0; i < shared; ++i)
-    if (auto err = check_entry(cache, shared_key(i), size); !err.empty()) return fail(kMismatch, err);
+    if (auto err = check_entry(cache, shared_key(i), size); !err.empty()) return fail(kChildMismatch, err);
   for (std::size_t j = 0; j < own; ++j)
-    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
+    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kChildMismatch, err);
   const Stats s = cache.stats();
-  if (!results.empty() && !write_results(results, stats_results(s))) return fail(kUsage, "cannot write results");
-  if (s.heap_fallbacks != 0) return fail(kFellBack, std::to_string(s.heap_fallbacks) + " heap fallbacks");
-  return kOk;
+  if (!results.empty() && !write_results(results, stats_results(s))) return fail(kChildUsage, "cannot write results");
+  if (s.heap_fallbacks != 0) return fail(kChildFellBack, std::to_string(s.heap_fallbacks) + " heap fallbacks");
+  return kChildOk;
 }
 
 int run_reader(const KeyValues& kv) {
@@ -131,7 +131,7 @@ int run_reader(const KeyValues& kv) {
   const std::size_t init = num(kv, "init", 0), count = num(kv, "count", 0), size = num(kv, "size", 0);
   const bool on_miss = num(kv, "on_miss", 0) != 0;
   PipeEnd progress_fd = fd_arg(kv, "progress_fd");
-  if (path.empty() || writer.empty() || size == 0) return fail(kUsage, "reader: path, writer and size are required");
+  if (path.empty() || writer.empty() || size == 0) return fail(kChildUsage, "reader: path, writer and size are required");
 
   Options o = cache_options(path);
   // A reader that tried to take the writer lease would fail at once instead of waiting: the
@@ -139,16 +139,16 @@ int run_reader(const KeyValues& kv) {
   o.lease_timeout = std::chrono::milliseconds(0);
   o.refresh_on_miss = on_miss;
   auto opened = WeightCache::open(o);
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
 
   for (int pass = 0; pass < 3; ++pass) {
     for (std::size_t j = 0; j < init; ++j)
-      if (auto err = check_entry(cache, "init/" + std::to_string(j), size); !err.empty()) return fail(kMismatch, err);
-    if (auto r = cache.refresh(); !r) return fail(kCacheError, "refresh: " + r.error().message);
+      if (auto err = check_entry(cache, "init/" + std::to_string(j), size); !err.empty()) return fail(kChildMismatch, err);
+    if (auto r = cache.refresh(); !r) return fail(kChildCacheError, "refresh: " + r.error().message);
   }
   if (progress_fd != kNoPipe) {
-    if (!write_byte(progress_fd)) return fail(kUsage, "cannot signal progress");
+    if (!write_byte(progress_fd)) return fail(kChildUsage, "cannot signal progress");
     close_pipe_end(progress_fd);
     progress_fd = kNoPipe;
   }
@@ -159,17 +159,17 @@ int run_reader(const KeyValues& kv) {
   while (hits < count) {
     ++passes;
     if (!on_miss)
-      if (auto r = cache.refresh(); !r) return fail(kCacheError, "refresh: " + r.error().message);
+      if (auto r = cache.refresh(); !r) return fail(kChildCacheError, "refresh: " + r.error().message);
     for (std::size_t j = 0; j < count; ++j) {
       const std::string key = own_key(writer, j);
       const std::size_t off = cache.look_up(key);
       if (seen[j] != kNotFound) {
         // Committed entries never move or vanish for a reader.
-        if (off != seen[j]) return fail(kMismatch, "'" + key + "' moved or vanished after it was seen");
+        if (off != seen[j]) return fail(kChildMismatch, "'" + key + "' moved or vanished after it was seen");
         continue;
       }
       if (off == kNotFound) continue;
-      if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kMismatch, err);
+      if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kChildMismatch, err);
       seen[j] = off;
       ++hits;
     }
@@ -178,13 +178,13 @@ int run_reader(const KeyValues& kv) {
     std::this_thread::yield();
   }
   for (std::size_t j = 0; j < count; ++j)
-    if (auto err = check_entry(cache, own_key(writer, j), size); !err.empty()) return fail(kMismatch, err);
+    if (auto err = check_entry(cache, own_key(writer, j), size); !err.empty()) return fail(kChildMismatch, err);
   auto out = stats_results(cache.stats());
   out["passes"] = passes;
   out["views"] = views;
-  if (!results.empty() && !write_results(results, out)) return fail(kUsage, "cannot write results");
-  if (out["heap_fallbacks"] != 0) return fail(kFellBack, "a reader fell back to heap");
-  return kOk;
+  if (!results.empty() && !write_results(results, out)) return fail(kChildUsage, "cannot write results");
+  if (out["heap_fallbacks"] != 0) return fail(kChildFellBack, "a reader fell back to heap");
+  return kChildOk;
 }
 
 int run_hold(const KeyValues& kv) {
@@ -193,53 +193,53 @@ int run_hold(const KeyValues& kv) {
   const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
   const PipeEnd go_fd = fd_arg(kv, "go_fd");
   if (path.empty() || tag.empty() || size == 0 || ready_fd == kNoPipe || go_fd == kNoPipe)
-    return fail(kUsage, "hold: path, tag, size, ready_fd and go_fd are required");
+    return fail(kChildUsage, "hold: path, tag, size, ready_fd and go_fd are required");
   auto opened = WeightCache::open(cache_options(path));
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   for (std::size_t j = 0; j < count; ++j)
-    if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
-  if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+    if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kChildMismatch, err);
+  if (auto f = cache.finalize(); !f) return fail(kChildCacheError, "finalize: " + f.error().message);
 
   // This reservation takes the writer lease and keeps it until the finalize below.
   const std::string pending = own_key(tag, count);
   void* p = cache.reserve(size);
-  if (p == nullptr) return fail(kCacheError, "reserve: " + last_error().message);
-  if (cache.stats().heap_fallbacks != 0) return fail(kFellBack, "the held reservation is not in the file");
+  if (p == nullptr) return fail(kChildCacheError, "reserve: " + last_error().message);
+  if (cache.stats().heap_fallbacks != 0) return fail(kChildFellBack, "the held reservation is not in the file");
   fill_for_key(pending, p, size);
-  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+  if (!write_byte(ready_fd)) return fail(kChildUsage, "cannot signal ready");
   close_pipe_end(ready_fd);
 
-  if (!read_byte(go_fd)) return kOk;  // told to just close
+  if (!read_byte(go_fd)) return kChildOk;  // told to just close
   if (cache.look_up_or_insert(pending, p, size) == kNotFound)
-    return fail(kCacheError, "look_up_or_insert: " + last_error().message);
-  if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+    return fail(kChildCacheError, "look_up_or_insert: " + last_error().message);
+  if (auto f = cache.finalize(); !f) return fail(kChildCacheError, "finalize: " + f.error().message);
   for (std::size_t j = 0; j <= count; ++j)
-    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
-  return kOk;
+    if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty()) return fail(kChildMismatch, err);
+  return kChildOk;
 }
 
 int run_replace(const KeyValues& kv) {
   const std::string path = str(kv, "path"), tag = str(kv, "tag");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
-  if (path.empty() || tag.empty() || size == 0) return fail(kUsage, "replace: path, tag and size are required");
+  if (path.empty() || tag.empty() || size == 0) return fail(kChildUsage, "replace: path, tag and size are required");
   // The lease every writer of `path` takes (the CLI's compact does the same).
   LeaseProbe lease(path);
-  if (!lease.valid() || !lease.take()) return fail(kCacheError, "cannot take the lease");
+  if (!lease.valid() || !lease.take()) return fail(kChildCacheError, "cannot take the lease");
   const std::string rebuilt = path + ".rebuild";
   {
     auto opened = WeightCache::open(cache_options(rebuilt));
-    if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+    if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
     WeightCache& cache = opened.value();
     for (std::size_t j = 0; j < count; ++j)
-      if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kMismatch, err);
-    if (auto f = cache.finalize(); !f) return fail(kCacheError, "finalize: " + f.error().message);
+      if (auto err = pack_key(cache, own_key(tag, j), size); !err.empty()) return fail(kChildMismatch, err);
+    if (auto f = cache.finalize(); !f) return fail(kChildCacheError, "finalize: " + f.error().message);
   }
   // The library's rename, as the CLI's compact uses: rename(2), or on Windows MoveFileExW and
   // then a POSIX-semantics rename over a file others hold open, which not every system allows.
-  if (auto r = weightcache::platform::os().rename(rebuilt, path); !r) return fail(kRefused, r.error().message);
+  if (auto r = weightcache::platform::os().rename(rebuilt, path); !r) return fail(kChildRefused, r.error().message);
   weightcache::platform::os().remove(rebuilt + ".lock");
-  return kOk;
+  return kChildOk;
 }
 
 int run_keep_reading(const KeyValues& kv) {
@@ -247,9 +247,9 @@ int run_keep_reading(const KeyValues& kv) {
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
   PipeEnd ready_fd = fd_arg(kv, "ready_fd");
   if (path.empty() || tag.empty() || stop.empty() || results.empty() || count == 0 || size == 0 || ready_fd == kNoPipe)
-    return fail(kUsage, "keep_reading: path, tag, count, size, ready_fd, stop and results are required");
+    return fail(kChildUsage, "keep_reading: path, tag, count, size, ready_fd, stop and results are required");
   auto opened = WeightCache::open(cache_options(path));
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   std::uint64_t passes = 0;
   for (bool last = false;;) {
@@ -257,18 +257,18 @@ int run_keep_reading(const KeyValues& kv) {
     last = std::filesystem::exists(stop, ec);  // before the pass, so one whole pass follows the stop
     for (std::size_t j = 0; j < count; ++j)
       if (auto err = check_entry(cache, own_key(tag, j), size); !err.empty())
-        return fail(kMismatch, "pass " + std::to_string(passes) + ": " + err);
+        return fail(kChildMismatch, "pass " + std::to_string(passes) + ": " + err);
     ++passes;
     if (ready_fd != kNoPipe) {
-      if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+      if (!write_byte(ready_fd)) return fail(kChildUsage, "cannot signal ready");
       close_pipe_end(ready_fd);
       ready_fd = kNoPipe;
     }
     if (last) break;
     std::this_thread::yield();
   }
-  if (!write_results(results, {{"passes", passes}})) return fail(kUsage, "cannot write results");
-  return kOk;
+  if (!write_results(results, {{"passes", passes}})) return fail(kChildUsage, "cannot write results");
+  return kChildOk;
 }
 
 // The end of a measuring reader (pages, smaps): writes its results, tells the parent it has
@@ -276,13 +276,13 @@ int run_keep_reading(const KeyValues& kv) {
 // the others' figures (on Linux, raise their Pss).
 int report_measured(const KeyValues& kv, const std::string& results,
                     const std::map<std::string, std::uint64_t>& out) {
-  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
+  if (!write_results(results, out)) return fail(kChildUsage, "cannot write results");
   if (const PipeEnd done_fd = fd_arg(kv, "done_fd"); done_fd != kNoPipe) {
-    if (!write_byte(done_fd)) return fail(kUsage, "cannot signal done");
+    if (!write_byte(done_fd)) return fail(kChildUsage, "cannot signal done");
     close_pipe_end(done_fd);
   }
   wait_gate(fd_arg(kv, "exit_fd"));
-  return kOk;
+  return kChildOk;
 }
 
 #ifdef _WIN32
@@ -291,9 +291,9 @@ int run_pages(const KeyValues& kv) {
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
   const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
   if (path.empty() || results.empty() || size == 0 || ready_fd == kNoPipe)
-    return fail(kUsage, "pages: path, size, ready_fd and results are required");
+    return fail(kChildUsage, "pages: path, size, ready_fd and results are required");
   auto opened = WeightCache::open(cache_options(path));
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   SYSTEM_INFO si{};
   ::GetSystemInfo(&si);
@@ -301,11 +301,11 @@ int run_pages(const KeyValues& kv) {
   std::set<std::uintptr_t> pages;  // every page holding bytes of an entry
   for (std::size_t j = 0; j < count; ++j) {
     const std::string key = own_key("smaps", j);
-    if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kMismatch, err);
+    if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kChildMismatch, err);
     const auto begin = reinterpret_cast<std::uintptr_t>(cache.offset_to_addr(cache.look_up(key)));
     for (std::uintptr_t p = begin / page * page; p < begin + size; p += page) pages.insert(p);
   }
-  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+  if (!write_byte(ready_fd)) return fail(kChildUsage, "cannot signal ready");
   close_pipe_end(ready_fd);
   wait_gate(fd_arg(kv, "gate_fd"));  // every reader has read everything and still maps it
   std::vector<PSAPI_WORKING_SET_EX_INFORMATION> ws;
@@ -315,7 +315,7 @@ int run_pages(const KeyValues& kv) {
     ws.push_back(e);
   }
   if (!::QueryWorkingSetEx(::GetCurrentProcess(), ws.data(), static_cast<DWORD>(ws.size() * sizeof ws[0])))
-    return fail(kCacheError, "QueryWorkingSetEx failed: Windows error " + std::to_string(::GetLastError()));
+    return fail(kChildCacheError, "QueryWorkingSetEx failed: Windows error " + std::to_string(::GetLastError()));
   std::uint64_t valid = 0, shared = 0;
   for (const auto& e : ws) {
     if (!e.VirtualAttributes.Valid) continue;
@@ -335,14 +335,14 @@ int run_smaps(const KeyValues& kv) {
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
   const PipeEnd ready_fd = fd_arg(kv, "ready_fd");
   if (path.empty() || results.empty() || size == 0 || ready_fd == kNoPipe)
-    return fail(kUsage, "smaps: path, size, ready_fd and results are required");
+    return fail(kChildUsage, "smaps: path, size, ready_fd and results are required");
   Options o = cache_options(path);
   auto opened = WeightCache::open(o);
-  if (!opened) return fail(kCacheError, "open: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   for (std::size_t j = 0; j < count; ++j)
-    if (auto err = check_entry(cache, own_key("smaps", j), size); !err.empty()) return fail(kMismatch, err);
-  if (!write_byte(ready_fd)) return fail(kUsage, "cannot signal ready");
+    if (auto err = check_entry(cache, own_key("smaps", j), size); !err.empty()) return fail(kChildMismatch, err);
+  if (!write_byte(ready_fd)) return fail(kChildUsage, "cannot signal ready");
   close_pipe_end(ready_fd);
   // Measure only once every reader has touched every page, so each page is shared by all.
   wait_gate(fd_arg(kv, "gate_fd"));
@@ -364,7 +364,7 @@ int run_fd_reader(const KeyValues& kv) {
   const std::string results = str(kv, "results");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
   const int sock = static_cast<int>(num(kv, "sock", 0));
-  if (results.empty() || size == 0 || sock <= 0) return fail(kUsage, "fd_reader: results, size and sock are required");
+  if (results.empty() || size == 0 || sock <= 0) return fail(kChildUsage, "fd_reader: results, size and sock are required");
   char byte = 0;
   iovec io{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -373,9 +373,9 @@ int run_fd_reader(const KeyValues& kv) {
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
-  if (::recvmsg(sock, &msg, 0) != 1) return fail(kUsage, "no descriptor arrived");
+  if (::recvmsg(sock, &msg, 0) != 1) return fail(kChildUsage, "no descriptor arrived");
   const cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return fail(kUsage, "no descriptor in the message");
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return fail(kChildUsage, "no descriptor in the message");
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
   Options o;
@@ -385,30 +385,30 @@ int run_fd_reader(const KeyValues& kv) {
   o.compat_key = "multiprocess-test";
   o.durability = Durability::none;
   auto opened = WeightCache::open(o);
-  if (!opened) return fail(kCacheError, "open from the descriptor: " + opened.error().message);
+  if (!opened) return fail(kChildCacheError, "open from the descriptor: " + opened.error().message);
   WeightCache& cache = opened.value();
   ::close(fd);  // the cache holds its own description of the file
   for (std::size_t j = 0; j < count; ++j)
-    if (auto err = check_entry(cache, own_key("mem", j), size); !err.empty()) return fail(kMismatch, err);
-  if (cache.stats().heap_bytes != 0 || cache.stats().entries != count) return fail(kMismatch, "packed or missed");
-  if (::write(sock, "r", 1) != 1) return fail(kUsage, "cannot signal ready");
-  if (::read(sock, &byte, 1) != 1) return fail(kUsage, "no gate");  // every page touched by both
+    if (auto err = check_entry(cache, own_key("mem", j), size); !err.empty()) return fail(kChildMismatch, err);
+  if (cache.stats().heap_bytes != 0 || cache.stats().entries != count) return fail(kChildMismatch, "packed or missed");
+  if (::write(sock, "r", 1) != 1) return fail(kChildUsage, "cannot signal ready");
+  if (::read(sock, &byte, 1) != 1) return fail(kChildUsage, "no gate");  // every page touched by both
   const SmapsUsage u = smaps_usage("/proc/self/fd/" + std::to_string(cache.descriptor()));
   auto out = stats_results(cache.stats());
   out["pss"] = u.pss;
   out["rss"] = u.rss;
   out["private_dirty"] = u.private_dirty;
-  if (!write_results(results, out)) return fail(kUsage, "cannot write results");
-  if (::write(sock, "d", 1) != 1) return fail(kUsage, "cannot signal done");
+  if (!write_results(results, out)) return fail(kChildUsage, "cannot write results");
+  if (::write(sock, "d", 1) != 1) return fail(kChildUsage, "cannot signal done");
   (void)::read(sock, &byte, 1);  // stay mapped until the parent has measured
-  return kOk;
+  return kChildOk;
 }
 #endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return fail(kUsage, "usage: mp_child pack|reader|hold|replace|keep_reading|smaps|pages name=value...");
+  if (argc < 2) return fail(kChildUsage, "usage: mp_child pack|reader|hold|replace|keep_reading|smaps|pages name=value...");
   const std::string mode = argv[1];
   const KeyValues kv = parse_args(argc, argv, 2);
   if (mode == "pack") return run_pack(kv);
@@ -422,5 +422,5 @@ int main(int argc, char** argv) {
   if (mode == "smaps") return run_smaps(kv);  // reads /proc/self/smaps
   if (mode == "fd_reader") return run_fd_reader(kv);
 #endif
-  return fail(kUsage, "unknown mode '" + mode + "'");
+  return fail(kChildUsage, "unknown mode '" + mode + "'");
 }

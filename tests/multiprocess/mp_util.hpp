@@ -4,6 +4,7 @@
 // (POSIX descriptors or Windows handles, both passed to children as numbers).
 #pragma once
 
+#include "child_exit.hpp"
 #include "key_content.hpp"
 #include "random_bytes.hpp"
 
@@ -27,14 +28,6 @@
 #endif
 
 namespace weightcache::test::mp {
-
-/// Exit codes of the helper process; anything else is a crash or a signal.
-inline constexpr int kOk = 0;
-inline constexpr int kUsage = 10;
-inline constexpr int kCacheError = 11;  // a library call failed
-inline constexpr int kMismatch = 12;    // wrong bytes, or a key missing / present where it must not be
-inline constexpr int kFellBack = 13;    // an entry went to the heap where the file was expected
-inline constexpr int kRefused = 14;     // the OS refused to rename a file over one others hold open
 
 inline std::string shared_key(std::size_t i) { return "shared/" + std::to_string(i); }
 inline std::string own_key(std::string_view tag, std::size_t i) {

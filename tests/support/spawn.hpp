@@ -3,6 +3,8 @@
 // address space and a fresh registry.
 #pragma once
 
+#include "child_exit.hpp"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -51,7 +53,7 @@ struct ExitStatus {
     if (!exited && signal != 0)
       return std::string("killed by signal ") + std::to_string(signal) + " (" + strsignal(signal) + ")";
 #endif
-    if (exited) return "exited with code " + std::to_string(code);
+    if (exited) return "exited with code " + std::to_string(code) + " (" + child_exit_meaning(code) + ")";
     return "unknown status";
   }
 };

@@ -188,9 +188,11 @@ std::string in_child_with_headroom(std::uint64_t headroom, const std::function<s
     ::close(fds[0]);
     struct rlimit lim {};
     lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(mapped_now() + headroom);
-    std::string msg = ::setrlimit(RLIMIT_AS, &lim) == 0 ? body() : "setrlimit failed";
+    const bool capped = ::setrlimit(RLIMIT_AS, &lim) == 0;
+    const std::string msg = capped ? body() : "setrlimit failed";
     const bool sent = msg.empty() || ::write(fds[1], msg.data(), msg.size()) == static_cast<ssize_t>(msg.size());
-    ::_exit(msg.empty() && sent ? 0 : 1);
+    if (!sent) child_exit(kChildSetupFailed, "cannot send: " + msg);
+    child_exit(!capped ? kChildSetupFailed : msg.empty() ? kChildOk : kChildUnexpected);
   }
   ::close(fds[1]);
   std::string out;

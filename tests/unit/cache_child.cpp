@@ -22,27 +22,22 @@ int usage() {
   return kChildUsage;
 }
 
-int report(const std::string& err, int code) {
-  std::fprintf(stderr, "cache_child: %s\n", err.c_str());
-  return code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) return usage();
   const std::string mode = argv[1];
   auto opened = WeightCache::open(file_options(argv[2], Durability::full));
-  if (!opened) return report("open failed: " + opened.error().message, kChildCacheError);
+  if (!opened) return child_failed(kChildCacheError, "open failed: " + opened.error().message);
   WeightCache& cache = opened.value();
 
   if (mode == "verify-manifest") {
     if (argc != 4) return usage();
     Manifest m;
-    if (!read_manifest(argv[3], &m)) return report("cannot read the manifest", kChildUsage);
+    if (!read_manifest(argv[3], &m)) return child_failed(kChildUsage, "cannot read the manifest");
     for (std::size_t i = 0; i < m.size(); ++i) {
       auto err = verify_entry(cache, m[i].first, m[i].second, "manifest entry " + std::to_string(i));
-      if (!err.empty()) return report(err, kChildMismatch);
+      if (!err.empty()) return child_failed(kChildMismatch, err);
     }
     return kChildOk;
   }
@@ -53,12 +48,12 @@ int main(int argc, char** argv) {
   spec.count = std::strtoull(argv[4], nullptr, 10);
   spec.max_size = std::strtoull(argv[5], nullptr, 10);
   if (mode == "write") {
-    if (auto err = write_entry_set(cache, spec); !err.empty()) return report(err, kChildCacheError);
-    if (auto r = cache.finalize(); !r) return report("finalize failed: " + r.error().message, kChildCacheError);
+    if (auto err = write_entry_set(cache, spec); !err.empty()) return child_failed(kChildCacheError, err);
+    if (auto r = cache.finalize(); !r) return child_failed(kChildCacheError, "finalize failed: " + r.error().message);
     return kChildOk;
   }
   if (mode == "verify") {
-    if (auto err = verify_entry_set(cache, spec); !err.empty()) return report(err, kChildMismatch);
+    if (auto err = verify_entry_set(cache, spec); !err.empty()) return child_failed(kChildMismatch, err);
     return kChildOk;
   }
   return usage();

@@ -3,6 +3,7 @@
 // went wrong, so both a test assertion and a process exit code can report it.
 #pragma once
 
+#include "child_exit.hpp"
 #include "random_bytes.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -101,11 +102,5 @@ inline bool read_manifest(const std::string& path, Manifest* m) {
     m->emplace_back(std::move(k), std::move(v));
   }
 }
-
-/// Exit codes of the helper process.
-inline constexpr int kChildOk = 0;
-inline constexpr int kChildMismatch = 1;
-inline constexpr int kChildUsage = 2;
-inline constexpr int kChildCacheError = 3;
 
 }  // namespace weightcache::test

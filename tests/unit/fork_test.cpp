@@ -27,11 +27,12 @@ namespace {
 
 #ifdef __linux__
 
-/// Forks; the child runs `body` and exits with its result; the parent returns the wait status.
+/// Forks; the child runs `body` and exits with its result (a child exit code); the parent
+/// returns the wait status.
 template <typename Body>
 int in_child(Body body) {
   const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
+  if (pid == 0) child_exit(body());
   int status = -1;
   if (pid > 0) ::waitpid(pid, &status, 0);
   return status;
@@ -59,10 +60,10 @@ TEST(Fork, AChildClosingLeavesTheParentsLeaseAndReservationAlone) {
   const auto size_before = std::filesystem::file_size(path);
 
   const int status = in_child([&] {
-    int code = 0;
+    int code = kChildOk;
     {
       WeightCache mine = std::move(cache);
-      if (mine.look_up("committed") == kNotFound) code = 1;
+      if (mine.look_up("committed") == kNotFound) code = kChildMismatch;
     }  // the child's last handle: the core closes here
     return code;
   });
@@ -145,12 +146,12 @@ TEST(Fork, AChildClosesWhileAParentThreadWaitsForAVerdict) {
   while (thread_state(waiter_tid.load()) != 'S') std::this_thread::yield();  // asleep: waiting for the verdict
 
   const int status = in_child([&] {
-    int code = 0;
+    int code = kChildOk;
     {
       WeightCache mine = std::move(cache);
       // The claimed entry is checked here, not waited for; another is checked as usual.
-      if (!verify_entry(mine, entry_key(claimed), entry_bytes(spec, claimed), "").empty()) code = 1;
-      if (!verify_entry(mine, entry_key(0), entry_bytes(spec, 0), "").empty()) code = 1;
+      if (!verify_entry(mine, entry_key(claimed), entry_bytes(spec, claimed), "").empty()) code = kChildMismatch;
+      if (!verify_entry(mine, entry_key(0), entry_bytes(spec, 0), "").empty()) code = kChildMismatch;
     }
     return code;
   });

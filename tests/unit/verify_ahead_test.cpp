@@ -175,13 +175,13 @@ TEST(VerifyAhead, AForkedChildLooksUpAndClosesWithoutTheThread) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      int code = 0;
+      int code = kChildOk;
       {
         WeightCache mine = std::move(cache);
         for (std::size_t i = 0; i < kBig.count; ++i)
-          if (!verify_entry(mine, entry_key(i), entry_bytes(kBig, i), "").empty()) code = 1;
+          if (!verify_entry(mine, entry_key(i), entry_bytes(kBig, i), "").empty()) code = kChildMismatch;
       }  // closes the child's handle: no thread to join here
-      ::_exit(code);
+      child_exit(code, "an entry does not verify");
     }
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);

@@ -2,7 +2,8 @@
 //   expect <path> <key> <seed> <size> [ro]  open (read-only with "ro") and check one entry's bytes
 //   add <path> <key> <seed> <size>          insert one entry and finalize
 //   roundtrip <path>                        write, close, reopen and check a few entries
-// Exit codes: 0 ok, 2 open failed, 3 miss, 4 wrong bytes, 5 insert or finalize failed, 9 usage.
+// Exit codes: child_exit.hpp (stderr says what failed).
+#include "child_exit.hpp"
 #include "windows_test_util.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -15,65 +16,68 @@
 namespace {
 
 using namespace weightcache;
+using namespace weightcache::test;
 
 int check(WeightCache& cache, const std::string& key, std::uint64_t seed, std::size_t size) {
   const std::size_t off = cache.look_up(key);
-  if (off == kNotFound) return 3;
+  if (off == kNotFound) return child_failed(kChildMismatch, "no entry " + key);
   const void* p = cache.offset_to_addr(off);
   const std::string want = test::pattern_bytes(seed, size);
-  if (p == nullptr || std::memcmp(p, want.data(), size) != 0) return 4;
-  return 0;
+  if (p == nullptr || std::memcmp(p, want.data(), size) != 0)
+    return child_failed(kChildMismatch, "wrong bytes for " + key);
+  return kChildOk;
 }
 
 int add(WeightCache& cache, const std::string& key, std::uint64_t seed, std::size_t size) {
   const std::string bytes = test::pattern_bytes(seed, size);
   void* p = cache.reserve(size);
-  if (p == nullptr) return 5;
+  if (p == nullptr) return child_failed(kChildCacheError, "reserve for " + key);
   std::memcpy(p, bytes.data(), size);
-  if (cache.look_up_or_insert(key, p, size) == kNotFound) return 5;
-  return 0;
+  if (cache.look_up_or_insert(key, p, size) == kNotFound) return child_failed(kChildCacheError, "insert of " + key);
+  return kChildOk;
+}
+
+// The open of every command: a file-backed cache, or why not.
+int opened_on_file(Result<WeightCache>& cache) {
+  if (!cache) return child_failed(kChildCacheError, "open: " + cache.error().message);
+  if (cache->stats().backing != Backing::file) return child_failed(kChildFellBack, "open fell back to the heap");
+  return kChildOk;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) return 9;
+  if (argc < 3) return child_failed(kChildUsage, "win_child COMMAND PATH ...");
   const std::string cmd = argv[1];
   const std::string path = argv[2];
   Options o = test::suite_options(path);
   if (cmd == "expect" && (argc == 6 || argc == 7)) {
     o.read_only = argc == 7 && std::strcmp(argv[6], "ro") == 0;
     auto cache = WeightCache::open(o);
-    if (!cache || cache->stats().backing != Backing::file) {
-      std::fprintf(stderr, "open: %s\n", cache ? "fell back to heap" : cache.error().message.c_str());
-      return 2;
-    }
+    if (int rc = opened_on_file(cache); rc != kChildOk) return rc;
     return check(*cache, argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10));
   }
   if (cmd == "add" && argc == 6) {
     auto cache = WeightCache::open(o);
-    if (!cache || cache->stats().backing != Backing::file) return 2;
+    if (int rc = opened_on_file(cache); rc != kChildOk) return rc;
     if (int rc = add(*cache, argv[3], std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10)); rc != 0)
       return rc;
-    if (auto r = cache->finalize(); !r) {
-      std::fprintf(stderr, "finalize: %s\n", r.error().message.c_str());
-      return 5;
-    }
-    return 0;
+    if (auto r = cache->finalize(); !r) return child_failed(kChildCacheError, "finalize: " + r.error().message);
+    return kChildOk;
   }
   if (cmd == "roundtrip" && argc == 3) {
     {
       auto cache = WeightCache::open(o);
-      if (!cache || cache->stats().backing != Backing::file) return 2;
+      if (int rc = opened_on_file(cache); rc != kChildOk) return rc;
       for (int i = 0; i < 8; ++i)
         if (int rc = add(*cache, "k" + std::to_string(i), 100 + i, 1000 + 30000 * i); rc != 0) return rc;
-      if (!cache->finalize()) return 5;
+      if (!cache->finalize()) return child_failed(kChildCacheError, "finalize");
     }
     auto cache = WeightCache::open(o);
-    if (!cache || cache->stats().backing != Backing::file) return 2;
+    if (int rc = opened_on_file(cache); rc != kChildOk) return rc;
     for (int i = 0; i < 8; ++i)
       if (int rc = check(*cache, "k" + std::to_string(i), 100 + i, 1000 + 30000 * i); rc != 0) return rc;
-    return 0;
+    return kChildOk;
   }
-  return 9;
+  return child_failed(kChildUsage, "unknown command or arguments: " + cmd);
 }

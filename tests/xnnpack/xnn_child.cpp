@@ -7,9 +7,11 @@
 //                                                               pack unnamed buffers; prints how
 //                                                               often "has no name" was logged
 //
-// Exit status: 0 every layer hit with the right bytes and nothing was packed (unnamed: the
-// warning was logged exactly once); 1 wrong bytes; 2 usage or cache error; 3 something was
-// packed (reserve_space or look_up_or_insert called); 4 (unnamed) the warning count was not 1.
+// Exit status (child_exit.hpp): ok when every layer hit with the right bytes and nothing was
+// packed (unnamed: the warning was logged exactly once); a mismatch for wrong bytes; unexpected
+// when something was packed (reserve_space or look_up_or_insert called) or, unnamed, the
+// warning count was not 1; usage or a cache error otherwise.
+#include "child_exit.hpp"
 #include "xnn_test_model.hpp"
 
 #include <atomic>
@@ -19,6 +21,7 @@
 #include <string_view>
 
 using namespace weightcache::xnn_test;
+using namespace weightcache::test;
 
 namespace {
 
@@ -32,46 +35,48 @@ void count_no_name(void*, wc_log_level, const char* message, size_t size) {
 // packing unnamed buffers log it once between them.
 int run_unnamed(wc_cache* cache, const std::vector<Linear>& model) {
   wc_set_log_callback(count_no_name, nullptr);
-  int rc = 0;
-  for (int a = 0; a < 3 && rc == 0; ++a) {
+  int rc = kChildOk;
+  for (int a = 0; a < 3 && rc == kChildOk; ++a) {
     wc_xnn_adapter* adapter = nullptr;
-    if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return 2;
+    if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return child_failed(kChildCacheError, "adapter_create");
     Runtime rt;
     if (create_runtime(static_cast<fxnn_weights_cache_t>(wc_xnn_adapter_provider(adapter)), model, &rt) !=
         fxnn_status_success)
-      rc = 2;
+      rc = child_failed(kChildCacheError, "create_runtime");
     wc_xnn_adapter_stats st;
     wc_xnn_adapter_stats_init(&st);
-    if (rc == 0 && (wc_xnn_adapter_get_stats(adapter, &st) != WC_OK || st.unnamed_inserts != model.size())) rc = 3;
-    if (rc == 0 && !check_runtime(&rt, model).empty()) rc = 1;
+    if (rc == kChildOk &&
+        (wc_xnn_adapter_get_stats(adapter, &st) != WC_OK || st.unnamed_inserts != model.size()))
+      rc = child_failed(kChildUnexpected, "not every unnamed buffer was packed");
+    if (rc == kChildOk) {
+      if (const std::string err = check_runtime(&rt, model); !err.empty()) rc = child_failed(kChildMismatch, err);
+    }
     wc_xnn_adapter_destroy(adapter);
   }
   wc_set_log_callback(nullptr, nullptr);
   std::printf("has-no-name warnings=%d\n", g_no_name_lines.load());
-  return rc != 0 ? rc : g_no_name_lines.load() == 1 ? 0 : 4;
+  if (rc != kChildOk) return rc;
+  return g_no_name_lines.load() == 1 ? kChildOk : child_failed(kChildUnexpected, "the warning was not logged once");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 5) {
-    std::fprintf(stderr, "usage: weightcache_xnn_child <cache> warm|alias|unnamed <model-seed> <layers>\n");
-    return 2;
+    return child_failed(kChildUsage, "usage: weightcache_xnn_child <cache> warm|alias|unnamed <model-seed> <layers>");
   }
   const std::string mode = argv[2];
   const auto model = make_model(std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
   wc_cache* cache = nullptr;
-  if (open_cache(argv[1], &cache) != WC_OK) {
-    std::fprintf(stderr, "xnn_child: open failed: %s\n", wc_last_error());
-    return 2;
-  }
+  if (open_cache(argv[1], &cache) != WC_OK)
+    return child_failed(kChildCacheError, std::string("open: ") + wc_last_error());
   if (mode == "unnamed") {
     const int rc = run_unnamed(cache, model);
     wc_close(cache);
     return rc;
   }
   wc_xnn_adapter* adapter = nullptr;
-  if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return 2;
+  if (wc_xnn_adapter_create(cache, &adapter) != WC_OK) return child_failed(kChildCacheError, "adapter_create");
   fxnn_counting* counting =
       fxnn_counting_create(static_cast<fxnn_weights_cache_t>(wc_xnn_adapter_provider(adapter)));
   fxnn_weights_cache_t provider = fxnn_counting_provider(counting);
@@ -96,30 +101,29 @@ int main(int argc, char** argv) {
   } else if (mode == "warm") {
     named = name_model(adapter, model);
   } else {
-    std::fprintf(stderr, "xnn_child: unknown mode '%s'\n", mode.c_str());
-    return 2;
+    return child_failed(kChildUsage, "unknown mode " + mode);
   }
-  if (!named) return 2;
+  if (!named) return child_failed(kChildCacheError, "naming the buffers");
 
-  int rc = 0;
+  int rc = kChildOk;
   Runtime rt;
   const bool finalized_before = fxnn_setup(provider) == fxnn_status_success;
-  if (create_runtime(provider, model, &rt, kernels.empty() ? nullptr : &kernels) != fxnn_status_success) rc = 2;
+  if (create_runtime(provider, model, &rt, kernels.empty() ? nullptr : &kernels) != fxnn_status_success)
+    rc = child_failed(kChildCacheError, "create_runtime");
   // A warm launch that inserted nothing may set up without finalizing.
-  if (rc == 0 && (!finalized_before || fxnn_setup(provider) != fxnn_status_success)) rc = 3;
-  if (rc == 0) {
+  if (rc == kChildOk && (!finalized_before || fxnn_setup(provider) != fxnn_status_success))
+    rc = child_failed(kChildUnexpected, "setup needed a finalize: something was packed");
+  if (rc == kChildOk) {
     const std::string err = check_runtime(&rt, model, kernels.empty() ? nullptr : &kernels);
-    if (!err.empty()) {
-      std::fprintf(stderr, "xnn_child: %s\n", err.c_str());
-      rc = 1;
-    }
+    if (!err.empty()) rc = child_failed(kChildMismatch, err);
   }
   const std::size_t look_ups = fxnn_counting_get(counting, fxnn_call_look_up);
   const std::size_t reserves = fxnn_counting_get(counting, fxnn_call_reserve_space);
   const std::size_t inserts = fxnn_counting_get(counting, fxnn_call_look_up_or_insert);
   std::printf("look_up=%zu reserve_space=%zu look_up_or_insert=%zu offset_to_addr=%zu\n", look_ups, reserves, inserts,
               fxnn_counting_get(counting, fxnn_call_offset_to_addr));
-  if (rc == 0 && (reserves != 0 || inserts != 0 || look_ups != model.size())) rc = 3;
+  if (rc == kChildOk && (reserves != 0 || inserts != 0 || look_ups != model.size()))
+    rc = child_failed(kChildUnexpected, "something was packed, or a layer was not looked up");
 
   fxnn_counting_destroy(counting);
   wc_xnn_adapter_destroy(adapter);

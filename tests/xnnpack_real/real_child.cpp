@@ -9,8 +9,9 @@
 // byte flipped (a file packed by "another build"). <shift>: bytes each weight buffer starts into
 // its allocation. <threads>: pthreadpool threads (0 or 1: none).
 // Writes "key=value" lines to <report> and the cached run's output bytes to <report>.out.
-// Exit status: 0 ran (the report says what happened); 1 XNNPACK failed with the cache; 2 usage
-// or set-up error; 77 this XNNPACK cannot run the model at all (without a cache either).
+// Exit status (child_exit.hpp): ok when it ran (the report says what happened); a cache error
+// when XNNPACK failed with the cache or a weightcache call failed; usage; a set-up failure when
+// this XNNPACK cannot run the model at all (without a cache either). Stderr says which.
 #include <pthreadpool.h>
 
 #include <cinttypes>
@@ -20,62 +21,60 @@
 #include <fstream>
 #include <string>
 
+#include "child_exit.hpp"
 #include "real_model.hpp"
 
 using namespace weightcache::xnn_real;
+using namespace weightcache::test;
 
 namespace {
 
 constexpr std::size_t kBatch = 3;
 
-int fail(int code, const std::string& what) {
-  std::fprintf(stderr, "xnn_real_child: %s\n", what.c_str());
-  return code;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 7)
-    return fail(2, "usage: weightcache_xnn_real_child <kind> <cache> <report> <this|other> <shift> <threads>");
+    return child_failed(kChildUsage,
+                        "usage: weightcache_xnn_real_child <kind> <cache> <report> <this|other> <shift> <threads>");
   Kind kind;
-  if (!kind_from_name(argv[1], &kind)) return fail(2, std::string("unknown kind ") + argv[1]);
+  if (!kind_from_name(argv[1], &kind)) return child_failed(kChildUsage, std::string("unknown kind ") + argv[1]);
   const std::string cache_path = argv[2], report_path = argv[3], build = argv[4];
   const std::size_t shift = std::strtoull(argv[5], nullptr, 10);
   const std::size_t threads = std::strtoull(argv[6], nullptr, 10);
-  if (xnn_initialize(nullptr) != xnn_status_success) return fail(2, "xnn_initialize failed");
+  if (xnn_initialize(nullptr) != xnn_status_success) return child_failed(kChildSetupFailed, "xnn_initialize failed");
 
   pthreadpool_t pool = threads > 1 ? pthreadpool_create(threads) : nullptr;
   const Model model(kind, 42, shift);
 
   std::vector<unsigned char> reference;
   const xnn_status ref_status = run_uncached(model, kBatch, pool, &reference);
-  if (ref_status != xnn_status_success) {
-    std::fprintf(stderr, "xnn_real_child: %s does not run without a cache either (status %d)\n", argv[1],
-                 static_cast<int>(ref_status));
-    return 77;
-  }
+  if (ref_status != xnn_status_success)
+    return child_failed(kChildSetupFailed, std::string(argv[1]) + " does not run without a cache either (status " +
+                                               std::to_string(static_cast<int>(ref_status)) + ")");
 
   wc_cache* cache = nullptr;
   if (open_cache(cache_path, compat_key(model, build == "other"), &cache) != WC_OK)
-    return fail(2, std::string("wc_open: ") + wc_last_error());
+    return child_failed(kChildCacheError, std::string("wc_open: ") + wc_last_error());
   wc_xnn_adapter* adapter = nullptr;
   if (wc_xnn_adapter_create(cache, &adapter) != WC_OK || !model.name_buffers(adapter))
-    return fail(2, std::string("adapter: ") + wc_last_error());
+    return child_failed(kChildCacheError, std::string("adapter: ") + wc_last_error());
   CountingProvider counting(wc_xnn_adapter_provider(adapter));
 
-  int rc = 0;
+  int rc = kChildOk;
   std::vector<unsigned char> output;
   {
     Instance inst;
     xnn_status s = inst.create(model, counting.get(), pool);
     std::string where = "create";
     if (s == xnn_status_success) {
-      if (wc_finalize(cache) != WC_OK) return fail(2, std::string("wc_finalize: ") + wc_last_error());
+      if (wc_finalize(cache) != WC_OK)
+        return child_failed(kChildCacheError, std::string("wc_finalize: ") + wc_last_error());
       s = inst.run(kBatch, model.make_input(kBatch), &output, &where);
     }
     if (s != xnn_status_success)
-      rc = fail(1, "XNNPACK with the cache: " + where + " failed with status " + std::to_string(static_cast<int>(s)));
+      rc = child_failed(kChildCacheError,
+                        "XNNPACK with the cache: " + where + " failed with status " + std::to_string(static_cast<int>(s)));
   }
 
   wc_xnn_adapter_stats as;
@@ -97,7 +96,7 @@ int main(int argc, char** argv) {
     << "\nprovider_delete_cache=" << counting.delete_cache.load() << "\nentries=" << cs.entries
     << "\nmapped_bytes=" << cs.mapped_bytes << "\nheap_bytes=" << cs.heap_bytes
     << "\npacked_nodes=" << model.packed_nodes() << "\nsame_as_uncached="
-    << (rc == 0 && output.size() == reference.size() &&
+    << (rc == kChildOk && output.size() == reference.size() &&
         std::memcmp(output.data(), reference.data(), output.size()) == 0)
     << "\naddresses=";
   for (const auto& w : model.weights()) {

@@ -1,6 +1,8 @@
 // Where a cache file's pages live, from the kernel's account in /proc/<pid>/smaps (Linux only):
 // shared page-cache pages (Shared_Clean; Pss < Rss once several processes map them) or private
-// copies (Private_Dirty). Shared by the examples, the benchmarks and the tests; not installed.
+// copies (Private_Dirty). Shared by the examples, the benchmarks and the tests, which are built
+// without one another: common/ belongs to none of them (CMake target weightcache_smaps). Never
+// part of the library; not installed.
 #pragma once
 
 #include <sys/stat.h>
@@ -13,7 +15,7 @@
 #include <sstream>
 #include <string>
 
-namespace weightcache::examples {
+namespace weightcache::smaps {
 
 /// Sums over the mappings an smaps file lists; sizes in bytes.
 struct MappingUsage {
@@ -129,4 +131,4 @@ MappingUsage anonymous_usage_of(const Ranges& ranges, const std::string& smaps_p
   });
 }
 
-}  // namespace weightcache::examples
+}  // namespace weightcache::smaps
