@@ -35,7 +35,7 @@ namespace {
 static_assert(sizeof(off_t) == 8, "32-bit builds need -D_FILE_OFFSET_BITS=64 (CMakeLists.txt sets it)");
 constexpr off_t kInUseOffset = off_t{1} << 62;
 
-const PosixCalls kDefaultCalls = {
+constexpr PosixCalls kDefaultCalls = {
     .open = [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
     .close = ::close,
     .fstat = ::fstat,
@@ -74,6 +74,14 @@ const PosixCalls kDefaultCalls = {
     .readdir = ::readdir,
     .closedir = ::closedir,
 };
+// Designated initializers let an entry go missing (as a null pointer) without a word.
+constexpr bool every_entry_set(const PosixCalls& t) {
+  bool all = true;
+  for_each_posix_call([&](auto entry) { all = all && t.*decltype(entry)::member != nullptr; });
+  return all;
+}
+static_assert(every_entry_set(kDefaultCalls), "an entry of WC_POSIX_CALLS has no default");
+
 PosixCalls g_calls = kDefaultCalls;
 PosixCalls& sys() { return g_calls; }
 

@@ -88,9 +88,9 @@ constexpr std::uint64_t kInUseOffset = std::uint64_t{1} << 41;
 
 // Windows 10 1803+ (kernelbase.dll) and Windows 8+ (kernel32.dll). Looked up at run time:
 // mingw's import libraries may lack them, and the library must still load on older systems.
-using VirtualAlloc2Fn = PVOID(WINAPI*)(HANDLE, PVOID, SIZE_T, ULONG, ULONG, void*, ULONG);
-using MapViewOfFile3Fn = PVOID(WINAPI*)(HANDLE, HANDLE, PVOID, ULONG64, SIZE_T, ULONG, ULONG, void*, ULONG);
-using PrefetchVirtualMemoryFn = BOOL(WINAPI*)(HANDLE, ULONG_PTR, Win32MemoryRange*, ULONG);
+using VirtualAlloc2Fn = decltype(Win32Calls::virtual_alloc2);
+using MapViewOfFile3Fn = decltype(Win32Calls::map_view_of_file3);
+using PrefetchVirtualMemoryFn = decltype(Win32Calls::prefetch_virtual_memory);
 
 template <class Fn>
 Fn proc(HMODULE m, const char* name) {
@@ -147,35 +147,9 @@ BOOL WINAPI default_prefetch_virtual_memory(HANDLE process, ULONG_PTR count, Win
 
 Win32Calls make_default_calls() {
   Win32Calls c{};
-  c.create_file_w = ::CreateFileW;
-  c.close_handle = ::CloseHandle;
-  c.duplicate_handle = ::DuplicateHandle;
-  c.read_file = ::ReadFile;
-  c.write_file = ::WriteFile;
-  c.get_file_information_by_handle = ::GetFileInformationByHandle;
-  c.get_file_information_by_handle_ex = ::GetFileInformationByHandleEx;
-  c.set_file_information_by_handle = ::SetFileInformationByHandle;
-  c.get_file_type = ::GetFileType;
-  c.get_file_size_ex = ::GetFileSizeEx;
-  c.get_file_attributes_w = ::GetFileAttributesW;
-  c.get_full_path_name_w = ::GetFullPathNameW;
-  c.move_file_ex_w = ::MoveFileExW;
-  c.delete_file_w = ::DeleteFileW;
-  c.find_first_file_w = ::FindFirstFileW;
-  c.find_next_file_w = ::FindNextFileW;
-  c.find_close = ::FindClose;
-  c.flush_file_buffers = ::FlushFileBuffers;
-  c.lock_file_ex = ::LockFileEx;
-  c.unlock_file_ex = ::UnlockFileEx;
-  c.device_io_control = ::DeviceIoControl;
-  c.create_file_mapping_w = ::CreateFileMappingW;
-  c.map_view_of_file_ex = ::MapViewOfFileEx;
-  c.unmap_view_of_file = ::UnmapViewOfFile;
-  c.virtual_alloc = ::VirtualAlloc;
-  c.virtual_free = ::VirtualFree;
-  c.flush_view_of_file = ::FlushViewOfFile;
-  c.get_system_info = ::GetSystemInfo;
-  c.get_current_process_id = ::GetCurrentProcessId;
+#define WC_WIN32_CALL_DEFAULT(name, function, result, params) c.name = ::function;
+  WC_WIN32_LINKED_CALLS(WC_WIN32_CALL_DEFAULT)
+#undef WC_WIN32_CALL_DEFAULT
   c.virtual_alloc2 = default_virtual_alloc2;
   c.map_view_of_file3 = default_map_view_of_file3;
   c.prefetch_virtual_memory = default_prefetch_virtual_memory;

@@ -9,6 +9,8 @@
 // entries below which only newer Windows versions have.
 #pragma once
 
+#include "platform/call_table.hpp"
+
 #ifndef WIN32_LEAN_AND_MEAN
 #define WIN32_LEAN_AND_MEAN
 #endif
@@ -25,54 +27,102 @@ struct Win32MemoryRange {
   SIZE_T size;
 };
 
-struct Win32Calls {
-  // ---- files ----
-  HANDLE(WINAPI* create_file_w)(LPCWSTR path, DWORD access, DWORD share, LPSECURITY_ATTRIBUTES sa, DWORD disposition,
-                                DWORD flags, HANDLE template_file);
-  BOOL(WINAPI* close_handle)(HANDLE h);
-  BOOL(WINAPI* duplicate_handle)(HANDLE from_process, HANDLE h, HANDLE to_process, LPHANDLE out, DWORD access,
-                                 BOOL inherit, DWORD options);
-  BOOL(WINAPI* read_file)(HANDLE h, LPVOID buf, DWORD n, LPDWORD got, LPOVERLAPPED ov);
-  BOOL(WINAPI* write_file)(HANDLE h, LPCVOID buf, DWORD n, LPDWORD put, LPOVERLAPPED ov);
-  BOOL(WINAPI* get_file_information_by_handle)(HANDLE h, LPBY_HANDLE_FILE_INFORMATION info);
-  BOOL(WINAPI* get_file_information_by_handle_ex)(HANDLE h, FILE_INFO_BY_HANDLE_CLASS cls, LPVOID info, DWORD size);
-  BOOL(WINAPI* set_file_information_by_handle)(HANDLE h, FILE_INFO_BY_HANDLE_CLASS cls, LPVOID info, DWORD size);
-  DWORD(WINAPI* get_file_type)(HANDLE h);
-  BOOL(WINAPI* get_file_size_ex)(HANDLE h, PLARGE_INTEGER size);
-  DWORD(WINAPI* get_file_attributes_w)(LPCWSTR path);
-  DWORD(WINAPI* get_full_path_name_w)(LPCWSTR path, DWORD n, LPWSTR buf, LPWSTR* file_part);
-  BOOL(WINAPI* move_file_ex_w)(LPCWSTR from, LPCWSTR to, DWORD flags);
-  BOOL(WINAPI* delete_file_w)(LPCWSTR path);
-  HANDLE(WINAPI* find_first_file_w)(LPCWSTR pattern, LPWIN32_FIND_DATAW data);
-  BOOL(WINAPI* find_next_file_w)(HANDLE find, LPWIN32_FIND_DATAW data);
-  BOOL(WINAPI* find_close)(HANDLE find);
-  BOOL(WINAPI* flush_file_buffers)(HANDLE h);
-  BOOL(WINAPI* lock_file_ex)(HANDLE h, DWORD flags, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);
-  BOOL(WINAPI* unlock_file_ex)(HANDLE h, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov);
-  // FSCTL_QUERY_ALLOCATED_RANGES only (where a file has holes).
-  BOOL(WINAPI* device_io_control)(HANDLE h, DWORD code, LPVOID in, DWORD in_size, LPVOID out, DWORD out_size,
-                                  LPDWORD returned, LPOVERLAPPED ov);
+// The table's entries, in order, as X(name, Win32 function, result, parameters): first those
+// the library links against, then those looked up at run time. The table, its enumerators, their
+// names (the Win32 functions') and the iteration below are all generated from these lists, and
+// so are the defaults of the linked entries.
+#define WC_WIN32_CALLS(X) WC_WIN32_LINKED_CALLS(X) WC_WIN32_LOOKED_UP_CALLS(X)
 
-  // ---- mappings and address space ----
-  HANDLE(WINAPI* create_file_mapping_w)(HANDLE file, LPSECURITY_ATTRIBUTES sa, DWORD protect, DWORD size_high,
-                                        DWORD size_low, LPCWSTR name);
-  LPVOID(WINAPI* map_view_of_file_ex)(HANDLE section, DWORD access, DWORD offset_high, DWORD offset_low, SIZE_T n,
-                                      LPVOID at);
-  BOOL(WINAPI* unmap_view_of_file)(LPCVOID at);
-  LPVOID(WINAPI* virtual_alloc)(LPVOID at, SIZE_T n, DWORD type, DWORD protect);
-  BOOL(WINAPI* virtual_free)(LPVOID at, SIZE_T n, DWORD type);
-  BOOL(WINAPI* flush_view_of_file)(LPCVOID at, SIZE_T n);
-  void(WINAPI* get_system_info)(LPSYSTEM_INFO info);
-  DWORD(WINAPI* get_current_process_id)();
-  // Windows 10 1803+ (kernelbase.dll), looked up at run time: where the OS lacks one, its
-  // default fails with ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it).
-  PVOID(WINAPI* virtual_alloc2)(HANDLE process, PVOID at, SIZE_T n, ULONG type, ULONG protect, void* params,
-                                ULONG param_count);
-  PVOID(WINAPI* map_view_of_file3)(HANDLE section, HANDLE process, PVOID at, ULONG64 offset, SIZE_T n, ULONG type,
-                                   ULONG protect, void* params, ULONG param_count);
-  // Windows 8+ (kernel32.dll), looked up at run time too.
-  BOOL(WINAPI* prefetch_virtual_memory)(HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags);
+#define WC_WIN32_LINKED_CALLS(X)                                                                                     \
+  /* ---- files ---- */                                                                                             \
+  X(create_file_w, CreateFileW, HANDLE,                                                                              \
+    (LPCWSTR path, DWORD access, DWORD share, LPSECURITY_ATTRIBUTES sa, DWORD disposition, DWORD flags,              \
+     HANDLE template_file))                                                                                          \
+  X(close_handle, CloseHandle, BOOL, (HANDLE h))                                                                     \
+  X(duplicate_handle, DuplicateHandle, BOOL,                                                                         \
+    (HANDLE from_process, HANDLE h, HANDLE to_process, LPHANDLE out, DWORD access, BOOL inherit, DWORD options))     \
+  X(read_file, ReadFile, BOOL, (HANDLE h, LPVOID buf, DWORD n, LPDWORD got, LPOVERLAPPED ov))                        \
+  X(write_file, WriteFile, BOOL, (HANDLE h, LPCVOID buf, DWORD n, LPDWORD put, LPOVERLAPPED ov))                     \
+  X(get_file_information_by_handle, GetFileInformationByHandle, BOOL, (HANDLE h, LPBY_HANDLE_FILE_INFORMATION info)) \
+  X(get_file_information_by_handle_ex, GetFileInformationByHandleEx, BOOL,                                           \
+    (HANDLE h, FILE_INFO_BY_HANDLE_CLASS cls, LPVOID info, DWORD size))                                              \
+  X(set_file_information_by_handle, SetFileInformationByHandle, BOOL,                                                \
+    (HANDLE h, FILE_INFO_BY_HANDLE_CLASS cls, LPVOID info, DWORD size))                                              \
+  X(get_file_type, GetFileType, DWORD, (HANDLE h))                                                                   \
+  X(get_file_size_ex, GetFileSizeEx, BOOL, (HANDLE h, PLARGE_INTEGER size))                                          \
+  X(get_file_attributes_w, GetFileAttributesW, DWORD, (LPCWSTR path))                                                \
+  X(get_full_path_name_w, GetFullPathNameW, DWORD, (LPCWSTR path, DWORD n, LPWSTR buf, LPWSTR* file_part))           \
+  X(move_file_ex_w, MoveFileExW, BOOL, (LPCWSTR from, LPCWSTR to, DWORD flags))                                      \
+  X(delete_file_w, DeleteFileW, BOOL, (LPCWSTR path))                                                                \
+  X(find_first_file_w, FindFirstFileW, HANDLE, (LPCWSTR pattern, LPWIN32_FIND_DATAW data))                           \
+  X(find_next_file_w, FindNextFileW, BOOL, (HANDLE find, LPWIN32_FIND_DATAW data))                                   \
+  X(find_close, FindClose, BOOL, (HANDLE find))                                                                      \
+  X(flush_file_buffers, FlushFileBuffers, BOOL, (HANDLE h))                                                          \
+  X(lock_file_ex, LockFileEx, BOOL,                                                                                  \
+    (HANDLE h, DWORD flags, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov))                         \
+  X(unlock_file_ex, UnlockFileEx, BOOL, (HANDLE h, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov))  \
+  /* FSCTL_QUERY_ALLOCATED_RANGES only (where a file has holes) */                                                  \
+  X(device_io_control, DeviceIoControl, BOOL,                                                                        \
+    (HANDLE h, DWORD code, LPVOID in, DWORD in_size, LPVOID out, DWORD out_size, LPDWORD returned, LPOVERLAPPED ov)) \
+  /* ---- mappings and address space ---- */                                                                        \
+  X(create_file_mapping_w, CreateFileMappingW, HANDLE,                                                               \
+    (HANDLE file, LPSECURITY_ATTRIBUTES sa, DWORD protect, DWORD size_high, DWORD size_low, LPCWSTR name))           \
+  X(map_view_of_file_ex, MapViewOfFileEx, LPVOID,                                                                    \
+    (HANDLE section, DWORD access, DWORD offset_high, DWORD offset_low, SIZE_T n, LPVOID at))                        \
+  X(unmap_view_of_file, UnmapViewOfFile, BOOL, (LPCVOID at))                                                         \
+  X(virtual_alloc, VirtualAlloc, LPVOID, (LPVOID at, SIZE_T n, DWORD type, DWORD protect))                           \
+  X(virtual_free, VirtualFree, BOOL, (LPVOID at, SIZE_T n, DWORD type))                                              \
+  X(flush_view_of_file, FlushViewOfFile, BOOL, (LPCVOID at, SIZE_T n))                                               \
+  X(get_system_info, GetSystemInfo, void, (LPSYSTEM_INFO info))                                                      \
+  X(get_current_process_id, GetCurrentProcessId, DWORD, ())
+
+// Looked up at run time: where the OS lacks one, its default fails with
+// ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it).
+#define WC_WIN32_LOOKED_UP_CALLS(X)                                                                                  \
+  /* Windows 10 1803+ (kernelbase.dll) */                                                                           \
+  X(virtual_alloc2, VirtualAlloc2, PVOID,                                                                            \
+    (HANDLE process, PVOID at, SIZE_T n, ULONG type, ULONG protect, void* params, ULONG param_count))                \
+  X(map_view_of_file3, MapViewOfFile3, PVOID,                                                                        \
+    (HANDLE section, HANDLE process, PVOID at, ULONG64 offset, SIZE_T n, ULONG type, ULONG protect, void* params,    \
+     ULONG param_count))                                                                                             \
+  /* Windows 8+ (kernel32.dll) */                                                                                   \
+  X(prefetch_virtual_memory, PrefetchVirtualMemory, BOOL,                                                            \
+    (HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags))
+
+struct Win32Calls {
+#define WC_WIN32_CALL_MEMBER(name, function, result, params) result(WINAPI* name) params;
+  WC_WIN32_CALLS(WC_WIN32_CALL_MEMBER)
+#undef WC_WIN32_CALL_MEMBER
 };
+
+/// The entries by name: Win32Call::create_file_w is Win32Calls::create_file_w.
+enum class Win32Call {
+#define WC_WIN32_CALL_ID(name, function, result, params) name,
+  WC_WIN32_CALLS(WC_WIN32_CALL_ID)
+#undef WC_WIN32_CALL_ID
+};
+
+#define WC_WIN32_CALL_ONE(name, function, result, params) +1
+inline constexpr int kWin32CallCount = 0 WC_WIN32_CALLS(WC_WIN32_CALL_ONE);
+#undef WC_WIN32_CALL_ONE
+
+/// The Win32 function behind the entry ("CreateFileW", ...).
+constexpr const char* call_name(Win32Call c) noexcept {
+  constexpr const char* kNames[] = {
+#define WC_WIN32_CALL_NAME(name, function, result, params) #function,
+      WC_WIN32_CALLS(WC_WIN32_CALL_NAME)
+#undef WC_WIN32_CALL_NAME
+  };
+  return kNames[static_cast<int>(c)];
+}
+
+/// Calls f(CallEntry<Win32Call::x, &Win32Calls::x>{}) for every entry x, in table order.
+template <class F>
+constexpr void for_each_win32_call(F&& f) {
+#define WC_WIN32_CALL_VISIT(name, function, result, params) f(CallEntry<Win32Call::name, &Win32Calls::name>{});
+  WC_WIN32_CALLS(WC_WIN32_CALL_VISIT)
+#undef WC_WIN32_CALL_VISIT
+}
 
 /// The table in use (mutable for tests; swap entries only while no cache is open, and after
 /// the platform's first use: its one-time probe of placeholder support goes through it too).
