@@ -140,9 +140,9 @@ TEST_P(FaultSweep, EveryCallEveryKindTransientAndPersistent) {
   // of the heap fallback. prefetch's madvise: nothing calls it yet.)
   std::array<std::uint64_t, wctest::kCallCount> made{};
   for (Call c : clean.seq) made[static_cast<int>(c)]++;
-  for (Call c : {Call::open, Call::close, Call::fstat, Call::pread, Call::pwrite, Call::fallocate, Call::ftruncate,
-                 Call::fdatasync, Call::mmap, Call::munmap, Call::msync, Call::flock, Call::stat, Call::lstat,
-                 Call::fcntl, Call::fcntl_lock, Call::futimens, Call::getrlimit})
+  for (Call c : {Call::open, Call::close, Call::fstat, Call::pread, Call::pwrite, Call::posix_fallocate,
+                 Call::ftruncate, Call::fdatasync, Call::mmap, Call::munmap, Call::msync, Call::flock, Call::stat,
+                 Call::lstat, Call::fcntl, Call::fcntl_lock, Call::futimens, Call::getrlimit})
     EXPECT_GT(made[static_cast<int>(c)], 0u) << wctest::call_name(c) << " is not in the run";
   if (!seed_first) {  // creating the file: temporary, rename, directory sync
     EXPECT_GT(made[static_cast<int>(Call::rename)], 0u);

@@ -1,8 +1,11 @@
 // Syscall-level hooks over platform::posix_calls() for fault injection and crash simulation.
-// Installed for the life of a Hooks object; everything the platform layer does to the OS passes
-// here. Not the std::filesystem calls of src/core.cpp, src/registry.cpp and src/gc.cpp (symlink
-// resolution, removal of stale temporaries, canonical paths, gc's listing of a directory): those
-// fail into their error_code paths unseen.
+// Installed for the life of a Hooks object over every entry of the call table but the few that
+// hooked() leaves out: everything else the platform layer does to the OS passes here, is counted
+// and may be failed. The table's own list (WC_POSIX_CALLS) says which entries there are, so a new
+// entry is hooked with nothing to add here: it fails as its result type says (-1, or a null
+// pointer, with errno) unless failure() says otherwise. Not here: the std::filesystem calls of
+// src/core_open.cpp and src/registry.cpp (symlink resolution, canonical paths), which fail into
+// their error_code paths unseen.
 #pragma once
 
 #include "platform/posix_calls.hpp"
@@ -17,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fcntl.h>
@@ -24,20 +28,16 @@
 
 namespace wctest {
 
-// Every entry of the call table that can fail. Not here: getpid, which cannot, and
-// sysconf(_SC_PAGESIZE), which cannot where mmap exists and is asked once per process.
-enum class Call { open, close, fstat, pread, pwrite, fallocate, ftruncate, fdatasync, fsync, rename, mmap, munmap,
-                  mprotect, msync, flock, stat, lstat, fcntl, fcntl_lock, unlink, futimens, memfd_create, madvise,
-                  getrlimit, lseek, ioctl };
-inline constexpr int kCallCount = static_cast<int>(Call::ioctl) + 1;
+using Call = weightcache::platform::PosixCall;
+inline constexpr int kCallCount = weightcache::platform::kPosixCallCount;
+inline const char* call_name(Call c) { return weightcache::platform::call_name(c); }
 
-inline const char* call_name(Call c) {
-  static const char* names[] = {"open",   "close",  "fstat",    "pread", "pwrite", "fallocate", "ftruncate",
-                                "fdatasync", "fsync", "rename", "mmap", "munmap", "mprotect", "msync",
-                                "flock",  "stat",   "lstat",    "fcntl", "fcntl_lock", "unlink", "futimens", "memfd_create",
-                                "madvise",   "getrlimit", "lseek", "ioctl"};
-  static_assert(sizeof(names) / sizeof(names[0]) == kCallCount);
-  return names[static_cast<int>(c)];
+// The entries the hooks leave alone: getpid, which cannot fail, and sysconf(_SC_PAGESIZE), which
+// cannot where mmap exists and is asked once per process; and the directory listing (opendir,
+// readdir, closedir: stale temporaries at open, gc), which the sweeps, numbered by call, were
+// calibrated without.
+constexpr bool hooked(Call c) {
+  return c != Call::getpid && c != Call::sysconf && c != Call::opendir && c != Call::readdir && c != Call::closedir;
 }
 
 // What to do with one call: run it, fail it with an errno, or (pwrite only) write half.
@@ -58,136 +58,11 @@ class Hooks {
     policy_ = std::move(policy);
     observer_ = std::move(observer);
     auto& t = weightcache::platform::posix_calls();
-    t.open = [](const char* p, int f, mode_t m) -> int {
-      if (auto d = decide(Call::open); d.kind != Decision::pass) return (errno = d.err, -1);
-      int fd = weightcache::platform::default_posix_calls().open(p, f, m);
-      if (fd >= 0) instance()->note_open(fd, p);
-      return fd;
-    };
-    t.close = [](int fd) -> int {
-      instance()->note_close(fd);
-      const Decision d = decide(Call::close);
-      const int r = weightcache::platform::default_posix_calls().close(fd);
-      if (d.kind != Decision::pass) return (errno = d.err, -1);  // as Linux: released all the same
-      return r;
-    };
-    t.fstat = [](int fd, struct stat* st) -> int {
-      if (auto d = decide(Call::fstat); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().fstat(fd, st);
-    };
-    t.pread = [](int fd, void* b, size_t n, off_t o) -> ssize_t {
-      if (auto d = decide(Call::pread); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().pread(fd, b, n, o);
-    };
-    t.pwrite = [](int fd, const void* b, size_t n, off_t o) -> ssize_t {
-      auto d = decide(Call::pwrite);
-      if (d.kind == Decision::fail) return (errno = d.err, -1);
-      if (d.kind == Decision::short_write && n > 1) n /= 2;
-      ssize_t r = weightcache::platform::default_posix_calls().pwrite(fd, b, n, o);
-      if (r > 0) instance()->observe(Call::pwrite, fd, b, static_cast<size_t>(r), o, 0);
-      return r;
-    };
-    t.posix_fallocate = [](int fd, off_t o, off_t l) -> int {
-      if (auto d = decide(Call::fallocate); d.kind != Decision::pass) return d.err;
-      return weightcache::platform::default_posix_calls().posix_fallocate(fd, o, l);
-    };
-    t.ftruncate = [](int fd, off_t l) -> int {
-      if (auto d = decide(Call::ftruncate); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().ftruncate(fd, l);
-    };
-    t.fdatasync = [](int fd) -> int {
-      if (auto d = decide(Call::fdatasync); d.kind != Decision::pass) return (errno = d.err, -1);
-      int r = weightcache::platform::default_posix_calls().fdatasync(fd);
-      if (r == 0) instance()->observe(Call::fdatasync, fd, nullptr, 0, 0, 0);
-      return r;
-    };
-    t.fsync = [](int fd) -> int {
-      if (auto d = decide(Call::fsync); d.kind != Decision::pass) return (errno = d.err, -1);
-      int r = weightcache::platform::default_posix_calls().fsync(fd);
-      if (r == 0) instance()->observe(Call::fsync, fd, nullptr, 0, 0, 0);
-      return r;
-    };
-    t.rename = [](const char* a, const char* b) -> int {
-      if (auto d = decide(Call::rename); d.kind != Decision::pass) return (errno = d.err, -1);
-      int r = weightcache::platform::default_posix_calls().rename(a, b);
-      if (r == 0) instance()->note_rename(a, b);
-      return r;
-    };
-    t.mmap = [](void* a, size_t l, int p, int f, int fd, off_t o) -> void* {
-      // Anonymous reservations are not the cache file: let them through so the run gets going,
-      // but still count them so a sweep can fail them.
-      if (auto d = decide(Call::mmap); d.kind != Decision::pass) return (errno = d.err, MAP_FAILED);
-      void* r = weightcache::platform::default_posix_calls().mmap(a, l, p, f, fd, o);
-      if (r != MAP_FAILED && fd >= 0) instance()->note_map(r, l, fd, o);
-      return r;
-    };
-    t.munmap = [](void* a, size_t l) -> int {
-      (void)decide(Call::munmap);  // never fail an unmap: a leak, not a fault worth modelling
-      return weightcache::platform::default_posix_calls().munmap(a, l);
-    };
-    t.mprotect = [](void* a, size_t l, int p) -> int {
-      if (auto d = decide(Call::mprotect); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().mprotect(a, l, p);
-    };
-    t.msync = [](void* a, size_t l, int f) -> int {
-      if (auto d = decide(Call::msync); d.kind != Decision::pass) return (errno = d.err, -1);
-      int r = weightcache::platform::default_posix_calls().msync(a, l, f);
-      if (r == 0) instance()->observe_msync(a, l, f);
-      return r;
-    };
-    t.flock = [](int fd, int op) -> int {
-      if (auto d = decide(Call::flock); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().flock(fd, op);
-    };
-    t.stat = [](const char* p, struct stat* st) -> int {
-      if (auto d = decide(Call::stat); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().stat(p, st);
-    };
-    t.lstat = [](const char* p, struct stat* st) -> int {
-      if (auto d = decide(Call::lstat); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().lstat(p, st);
-    };
-    t.fcntl = [](int fd, int cmd, int arg) -> int {
-      if (auto d = decide(Call::fcntl); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().fcntl(fd, cmd, arg);
-    };
-    t.futimens = [](int fd, const struct timespec times[2]) -> int {
-      if (auto d = decide(Call::futimens); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().futimens(fd, times);
-    };
-    t.memfd_create = [](const char* name, unsigned flags) -> int {
-      if (auto d = decide(Call::memfd_create); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().memfd_create(name, flags);
-    };
-    t.fcntl_lock = [](int fd, int cmd, struct flock* lock) -> int {
-      if (auto d = decide(Call::fcntl_lock); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().fcntl_lock(fd, cmd, lock);
-    };
-    t.unlink = [](const char* p) -> int {
-      if (auto d = decide(Call::unlink); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().unlink(p);
-    };
-    t.madvise = [](void* a, size_t l, int advice) -> int {
-      if (auto d = decide(Call::madvise); d.kind != Decision::pass) return (errno = d.err, -1);
-      // Observed whenever it reaches the OS, with the advice in `flags`: the result of an advice
-      // is the caller's business (an old kernel refuses MADV_POPULATE_READ).
-      instance()->observe(Call::madvise, -1, a, l, 0, advice);
-      return weightcache::platform::default_posix_calls().madvise(a, l, advice);
-    };
-    t.lseek = [](int fd, off_t o, int whence) -> off_t {
-      if (auto d = decide(Call::lseek); d.kind != Decision::pass) return (errno = d.err, -1);
-      const off_t r = weightcache::platform::default_posix_calls().lseek(fd, o, whence);
-      if (r >= 0) instance()->observe(Call::lseek, fd, nullptr, 0, r, whence);
-      return r;
-    };
-    t.ioctl = [](int fd, unsigned long request, void* arg) -> int {
-      if (auto d = decide(Call::ioctl); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().ioctl(fd, request, arg);
-    };
-    t.getrlimit = [](int resource, struct rlimit* rl) -> int {
-      if (auto d = decide(Call::getrlimit); d.kind != Decision::pass) return (errno = d.err, -1);
-      return weightcache::platform::default_posix_calls().getrlimit(resource, rl);
-    };
+    weightcache::platform::for_each_posix_call([&t](auto entry) { install(t, entry, entry.member); });
+    // The entries whose hook does more than fail or forward and record.
+    t.close = close;
+    t.pwrite = pwrite;
+    t.munmap = munmap;
   }
 
   ~Hooks() {
@@ -218,6 +93,8 @@ class Hooks {
   }
 
  private:
+  using Calls = weightcache::platform::PosixCalls;
+
   struct Map {
     std::size_t len;
     int fd;
@@ -228,31 +105,116 @@ class Hooks {
     static Hooks* h = nullptr;
     return h;
   }
+  static const Calls& real() { return weightcache::platform::default_posix_calls(); }
   static Decision decide(Call c) {
     Hooks* h = instance();
     const std::uint64_t i = h->counter_.fetch_add(1) + 1;
     return h->policy_ ? h->policy_(c, i) : Decision{};
   }
+
+  // ---- every hooked entry ----
+
+  // Puts the generic hook in the entry's place, unless hooked() leaves the entry alone.
+  template <class Entry, class R, class... A>
+  static void install(Calls& t, Entry, R (*Calls::*)(A...)) {
+    if constexpr (hooked(Entry::id)) t.*Entry::member = &hook<Entry::id, Entry::member, R, A...>;
+  }
+
+  // Fails the call as the policy says, or makes it and records it.
+  template <Call C, auto Member, class R, class... A>
+  static R hook(A... a) {
+    if (const Decision d = decide(C); d.kind != Decision::pass) return failure<C, R>(d.err);
+    const R r = (real().*Member)(a...);
+    const int err = errno;  // the recorders must not change what the caller sees
+    record<C>(r, a...);
+    errno = err;
+    return r;
+  }
+
+  // What the entry returns when it fails with `err`.
+  template <Call C, class R>
+  static R failure(int err) {
+    if constexpr (C == Call::posix_fallocate) {
+      return err;  // the error number itself, errno untouched
+    } else {
+      errno = err;
+      if constexpr (C == Call::mmap) return MAP_FAILED;
+      else if constexpr (std::is_pointer_v<R>) return nullptr;
+      else return -1;
+    }
+  }
+
+  // What the recorders (observer, descriptor paths, file mappings) learn of a call that reached
+  // the OS: the entries below, each with its own arguments.
+  template <Call C, class R, class... A>
+  static void record(R r, [[maybe_unused]] A... a) {
+    Hooks& h = *instance();
+    if constexpr (C == Call::open) h.opened(r, a...);
+    else if constexpr (C == Call::fdatasync || C == Call::fsync) h.synced(C, r, a...);
+    else if constexpr (C == Call::rename) h.renamed(r, a...);
+    else if constexpr (C == Call::mmap) h.mapped(r, a...);
+    else if constexpr (C == Call::msync) h.msynced(r, a...);
+    else if constexpr (C == Call::madvise) h.advised(r, a...);
+    else if constexpr (C == Call::lseek) h.sought(r, a...);
+  }
+
+  void opened(int fd, const char* path, int, mode_t) {
+    if (fd < 0) return;
+    std::lock_guard<std::mutex> l(mu_);
+    fds_[fd] = path;
+  }
+  void synced(Call c, int r, int fd) {
+    if (r == 0) observe(c, fd, nullptr, 0, 0, 0);
+  }
+  void renamed(int r, const char* from, const char* to) {
+    if (r == 0 && rename_observer_) rename_observer_(from, to);
+  }
+  void mapped(void* r, void*, size_t len, int, int, int fd, off_t off) {
+    // Anonymous reservations are not the cache file (they are counted all the same, so a sweep
+    // can fail them).
+    if (r == MAP_FAILED || fd < 0) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    maps_[reinterpret_cast<std::uintptr_t>(r)] = Map{len, fd, off};
+  }
+  void msynced(int r, void* addr, size_t len, int flags) {
+    if (r == 0) observe(Call::msync, -1, addr, len, 0, flags);
+  }
+  void advised(int, void* addr, size_t len, int advice) {
+    // Observed whenever it reaches the OS, with the advice in `flags`: the result of an advice
+    // is the caller's business (an old kernel refuses MADV_POPULATE_READ).
+    observe(Call::madvise, -1, addr, len, 0, advice);
+  }
+  void sought(off_t r, int fd, off_t, int whence) {
+    if (r >= 0) observe(Call::lseek, fd, nullptr, 0, r, whence);
+  }
+
+  // ---- the entries whose hook does more ----
+
+  static int close(int fd) {
+    {
+      std::lock_guard<std::mutex> l(instance()->mu_);
+      instance()->fds_.erase(fd);
+    }
+    const Decision d = decide(Call::close);
+    const int r = real().close(fd);
+    if (d.kind != Decision::pass) return (errno = d.err, -1);  // as Linux: released all the same
+    return r;
+  }
+  static ssize_t pwrite(int fd, const void* b, size_t n, off_t o) {
+    const Decision d = decide(Call::pwrite);
+    if (d.kind == Decision::fail) return (errno = d.err, -1);
+    if (d.kind == Decision::short_write && n > 1) n /= 2;
+    const ssize_t r = real().pwrite(fd, b, n, o);
+    if (r > 0) instance()->observe(Call::pwrite, fd, b, static_cast<size_t>(r), o, 0);
+    return r;
+  }
+  static int munmap(void* a, size_t l) {
+    (void)decide(Call::munmap);  // never fail an unmap: a leak, not a fault worth modelling
+    return real().munmap(a, l);
+  }
+
   void observe(Call c, int fd, const void* a, std::size_t l, std::int64_t o, int f) {
     if (observer_) observer_(c, fd, a, l, o, f);
-  }
-  void observe_msync(void* a, std::size_t l, int f) {
-    if (observer_) observer_(Call::msync, -1, a, l, 0, f);
-  }
-  void note_open(int fd, const char* p) {
-    std::lock_guard<std::mutex> l(mu_);
-    fds_[fd] = p;
-  }
-  void note_close(int fd) {
-    std::lock_guard<std::mutex> l(mu_);
-    fds_.erase(fd);
-  }
-  void note_rename(const char* a, const char* b) {
-    if (rename_observer_) rename_observer_(a, b);
-  }
-  void note_map(void* a, std::size_t l, int fd, std::int64_t o) {
-    std::lock_guard<std::mutex> lk(mu_);
-    maps_[reinterpret_cast<std::uintptr_t>(a)] = Map{l, fd, o};
   }
 
  public:

@@ -26,8 +26,8 @@ using wctest::Decision;
 
 TEST(ErrorMessages, EveryHandleErrorNamesTheFile) {
   weightcache::test::TempDir dir("wc-messages");
-  const Call handle_calls[] = {Call::fstat,     Call::pread, Call::pwrite, Call::fallocate, Call::ftruncate,
-                               Call::fdatasync, Call::mmap,  Call::msync,  Call::flock,     Call::lseek};
+  const Call handle_calls[] = {Call::fstat,     Call::pread, Call::pwrite, Call::posix_fallocate, Call::ftruncate,
+                               Call::fdatasync, Call::mmap,  Call::msync,  Call::flock,           Call::lseek};
   // How often a clean run makes each call.
   std::map<Call, int> made;
   {
@@ -65,7 +65,7 @@ TEST(ErrorMessages, EveryHandleErrorNamesTheFile) {
           EXPECT_EQ(t.find("<cache>"), std::string::npos) << what << ": " << t;
           EXPECT_EQ(t.find("(unknown file)"), std::string::npos) << what << ": " << t;
           naming_the_file += t.find(path) != std::string::npos;
-          if (victim == Call::fallocate && err == ENOSPC &&
+          if (victim == Call::posix_fallocate && err == ENOSPC &&
               t.find("cannot allocate disk space for '" + path + "': " + std::strerror(ENOSPC)) != std::string::npos)
             ++full_disk_named;
         }

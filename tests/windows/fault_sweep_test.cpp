@@ -109,32 +109,36 @@ const FaultKind kKinds[] = {
     // The calls that write or grow a file.
     {"ERROR_HANDLE_DISK_FULL",
      {WinDecision::fail, ERROR_HANDLE_DISK_FULL},
-     {WinCall::write_file, WinCall::set_info, WinCall::create_mapping, WinCall::flush_view,
-      WinCall::flush_file_buffers}},
+     {WinCall::write_file, WinCall::set_file_information_by_handle, WinCall::create_file_mapping_w,
+      WinCall::flush_view_of_file, WinCall::flush_file_buffers}},
     {"short-write", {WinDecision::short_write, 0}, {WinCall::write_file}},
     // Someone else's byte-range lock over the bytes (Windows locks are mandatory), or pages
     // being written by another flush. Not LockFileEx: there it means "another process holds the
     // lease", a wait the lease tests cover; a persistent one here would only time it out.
     {"ERROR_LOCK_VIOLATION",
      {WinDecision::fail, ERROR_LOCK_VIOLATION},
-     {WinCall::read_file, WinCall::write_file, WinCall::flush_view}},
+     {WinCall::read_file, WinCall::write_file, WinCall::flush_view_of_file}},
     // A handle opened without sharing (a scanner, a backup tool) on a name we open, rename or delete.
     {"ERROR_SHARING_VIOLATION",
      {WinDecision::fail, ERROR_SHARING_VIOLATION},
-     {WinCall::create_file, WinCall::move_file, WinCall::delete_file, WinCall::set_info}},
+     {WinCall::create_file_w, WinCall::move_file_ex_w, WinCall::delete_file_w,
+      WinCall::set_file_information_by_handle}},
     // Moving the end of a file that another process maps.
-    {"ERROR_USER_MAPPED_FILE", {WinDecision::fail, ERROR_USER_MAPPED_FILE}, {WinCall::set_info}},
+    {"ERROR_USER_MAPPED_FILE",
+     {WinDecision::fail, ERROR_USER_MAPPED_FILE},
+     {WinCall::set_file_information_by_handle}},
     // The address is taken (another thread's allocation won the race for a released range).
     {"ERROR_INVALID_ADDRESS",
      {WinDecision::fail, ERROR_INVALID_ADDRESS},
-     {WinCall::map_view_ex, WinCall::map_view3, WinCall::virtual_alloc, WinCall::virtual_alloc2,
+     {WinCall::map_view_of_file_ex, WinCall::map_view_of_file3, WinCall::virtual_alloc, WinCall::virtual_alloc2,
       WinCall::virtual_free}},
     // A file system or Windows version without the call (FAT has no POSIX rename or allocation
     // size, a network share may take no locks).
     {"ERROR_NOT_SUPPORTED",
      {WinDecision::fail, ERROR_NOT_SUPPORTED},
-     {WinCall::set_info, WinCall::get_info_ex, WinCall::lock_file, WinCall::map_view3, WinCall::virtual_alloc2,
-      WinCall::prefetch, WinCall::device_io_control}},
+     {WinCall::set_file_information_by_handle, WinCall::get_file_information_by_handle_ex, WinCall::lock_file_ex,
+      WinCall::map_view_of_file3, WinCall::virtual_alloc2, WinCall::prefetch_virtual_memory,
+      WinCall::device_io_control}},
 };
 constexpr int kKindCount = static_cast<int>(sizeof(kKinds) / sizeof(kKinds[0]));
 
@@ -274,13 +278,15 @@ TEST_P(WinFaultSweep, EveryCallEveryKindTransientAndPersistent) {
   // by mapping mode MapViewOfFile3 and VirtualAlloc2, or MapViewOfFileEx.
   PerCall made{};
   for (WinCall c : clean) made[static_cast<int>(c)]++;
-  for (WinCall c : {WinCall::create_file, WinCall::close_handle, WinCall::duplicate_handle, WinCall::read_file,
-                    WinCall::write_file, WinCall::get_info, WinCall::set_info, WinCall::get_file_type,
-                    WinCall::get_file_size, WinCall::flush_file_buffers, WinCall::lock_file, WinCall::unlock_file,
-                    WinCall::create_mapping, WinCall::unmap_view, WinCall::virtual_free, WinCall::flush_view})
+  for (WinCall c : {WinCall::create_file_w, WinCall::close_handle, WinCall::duplicate_handle, WinCall::read_file,
+                    WinCall::write_file, WinCall::get_file_information_by_handle,
+                    WinCall::set_file_information_by_handle, WinCall::get_file_type, WinCall::get_file_size_ex,
+                    WinCall::flush_file_buffers, WinCall::lock_file_ex, WinCall::unlock_file_ex,
+                    WinCall::create_file_mapping_w, WinCall::unmap_view_of_file, WinCall::virtual_free,
+                    WinCall::flush_view_of_file})
     EXPECT_GT(made[static_cast<int>(c)], 0u) << wctest::win_call_name(c) << " is not in the run";
   if (!seed_first) {  // creating the file: a temporary renamed onto the path
-    EXPECT_GT(made[static_cast<int>(WinCall::move_file)], 0u);
+    EXPECT_GT(made[static_cast<int>(WinCall::move_file_ex_w)], 0u);
   }
   std::printf("calls per run: %llu (%s)\n", (unsigned long long)calls, by_call(made).c_str());
 
@@ -327,7 +333,7 @@ TEST_P(WinFaultSweep, EveryCallEveryKindTransientAndPersistent) {
       "reservations "
       "a failed VirtualFree left (released by the test): %llu, crashes: 0\n",
       seed_first ? "over an existing cache" : "from an empty path",
-      made[static_cast<int>(WinCall::map_view3)] > 0 ? "placeholder" : "legacy",
+      made[static_cast<int>(WinCall::map_view_of_file3)] > 0 ? "placeholder" : "legacy",
       stride == 1 ? "every call" : ("every " + std::to_string(stride) + "th call").c_str(), (unsigned long long)calls,
       (unsigned long long)totals.runs, (unsigned long long)totals.wrong, (unsigned long long)totals.lost,
       (unsigned long long)totals.misreported, (unsigned long long)totals.handles_left,
