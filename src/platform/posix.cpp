@@ -3,6 +3,7 @@
 // we need MAP_FIXED placement inside one reserved range, posix_fallocate before mapping, msync
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
 // docs/DESIGN.md, "Dependencies, and where we use system calls instead".
+#include "platform/errors.hpp"
 #include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
@@ -85,28 +86,6 @@ static_assert(every_entry_set(kDefaultCalls), "an entry of WC_POSIX_CALLS has no
 PosixCalls g_calls = kDefaultCalls;
 PosixCalls& sys() { return g_calls; }
 
-Errc errc_of(int err) {
-  switch (err) {
-    case ENOSPC:
-    case EFBIG:
-#ifdef EDQUOT
-    case EDQUOT:
-#endif
-      return Errc::no_space;
-    case ENOMEM: return Errc::no_memory;
-    case EROFS: return Errc::read_only;
-    case ELOOP:
-    case EISDIR:
-    case ENAMETOOLONG: return Errc::invalid_argument;
-    case EOPNOTSUPP:
-#if defined(ENOTSUP) && ENOTSUP != EOPNOTSUPP
-    case ENOTSUP:
-#endif
-    case ENODEV: return Errc::unsupported;
-    default: return Errc::io;
-  }
-}
-
 FileInfo info_of(const struct stat& st) {
   FileInfo i;
   i.size = static_cast<std::uint64_t>(st.st_size);
@@ -167,8 +146,7 @@ class PosixPlatform final : public Platform {
     }
     if (!S_ISREG(st.st_mode)) {
       sys().close(fd);
-      return Error{Errc::invalid_argument, 0,
-                   "'" + path + "' is not a regular file; remove it or choose another cache path."};
+      return not_a_regular_file(path);
     }
     // Harmless if it fails: on a regular file O_NONBLOCK changes nothing on Linux, and where it
     // could (mandatory locks) a read would fail with EAGAIN, which read_at reports as an error.
@@ -454,7 +432,7 @@ class PosixPlatform final : public Platform {
         const int err = errno;
         if (err == ENXIO) return at;  // at or past the end of the file: nothing there at all
         // EINVAL: a kernel or file system without SEEK_HOLE. Not knowing is not a hole.
-        if (err == EINVAL || errc_of(err) == Errc::unsupported) return end;
+        if (err == EINVAL || errc_of_errno(err) == Errc::unsupported) return end;
         return os_error(err, "cannot look for holes in", path_of(h));
       }
       const auto hole = static_cast<std::uint64_t>(found);
@@ -632,15 +610,6 @@ std::uint64_t fork_generation() noexcept {
   // fail (a failure is handled: the caller falls back to comparing process ids).
   static const bool registered = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child) == 0;
   return registered ? g_fork_generation.load(std::memory_order_relaxed) : kForkGenerationUnknown;
-}
-
-Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
-  std::string msg = what + " '" + path + "': " + std::strerror(err) + ".";
-  if (hint != nullptr) {
-    msg += ' ';
-    msg += hint;
-  }
-  return Error{errc_of(err), err, std::move(msg)};
 }
 
 }  // namespace weightcache::platform

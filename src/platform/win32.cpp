@@ -21,6 +21,7 @@
 // offsets: there a writable mapping grows the file to the chunk's end (what CreateFileMapping
 // does), and a read-only one copies the last partial chunk into private memory and re-reads it
 // when the file is stat'ed again (committed bytes never change, so re-reading is harmless).
+#include "platform/errors.hpp"
 #include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/win32_calls.hpp"
@@ -285,22 +286,6 @@ Errc errc_of_win(DWORD code) {
   }
 }
 
-Errc errc_of_errno(int err) {
-  switch (err) {
-    case ENOSPC:
-    case EFBIG: return Errc::no_space;
-    case ENOMEM: return Errc::no_memory;
-    case EROFS: return Errc::read_only;
-    case ELOOP:
-    case EISDIR:
-    case ENAMETOOLONG: return Errc::invalid_argument;
-    case ENOTSUP:
-    case EOPNOTSUPP:
-    case ENODEV: return Errc::unsupported;
-    default: return Errc::io;
-  }
-}
-
 std::string narrow(const wchar_t* s, int len) {
   if (len <= 0) return {};
   const int n = ::WideCharToMultiByte(CP_UTF8, 0, s, len, nullptr, 0, nullptr, nullptr);
@@ -328,11 +313,7 @@ std::string win_message(DWORD code) {
 Error win_error(DWORD code, const std::string& what, const std::string& path, const char* hint = nullptr) {
   std::string msg;
   try {
-    msg = what + " '" + path + "': " + win_message(code) + ".";
-    if (hint != nullptr) {
-      msg += ' ';
-      msg += hint;
-    }
+    msg = error_message(what, path, win_message(code), hint);
   } catch (...) {
   }
   return Error{errc_of_win(code), errno_of(code), std::move(msg)};
@@ -502,8 +483,7 @@ class Win32Platform final : public Platform {
     }
     if (!info.regular) {
       sys().close_handle(h);
-      return Error{Errc::invalid_argument, 0,
-                   "'" + path + "' is not a regular file; remove it or choose another cache path."};
+      return not_a_regular_file(path);
     }
     handle_paths().add(reinterpret_cast<Handle>(h), path);
     return reinterpret_cast<Handle>(h);
@@ -1348,14 +1328,5 @@ Win32Calls& win32_calls() noexcept { return calls_in_use(); }
 const Win32Calls& default_win32_calls() noexcept { return defaults(); }
 
 std::uint64_t fork_generation() noexcept { return 0; }  // no fork on Windows
-
-Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
-  std::string msg = what + " '" + path + "': " + std::strerror(err) + ".";
-  if (hint != nullptr) {
-    msg += ' ';
-    msg += hint;
-  }
-  return Error{errc_of_errno(err), err, std::move(msg)};
-}
 
 }  // namespace weightcache::platform
