@@ -1,6 +1,6 @@
 // The Win32 platform backend through the seam itself (src/platform/platform.hpp): error
 // mapping, UTF-8 paths, per-handle locks, and mappings of files that end inside a 64 KiB
-// chunk and grow later (the holes described in src/platform/win32.cpp).
+// chunk and grow later (the holes described in src/platform/win32_segments.hpp).
 #include "platform/platform.hpp"
 #include "temp_dir.hpp"
 #include "windows_test_util.hpp"
@@ -38,7 +38,7 @@ TEST(Win32Platform, FactsAreWindowsOnes) {
   EXPECT_EQ(pf().map_granularity(), 65536u);
   EXPECT_EQ(pf().file_size_limit(), UINT64_MAX);
   EXPECT_EQ(pf().process_id(), static_cast<int>(::GetCurrentProcessId()));
-  // Which mapping mode this system gets (src/platform/win32.cpp); shown in the XML report.
+  // Which mapping mode this system gets (src/platform/win32_segments.cpp); shown in the XML report.
   ::testing::Test::RecordProperty("under_wine", under_wine() ? "yes" : "no");
 }
 
