@@ -53,7 +53,7 @@ class Hooks {
   // Called after a successful call (for recording); fd/addr context in arguments.
   using Observer = std::function<void(Call, int fd, const void* addr, std::size_t len, std::int64_t off, int flags)>;
 
-  explicit Hooks(Policy policy, Observer observer = nullptr) {
+  explicit Hooks(Policy policy, Observer observer = nullptr) : below_(weightcache::platform::posix_calls()) {
     instance() = this;
     policy_ = std::move(policy);
     observer_ = std::move(observer);
@@ -66,7 +66,7 @@ class Hooks {
   }
 
   ~Hooks() {
-    weightcache::platform::posix_calls() = weightcache::platform::default_posix_calls();
+    weightcache::platform::posix_calls() = below_;
     instance() = nullptr;
   }
   Hooks(const Hooks&) = delete;
@@ -105,7 +105,9 @@ class Hooks {
     static Hooks* h = nullptr;
     return h;
   }
-  static const Calls& real() { return weightcache::platform::default_posix_calls(); }
+  // The table the hooks replaced (the libc defaults, or tests/support/page_size_shim.cpp's
+  // entries over them): what a call that goes through is made with, and what comes back after.
+  static const Calls& below() { return instance()->below_; }
   static Decision decide(Call c) {
     Hooks* h = instance();
     const std::uint64_t i = h->counter_.fetch_add(1) + 1;
@@ -124,7 +126,7 @@ class Hooks {
   template <Call C, auto Member, class R, class... A>
   static R hook(A... a) {
     if (const Decision d = decide(C); d.kind != Decision::pass) return failure<C, R>(d.err);
-    const R r = (real().*Member)(a...);
+    const R r = (below().*Member)(a...);
     const int err = errno;  // the recorders must not change what the caller sees
     record<C>(r, a...);
     errno = err;
@@ -196,7 +198,7 @@ class Hooks {
       instance()->fds_.erase(fd);
     }
     const Decision d = decide(Call::close);
-    const int r = real().close(fd);
+    const int r = below().close(fd);
     if (d.kind != Decision::pass) return (errno = d.err, -1);  // as Linux: released all the same
     return r;
   }
@@ -204,13 +206,13 @@ class Hooks {
     const Decision d = decide(Call::pwrite);
     if (d.kind == Decision::fail) return (errno = d.err, -1);
     if (d.kind == Decision::short_write && n > 1) n /= 2;
-    const ssize_t r = real().pwrite(fd, b, n, o);
+    const ssize_t r = below().pwrite(fd, b, n, o);
     if (r > 0) instance()->observe(Call::pwrite, fd, b, static_cast<size_t>(r), o, 0);
     return r;
   }
   static int munmap(void* a, size_t l) {
     (void)decide(Call::munmap);  // never fail an unmap: a leak, not a fault worth modelling
-    return real().munmap(a, l);
+    return below().munmap(a, l);
   }
 
   void observe(Call c, int fd, const void* a, std::size_t l, std::int64_t o, int f) {
@@ -221,6 +223,7 @@ class Hooks {
   std::function<void(const std::string&, const std::string&)> rename_observer_;
 
  private:
+  const Calls below_;
   Policy policy_;
   Observer observer_;
   std::atomic<std::uint64_t> counter_{0};

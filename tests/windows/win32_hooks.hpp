@@ -44,7 +44,7 @@ class Win32Hooks {
  public:
   using Policy = std::function<WinDecision(WinCall, std::uint64_t index)>;
 
-  explicit Win32Hooks(Policy policy) : policy_(std::move(policy)) {
+  explicit Win32Hooks(Policy policy) : below_(weightcache::platform::win32_calls()), policy_(std::move(policy)) {
     instance() = this;
     auto& t = weightcache::platform::win32_calls();
     weightcache::platform::for_each_win32_call([&t](auto entry) { install(t, entry, entry.member); });
@@ -56,7 +56,7 @@ class Win32Hooks {
     t.virtual_free = virtual_free;
   }
   ~Win32Hooks() {
-    weightcache::platform::win32_calls() = weightcache::platform::default_win32_calls();
+    weightcache::platform::win32_calls() = below_;
     instance() = nullptr;
   }
   Win32Hooks(const Win32Hooks&) = delete;
@@ -82,7 +82,7 @@ class Win32Hooks {
     for (LPVOID at : unreleased_) {
       MEMORY_BASIC_INFORMATION mbi{};
       if (::VirtualQuery(at, &mbi, sizeof mbi) == sizeof mbi && mbi.AllocationBase == at && mbi.State == MEM_RESERVE &&
-          real().virtual_free(at, 0, MEM_RELEASE))
+          below().virtual_free(at, 0, MEM_RELEASE))
         ++n;
     }
     unreleased_.clear();
@@ -91,7 +91,9 @@ class Win32Hooks {
 
  private:
   using Calls = weightcache::platform::Win32Calls;
-  static const Calls& real() { return weightcache::platform::default_win32_calls(); }
+  // The table the hooks replaced: what a call that goes through is made with, and what comes
+  // back after.
+  static const Calls& below() { return instance()->below_; }
 
   static Win32Hooks*& instance() {
     static Win32Hooks* h = nullptr;
@@ -128,7 +130,7 @@ class Win32Hooks {
       ::SetLastError(d.err);
       return failure<C, R>();
     }
-    const R r = (real().*Member)(a...);
+    const R r = (below().*Member)(a...);
     record<C>(r, a...);
     return r;
   }
@@ -168,18 +170,18 @@ class Win32Hooks {
     // Counted, never failed: a close that fails releases nothing worth modelling (a leak).
     (void)decide(WinCall::close_handle);
     note([h](Win32Hooks& self) { self.handles_.erase(h); });
-    return real().close_handle(h);
+    return below().close_handle(h);
   }
   static BOOL WINAPI unmap_view_of_file(LPCVOID at) {
     // Counted, never failed: a failed unmap is a leak, not a fault worth modelling.
     (void)decide(WinCall::unmap_view_of_file);
     note([at](Win32Hooks& self) { self.views_.erase(const_cast<LPVOID>(at)); });
-    return real().unmap_view_of_file(at);
+    return below().unmap_view_of_file(at);
   }
   static BOOL WINAPI unlock_file_ex(HANDLE h, DWORD r, DWORD lo, DWORD hi, LPOVERLAPPED ov) {
     // Counted, never failed: unlocking a range this handle holds has no failure to model.
     (void)decide(WinCall::unlock_file_ex);
-    return real().unlock_file_ex(h, r, lo, hi, ov);
+    return below().unlock_file_ex(h, r, lo, hi, ov);
   }
   static BOOL WINAPI write_file(HANDLE h, LPCVOID b, DWORD n, LPDWORD put, LPOVERLAPPED ov) {
     const WinDecision d = decide(WinCall::write_file);
@@ -188,7 +190,7 @@ class Win32Hooks {
       return FALSE;
     }
     if (d.kind == WinDecision::short_write && n > 1) n /= 2;
-    return real().write_file(h, b, n, put, ov);
+    return below().write_file(h, b, n, put, ov);
   }
   static BOOL WINAPI virtual_free(LPVOID at, SIZE_T n, DWORD t) {
     const WinDecision d = decide(WinCall::virtual_free);
@@ -200,10 +202,11 @@ class Win32Hooks {
       if ((t & MEM_RELEASE) != 0 && n == 0) note([at](Win32Hooks& self) { self.unreleased_.insert(at); });
       return FALSE;
     }
-    return real().virtual_free(at, n, t);
+    return below().virtual_free(at, n, t);
   }
 
  private:
+  const Calls below_;
   Policy policy_;
   std::atomic<std::uint64_t> counter_{0};
   std::mutex mu_;
