@@ -273,6 +273,14 @@ bool reparse_is_link(HANDLE h) {
 // ReadFile and WriteFile take at most this many bytes at once.
 constexpr std::size_t kMaxIo = std::size_t{1} << 30;
 
+// Where a read, a write or a byte-range lock starts (the handles are synchronous: nothing else).
+OVERLAPPED at_offset(std::uint64_t offset) {
+  OVERLAPPED ov{};
+  ov.Offset = static_cast<DWORD>(offset);
+  ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
+  return ov;
+}
+
 }  // namespace
 
 bool info_of(HANDLE h, FileInfo* out, DWORD* attributes) {
@@ -305,9 +313,7 @@ Result<void> read_file_at(HANDLE h, void* buf, std::size_t size, std::uint64_t o
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
     const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
-    OVERLAPPED ov{};
-    ov.Offset = static_cast<DWORD>(offset);
-    ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
+    OVERLAPPED ov = at_offset(offset);
     DWORD got = 0;
     if (!sys().read_file(h, p, n, &got, &ov)) {
       const DWORD err = ::GetLastError();
@@ -425,9 +431,7 @@ class Win32Platform final : public Platform {
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
       const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
-      OVERLAPPED ov{};
-      ov.Offset = static_cast<DWORD>(offset);
-      ov.OffsetHigh = static_cast<DWORD>(offset >> 32);
+      OVERLAPPED ov = at_offset(offset);
       DWORD put = 0;
       if (!sys().write_file(as_handle(h), p, n, &put, &ov))
         return win_error(::GetLastError(), "write failed on", path_of(h));
@@ -650,9 +654,7 @@ class Win32Platform final : public Platform {
   Result<bool> try_lock(Handle h) override {
     // Byte-range locks belong to the handle (file object) that took them, like flock, and die
     // with it: another handle in the same process is refused as another process is.
-    OVERLAPPED ov{};
-    ov.Offset = static_cast<DWORD>(kLockOffset);
-    ov.OffsetHigh = static_cast<DWORD>(kLockOffset >> 32);
+    OVERLAPPED ov = at_offset(kLockOffset);
     if (sys().lock_file_ex(as_handle(h), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov))
       return true;
     const DWORD err = ::GetLastError();
@@ -661,16 +663,12 @@ class Win32Platform final : public Platform {
   }
 
   void unlock(Handle h) noexcept override {
-    OVERLAPPED ov{};
-    ov.Offset = static_cast<DWORD>(kLockOffset);
-    ov.OffsetHigh = static_cast<DWORD>(kLockOffset >> 32);
+    OVERLAPPED ov = at_offset(kLockOffset);
     (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
   }
 
   Result<bool> try_lock_in_use(Handle h, bool exclusive) override {
-    OVERLAPPED ov{};
-    ov.Offset = static_cast<DWORD>(kInUseOffset);
-    ov.OffsetHigh = static_cast<DWORD>(kInUseOffset >> 32);
+    OVERLAPPED ov = at_offset(kInUseOffset);
     // Windows does not convert a lock, and our own shared lock refuses our exclusive one: when
     // refused, let go of a shared lock we may hold, try again, and take it back if we had it.
     const DWORD flags = LOCKFILE_FAIL_IMMEDIATELY | (exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0);
@@ -693,9 +691,7 @@ class Win32Platform final : public Platform {
   }
 
   void unlock_in_use(Handle h) noexcept override {
-    OVERLAPPED ov{};
-    ov.Offset = static_cast<DWORD>(kInUseOffset);
-    ov.OffsetHigh = static_cast<DWORD>(kInUseOffset >> 32);
+    OVERLAPPED ov = at_offset(kInUseOffset);
     (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
   }
 
