@@ -48,6 +48,8 @@ constexpr std::uint64_t kDefaultSpanShare = 512;
 // one (and SIZE_MAX itself is below 2^48 there).
 constexpr std::uint64_t kMaxEntrySize =
     sizeof(std::size_t) >= 8 ? 1ull << 48 : static_cast<std::uint64_t>(SIZE_MAX / 2);
+constexpr const char* kMaxEntrySizeText =
+    sizeof(std::size_t) >= 8 ? "2^48 bytes" : "2^31 - 1 bytes (half the address space)";
 
 thread_local Error t_last_error;
 
@@ -1461,7 +1463,8 @@ void* Core::reserve(std::size_t size) noexcept {
   try {
     if (size > kMaxEntrySize) {
       set_last_error({Errc::invalid_argument, 0,
-                      "reserve: size " + std::to_string(size) + " is over 2^48 bytes, the largest entry a cache takes"});
+                      "reserve: size " + std::to_string(size) + " is over " + kMaxEntrySizeText +
+                          ", the largest entry a cache takes"});
       return nullptr;
     }
     std::unique_lock<std::mutex> lock(write_mu_);
@@ -1513,8 +1516,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   }
   if (size > kMaxEntrySize) {  // never hashed: a wild size (SIZE_MAX) would read until it faults
     set_last_error({Errc::invalid_argument, 0,
-                    "look_up_or_insert: size " + std::to_string(size) +
-                        " is over 2^48 bytes, the largest entry a cache takes"});
+                    "look_up_or_insert: size " + std::to_string(size) + " is over " + kMaxEntrySizeText +
+                        ", the largest entry a cache takes"});
     return kNotFound;
   }
   try {
