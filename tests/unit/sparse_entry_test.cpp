@@ -77,6 +77,13 @@ struct Observer {
   }
 };
 
+// The hole: 100 GiB in a 64-bit process. A 32-bit one cannot map a file that large at all (its
+// open says so: AFileTooLargeToMapIsRefusedUnread), so there it is 512 MiB, still far more than a
+// look-up may read and past the 16 MiB from which entries are checked for holes.
+constexpr bool k64Bit = sizeof(void*) >= 8;
+constexpr std::uint64_t kHole = k64Bit ? 100ull << 30 : 512ull << 20;
+constexpr std::uint64_t kHoleMaxFileBytes = k64Bit ? 128ull << 30 : 1ull << 30;
+
 Options sparse_options(const std::string& path) {
   Options o = file_options(path);
   o.read_only = true;  // nothing to rebuild: the test is about reading the file as it is
@@ -113,10 +120,10 @@ bool write_sparse_cache(const std::string& path, const std::string& key, std::ui
 TEST(SparseEntry, AHoleIsAMissFoundWithoutReadingIt) {
   TempDir dir("wc-sparse");
   const std::string path = dir.file("hostile.wcache");
-  const std::uint64_t size = 100ull << 30;  // 100 GiB in a 101 GiB file of a few KiB on disk
-  if (!write_sparse_cache(path, "big", size)) GTEST_SKIP() << "the file system here cannot hold a 100 GiB sparse file";
+  // (64-bit: 100 GiB in a 101 GiB file of a few KiB on disk.)
+  if (!write_sparse_cache(path, "big", kHole)) GTEST_SKIP() << "the file system here cannot hold such a sparse file";
   Options o = sparse_options(path);
-  o.max_file_bytes = 128ull << 30;
+  o.max_file_bytes = kHoleMaxFileBytes;
   LogCapture log;
   Observer seen;
   {
@@ -138,9 +145,9 @@ TEST(SparseEntry, AHoleIsAMissFoundWithoutReadingIt) {
 TEST(SparseEntry, WithoutTheExtentMapAHoleIsStillAHole) {
   TempDir dir("wc-sparse");
   const std::string path = dir.file("hostile.wcache");
-  if (!write_sparse_cache(path, "big", 100ull << 30)) GTEST_SKIP() << "no sparse files here";
+  if (!write_sparse_cache(path, "big", kHole)) GTEST_SKIP() << "no sparse files here";
   Options o = sparse_options(path);
-  o.max_file_bytes = 128ull << 30;
+  o.max_file_bytes = kHoleMaxFileBytes;
   o.verify_ahead = false;
   Observer seen;
   Observer::extent_map_errno = EOPNOTSUPP;
@@ -152,6 +159,25 @@ TEST(SparseEntry, WithoutTheExtentMapAHoleIsStillAHole) {
   }
   EXPECT_EQ(Observer::populated_bytes.load(), 0u);
   EXPECT_GE(Observer::hole_seeks.load(), 1u);
+}
+
+// A file whose commit spans more than the cache may map (in a 32-bit process, the 100 GiB hole
+// with any max_file_bytes: the reservation is cut to what the address space has) is refused at
+// open, saying what to raise, with nothing of it read.
+TEST(SparseEntry, AFileTooLargeToMapIsRefusedUnread) {
+  TempDir dir("wc-sparse");
+  const std::string path = dir.file("hostile.wcache");
+  if (!write_sparse_cache(path, "big", 100ull << 30)) GTEST_SKIP() << "no 100 GiB sparse files here";
+  Options o = sparse_options(path);
+  o.max_file_bytes = k64Bit ? 64ull << 30 : 128ull << 30;
+  Observer seen;
+  auto c = WeightCache::open(o);
+  ASSERT_FALSE(c.ok()) << "a 101 GiB file opened with max_file_bytes " << o.max_file_bytes;
+  EXPECT_EQ(c.error().code, Errc::no_space) << c.error().message;
+  EXPECT_NE(c.error().message.find("the newest commit of '" + path + "' spans "), std::string::npos)
+      << c.error().message;
+  EXPECT_NE(c.error().message.find("raise max_file_bytes"), std::string::npos) << c.error().message;
+  EXPECT_EQ(Observer::populated_bytes.load(), 0u);
 }
 
 // ext4, XFS and btrfs report space that was allocated (posix_fallocate) but never written as a
@@ -198,7 +224,7 @@ TEST(SparseEntry, AReservationLeftPartlyUnwrittenIsNotAHole) {
 TEST(SparseEntry, TheVerifyAheadThreadFindsTheHoleAndCloseIsNotKept) {
   TempDir dir("wc-sparse");
   const std::string path = dir.file("hostile.wcache");
-  if (!write_sparse_cache(path, "big", 100ull << 30)) GTEST_SKIP() << "no sparse files here";
+  if (!write_sparse_cache(path, "big", kHole)) GTEST_SKIP() << "no sparse files here";
   LogCapture log;
   Observer seen;
   wc_options o;
@@ -209,7 +235,7 @@ TEST(SparseEntry, TheVerifyAheadThreadFindsTheHoleAndCloseIsNotKept) {
   o.compat_key_size = compat.size();
   o.backing = WC_BACKING_FILE;
   o.read_only = 1;
-  o.max_file_bytes = 128ull << 30;
+  o.max_file_bytes = kHoleMaxFileBytes;
   wc_cache* c = nullptr;
   ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
   wc_stats s;
