@@ -239,7 +239,8 @@ void* Core::reserve(std::size_t size) {
   try {
     if (size > kMaxEntrySize) {
       set_last_error({Errc::invalid_argument, 0,
-                      "reserve: size " + std::to_string(size) + " is over 2^48 bytes, the largest entry a cache takes"});
+                      "reserve: size " + std::to_string(size) + " is over " + kMaxEntrySizeText +
+                          ", the largest entry a cache takes"});
       return nullptr;
     }
     MutexLock lock(write_mu_);

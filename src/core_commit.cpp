@@ -67,8 +67,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
   }
   if (size > kMaxEntrySize) {  // never hashed: a wild size (SIZE_MAX) would read until it faults
     set_last_error({Errc::invalid_argument, 0,
-                    "look_up_or_insert: size " + std::to_string(size) +
-                        " is over 2^48 bytes, the largest entry a cache takes"});
+                    "look_up_or_insert: size " + std::to_string(size) + " is over " + kMaxEntrySizeText +
+                        ", the largest entry a cache takes"});
     return kNotFound;
   }
   try {

@@ -35,6 +35,8 @@ inline constexpr std::uint64_t kDefaultSpanShare = 512;
 // one (and SIZE_MAX itself is below 2^48 there).
 inline constexpr std::uint64_t kMaxEntrySize =
     sizeof(std::size_t) >= 8 ? 1ull << 48 : static_cast<std::uint64_t>(SIZE_MAX / 2);
+inline constexpr const char* kMaxEntrySizeText =
+    sizeof(std::size_t) >= 8 ? "2^48 bytes" : "2^31 - 1 bytes (half the address space)";
 
 inline constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 inline constexpr bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }

@@ -259,10 +259,11 @@ WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
  *   served again).
  * - ptr is the start of a reservation (size <= reserved size): committed in place, no copy.
  * - otherwise the bytes are copied into the cache.
- * `size` over 2^48, over the reserved size when ptr starts a reservation, or running past the
- * end of the reservation or entry ptr points into (or of what the cache has mapped there), is
- * WC_ERR_INVALID_ARGUMENT (see wc_last_error) and nothing is read; a size past the end of the
- * caller's own memory cannot be checked.
+ * `size` over 2^48 (over 2^31 - 1, half the address space, in a 32-bit process), over the
+ * reserved size when ptr starts a reservation, or running past the end of the reservation or
+ * entry ptr points into (or of what the cache has mapped there), is WC_ERR_INVALID_ARGUMENT (see
+ * wc_last_error) and nothing is read; a size past the end of the caller's own memory cannot be
+ * checked.
  * Returns WC_NOT_FOUND only on invalid arguments, when no memory at all can be had, or, with
  * WC_BACKING_FILE and bytes copied from the caller's memory, when the file cannot take them (disk
  * full, the lease busy past lease_timeout, a read-only file): see wc_last_error.

@@ -56,14 +56,18 @@ CliRun run_cli(const TempDir& aux, const std::vector<std::string>& args) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<std::string> storage{WEIGHTCACHE_CLI_PATH};
+  std::vector<std::string> storage;
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);  // see tests/support/spawn.hpp
+#endif
+  storage.push_back(WEIGHTCACHE_CLI_PATH);
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
   CliRun r;
-  const int rc = ::posix_spawn(&pid, WEIGHTCACHE_CLI_PATH, &fa, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, storage.front().c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) {
     ADD_FAILURE() << "cannot start " << WEIGHTCACHE_CLI_PATH;

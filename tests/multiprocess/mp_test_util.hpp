@@ -196,8 +196,10 @@ inline FileIndex decode_file(const std::string& path) {
   }
   fi.slot = h.slot[best];
   std::string detail;
-  const auto p = format::decode_trailer({b + fi.slot.index_offset, fi.slot.index_size + format::kFooterSize}, fi.slot,
-                                        h.fixed.alignment, &fi.records, &detail);
+  // (slot_in_bounds: the index lies within `raw`, so its size fits a size_t.)
+  const std::span<const std::byte> trailer(b + fi.slot.index_offset,
+                                           static_cast<std::size_t>(fi.slot.index_size + format::kFooterSize));
+  const auto p = format::decode_trailer(trailer, fi.slot, h.fixed.alignment, &fi.records, &detail);
   if (p != format::Problem::none) {
     fi.problem = std::string("index: ") + format::to_string(p) + " " + detail;
     return fi;

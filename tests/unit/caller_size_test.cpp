@@ -1,15 +1,24 @@
 // Sizes a caller passes to look_up_or_insert are checked where the cache can check them: a size
-// over 2^48, one larger than the reservation `ptr` starts, or one that runs past the end of the
+// over 2^48 (over 2^31 - 1, half the address space, in a 32-bit process), one larger than the reservation `ptr` starts, or one that runs past the end of the
 // entry or reservation `ptr` points into is WC_ERR_INVALID_ARGUMENT, with wc_last_error saying
 // which, and nothing is read (each of these used to read past the end of a mapping, or copy
 // between overlapping ranges). Both backings: the file mirror and the heap arena.
 #include "key_content.hpp"
 #include "unit_test_util.hpp"
 
+#include <cstdint>
 #include <cstring>
 
 namespace weightcache::test {
 namespace {
+
+// The largest entry: 2^48 bytes in a 64-bit process. A 32-bit size_t cannot carry 2^48 (2^48 + 1 is
+// 1 there), and no more than half of a 32-bit address space can be one entry: the limit is
+// SIZE_MAX / 2 there, and the message says which.
+constexpr bool k64Bit = sizeof(std::size_t) >= 8;
+constexpr std::size_t kJustOverTheLimit =
+    k64Bit ? static_cast<std::size_t>((std::uint64_t{1} << 48) + 1) : SIZE_MAX / 2 + 1;
+constexpr const char* kLimitText = k64Bit ? "over 2^48 bytes" : "over 2^31 - 1 bytes (half the address space)";
 
 class CallerSizes : public ::testing::TestWithParam<Backing> {
  protected:
@@ -34,12 +43,16 @@ class CallerSizes : public ::testing::TestWithParam<Backing> {
   WeightCache cache_;
 };
 
-TEST_P(CallerSizes, ASizeOverTwoToThe48IsRefusedUnread) {
+TEST_P(CallerSizes, ASizeOverTheLargestEntryIsRefusedUnread) {
   char buf[16] = "0123456789abcde";
-  expect_refused("wild", buf, SIZE_MAX, "2^48");
-  expect_refused("wild", buf, (std::size_t{1} << 48) + 1, "2^48");
+  expect_refused("wild", buf, SIZE_MAX, kLimitText);
+  expect_refused("wild", buf, kJustOverTheLimit, kLimitText);
   EXPECT_EQ(cache_.reserve(SIZE_MAX), nullptr);
-  EXPECT_NE(last_error().message.find("2^48"), std::string::npos) << last_error().message;
+  EXPECT_EQ(last_error().code, Errc::invalid_argument);
+  EXPECT_NE(last_error().message.find(kLimitText), std::string::npos) << last_error().message;
+  EXPECT_EQ(cache_.reserve(kJustOverTheLimit), nullptr);
+  EXPECT_EQ(last_error().code, Errc::invalid_argument);
+  EXPECT_NE(last_error().message.find(kLimitText), std::string::npos) << last_error().message;
   EXPECT_NE(cache_.look_up_or_insert("fine", buf, sizeof buf), kNotFound);
 }
 
@@ -107,7 +120,9 @@ TEST(CallerSizesC, WildSizesAreInvalidArguments) {
   ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
   char buf[2] = {'a', 'b'};
   EXPECT_EQ(wc_look_up_or_insert(c, "k", 1, buf, SIZE_MAX), WC_NOT_FOUND);
-  EXPECT_NE(std::string(wc_last_error()).find("2^48"), std::string::npos) << wc_last_error();
+  EXPECT_NE(std::string(wc_last_error()).find(kLimitText), std::string::npos) << wc_last_error();
+  EXPECT_EQ(wc_look_up_or_insert(c, "k", 1, buf, kJustOverTheLimit), WC_NOT_FOUND);
+  EXPECT_NE(std::string(wc_last_error()).find(kLimitText), std::string::npos) << wc_last_error();
   void* p = wc_reserve_space(c, 64);
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(wc_look_up_or_insert(c, "k", 1, p, std::size_t{64} << 20), WC_NOT_FOUND);

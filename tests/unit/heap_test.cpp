@@ -108,8 +108,12 @@ TEST(HeapFallback, UncreatablePathFallsBackWithOneWarning) {
     // Using the cache must not warn again: one warning per open, not per entry (and finalize's
     // one error saying the entries are not durable).
     exercise_heap_cache(cache, true);
-    const auto warnings = log.at_least(WC_LOG_WARN);
-    ASSERT_EQ(warnings.size(), 2u);
+    // Where the address space is short (qemu-user's 16 GiB guest in scripts/test-arch) the open
+    // also says it reserved less than max_file_bytes, before it finds the path unusable.
+    std::vector<LogCapture::Message> warnings;
+    for (auto& m : log.at_least(WC_LOG_WARN))
+      if (m.text.find("of address space could be reserved") == std::string::npos) warnings.push_back(m);
+    ASSERT_EQ(warnings.size(), 2u) << log.all();
     EXPECT_EQ(warnings[1].level, WC_LOG_ERROR);
     EXPECT_EQ(warnings[0].level, WC_LOG_WARN);
     EXPECT_NE(warnings[0].text.find(path), std::string::npos) << warnings[0].text;
