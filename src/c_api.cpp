@@ -249,24 +249,14 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
     return st;
   wc_stats full{};
   full.struct_size = out->struct_size;
-  full.entries = s.entries;
-  full.file_bytes = s.file_bytes;
-  full.mapped_bytes = s.mapped_bytes;
-  full.heap_bytes = s.heap_bytes;
-  full.mappings = s.mappings;
-  full.hits = s.hits;
-  full.misses = s.misses;
   full.backing = static_cast<wc_backing>(s.backing);
-  full.dead_bytes = s.dead_bytes;
-  full.verify_failures = s.verify_failures;
-  full.heap_fallbacks = s.heap_fallbacks;
-  full.commits = s.commits;
-  full.alignment = s.alignment;
-  full.verified_ahead = s.verified_ahead;
-  full.lease_timeouts = s.lease_timeouts;
-  full.unpersisted_entries = s.unpersisted_entries;
-  full.unpersisted_bytes = s.unpersisted_bytes;
-  full.compactions = s.compactions;
+#define WC_COPY_STAT(field) full.field = s.field;
+  WC_COPY_STAT(entries) WC_COPY_STAT(file_bytes) WC_COPY_STAT(mapped_bytes) WC_COPY_STAT(heap_bytes)
+  WC_COPY_STAT(mappings) WC_COPY_STAT(hits) WC_COPY_STAT(misses) WC_COPY_STAT(dead_bytes)
+  WC_COPY_STAT(verify_failures) WC_COPY_STAT(heap_fallbacks) WC_COPY_STAT(commits) WC_COPY_STAT(alignment)
+  WC_COPY_STAT(verified_ahead) WC_COPY_STAT(lease_timeouts) WC_COPY_STAT(unpersisted_entries)
+  WC_COPY_STAT(unpersisted_bytes) WC_COPY_STAT(compactions)
+#undef WC_COPY_STAT
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
 }

@@ -337,20 +337,14 @@ wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report) {
     if (report != nullptr) {
       wc_gc_report full{};
       full.struct_size = report->struct_size;
-      full.max_bytes = r->max_bytes;
       full.caches = r->files.size();
-      full.total_before = r->total_before;
-      full.total_after = r->total_after;
-      full.removed_files = r->removed_files;
-      full.removed_bytes = r->removed_bytes;
-      full.kept_files = r->kept_files;
-      full.kept_bytes = r->kept_bytes;
-      full.kept_in_use = r->kept_in_use;
-      full.kept_in_use_bytes = r->kept_in_use_bytes;
-      full.kept_unremovable = r->kept_unremovable;
-      full.kept_unremovable_bytes = r->kept_unremovable_bytes;
-      full.removed_temporaries = r->removed_temporaries;
-      full.removed_temporary_bytes = r->removed_temporary_bytes;
+#define WC_COPY_FIELD(field) full.field = r->field;
+      WC_COPY_FIELD(max_bytes) WC_COPY_FIELD(total_before) WC_COPY_FIELD(total_after)
+      WC_COPY_FIELD(removed_files) WC_COPY_FIELD(removed_bytes) WC_COPY_FIELD(kept_files)
+      WC_COPY_FIELD(kept_bytes) WC_COPY_FIELD(kept_in_use) WC_COPY_FIELD(kept_in_use_bytes)
+      WC_COPY_FIELD(kept_unremovable) WC_COPY_FIELD(kept_unremovable_bytes)
+      WC_COPY_FIELD(removed_temporaries) WC_COPY_FIELD(removed_temporary_bytes)
+#undef WC_COPY_FIELD
       full.within_budget = r->within_budget() ? 1 : 0;
       std::memcpy(report, &full, std::min(report->struct_size, sizeof(full)));
     }

@@ -81,7 +81,7 @@ State& state() {
 
 }  // namespace
 
-spdlog::logger& get() noexcept { return *state().logger; }
+spdlog::logger& get() { return *state().logger; }
 
 }  // namespace weightcache::log
 

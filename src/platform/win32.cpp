@@ -12,13 +12,7 @@
 #include "platform/win32_common.hpp"
 #include "platform/win32_segments.hpp"
 
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "platform/windows_h.hpp"
 #include <winioctl.h>
 
 #include <algorithm>

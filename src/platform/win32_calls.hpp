@@ -11,13 +11,7 @@
 
 #include "platform/call_table.hpp"
 
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "platform/windows_h.hpp"
 
 namespace weightcache::platform {
 
