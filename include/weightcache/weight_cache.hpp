@@ -4,6 +4,7 @@
 
 #include <weightcache/weightcache.h>
 
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,8 +45,10 @@ struct Error {
   std::string message;
 };
 
-/// expected-like result. Check with `ok()` / `operator bool` before `value()`: calling value()
-/// (or * and ->) on an error, or error() on a value, is a precondition violation.
+/// expected-like result: a T, or the Error of a call that failed. Check with `ok()` /
+/// `operator bool` before `value()`: calling value() (or * and ->) on an error, or error() on a
+/// value, is a precondition violation, which stops at an assert in a debug build (NDEBUG not
+/// defined) and is undefined behaviour otherwise.
 template <class T>
 class [[nodiscard]] Result {
  public:
@@ -53,17 +56,31 @@ class [[nodiscard]] Result {
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
   bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
-  T& value() & noexcept { return *std::get_if<0>(&v_); }
-  T&& value() && noexcept { return std::move(*std::get_if<0>(&v_)); }
-  const T& value() const& noexcept { return *std::get_if<0>(&v_); }
+  T& value() & noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return *std::get_if<0>(&v_);
+  }
+  T&& value() && noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return std::move(*std::get_if<0>(&v_));
+  }
+  const T& value() const& noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return *std::get_if<0>(&v_);
+  }
   T& operator*() & noexcept { return value(); }
   T* operator->() noexcept { return &value(); }
-  const Error& error() const noexcept { return *std::get_if<1>(&v_); }
+  const Error& error() const noexcept {
+    assert(!ok() && "Result::error() called on a value: check ok() first");
+    return *std::get_if<1>(&v_);
+  }
 
  private:
   std::variant<T, Error> v_;
 };
 
+/// The result of a call that returns nothing but a status. error() of a success is an Error
+/// with code ok and an empty message.
 template <>
 class [[nodiscard]] Result<void> {
  public:
