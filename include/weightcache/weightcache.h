@@ -1,7 +1,11 @@
 /*
  * weightcache: a file-mapped, shareable cache for packed inference weights.
  *
- * C ABI. Every function is noexcept in spirit: none throws, none aborts the host.
+ * C ABI. No function throws, and none aborts the host.
+ *
+ * Version 0.1 (see wc_version), not yet released: until 1.0 the API, the ABI and this header
+ * may change incompatibly from one version to the next. The file format is versioned
+ * separately (docs/FORMAT.md).
  *
  * Typical use by a backend that packs weights:
  *
@@ -111,8 +115,13 @@ typedef enum wc_verify {
   WC_VERIFY_NONE = 2       /* trust the data region (the index is always verified) */
 } wc_verify;
 
+/**
+ * struct_size lets the struct grow: fields are only ever appended, and a caller whose
+ * struct_size ends before a field (one built against an older header) gets that field's default.
+ * It must cover at least the fields up to read_only (WC_ERR_INVALID_ARGUMENT otherwise).
+ */
 typedef struct wc_options {
-  size_t struct_size; /* set by wc_options_init; lets the struct grow */
+  size_t struct_size; /* set by wc_options_init */
   const char* path;   /* NULL or "" = heap-only cache (unless fd is set); ":memory:" = an anonymous
                          file (memfd on Linux) that behaves like a cache file: same format and
                          checksums, shareable with other processes through wc_get_fd; it lives
@@ -128,7 +137,6 @@ typedef struct wc_options {
   wc_backing backing;       /* WC_BACKING_FILE with an empty path is WC_ERR_INVALID_ARGUMENT */
   wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
   int read_only;            /* nonzero: never write the file; new entries go to the heap */
-  /* ---- fields below were added after the first release; wc_options_init sets them ---- */
   wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default, but a
@@ -174,7 +182,6 @@ typedef struct wc_stats {
   uint64_t mappings;     /* live OS file mappings held by this cache */
   uint64_t hits, misses; /* look-up outcomes (look_up and look_up_or_insert with ptr == NULL) */
   wc_backing backing;    /* FILE or HEAP: what is actually in use */
-  /* ---- fields below were added after the first release ---- */
   uint64_t dead_bytes;       /* bytes in the file no live entry or trailer uses */
   uint64_t verify_failures;  /* entries whose checksum failed (served as misses) */
   uint64_t heap_fallbacks;   /* reservations that had to be served from the heap */
