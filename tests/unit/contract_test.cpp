@@ -31,7 +31,7 @@
 namespace weightcache::test {
 namespace {
 
-// ---- helpers ----------------------------------------------------------------------------------
+// ---- shared by the tests below ----------------------------------------------------------------
 
 static_assert(std::is_same_v<std::underlying_type_t<Errc>, int>);
 static_assert(int{WC_OK} == static_cast<int>(Errc::ok) &&
@@ -304,10 +304,11 @@ TEST(Contract, TheLogLevelAppliesToTheNextMessage) {
   EXPECT_EQ(seen(), warnings + 1) << log.all();
 }
 
-// wc_set_log_level: "Default WC_LOG_WARN, or the level named in the environment variable
-// WEIGHTCACHE_LOG_LEVEL ... read once per process; any other value turns logging off". The
-// helper process provokes a debug message and a warning without setting a level and exits with
-// what arrived (bit 0 debug, bit 1 warn).
+// wc_set_log_level: "The default is WC_LOG_WARN, or the level named by the environment variable
+// WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error or off; any other value turns logging
+// off), read once per process". The child process (cache_child log-levels) provokes a debug
+// message and a warning without setting a level and exits with what arrived (bit 0 debug, bit
+// 1 warn).
 TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
   TempDir dir;
   struct Case {
