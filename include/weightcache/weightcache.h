@@ -60,6 +60,8 @@
  *   wc_offset_to_addr, wc_get_fd and wc_is_finalized answer: they set no error. (One exception:
  *   the XNNPACK provider's look_up_or_insert, which succeeds by keeping bytes the cache refused
  *   in the adapter's own heap, leaves the cache's reason there; see xnnpack.h.)
+ * - When memory runs out, any call that allocates may fail with WC_ERR_NO_MEMORY (in
+ *   wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own list below says.
  * - Output parameters: each call says what it stores on failure (wc_open stores NULL; the
  *   *_get_stats and report structs are left untouched).
  *
