@@ -592,10 +592,11 @@ TEST_P(AllocationFailure, EveryAllocationPointFailedOnceNeitherAbortsNorServesWr
 
 INSTANTIATE_TEST_SUITE_P(Shards, AllocationFailure, ::testing::Range(0, kShards));
 
-// weightcache.h, "Errors": "When memory runs out any call may fail, with WC_ERR_NO_MEMORY (in
-// wc_last_error where the call returns NULL or WC_NOT_FOUND)". Each call below runs in a forked
-// child with its n-th allocation failed, for n = 1, 2, ... until a run reaches no n-th
-// allocation; a call that then fails must say no_memory, in its status and in last_error().
+// weightcache.h, "Errors": "When memory runs out, any call that allocates may fail with
+// WC_ERR_NO_MEMORY (in wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own
+// list below says". Each call below runs in a forked child with its n-th allocation failed, for
+// n = 1, 2, ... until a run reaches no n-th allocation; a call that then fails must say
+// no_memory, in its status and in last_error().
 enum class Call { open_file, open_heap, reserve, insert_copy, insert_reserved, finalize, refresh, get_stats,
                   release, look_up_too_long, compact, gc, adapter_create, name_buffer };
 constexpr const char* kCallNames[] = {"wc_open (file)", "wc_open (heap)", "wc_reserve_space",

@@ -307,8 +307,8 @@ TEST(Contract, TheLogLevelAppliesToTheNextMessage) {
 // wc_set_log_level: "The default is WC_LOG_WARN, or the level named by the environment variable
 // WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error or off; any other value turns logging
 // off), read once per process". The child process (cache_child log-levels) provokes a debug
-// message and a warning without setting a level and exits with what arrived (bit 0 debug, bit
-// 1 warn).
+// message and a warning without setting a level and exits with 40 plus what arrived (bit 0
+// debug, bit 1 warn).
 TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
   TempDir dir;
   struct Case {
