@@ -100,7 +100,9 @@ Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, st
 Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf,
                        const std::function<void(std::uint64_t)>& progress) {
   auto st = read_committed(pf, dst.handle(), dst.name(), w.file_size, UINT64_MAX, 0);
-  if (!st) return Error{Errc::io, 0, "the new file '" + dst.name() + "' does not read back: " + st.error().message};
+  if (!st)  // out of memory is not a bad file: say which it was
+    return Error{st.error().code == Errc::no_memory ? Errc::no_memory : Errc::io, 0,
+                 "the new file '" + dst.name() + "' does not read back: " + st.error().message};
   if (st->records.size() != w.records.size())
     return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with other entries"};
   for (std::size_t i = 0; i < w.records.size(); ++i) {

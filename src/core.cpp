@@ -278,6 +278,7 @@ std::size_t Core::look_up(std::string_view key) {
       set_last_error({Errc::invalid_argument, 0,
                       "key size " + std::to_string(key.size()) + " is over the limit of " + std::to_string(kMaxKeySize)});
     } catch (...) {
+      set_last_error({Errc::invalid_argument, 0, {}});  // no memory for the message: the code still says it
     }
     misses_.add();
     return kNotFound;

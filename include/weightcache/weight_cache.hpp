@@ -1,9 +1,14 @@
-// weightcache C++ API. See weightcache.h for the caveats (filesystems, fork, locks); they apply
-// here unchanged. No function in this header throws: failures come back as Result / Error.
+// weightcache C++ API, version 0.1 and not yet stable (see weightcache.h). Everything
+// weightcache.h says applies here unchanged: the caveats (filesystems, fork, locks) and the rules
+// every call follows (errors and last_error(), threads, handles and caches, the memory a cache
+// returns, offsets). Each member of WeightCache is the C call it names, with the same statuses
+// (Errc has wc_status's values). No function in this header throws: failures come back as
+// Result / Error, and also set this thread's last_error().
 #pragma once
 
 #include <weightcache/weightcache.h>
 
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -44,8 +49,10 @@ struct Error {
   std::string message;
 };
 
-/// expected-like result. Check with `ok()` / `operator bool` before `value()`: calling value()
-/// (or * and ->) on an error, or error() on a value, is a precondition violation.
+/// expected-like result: a T, or the Error of a call that failed. Check with `ok()` /
+/// `operator bool` before `value()`: calling value() (or * and ->) on an error, or error() on a
+/// value, is a precondition violation, which stops at an assert in a debug build (NDEBUG not
+/// defined) and is undefined behaviour otherwise.
 template <class T>
 class [[nodiscard]] Result {
  public:
@@ -53,17 +60,31 @@ class [[nodiscard]] Result {
   Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
   bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
-  T& value() & noexcept { return *std::get_if<0>(&v_); }
-  T&& value() && noexcept { return std::move(*std::get_if<0>(&v_)); }
-  const T& value() const& noexcept { return *std::get_if<0>(&v_); }
+  T& value() & noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return *std::get_if<0>(&v_);
+  }
+  T&& value() && noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return std::move(*std::get_if<0>(&v_));
+  }
+  const T& value() const& noexcept {
+    assert(ok() && "Result::value() called on an error: check ok() first");
+    return *std::get_if<0>(&v_);
+  }
   T& operator*() & noexcept { return value(); }
   T* operator->() noexcept { return &value(); }
-  const Error& error() const noexcept { return *std::get_if<1>(&v_); }
+  const Error& error() const noexcept {
+    assert(!ok() && "Result::error() called on a value: check ok() first");
+    return *std::get_if<1>(&v_);
+  }
 
  private:
   std::variant<T, Error> v_;
 };
 
+/// The result of a call that returns nothing but a status. error() of a success is an Error
+/// with code ok and an empty message.
 template <>
 class [[nodiscard]] Result<void> {
  public:
@@ -81,10 +102,11 @@ enum class Backing : int { automatic = WC_BACKING_AUTO, file = WC_BACKING_FILE, 
 enum class Durability : int { none = WC_DURABILITY_NONE, async = WC_DURABILITY_ASYNC, full = WC_DURABILITY_FULL };
 enum class Verify : int { first_use = WC_VERIFY_FIRST_USE, on_open = WC_VERIFY_ON_OPEN, none = WC_VERIFY_NONE };
 
-/// Options of a cache. A second open of a file that is already open in this process (same
-/// compatibility key) shares the first cache and keeps the first opener's options, except that
-/// an alignment the shared cache does not honour is refused (backing file) or gets a private heap
-/// cache with a warning (backing automatic).
+/// Options of a cache; open() copies them. A second open of a file that is already open in this
+/// process (same compatibility key, same read_only) shares the first cache and keeps the first
+/// opener's options, except that an alignment the shared cache does not honour is refused
+/// (backing file) or gets a private heap cache with a warning (backing automatic). The defaults
+/// are wc_options_init's.
 struct Options {
   /// Cache file. Empty: a heap-only cache (nothing persisted).
   std::string path;
@@ -137,6 +159,7 @@ struct Options {
 /// The path that names an anonymous, shareable cache (see wc_options.path).
 inline constexpr const char* kMemoryPath = ":memory:";
 
+/// The counters of a cache (shared by every handle on it); each field as in wc_stats.
 struct Stats {
   std::uint64_t entries = 0;
   std::uint64_t file_bytes = 0;
@@ -165,14 +188,21 @@ struct Stats {
 
 class Core;
 
-/// A handle on a cache. Movable, not copyable; open the same path again for another handle on
-/// the same underlying cache. All member functions are thread-safe.
+/// A handle on a cache (a wc_cache). Movable, not copyable; open the same path again for another
+/// handle on the same underlying cache (see "Handles and caches" in weightcache.h). Every member
+/// function may run concurrently with any other on the same or another handle, except the
+/// destructor and the assignments, which, like wc_close, must not run concurrently with any
+/// other use of this handle.
 class WC_API WeightCache {
  public:
-  /// Opens or creates the cache. See wc_open for the policy on bad files and fallback.
+  /// Opens or creates the cache: wc_open, with its policy on bad files and fallback and its
+  /// statuses.
   static Result<WeightCache> open(const Options& options) noexcept;
 
-  /// An empty handle (operator bool is false); every call on it fails or misses harmlessly.
+  /// An empty handle (operator bool is false). On it, look_up, reserve, release,
+  /// look_up_or_insert, insert, finalize and refresh fail with invalid_argument (kNotFound,
+  /// nullptr, or the error); offset_to_addr gives nullptr, is_finalized false, stats all zero
+  /// (backing heap), alignment 0 and descriptor -1, without an error.
   WeightCache() noexcept;
   /// Drops this handle. The last handle on a cache in this process closes it (see wc_close):
   /// entries inserted since the last successful finalize are not persisted, and every pointer
@@ -188,19 +218,23 @@ class WC_API WeightCache {
   /// True for a handle returned by open (not moved-from, not default-constructed).
   explicit operator bool() const noexcept { return core_ != nullptr; }
 
-  /// Offset of the entry under `key`, or kNotFound. Keys are arbitrary bytes.
+  /// Offset of the entry under `key`, or kNotFound (a miss, not an error); see wc_look_up. Keys
+  /// are arbitrary bytes.
   std::size_t look_up(std::string_view key) noexcept;
-  /// Writable, aligned memory of at least `size` bytes; nullptr on failure (last_error()).
+  /// Writable, aligned memory of at least `size` bytes, the cache's (never free it), valid until
+  /// the cache is closed; nullptr on failure (last_error() says why). See wc_reserve_space.
   void* reserve(std::size_t size) noexcept;
   /// Gives back a reservation that will not be inserted; see wc_release_space.
   Result<void> release(void* ptr) noexcept;
   /// Commits bytes under `key`; see wc_look_up_or_insert for the exact semantics.
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
-  /// Copies `bytes` in under `key` (a convenience over look_up_or_insert).
+  /// Copies `bytes` in under `key` (look_up_or_insert with the bytes copied; an empty
+  /// `bytes` inserts an entry of 0 bytes).
   std::size_t insert(std::string_view key, std::string_view bytes) noexcept;
   /// Entry address for an offset, or nullptr when the offset is not a live entry's: the offset
   /// of an entry since replaced under its key gives nullptr, as in a process that opens the file
-  /// afresh (a pointer obtained before the replacement stays readable until close).
+  /// afresh (a pointer obtained before the replacement stays readable until close). The bytes
+  /// may not be modified; see wc_offset_to_addr.
   void* offset_to_addr(std::size_t offset) const noexcept;
   /// Makes inserted entries durable; see wc_finalize.
   Result<void> finalize() noexcept;
@@ -212,7 +246,7 @@ class WC_API WeightCache {
   Stats stats() const noexcept;
   /// Effective alignment of region start addresses.
   std::size_t alignment() const noexcept;
-  /// The descriptor of a file-backed cache's file, or -1; see wc_get_fd.
+  /// The descriptor of a file-backed cache's file, or -1; owned by the cache, see wc_get_fd.
   int descriptor() const noexcept;
 
  private:
@@ -261,7 +295,7 @@ struct GcReport {
 
 /// Removes the least recently used cache files of `dir` until the caches there take at most
 /// `max_bytes`; never one that is in use. See wc_gc for the rules. Errors: invalid_argument
-/// (empty dir), io (the directory cannot be read), no_memory. Thread-safe.
+/// (empty dir), io (the directory cannot be read), no_memory.
 WC_API Result<GcReport> gc(const std::string& dir, std::uint64_t max_bytes) noexcept;
 
 enum class LogLevel : int {
@@ -272,12 +306,17 @@ enum class LogLevel : int {
   error = WC_LOG_ERROR,
   off = WC_LOG_OFF,
 };
-/// Process-wide level of the "weightcache" logger (default warn, or $WEIGHTCACHE_LOG_LEVEL).
+/// Process-wide level of the "weightcache" logger (default warn, or $WEIGHTCACHE_LOG_LEVEL); see
+/// wc_set_log_level.
 WC_API void set_log_level(LogLevel level) noexcept;
-/// Routes messages to a callback (nullptr restores stderr).
+/// Routes messages to a callback (nullptr restores stderr). The callback runs under the
+/// library's log lock and must not call into the library; when this returns the previous one
+/// is not running. See wc_log_callback and wc_set_log_callback.
 WC_API void set_log_callback(wc_log_callback callback, void* user) noexcept;
 
-/// This thread's last error (what the last failing call said).
+/// This thread's last error: what the last call that failed on this thread said (code ok and an
+/// empty message before any). The reference is valid for the thread's life; the Error changes
+/// only when a call fails on this thread (calls that succeed leave it alone), as wc_last_error.
 WC_API const Error& last_error() noexcept;
 
 }  // namespace weightcache

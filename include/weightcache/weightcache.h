@@ -1,7 +1,11 @@
 /*
  * weightcache: a file-mapped, shareable cache for packed inference weights.
  *
- * C ABI. Every function is noexcept in spirit: none throws, none aborts the host.
+ * C ABI. No function throws, and none aborts the host.
+ *
+ * Version 0.1 (see wc_version), not yet released: until 1.0 the API, the ABI and this header
+ * may change incompatibly from one version to the next. The file format is versioned
+ * separately (docs/FORMAT.md).
  *
  * Typical use by a backend that packs weights:
  *
@@ -39,13 +43,71 @@
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
  *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
  *   worker threads that end before they return. No other library code runs on its own threads.
- * - Pointers returned by wc_reserve_space / wc_offset_to_addr stay valid, and never move, until
- *   the last wc_close of that cache in this process.
  * - Entries are durable only after wc_finalize returns WC_OK, and WC_OK means every entry
  *   inserted so far is (with WC_DURABILITY_FULL: durable against power loss; otherwise against a
  *   crash of the process). Closing discards entries no finalize managed to persist.
  * - Keys are arbitrary bytes (NULs included), 1 to WC_MAX_KEY_SIZE of them. The empty key is
  *   never found and cannot be inserted (WC_ERR_INVALID_ARGUMENT), as in LMDB.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Rules every call below follows
+ * ---------------------------------------------------------------------------------------------
+ * Errors.
+ * - A call that fails says so (a status other than WC_OK, or NULL / WC_NOT_FOUND where it
+ *   returns a pointer or an offset) and sets the calling thread's wc_last_error(). A call that
+ *   succeeds leaves wc_last_error() as it was: it is not cleared, so read it only right after a
+ *   call reported a failure. A look-up miss is not a failure, nor are the NULL, -1 and 0 that
+ *   wc_offset_to_addr, wc_get_fd and wc_is_finalized answer: they set no error. (One exception:
+ *   the XNNPACK provider's look_up_or_insert, which succeeds by keeping bytes the cache refused
+ *   in the adapter's own heap, leaves the cache's reason there; see xnnpack.h.)
+ * - When memory runs out, any call that allocates may fail with WC_ERR_NO_MEMORY (in
+ *   wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own list below says.
+ * - Output parameters: each call says what it stores on failure (wc_open stores NULL; the
+ *   *_get_stats and report structs are left untouched).
+ *
+ * Threads. Every call may be made from any thread, concurrently with any call on the same or
+ * another handle, except: wc_close(c) must not run concurrently with, nor be followed by, any
+ * other call on c (the same holds for wc_xnn_adapter_destroy). No call may be made from inside
+ * the log callback (see wc_log_callback).
+ *
+ * Handles and caches.
+ * - Every successful wc_open returns a new handle. In one process, handles opened on the same
+ *   file (the same device and inode, whatever the spelling of the path) with the same compat_key
+ *   and the same read_only share one cache: the same entries, offsets and addresses, counters,
+ *   finalize state and descriptor. Any other open gets a cache of its own: a heap cache (empty
+ *   path, WC_BACKING_HEAP, private_cache), a cache on a descriptor (fd) or ":memory:", a file
+ *   cache that fell back to heap memory at open or, read-only, was opened before its file
+ *   existed, and an open this process cannot share its cache with (another compatibility key on
+ *   the same file, or a stricter alignment: an error with WC_BACKING_FILE, a private heap cache
+ *   otherwise). A second opener of a shared cache gets the first opener's options.
+ * - A cache lives until the last handle sharing it is closed (wc_close, or the destructor of the
+ *   last weightcache::WeightCache on it); closing any other handle changes nothing for the rest.
+ *
+ * Memory the cache returns (wc_reserve_space, wc_offset_to_addr).
+ * - It belongs to the cache: never free it. It stays valid at the same address until the cache
+ *   is closed (the last wc_close of the handles sharing it, whichever handle it came from); then
+ *   it is unmapped and must not be touched.
+ * - An entry's bytes (wc_offset_to_addr, or a reservation once inserted) may not be modified in
+ *   any way. The library does not prevent it everywhere: a read-only cache (read_only, or a file
+ *   this user cannot write) maps the file read-only, and a write there faults (SIGSEGV). A
+ *   writable cache maps the file read-write and shared (MAP_SHARED), so a write changes the
+ *   file under every process that maps it: the entry then fails its checksum (a miss) in any
+ *   process that checks it later, while a process that checked it before (the writer itself,
+ *   which checked it at insert) goes on serving the changed bytes. An entry in heap memory is
+ *   private to this process, and a write changes what this process serves.
+ *
+ * Offsets.
+ * - An offset names an entry of one cache. An entry in the file has its byte offset in the file
+ *   as its offset: the same in every process that opens the file and in every later launch, as
+ *   long as the file is not rebuilt or compacted. An entry in heap memory (a heap cache, or an
+ *   entry the file could not take; see wc_stats.heap_bytes) has an offset that means something
+ *   only to this cache in this process: it may name another entry, or none, anywhere else. A
+ *   finalize that moves such an entry into the file gives it a file offset (what look-ups return
+ *   from then on); its heap offset still resolves to the same bytes in this process.
+ *
+ * Strings the library returns: wc_status_string and wc_version return static strings, valid for
+ * as long as the library is loaded; wc_last_error returns a per-thread string (see there). None
+ * may be freed or modified.
  */
 #ifndef WEIGHTCACHE_WEIGHTCACHE_H
 #define WEIGHTCACHE_WEIGHTCACHE_H
@@ -76,10 +138,11 @@ extern "C" {
 /** Largest supported alignment (start address of each region), in bytes. */
 #define WC_MAX_ALIGNMENT (1u << 24)
 
-/** Opaque cache handle. Every wc_open returns a distinct handle; handles on the same file (same
- * inode and compatibility key) share one underlying cache in this process. */
+/** Opaque cache handle, from wc_open, released by wc_close. Handles on the same file may share
+ * one underlying cache: see "Handles and caches" above. */
 typedef struct wc_cache wc_cache;
 
+/** What a call returned. The values are fixed (weightcache::Errc has the same ones). */
 typedef enum wc_status {
   WC_OK = 0,
   WC_ERR_INVALID_ARGUMENT = 1, /* a caller error: see wc_last_error() */
@@ -111,8 +174,16 @@ typedef enum wc_verify {
   WC_VERIFY_NONE = 2       /* trust the data region (the index is always verified) */
 } wc_verify;
 
+/**
+ * What wc_open, wc_compact and wc_compact_ex are to do. Fill it with wc_options_init, then set
+ * fields. The caller owns it and everything it points at: wc_open copies what it keeps (path,
+ * compat_key), so all of it may be freed or reused once the call returns.
+ * struct_size lets the struct grow: fields are only ever appended, and a caller whose
+ * struct_size ends before a field (one built against an older header) gets that field's default.
+ * It must cover at least the fields up to read_only (WC_ERR_INVALID_ARGUMENT otherwise).
+ */
 typedef struct wc_options {
-  size_t struct_size; /* set by wc_options_init; lets the struct grow */
+  size_t struct_size; /* set by wc_options_init */
   const char* path;   /* NULL or "" = heap-only cache (unless fd is set); ":memory:" = an anonymous
                          file (memfd on Linux) that behaves like a cache file: same format and
                          checksums, shareable with other processes through wc_get_fd; it lives
@@ -121,14 +192,14 @@ typedef struct wc_options {
                          reader (no SIGBUS); writes are not sealed (the writer keeps a writable
                          mapping): give readers a read-only descriptor (reopen
                          /proc/self/fd/N with O_RDONLY) so they cannot write. */
-  const void* compat_key;
+  const void* compat_key;   /* compat_key_size bytes (any bytes) naming what the packed bytes
+                               depend on; a file written under another key is not used */
   size_t compat_key_size;
   size_t alignment;      /* 0 = default 64; power of two up to WC_MAX_ALIGNMENT */
   size_t size_alignment; /* 0 = default 1; power of two: region sizes are rounded up to it */
   wc_backing backing;       /* WC_BACKING_FILE with an empty path is WC_ERR_INVALID_ARGUMENT */
   wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
   int read_only;            /* nonzero: never write the file; new entries go to the heap */
-  /* ---- fields below were added after the first release; wc_options_init sets them ---- */
   wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default, but a
@@ -165,6 +236,11 @@ typedef struct wc_options {
              each wc_open gets a cache of its own. POSIX only (WC_ERR_UNSUPPORTED on Windows). */
 } wc_options;
 
+/**
+ * Counters and sizes of a cache (of the cache, not of the handle: every handle sharing it reads
+ * the same ones), filled by wc_get_stats: a snapshot, each field read without stopping other
+ * threads. Set struct_size with wc_stats_init; wc_get_stats writes no byte past it.
+ */
 typedef struct wc_stats {
   size_t struct_size;
   uint64_t entries;      /* live keys */
@@ -174,7 +250,6 @@ typedef struct wc_stats {
   uint64_t mappings;     /* live OS file mappings held by this cache */
   uint64_t hits, misses; /* look-up outcomes (look_up and look_up_or_insert with ptr == NULL) */
   wc_backing backing;    /* FILE or HEAP: what is actually in use */
-  /* ---- fields below were added after the first release ---- */
   uint64_t dead_bytes;       /* bytes in the file no live entry or trailer uses */
   uint64_t verify_failures;  /* entries whose checksum failed (served as misses) */
   uint64_t heap_fallbacks;   /* reservations that had to be served from the heap */
@@ -201,17 +276,28 @@ typedef enum wc_log_level {
   WC_LOG_OFF = 6
 } wc_log_level;
 
-/** Receives every log message at or above the level set. `message` is not NUL-terminated
- * beyond `size`; it is valid only during the call. Called from any thread. */
+/**
+ * Receives each log message at or above the level set (wc_set_log_level), with `level` one of
+ * WC_LOG_TRACE .. WC_LOG_ERROR and `user` as given to wc_set_log_callback. `message` points at
+ * `size` bytes, not NUL-terminated, owned by the library and valid only during the call.
+ * It is called on whichever thread logs (the host's, or the library's verify-ahead thread),
+ * under the library's log lock: one call at a time, process-wide, and every thread that logs
+ * meanwhile waits for it to return. So it must return promptly, must not throw or longjmp, and
+ * must not call any function of this library (wc_set_log_callback included): it would wait for
+ * itself.
+ */
 typedef void (*wc_log_callback)(void* user, wc_log_level level, const char* message, size_t size);
 
-/** Fills *options with the defaults. Always call it before setting fields. */
+/** Fills *options with the defaults the field comments name (zero for the fields without one:
+ * path and compat_key NULL, no flag set). Always call it before setting fields. NULL is ignored. */
 WC_API void wc_options_init(wc_options* options);
-/** Sets stats->struct_size; call before wc_get_stats. */
+/** Zeroes *stats and sets stats->struct_size; call before wc_get_stats. NULL is ignored. */
 WC_API void wc_stats_init(wc_stats* stats);
 
 /**
- * Opens (creating if needed) the cache described by *options and stores a new handle in *out.
+ * Opens (creating if needed) the cache described by *options and stores a new handle in *out,
+ * to be released with wc_close. It may join a cache this process already has open (see
+ * "Handles and caches").
  * A missing file is created. A corrupt or incompatible file is replaced by a fresh one (written
  * under a new name and renamed into place, never truncated in place) only when no other process
  * has it open; otherwise this open cannot use it (BUSY, or the heap fallback below) and the next
@@ -221,64 +307,109 @@ WC_API void wc_stats_init(wc_stats* stats);
  * warning (its finalize then reports inserted entries as not durable); with WC_BACKING_FILE it is
  * an error. A read-write open whose file or lock file cannot be written is READ_ONLY with
  * WC_BACKING_FILE, and a read-only cache with one warning with WC_BACKING_AUTO.
- * Thread-safe. Errors: INVALID_ARGUMENT, IO, NO_SPACE, CORRUPT / INCOMPATIBLE (read-only with
- * WC_BACKING_FILE), BUSY (lease timeout while creating; a file to rebuild that another process
- * has open; a rebuild or compaction by another process outlasting lease_timeout), READ_ONLY,
- * UNSUPPORTED, NO_MEMORY.
+ * May wait up to lease_timeout_ms for another process's writer lease or in-use lock (while it
+ * creates, rebuilds or compacts the file).
+ * On failure *out is NULL (when out is not NULL). Statuses, with any backing:
+ *   WC_OK
+ *   WC_ERR_INVALID_ARGUMENT  options or out NULL; struct_size not set; compat_key NULL with a
+ *                            nonzero size; an enum field out of range; alignment or
+ *                            size_alignment not a power of two up to WC_MAX_ALIGNMENT;
+ *                            max_file_bytes below 1 MiB (but not 0); file_mode over 0777;
+ *                            compact_dead_percent over 100; WC_BACKING_FILE without path or fd
+ *   WC_ERR_NO_MEMORY         out of memory (with WC_BACKING_AUTO: neither the file nor heap
+ *                            memory could be had)
+ * and with WC_BACKING_FILE only (WC_BACKING_AUTO falls back to a heap cache instead):
+ *   WC_ERR_IO, WC_ERR_NO_SPACE, WC_ERR_UNSUPPORTED
+ *                            the OS refused to open, create, read, lock or map the file
+ *   WC_ERR_INVALID_ARGUMENT  the path names a directory, a FIFO or another file that is not a
+ *                            regular one, or a symlink (without allow_symlink); a path too long
+ *   WC_ERR_CORRUPT, WC_ERR_INCOMPATIBLE
+ *                            a file to rebuild that may not be (read_only), or a file this
+ *                            process has open under another compatibility key or a weaker
+ *                            alignment
+ *   WC_ERR_BUSY              a file to rebuild that another process has open; the lease or the
+ *                            in-use lock held by another process past lease_timeout
+ *   WC_ERR_READ_ONLY         the file or its lock file cannot be written
  */
 WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
 
-/** Releases the handle. The last handle of a cache unmaps it; pointers from it become invalid.
- * Entries inserted since the last successful wc_finalize are not persisted. NULL is ignored. */
+/** Releases the handle. The last handle of a cache closes the cache: stops and waits for its
+ * verify-ahead thread (at most one 8 MiB piece of hashing), unmaps it (every pointer it returned
+ * becomes invalid), gives up its locks and descriptors. Entries inserted since the last
+ * successful wc_finalize are not persisted. Other handles sharing the cache are unaffected.
+ * NULL is ignored. No other call on this handle may run concurrently or follow. */
 WC_API void wc_close(wc_cache* cache);
 
-/** Returns the offset of the entry stored under the key, or WC_NOT_FOUND. An entry whose checksum
- * fails is a miss (logged). Thread-safe and lock-free; the first look-up of an entry may wait
- * while another thread finishes checksumming that same entry. */
+/**
+ * Returns the offset of the entry stored under the key, or WC_NOT_FOUND. The key (key_size
+ * bytes at key; key may be NULL when key_size is 0) is only read during the call. The first
+ * look-up of an entry in this process checksums it (WC_VERIFY_FIRST_USE); an entry whose checksum
+ * fails is a miss (logged, counted in wc_stats.verify_failures). A miss, the empty key included,
+ * is not an error: wc_last_error is left alone. Fails (WC_NOT_FOUND, WC_ERR_INVALID_ARGUMENT in
+ * wc_last_error) only for a NULL cache, a NULL key with a nonzero key_size, or a key over
+ * WC_MAX_KEY_SIZE. Never waits for a writer (not even one waiting for the lease); the first
+ * look-up of an entry may wait while another thread finishes checksumming that same entry.
+ */
 WC_API size_t wc_look_up(wc_cache* cache, const void* key, size_t key_size);
 
 /**
- * Returns at least `size` writable bytes aligned to the cache's alignment, inside the file
- * mapping when file-backed (in heap memory after a fallback), or NULL on failure (see
- * wc_last_error). Several reservations may be outstanding; a reservation that is never inserted
- * is simply wasted space. The memory stays valid until wc_close. Thread-safe.
+ * Returns at least `size` writable bytes aligned to the cache's alignment, or NULL on failure.
+ * They are inside the file mapping when the file can take them, else in heap memory: in a heap
+ * cache, in a read-only cache (new entries go to the heap), and with WC_BACKING_AUTO when the
+ * lease stays busy or the disk is full (counted in wc_stats.heap_fallbacks, but for a heap cache).
+ * The memory belongs to the cache (see "Memory the
+ * cache returns") and is the caller's to write until it is inserted (wc_look_up_or_insert) or
+ * given back (wc_release_space). Several reservations may be outstanding; one never inserted nor
+ * released is wasted space. May wait up to lease_timeout_ms for another process's writer lease.
+ * Failures (NULL; the status in wc_last_error's message and in weightcache::last_error().code):
+ * INVALID_ARGUMENT (NULL cache, size over 2^48), NO_MEMORY; with WC_BACKING_FILE also the reason
+ * the file cannot take the bytes: BUSY (lease), NO_SPACE (disk full, file size limit,
+ * max_file_bytes), IO.
  */
 WC_API void* wc_reserve_space(wc_cache* cache, size_t size);
 
 /** Gives back a reservation that will not be inserted (e.g. packing failed), so it does not
- * become dead space. `ptr` must be a start address returned by wc_reserve_space and not yet
- * inserted; anything else is WC_ERR_INVALID_ARGUMENT. Thread-safe. */
+ * become dead space; the memory must not be used afterwards. `ptr` must be a start address
+ * returned by wc_reserve_space on this cache and neither inserted nor released yet. Statuses:
+ * WC_OK, WC_ERR_INVALID_ARGUMENT (NULL cache or ptr, or any other pointer: nothing happens). */
 WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
 
 /**
- * Commits `size` bytes at `ptr` under the key and returns the entry's offset.
+ * Commits `size` bytes at `ptr` under the key and returns the entry's offset. The key is copied.
  * - ptr == NULL: behaves as wc_look_up.
  * - key present with the same bytes: returns the existing offset; a reservation passed in is
  *   released.
  * - key present with different bytes: the new bytes replace the old (a stale entry is never
  *   served again).
- * - ptr is the start of a reservation (size <= reserved size): committed in place, no copy.
- * - otherwise the bytes are copied into the cache.
+ * - ptr is the start of a reservation (size <= reserved size): committed in place, no copy; the
+ *   reservation becomes the entry, whose bytes may no longer be modified.
+ * - otherwise the bytes are copied into the cache (the caller keeps its memory).
  * `size` over 2^48 (over 2^31 - 1, half the address space, in a 32-bit process), over the
  * reserved size when ptr starts a reservation, or running past the end of the reservation or
  * entry ptr points into (or of what the cache has mapped there), is WC_ERR_INVALID_ARGUMENT (see
  * wc_last_error) and nothing is read; a size past the end of the caller's own memory cannot be
  * checked.
- * Returns WC_NOT_FOUND only on invalid arguments, when no memory at all can be had, or, with
- * WC_BACKING_FILE and bytes copied from the caller's memory, when the file cannot take them (disk
- * full, the lease busy past lease_timeout, a read-only file): see wc_last_error.
- * Not durable until wc_finalize. Thread-safe: a key raced by two threads ends with one entry.
+ * Returns WC_NOT_FOUND and sets wc_last_error only on invalid arguments (also: NULL cache, NULL
+ * key with a nonzero size, a key empty or over WC_MAX_KEY_SIZE), when no memory at all can be
+ * had (NO_MEMORY), or, with WC_BACKING_FILE and bytes copied from the caller's memory, when the
+ * file cannot take them (BUSY, NO_SPACE, IO, as wc_reserve_space). Nothing is inserted then; a
+ * reservation passed in stays outstanding after INVALID_ARGUMENT.
+ * Not durable until wc_finalize. A key raced by two threads ends with one entry.
  */
 WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_size, void* ptr,
                                    size_t size);
 
-/** Address of the entry at `offset` (from look_up / look_up_or_insert), or NULL for an offset that
- * is not a live entry's: WC_NOT_FOUND, an entry whose checksum failed, or one since replaced
- * under its key (here, or by another process and seen through wc_refresh), so stale bytes are
- * never reached through an old offset; a pointer obtained before the replacement stays readable
- * until wc_close. O(1); valid until wc_close. Thread-safe. (The XNNPACK adapter's
- * offset_to_addr also resolves a replaced entry's offset: XNNPACK keeps offsets and cannot take
- * a NULL.) */
+/**
+ * Address of the entry at `offset` (from look_up / look_up_or_insert on this cache), or NULL for
+ * an offset that is not a live entry's: WC_NOT_FOUND, an entry whose checksum failed, or one
+ * since replaced under its key (here, or by another process and seen through wc_refresh), so
+ * stale bytes are never reached through an old offset. The memory is the cache's, read-only by
+ * contract (`void*` only because XNNPACK's provider returns one), and valid until the cache is
+ * closed, a replaced entry's included (see "Memory the cache returns"). It does not checksum the
+ * entry: look its key up first (wc_look_up does) before trusting an offset learned elsewhere.
+ * Sets no error. O(1), takes no lock. (The XNNPACK adapter's offset_to_addr also resolves a
+ * replaced entry's offset: XNNPACK keeps offsets and cannot take a NULL.)
+ */
 WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
 
 /**
@@ -287,14 +418,17 @@ WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
  * Entries that went to heap memory earlier (the writer lease was busy, the disk was full, the file
  * was not writable) are first copied into the file. Returns WC_OK only when every entry inserted
  * in this cache is in the committed file (with WC_DURABILITY_FULL, flushed to the device). With
- * nothing new since the last finalize it does not touch the file.
+ * nothing new since the last finalize it does not touch the file. May wait up to
+ * lease_timeout_ms for another process's writer lease.
  * On failure the previous committed state stays loadable, the entries not yet durable stay
  * served from memory in this process, the message says how many entries and bytes are not
  * durable and why (see also wc_stats.unpersisted_entries), and every later wc_finalize tries
  * again. Statuses:
  *   WC_OK                   everything inserted is durable (a heap-only cache: always)
+ *   WC_ERR_INVALID_ARGUMENT cache is NULL
  *   WC_ERR_BUSY             another process kept the writer lease past lease_timeout, or the file
- *                           at the path was replaced by another program (reopen the cache)
+ *                           at the path was replaced by another program, or holds a commit this
+ *                           cache could not load (reopen the cache)
  *   WC_ERR_NO_SPACE         disk full, file size limit, or max_file_bytes reached
  *   WC_ERR_READ_ONLY        the cache is read-only (read_only, or the file or its lock file is
  *                           not writable)
@@ -304,22 +438,33 @@ WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
  *   WC_ERR_NO_MEMORY        out of memory
  *   any open error          the cache is a heap cache standing in for a file that could not be
  *                           used at open (reopen once it can be)
- * Whatever it returns, wc_is_finalized is nonzero afterwards (a runtime can set up). Thread-safe.
+ * Whatever it returns, wc_is_finalized is nonzero afterwards (a runtime can set up).
  */
 WC_API wc_status wc_finalize(wc_cache* cache);
 
-/** Nonzero when nothing was inserted since the last wc_finalize call (or open), whatever that
- * finalize returned: what XNNPACK consults before setting up operators. */
+/** Nonzero when nothing was inserted in the cache (through any handle sharing it) since the last
+ * wc_finalize call on it, or since it was opened, whatever that finalize returned: what XNNPACK
+ * consults before setting up operators. 0 for a NULL cache. */
 WC_API int wc_is_finalized(wc_cache* cache);
 
-/** Maps entries other processes finalized since this cache was opened or last refreshed. */
+/**
+ * Maps entries other processes finalized since this cache was opened or last refreshed (a
+ * read-only cache opened before its file existed picks the file up). Entries this process has
+ * are kept. With nothing new, and for a heap cache, it returns WC_OK without changing anything.
+ * On failure the cache goes on serving what it had. Statuses: WC_OK, WC_ERR_INVALID_ARGUMENT
+ * (NULL cache), WC_ERR_IO, WC_ERR_CORRUPT (the newest commit fails its checks),
+ * WC_ERR_INCOMPATIBLE (the file was rewritten under another compatibility key, alignment,
+ * version or byte order), WC_ERR_NO_SPACE (the file grew past max_file_bytes),
+ * WC_ERR_NO_MEMORY; for a read-only cache opened before its file existed, also those of wc_open
+ * with WC_BACKING_FILE.
+ */
 WC_API wc_status wc_refresh(wc_cache* cache);
 
 /** The descriptor of a file-backed cache (a regular file or a ":memory:" cache), for handing
  * the cache to another process (SCM_RIGHTS, or inheritance across fork/exec: it is opened
  * close-on-exec, clear that flag on a dup to pass it on). Owned by the cache: do not close it;
- * valid until the last wc_close of this cache in this process. -1 for a heap cache, a NULL
- * cache, and on Windows. Thread-safe. */
+ * valid until the cache is closed (the last wc_close of the handles sharing it). -1 for a heap
+ * cache, a NULL cache, and on Windows. Sets no error. */
 WC_API int wc_get_fd(wc_cache* cache);
 
 /** Flags of wc_compact_ex. */
@@ -332,6 +477,8 @@ WC_API int wc_get_fd(wc_cache* cache);
                                       is rewritten even when already compact. For shipping
                                       prebuilt caches (docs/INTEGRATION.md). */
 
+/** What wc_compact_ex did. Set struct_size with wc_compact_report_init; no byte past it is
+ * written, and nothing at all when the call fails. */
 typedef struct wc_compact_report {
   size_t struct_size;       /* set by wc_compact_report_init */
   int compacted;            /* 1: the file was rewritten; 0: nothing to reclaim, file untouched */
@@ -340,7 +487,7 @@ typedef struct wc_compact_report {
   uint64_t bytes_before, bytes_after;
 } wc_compact_report;
 
-/** Sets report->struct_size; call before wc_compact_ex. */
+/** Zeroes *report and sets report->struct_size; call before wc_compact_ex. NULL is ignored. */
 WC_API void wc_compact_report_init(wc_compact_report* report);
 
 /**
@@ -354,19 +501,23 @@ WC_API void wc_compact_report_init(wc_compact_report* report);
  * again later; the next open that finds the file unused compacts it if it is over the
  * thresholds), WC_ERR_INCOMPATIBLE (another compatibility key, version or byte order),
  * WC_ERR_CORRUPT (no usable commit, a damaged newest commit, or damaged entries without
- * WC_COMPACT_DROP_CORRUPT: the file is untouched), WC_ERR_IO / WC_ERR_NO_SPACE (writing the new
- * file; the original is untouched unless the message says the rename happened),
- * WC_ERR_INVALID_ARGUMENT, WC_ERR_NO_MEMORY. Thread-safe; a cache this process has open counts
- * as a user (close it first).
+ * WC_COMPACT_DROP_CORRUPT: the file is untouched), WC_ERR_IO / WC_ERR_NO_SPACE /
+ * WC_ERR_READ_ONLY (the OS refused to open, read or write a file, no file at the path included;
+ * when writing the new file, the original is untouched unless the message says the rename
+ * happened), WC_ERR_INVALID_ARGUMENT (options NULL or not initialised, no path, a path that is
+ * not a regular file), WC_ERR_NO_MEMORY. A cache this process has open counts as a user (close
+ * it first).
  */
 WC_API wc_status wc_compact(const wc_options* options);
-/** wc_compact with flags (WC_COMPACT_*) and an optional report (NULL, or initialised). */
+/** wc_compact with flags (WC_COMPACT_*; another bit is WC_ERR_INVALID_ARGUMENT) and an optional
+ * report (NULL, or initialised with wc_compact_report_init, else WC_ERR_INVALID_ARGUMENT). */
 WC_API wc_status wc_compact_ex(const wc_options* options, unsigned flags, wc_compact_report* report);
 
 /* ---- garbage collection of a cache directory ---- */
 
 /** What wc_gc did. Bytes are the disk space a cache takes: its file plus its lock file
- * "<file>.lock", as allocated on disk. */
+ * "<file>.lock", as allocated on disk. Set struct_size with wc_gc_report_init; no byte past it
+ * is written, and nothing at all when the call fails. */
 typedef struct wc_gc_report {
   size_t struct_size;        /* set by wc_gc_report_init */
   uint64_t max_bytes;        /* the budget asked for */
@@ -387,7 +538,7 @@ typedef struct wc_gc_report {
   int within_budget;         /* 1 when total_after <= max_bytes */
 } wc_gc_report;
 
-/** Sets report->struct_size; call before wc_gc. */
+/** Zeroes *report and sets report->struct_size; call before wc_gc. NULL is ignored. */
 WC_API void wc_gc_report_init(wc_gc_report* report);
 
 /**
@@ -403,27 +554,43 @@ WC_API void wc_gc_report_init(wc_gc_report* report);
  * is held. A file in use is not an error: check report->within_budget.
  * `report` may be NULL, or initialised with wc_gc_report_init. Statuses: WC_OK (the directory was
  * read; see the report), WC_ERR_INVALID_ARGUMENT (NULL or empty dir, uninitialised report),
- * WC_ERR_IO (the directory cannot be read), WC_ERR_NO_MEMORY. Thread-safe; several processes may
- * collect one directory at once (each file is removed by at most one of them).
+ * WC_ERR_IO (the directory cannot be read), WC_ERR_NO_MEMORY. Several processes may collect one
+ * directory at once (each file is removed by at most one of them).
  */
 WC_API wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report);
 
-/** Fills *out (struct_size set by wc_stats_init). */
+/** Fills *out (struct_size set by wc_stats_init; no byte past it is written) with the cache's
+ * counters: see wc_stats. Takes no lock a writer holds, so it never waits for the lease.
+ * Statuses: WC_OK, WC_ERR_INVALID_ARGUMENT (NULL cache or out, struct_size not set: *out is left
+ * untouched). */
 WC_API wc_status wc_get_stats(wc_cache* cache, wc_stats* out);
 
-/** Static English name of a status. Never NULL. */
+/** Static English name of a status ("unknown status" for a value that is none). Never NULL. */
 WC_API const char* wc_status_string(wc_status status);
 
-/** This thread's message for its last failure (what failed and what to do). Never NULL. */
+/**
+ * The calling thread's message for its last failure: what failed and what to do (UTF-8,
+ * NUL-terminated); "" on a thread where nothing failed yet. Never NULL. The string belongs to
+ * the thread: the pointer and the text stay valid and unchanged until the next call of this
+ * library that fails on the same thread (calls that succeed, and failures on other threads,
+ * leave it alone), or until the thread exits. Copy it to keep it longer.
+ */
 WC_API const char* wc_last_error(void);
 
-/** Process-wide log level of the "weightcache" logger (default WC_LOG_WARN). */
+/** Sets the process-wide log level (one of wc_log_level's values) of the "weightcache" logger,
+ * for every message logged after it returns. The default is WC_LOG_WARN, or the level named by
+ * the environment variable WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error or off; any
+ * other value turns logging off), read once per process, before the first message or the first
+ * call to wc_set_log_level or wc_set_log_callback. */
 WC_API void wc_set_log_level(wc_log_level level);
 
-/** Routes log messages to `callback` (NULL restores the default stderr sink). */
+/** Routes log messages to `callback`, with `user` (NULL restores the default: formatted lines
+ * on stderr). The library keeps `user` without reading it. When this returns, no call of the
+ * previous callback is still running (it waits for one in progress) and none will start, so the
+ * previous `user` may be freed. Must not be called from inside a callback. */
 WC_API void wc_set_log_callback(wc_log_callback callback, void* user);
 
-/** Library version as "MAJOR.MINOR.PATCH". */
+/** Library version as "MAJOR.MINOR.PATCH": a static string, never NULL. */
 WC_API const char* wc_version(void);
 
 #ifdef __cplusplus

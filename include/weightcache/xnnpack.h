@@ -1,7 +1,9 @@
 /*
  * weightcache for XNNPACK: a weights-cache provider backed by a wc_cache.
  *
- * C ABI. Every function is noexcept in spirit: none throws, none aborts the host.
+ * C ABI, part of weightcache 0.1 (not yet stable: see weightcache.h). No function throws, and
+ * none aborts the host. The rules of weightcache.h (errors and wc_last_error, threads, the
+ * memory a cache returns, offsets) hold here too, with the additions below.
  *
  * XNNPACK packs the static weights of fully-connected, convolution and similar operators through
  * a "weights cache provider" (struct xnn_weights_cache_provider in include/xnnpack.h; its handle
@@ -76,8 +78,25 @@
  * - reserve_space refuses (returns NULL, XNNPACK fails the operator creation cleanly) when the
  *   cache cannot provide memory. Once reserve_space succeeded, look_up_or_insert does not fail:
  *   if the cache cannot commit the entry, the bytes are copied to the adapter's private heap
- *   and the cache's reservation is released. Only if that heap cannot take them either does
- *   look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK does not check it).
+ *   and the cache's reservation is released; wc_last_error on that thread then says why the
+ *   cache refused them (the one call that sets it without failing). Only if that heap cannot
+ *   take them either does look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK does
+ *   not check it).
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Lifetimes and threads
+ * ---------------------------------------------------------------------------------------------
+ * - The adapter uses the very wc_cache handle it was created with (it does not own it): keep
+ *   that handle open until wc_xnn_adapter_destroy returns.
+ * - Memory the provider returns (reserve_space, offset_to_addr) is the cache's, valid until the
+ *   cache is closed, or, for weights kept in the adapter's private heap, the adapter's, valid
+ *   until wc_xnn_adapter_destroy: so valid until the earlier of the two. It may not be modified
+ *   once inserted (see "Memory the cache returns" in weightcache.h).
+ * - Every function here and every provider function may run concurrently with any other on the
+ *   same or another adapter, except wc_xnn_adapter_destroy, which must not run concurrently
+ *   with, nor be followed by, any other use of that adapter or its provider.
+ * - When a provider function fails (reserve_space NULL, look_up_or_insert SIZE_MAX), wc_last_error
+ *   on that thread says why. A miss of look_up is not a failure.
  */
 #ifndef WEIGHTCACHE_XNNPACK_H
 #define WEIGHTCACHE_XNNPACK_H
@@ -119,19 +138,22 @@ typedef struct wc_xnn_weights_cache_look_up_key {
  */
 typedef struct wc_xnn_weights_cache_provider {
   void* context;
-  /** Offset of the packed weights for the key, or SIZE_MAX on a miss. */
+  /** Offset of the packed weights for the key, or SIZE_MAX on a miss (also for a NULL key). */
   size_t (*look_up)(void* context, const wc_xnn_weights_cache_look_up_key* cache_key);
-  /** At least n writable bytes to pack into (inside the cache file when it is file-backed),
-   * aligned to the cache's alignment; NULL when no memory can be had. */
+  /** At least n writable bytes to pack into (inside the cache file when it is file-backed; in
+   * the adapter's private heap after a look-up whose kernel or bias had no name), aligned to the
+   * cache's alignment (128 in the private heap); NULL when no memory can be had. */
   void* (*reserve_space)(void* context, size_t n);
   /** Commits `size` packed bytes at `ptr` under the key and returns their offset. ptr == NULL
-   * behaves as look_up. Does not fail once reserve_space has succeeded. */
+   * behaves as look_up. Does not fail once reserve_space has succeeded (see "Caveats"); with a
+   * NULL key it fails (SIZE_MAX, WC_ERR_INVALID_ARGUMENT in wc_last_error). */
   size_t (*look_up_or_insert)(void* context, const wc_xnn_weights_cache_look_up_key* cache_key, void* ptr,
                               size_t size);
   /** wc_is_finalized of the cache: false from the first insert until the next wc_finalize. */
   bool (*is_finalized)(void* context);
-  /** Address of the packed weights at an offset from look_up / look_up_or_insert; NULL for
-   * SIZE_MAX or any offset this provider did not return. */
+  /** Address of the packed weights at an offset from look_up / look_up_or_insert (an entry
+   * replaced since under its key included: XNNPACK cannot take a NULL); NULL for SIZE_MAX and
+   * for an offset that is no entry's. Sets no error. */
   void* (*offset_to_addr)(void* context, size_t offset);
   /** Returns success and does nothing: the cache and adapter belong to the runtime, which
    * releases them with wc_xnn_adapter_destroy and wc_close. */
@@ -143,20 +165,23 @@ typedef struct wc_xnn_weights_cache_provider {
 
 /* ---- The adapter ------------------------------------------------------------------------------ */
 
-/** Opaque adapter handle. */
+/** Opaque adapter handle, from wc_xnn_adapter_create, released by wc_xnn_adapter_destroy. */
 typedef struct wc_xnn_adapter wc_xnn_adapter;
 
 /**
- * Creates an adapter over `cache` (which must stay open until wc_xnn_adapter_destroy) and
- * stores it in *out. Several adapters may share one cache; each has its own bindings.
- * Thread-safe. Errors: INVALID_ARGUMENT (NULL cache or out), NO_MEMORY.
+ * Creates an adapter over `cache` (that very handle must stay open until
+ * wc_xnn_adapter_destroy) and stores it in *out; on failure *out is NULL (when out is not
+ * NULL). Several adapters may share one cache; each has its own bindings and private heap.
+ * Statuses: WC_OK, WC_ERR_INVALID_ARGUMENT (NULL cache or out), WC_ERR_NO_MEMORY.
  */
 WC_API wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out);
 
 /**
- * Destroys the adapter and its private heap. Call it only after every XNNPACK operator and
- * runtime created with its provider has been deleted; the cache itself is not closed.
- * NULL is ignored. Not to be called concurrently with any other call on the same adapter.
+ * Destroys the adapter, its provider struct and its private heap (memory the provider returned
+ * from there becomes invalid). Call it only after every XNNPACK operator and runtime created
+ * with its provider has been deleted; the cache itself is not closed, and what the adapter put
+ * there stays. NULL is ignored. Not to be called concurrently with any other call on the same
+ * adapter or its provider.
  */
 WC_API void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter);
 
@@ -169,20 +194,22 @@ WC_API void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter);
  * - Naming an already-bound address replaces its binding (name or alias).
  * - name == NULL unbinds `data`: do this before the buffer is freed if its address may be
  *   reused for other weights while the adapter lives.
- * Thread-safe. Errors: INVALID_ARGUMENT (NULL adapter or data, empty or too long name),
- * NO_MEMORY.
+ * The name is copied; `data` is used as an address only, never read. Statuses: WC_OK,
+ * WC_ERR_INVALID_ARGUMENT (NULL adapter or data, empty or too long name: nothing changes),
+ * WC_ERR_NO_MEMORY.
  */
 WC_API wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, const char* name);
 
 /**
  * A struct laid out exactly as XNNPACK's `struct xnn_weights_cache_provider`: pass it where
  * XNNPACK takes an xnn_weights_cache_t (`(xnn_weights_cache_t)wc_xnn_adapter_provider(a)`).
- * It points at a wc_xnn_weights_cache_provider owned by the adapter, valid until
- * wc_xnn_adapter_destroy. NULL for a NULL adapter.
+ * It points at a wc_xnn_weights_cache_provider owned by the adapter (the same one at every
+ * call), valid until wc_xnn_adapter_destroy. NULL for a NULL adapter.
  */
 WC_API void* wc_xnn_adapter_provider(wc_xnn_adapter* adapter);
 
-/** What the adapter has done since it was created (counters are monotonic unless noted). */
+/** What the adapter has done since it was created (counters are monotonic unless noted). Set
+ * struct_size with wc_xnn_adapter_stats_init; wc_xnn_adapter_get_stats writes no byte past it. */
 typedef struct wc_xnn_adapter_stats {
   size_t struct_size;         /* set by wc_xnn_adapter_stats_init */
   uint64_t look_ups;          /* look_up calls, and look_up_or_insert calls with ptr == NULL */
@@ -198,11 +225,12 @@ typedef struct wc_xnn_adapter_stats {
   uint64_t unnamed_bytes;     /* heap bytes held by the private heap's live entries; current */
 } wc_xnn_adapter_stats;
 
-/** Sets stats->struct_size; call before wc_xnn_adapter_get_stats. */
+/** Zeroes *stats and sets stats->struct_size; call before wc_xnn_adapter_get_stats. NULL is
+ * ignored. */
 WC_API void wc_xnn_adapter_stats_init(wc_xnn_adapter_stats* stats);
 
-/** Fills *out (struct_size set by wc_xnn_adapter_stats_init). Thread-safe.
- * Errors: INVALID_ARGUMENT (NULL adapter or out, struct_size not set). */
+/** Fills *out (struct_size set by wc_xnn_adapter_stats_init). Statuses: WC_OK,
+ * WC_ERR_INVALID_ARGUMENT (NULL adapter or out, struct_size not set: *out is left untouched). */
 WC_API wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats* out);
 
 /* ---- The compatibility key ------------------------------------------------------------------ */
@@ -241,7 +269,7 @@ WC_API wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapte
  * when build_id or model_digest is NULL or empty, or options is NULL with a nonzero size; when
  * a part is longer than WC_XNN_COMPAT_PART_MAX_SIZE (*out_size is 0 in these cases); and when
  * out_capacity is smaller than the key (*out_size is then the size needed). wc_last_error says
- * which. Thread-safe; allocates nothing.
+ * which. Allocates nothing.
  */
 WC_API wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const void* model_digest,
                                    size_t model_digest_size, const void* options, size_t options_size, void* out,

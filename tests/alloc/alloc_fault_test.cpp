@@ -592,5 +592,131 @@ TEST_P(AllocationFailure, EveryAllocationPointFailedOnceNeitherAbortsNorServesWr
 
 INSTANTIATE_TEST_SUITE_P(Shards, AllocationFailure, ::testing::Range(0, kShards));
 
+// weightcache.h, "Errors": "When memory runs out, any call that allocates may fail with
+// WC_ERR_NO_MEMORY (in wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own
+// list below says". Each call below runs in a forked child with its n-th allocation failed, for
+// n = 1, 2, ... until a run reaches no n-th allocation; a call that then fails must say
+// no_memory, in its status and in last_error().
+enum class Call { open_file, open_heap, reserve, insert_copy, insert_reserved, finalize, refresh, get_stats,
+                  release, look_up_too_long, compact, gc, adapter_create, name_buffer };
+constexpr const char* kCallNames[] = {"wc_open (file)", "wc_open (heap)", "wc_reserve_space",
+                                      "wc_look_up_or_insert (copy)", "wc_look_up_or_insert (reservation)",
+                                      "wc_finalize", "wc_refresh", "wc_get_stats", "wc_release_space",
+                                      "wc_look_up (key too long)", "wc_compact", "wc_gc",
+                                      "wc_xnn_adapter_create", "wc_xnn_adapter_name_buffer"};
+constexpr int kNoNthAllocation = 10, kSaidNoMemory = 0, kSaidSomethingElse = 11;
+
+int one_call(Call call, const std::string& dir, long fail_at) {
+  const std::string path = dir + "/cache.wc", other = dir + "/other.wc";
+  wc_options o = file_options(path);
+  o.backing = WC_BACKING_FILE;
+  wc_cache* c = nullptr;
+  if (wc_open(&o, &c) != WC_OK) return kHarnessBroken;
+  void* r = wc_reserve_space(c, 4096);
+  if (r == nullptr) return kHarnessBroken;
+  std::memset(r, 7, 4096);
+  const std::string bytes(5000, 'b'), long_key(WC_MAX_KEY_SIZE + 1, 'k');
+  if (call == Call::finalize && wc_look_up_or_insert(c, "f", 1, const_cast<char*>(bytes.data()), bytes.size()) == SIZE_MAX)
+    return kHarnessBroken;
+  if (call == Call::compact) {
+    wc_options a = file_options(other);
+    wc_cache* d = nullptr;
+    if (wc_open(&a, &d) != WC_OK) return kHarnessBroken;
+    (void)wc_look_up_or_insert(d, "x", 1, const_cast<char*>(bytes.data()), bytes.size());
+    (void)wc_finalize(d);
+    wc_close(d);
+  }
+  wc_xnn_adapter* adapter = nullptr;
+  if (call == Call::name_buffer && wc_xnn_adapter_create(c, &adapter) != WC_OK) return kHarnessBroken;
+  static float weights[4];
+  wc_stats st;
+  wc_stats_init(&st);
+
+  g_count = 0;
+  g_failed = false;
+  g_fail_at = fail_at;
+  wc_status status = WC_OK;
+  bool failed = false;
+  switch (call) {
+    case Call::open_file: {
+      wc_cache* second = nullptr;
+      wc_options f = file_options(other);
+      f.backing = WC_BACKING_FILE;
+      status = wc_open(&f, &second);
+      wc_close(second);
+      break;
+    }
+    case Call::open_heap: {
+      wc_options h;
+      wc_options_init(&h);
+      wc_cache* heap = nullptr;
+      status = wc_open(&h, &heap);
+      wc_close(heap);
+      break;
+    }
+    case Call::reserve: failed = wc_reserve_space(c, 1u << 20) == nullptr; break;
+    case Call::insert_copy:
+      failed = wc_look_up_or_insert(c, "copy", 4, const_cast<char*>(bytes.data()), bytes.size()) == SIZE_MAX;
+      break;
+    case Call::insert_reserved: failed = wc_look_up_or_insert(c, "in-place", 8, r, 4096) == SIZE_MAX; break;
+    case Call::finalize: status = wc_finalize(c); break;
+    case Call::refresh: status = wc_refresh(c); break;
+    case Call::get_stats: status = wc_get_stats(c, &st); break;
+    case Call::release: status = wc_release_space(c, r); break;
+    case Call::look_up_too_long:  // fails whatever happens; the question is what it says
+      failed = wc_look_up(c, long_key.data(), long_key.size()) == SIZE_MAX;
+      break;
+    case Call::compact: {
+      wc_options a = file_options(other);
+      status = wc_compact(&a);
+      break;
+    }
+    case Call::gc: status = wc_gc(dir.c_str(), 1ull << 40, nullptr); break;
+    case Call::adapter_create: {
+      wc_xnn_adapter* a = nullptr;
+      status = wc_xnn_adapter_create(c, &a);
+      wc_xnn_adapter_destroy(a);
+      break;
+    }
+    case Call::name_buffer: status = wc_xnn_adapter_name_buffer(adapter, weights, "a weight buffer with a long name"); break;
+  }
+  g_fail_at = 0;
+  if (!g_failed.load()) return kNoNthAllocation;
+  failed = failed || status != WC_OK;
+  if (!failed) return kSaidNoMemory;  // the call got over it
+  const Errc code = last_error().code;
+  if (call == Call::look_up_too_long && code == Errc::invalid_argument) return kSaidNoMemory;  // its own error
+  if ((status != WC_OK && status != WC_ERR_NO_MEMORY) || code != Errc::no_memory) {
+    std::fprintf(stderr, "%s with allocation %ld failed: status %d, last error %d: %s\n",
+                 kCallNames[static_cast<int>(call)], fail_at, static_cast<int>(status), static_cast<int>(code),
+                 last_error().message.c_str());
+    return kSaidSomethingElse;
+  }
+  return kSaidNoMemory;
+}
+
+TEST(AllocationFailureStatus, ACallThatRunsOutOfMemorySaysNoMemory) {
+  warm_up();
+  std::vector<std::string> failures;
+  for (int k = 0; k <= static_cast<int>(Call::name_buffer); ++k) {
+    const Call call = static_cast<Call>(k);
+    long n = 1;
+    for (; n <= 400; ++n) {
+      TempDir dir("wc-alloc");
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) _exit(one_call(call, dir.path().string(), n));
+      int status = 0;
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (WIFEXITED(status) && WEXITSTATUS(status) == kNoNthAllocation) break;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == kSaidNoMemory))
+        failures.push_back(std::string(kCallNames[k]) + ", allocation " + std::to_string(n) + ": " + describe(status));
+    }
+    EXPECT_LE(n, 400) << kCallNames[k] << " never ran out of allocations to fail";
+  }
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
 }  // namespace
 }  // namespace weightcache::test

@@ -3,8 +3,11 @@
 // Every byte is verified. The suite is built and run under ThreadSanitizer in CI.
 #include "thread_test_util.hpp"
 
+#include <weightcache/weightcache.h>
+
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -295,6 +298,86 @@ TEST_P(Threads, OffsetToAddrFromManyThreadsWhileTheCacheGrows) {
   });
   ASSERT_TRUE(errors.none());
   EXPECT_EQ(cache.stats().entries, kOld + kGrowers * kPerGrower);
+}
+
+// weightcache.h, "Threads": "Every call may be made from any thread, concurrently with any call
+// on the same or another handle, except: wc_close(c) must not run concurrently with, nor be
+// followed by, any other call on c". Each thread opens handles of its own on one file and makes
+// every call of the C ABI, while the others do the same; handles close while others work. Run
+// under ThreadSanitizer in CI, where a data race between any two of these calls fails the test.
+TEST_P(Threads, EveryCallRunsConcurrentlyThroughHandlesOfOneCache) {
+  constexpr std::size_t kRounds = 6, kPerRound = 8;
+  const std::string path = file() ? dir_.file("cache.wcache") : std::string();
+  const std::string gc_dir = dir_.file("gc");
+  ASSERT_TRUE(std::filesystem::create_directory(gc_dir));
+  static const char kCompat[] = "threads-test";
+  Errors errors;
+  Barrier start(kThreads);
+  run_threads([&](std::size_t t) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    o.compat_key = kCompat;
+    o.compat_key_size = sizeof kCompat - 1;
+    o.durability = WC_DURABILITY_NONE;
+    start.arrive_and_wait();
+    for (std::size_t round = 0; round < kRounds; ++round) {
+      wc_cache* c = nullptr;
+      if (wc_open(&o, &c) != WC_OK) {
+        errors.add(std::string("wc_open: ") + wc_last_error());
+        continue;
+      }
+      for (std::size_t i = 0; i < kPerRound; ++i) {
+        const std::string key = "every/" + std::to_string(t) + "/" + std::to_string(round) + "/" + std::to_string(i);
+        const std::string want = bytes_for_key(key, size_for(i + 31 * t));
+        if (wc_look_up(c, key.data(), key.size()) != WC_NOT_FOUND) errors.add("'" + key + "' hit before its insert");
+        void* p = wc_reserve_space(c, want.size());
+        void* spare = wc_reserve_space(c, 256);
+        if (p == nullptr || spare == nullptr) {
+          errors.add(std::string("wc_reserve_space: ") + wc_last_error());
+          continue;
+        }
+        if (wc_release_space(c, spare) != WC_OK) errors.add(std::string("wc_release_space: ") + wc_last_error());
+        std::memcpy(p, want.data(), want.size());
+        const std::size_t off = wc_look_up_or_insert(c, key.data(), key.size(), p, want.size());
+        if (off == WC_NOT_FOUND) {
+          errors.add(std::string("wc_look_up_or_insert: ") + wc_last_error());
+          continue;
+        }
+        const void* q = wc_offset_to_addr(c, off);
+        if (q == nullptr || std::memcmp(q, want.data(), want.size()) != 0) errors.add("'" + key + "': wrong bytes");
+        (void)wc_is_finalized(c);
+        wc_stats s;
+        wc_stats_init(&s);
+        if (wc_get_stats(c, &s) != WC_OK) errors.add("wc_get_stats failed");
+        if (file() != (wc_get_fd(c) >= 0)) errors.add("wc_get_fd: a file cache without a descriptor, or the reverse");
+        if (wc_refresh(c) != WC_OK) errors.add(std::string("wc_refresh: ") + wc_last_error());
+        (void)wc_status_string(WC_ERR_BUSY);
+        (void)wc_version();
+      }
+      if (wc_finalize(c) != WC_OK) errors.add(std::string("wc_finalize: ") + wc_last_error());
+      if (t == 0) {
+        wc_gc_report g;
+        wc_gc_report_init(&g);
+        if (wc_gc(gc_dir.c_str(), 0, &g) != WC_OK) errors.add(std::string("wc_gc: ") + wc_last_error());
+      }
+      if (t == 1 && file()) {
+        // The file is in use by the other threads: a compaction must refuse, not interfere.
+        const wc_status st = wc_compact(&o);
+        if (st != WC_ERR_BUSY && st != WC_OK) errors.add(std::string("wc_compact: ") + wc_last_error());
+      }
+      wc_close(c);
+    }
+  });
+  ASSERT_TRUE(errors.none());
+  std::map<std::string, std::string> expected;
+  for (std::size_t t = 0; t < kThreads; ++t)
+    for (std::size_t round = 0; round < kRounds; ++round)
+      for (std::size_t i = 0; i < kPerRound; ++i) {
+        const std::string key = "every/" + std::to_string(t) + "/" + std::to_string(round) + "/" + std::to_string(i);
+        expected[key] = bytes_for_key(key, size_for(i + 31 * t));
+      }
+  check_reopened(expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backings, Threads, ::testing::Values(Kind::file, Kind::heap),

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <set>
+#include <thread>
 
 namespace weightcache::test {
 namespace {
@@ -89,6 +90,19 @@ TEST(CApi, StatusStringsNeverNull) {
   EXPECT_NE(wc_last_error(), nullptr);
 }
 
+// weightcache.h: "Version 0.1 (see wc_version), not yet released"; "a static string, never NULL".
+TEST(CApi, VersionIsTheUnreleasedOneTheHeadersName) {
+  const char* v = wc_version();
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v, wc_version()) << "not one static string";
+  EXPECT_EQ(std::string(v).rfind("0.1.", 0), 0u)
+      << v << ": the headers say 0.1 and not yet stable; update them with the version";
+  // "wc_status_string and wc_version return static strings"
+  const char* busy = wc_status_string(WC_ERR_BUSY);
+  std::thread([busy] { EXPECT_EQ(wc_status_string(WC_ERR_BUSY), busy); }).join();
+  EXPECT_STREQ(busy, "busy");
+}
+
 TEST(CApi, LastErrorExplainsFailedOpen) {
   TempDir dir;
   const std::string path = dir.file("cache.wcache");  // outlives every wc_options naming it
@@ -169,8 +183,9 @@ TEST(CApi, NullArgumentsAreErrors) {
   wc_close(c);
 }
 
-// A caller built against the first release knows only the fields before `verify`. Whatever
-// lies past its struct (here: 0xFF garbage) must not be read.
+// A caller built against an older header, whose wc_options ended before `verify`, sets a
+// struct_size that says so. Whatever lies past its struct (here: 0xFF garbage) must not be read,
+// and the fields it does not have take their defaults.
 TEST(CApi, OlderCallerOptionsStillOpen) {
   TempDir dir;
   const std::string path = dir.file("cache.wcache");

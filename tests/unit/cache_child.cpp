@@ -4,7 +4,14 @@
 //   cache_child write  <cache> <seed> <count> <max_size>   pack an entry set, finalize
 //   cache_child verify <cache> <seed> <count> <max_size>   every entry hits with its bytes
 //   cache_child verify-manifest <cache> <manifest>         every (key, bytes) of the manifest hits
+//   cache_child offset <cache> <key> <offset>               the key hits at exactly that offset
+//   cache_child miss <cache> <key>                          the key misses (its checksum fails, say)
+//   cache_child log-levels <dir>                            exits with 40 + the levels its callback
+//       saw (bit 0: debug, bit 1: warn), from a debug and a warning message it provokes under the
+//       default level, which WEIGHTCACHE_LOG_LEVEL may set
 #include "cache_test_util.hpp"
+
+#include <weightcache/weightcache.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,8 +25,38 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: cache_child write|verify <cache> <seed> <count> <max_size>\n"
-               "       cache_child verify-manifest <cache> <manifest>\n");
+               "       cache_child verify-manifest <cache> <manifest>\n"
+               "       cache_child offset <cache> <key> <offset>\n"
+               "       cache_child miss <cache> <key>\n"
+               "       cache_child log-levels <dir>\n");
   return kChildUsage;
+}
+
+// log-levels exits with kLevelsSeen plus the levels seen, clear of the shared exit codes.
+constexpr int kLevelsSeen = 40;
+int g_levels_seen = 0;
+
+void note_level(void*, wc_log_level level, const char*, size_t) {
+  if (level == WC_LOG_DEBUG) g_levels_seen |= 1;
+  if (level == WC_LOG_WARN) g_levels_seen |= 2;
+}
+
+// A debug message (an entry replaced) and a warning (a file that cannot be created, so the open
+// falls back to heap memory), without ever setting the level: what arrives is the default's doing.
+int log_levels(const std::string& dir) {
+  wc_set_log_callback(&note_level, nullptr);
+  {
+    auto heap = WeightCache::open(Options{});
+    if (!heap) return child_failed(kChildCacheError, "heap open failed: " + heap.error().message);
+    if (heap->insert("k", "one") == kNotFound || heap->insert("k", "two") == kNotFound)
+      return child_failed(kChildCacheError, "insert failed: " + last_error().message);
+  }
+  Options o;
+  o.path = dir + "/missing-directory/cache.wcache";
+  auto fallback = WeightCache::open(o);
+  if (!fallback) return child_failed(kChildCacheError, "fallback open failed: " + fallback.error().message);
+  wc_set_log_callback(nullptr, nullptr);
+  return kLevelsSeen + g_levels_seen;
 }
 
 }  // namespace
@@ -27,6 +64,7 @@ int usage() {
 int main(int argc, char** argv) {
   if (argc < 3) return usage();
   const std::string mode = argv[1];
+  if (mode == "log-levels") return argc == 3 ? log_levels(argv[2]) : usage();
   auto opened = WeightCache::open(file_options(argv[2], Durability::full));
   if (!opened) return child_failed(kChildCacheError, "open failed: " + opened.error().message);
   WeightCache& cache = opened.value();
@@ -39,6 +77,18 @@ int main(int argc, char** argv) {
       auto err = verify_entry(cache, m[i].first, m[i].second, "manifest entry " + std::to_string(i));
       if (!err.empty()) return child_failed(kChildMismatch, err);
     }
+    return kChildOk;
+  }
+
+  if (mode == "offset" || mode == "miss") {
+    if (argc != (mode == "offset" ? 5 : 4)) return usage();
+    const std::size_t off = cache.look_up(argv[3]);
+    if (mode == "miss")
+      return off == kNotFound ? kChildOk : child_failed(kChildMismatch, std::string("'") + argv[3] + "' hit");
+    const std::size_t want = std::strtoull(argv[4], nullptr, 10);
+    if (off != want)
+      return child_failed(kChildMismatch,
+                          std::string("'") + argv[3] + "' is at offset " + std::to_string(off) + ", not " + argv[4]);
     return kChildOk;
   }
 

@@ -863,6 +863,121 @@ TEST(XnnCompatKey, ACacheWrittenUnderAnotherBuildsKeyIsNotServed) {
   EXPECT_EQ(log.at_least(WC_LOG_WARN).size(), 2u);
 }
 
+// ---- contracts of xnnpack.h ---------------------------------------------------------------
+
+// "if the cache cannot commit the entry, the bytes are copied to the adapter's private heap and
+// the cache's reservation is released; wc_last_error on that thread then says why the cache
+// refused them (the one call that sets it without failing)". The cache refuses a size past the
+// reservation; the adapter keeps the bytes, and its offset resolves to them.
+TEST_F(XnnAdapterTest, AProviderFallbackSucceedsAndLeavesTheCachesReasonInLastError) {
+  Session s(cache_);
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  float kernel[4] = {1, 2, 3, 4};
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, kernel, "kernel"), WC_OK);
+  const wc_xnn_weights_cache_look_up_key key{42, kernel, nullptr, 7};
+  ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  auto* packed = static_cast<unsigned char*>(p->reserve_space(p->context, 64));
+  ASSERT_NE(packed, nullptr) << wc_last_error();
+  for (int i = 0; i < 128; ++i) packed[i] = static_cast<unsigned char>(i);  // 64 more than reserved
+  ASSERT_EQ(wc_finalize(nullptr), WC_ERR_INVALID_ARGUMENT);  // a known message to start from
+  const std::string before = wc_last_error();
+
+  const std::size_t off = p->look_up_or_insert(p->context, &key, packed, 128);
+  ASSERT_NE(off, SIZE_MAX) << "the provider failed instead of keeping the bytes: " << wc_last_error();
+  const std::string after = wc_last_error();
+  EXPECT_NE(after, before) << "wc_last_error does not say why the cache refused the bytes";
+  EXPECT_NE(after.find("look_up_or_insert"), std::string::npos) << after;
+  const auto* q = static_cast<const unsigned char*>(p->offset_to_addr(p->context, off));
+  ASSERT_NE(q, nullptr);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(q[i], i);
+  EXPECT_EQ(s.stats().unnamed_inserts, 1u);
+  EXPECT_EQ(cache_stats(cache_).entries, 0u) << "the refused bytes went into the cache";
+  EXPECT_EQ(wc_release_space(cache_, packed), WC_ERR_INVALID_ARGUMENT) << "the reservation was not released";
+}
+
+// wc_xnn_adapter_name_buffer: "The name is copied; `data` is used as an address only, never
+// read"; wc_xnn_adapter_provider: "the same one at every call"; look_up: "SIZE_MAX on a miss (also
+// for a NULL key)"; offset_to_addr: "NULL for SIZE_MAX and for an offset that is no entry's. Sets
+// no error."; look_up_or_insert "with a NULL key ... fails (SIZE_MAX, WC_ERR_INVALID_ARGUMENT in
+// wc_last_error)".
+TEST_F(XnnAdapterTest, NamesAreCopiedAndTheProviderAnswersAsDocumented) {
+  const auto model = make_model(65, 2);
+  {
+    Session s(cache_);
+    EXPECT_EQ(wc_xnn_adapter_provider(s.adapter), wc_xnn_adapter_provider(s.adapter));
+    for (const auto& l : model) {
+      std::string name = l.weight_name;  // a buffer the caller reuses at once
+      ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.weight.data(), name.c_str()), WC_OK);
+      std::fill(name.begin(), name.end(), '#');
+      if (l.bias.empty()) continue;
+      std::string bias = l.bias_name;
+      ASSERT_EQ(wc_xnn_adapter_name_buffer(s.adapter, l.bias.data(), bias.c_str()), WC_OK);
+      std::fill(bias.begin(), bias.end(), '#');
+    }
+    Runtime rt;
+    ASSERT_EQ(create_runtime(s.provider(), model, &rt), fxnn_status_success);
+    ASSERT_EQ(wc_finalize(cache_), WC_OK);
+    EXPECT_EQ(check_runtime(&rt, model), "");
+
+    wc_xnn_weights_cache_provider* p = s.mirror();
+    ASSERT_EQ(wc_finalize(nullptr), WC_ERR_INVALID_ARGUMENT);
+    const std::string before = wc_last_error();
+    EXPECT_EQ(p->look_up(p->context, nullptr), SIZE_MAX);
+    EXPECT_EQ(p->offset_to_addr(p->context, SIZE_MAX), nullptr);
+    EXPECT_EQ(p->offset_to_addr(p->context, 1), nullptr);
+    EXPECT_EQ(std::string(wc_last_error()), before) << "a miss or a NULL address set an error";
+    char buf[8] = {};
+    EXPECT_EQ(p->look_up_or_insert(p->context, nullptr, buf, sizeof buf), SIZE_MAX);
+    EXPECT_NE(std::string(wc_last_error()), before) << "a failed insert did not say why";
+  }
+  // A second adapter that names the buffers as the first was told to finds every entry: the
+  // keys were built from the names as given, not from the overwritten buffers.
+  Session again(cache_);
+  ASSERT_TRUE(name_model(again.adapter, model));
+  Runtime rt;
+  ASSERT_EQ(create_runtime(again.provider(), model, &rt), fxnn_status_success);
+  EXPECT_EQ(again.count(fxnn_call_reserve_space), 0u) << "a name was not copied when it was bound";
+  EXPECT_EQ(check_runtime(&rt, model), "");
+}
+
+// wc_xnn_adapter_get_stats: "*out is left untouched" on failure, and it "writes no byte past"
+// struct_size; wc_xnn_adapter_stats_init: "Zeroes *stats ... NULL is ignored"; reserve_space:
+// memory "in the adapter's private heap after a look-up whose kernel or bias had no name ...
+// (128 in the private heap)".
+TEST_F(XnnAdapterTest, StatsAreUntouchedByAFailureAndPrivateHeapMemoryIsAlignedTo128) {
+  Session s(cache_);
+  wc_xnn_weights_cache_provider* p = s.mirror();
+  float unnamed[4] = {};
+  const wc_xnn_weights_cache_look_up_key key{1, unnamed, nullptr, 1};
+  ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  void* heap = p->reserve_space(p->context, 100);
+  ASSERT_NE(heap, nullptr) << wc_last_error();
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(heap) % 128, 0u);
+  EXPECT_NE(p->look_up_or_insert(p->context, &key, heap, 100), SIZE_MAX);
+  EXPECT_EQ(s.stats().unnamed_entries, 1u);
+
+  wc_xnn_adapter_stats part;
+  std::memset(&part, 0x5A, sizeof part);
+  part.struct_size = offsetof(wc_xnn_adapter_stats, hits);
+  ASSERT_EQ(wc_xnn_adapter_get_stats(s.adapter, &part), WC_OK);
+  EXPECT_EQ(part.look_ups, 1u);
+  const unsigned char* tail = reinterpret_cast<const unsigned char*>(&part) + part.struct_size;
+  for (std::size_t i = 0; i < sizeof part - part.struct_size; ++i) ASSERT_EQ(tail[i], 0x5A) << "byte " << i;
+
+  wc_xnn_adapter_stats st;
+  std::memset(&st, 0xAB, sizeof st);
+  wc_xnn_adapter_stats_init(&st);
+  wc_xnn_adapter_stats zero{};
+  zero.struct_size = sizeof zero;
+  EXPECT_EQ(std::memcmp(&st, &zero, sizeof st), 0);
+  wc_xnn_adapter_stats_init(nullptr);
+  std::memset(&st, 0x5A, sizeof st);
+  st.struct_size = sizeof st;
+  const wc_xnn_adapter_stats copy = st;
+  EXPECT_EQ(wc_xnn_adapter_get_stats(nullptr, &st), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::memcmp(&st, &copy, sizeof st), 0);
+}
+
 // ---- the C ABI's argument checks -----------------------------------------------------------
 
 TEST_F(XnnAdapterTest, CApiRejectsBadArguments) {
