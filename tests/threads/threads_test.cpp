@@ -334,6 +334,16 @@ TEST_P(Threads, EveryCallRunsConcurrentlyThroughHandlesOfOneCache) {
         void* p = wc_reserve_space(c, want.size());
         void* spare = wc_reserve_space(c, 256);
         if (p == nullptr || spare == nullptr) {
+#ifdef _WIN32
+          // Windows' legacy mapping mode (Wine 8, Windows before 10 1803) releases a range to map
+          // into it, and another thread's allocation can win it: the call then fails cleanly
+          // (docs/PLATFORMS.md, "Legacy mode"). Anything else is an error here too.
+          if (std::string(wc_last_error()).find("another allocation took part") != std::string::npos) {
+            if (p != nullptr) (void)wc_release_space(c, p);
+            if (spare != nullptr) (void)wc_release_space(c, spare);
+            continue;
+          }
+#endif
           errors.add(std::string("wc_reserve_space: ") + wc_last_error());
           continue;
         }
@@ -350,7 +360,11 @@ TEST_P(Threads, EveryCallRunsConcurrentlyThroughHandlesOfOneCache) {
         wc_stats s;
         wc_stats_init(&s);
         if (wc_get_stats(c, &s) != WC_OK) errors.add("wc_get_stats failed");
+#ifdef _WIN32
+        if (wc_get_fd(c) != -1) errors.add("wc_get_fd: a descriptor on Windows, where the header says -1");
+#else
         if (file() != (wc_get_fd(c) >= 0)) errors.add("wc_get_fd: a file cache without a descriptor, or the reverse");
+#endif
         if (wc_refresh(c) != WC_OK) errors.add(std::string("wc_refresh: ") + wc_last_error());
         (void)wc_status_string(WC_ERR_BUSY);
         (void)wc_version();
