@@ -24,7 +24,13 @@ struct Probe {
 Result<Probe> an_error() { return Error{Errc::io, 5, "the disk said no"}; }
 
 TEST(ResultAsserts, ValueOfAnErrorStopsADebugBuild) {
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  // Under an emulator without binfmt_misc the "threadsafe" style's re-exec of this binary fails
+  // (the kernel cannot start it); a plain fork works, and no other thread runs here yet.
+  GTEST_FLAG_SET(death_test_style, "fast");
+#else
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+#endif
   EXPECT_DEATH(
       {
         Result<Probe> r = an_error();
