@@ -19,6 +19,11 @@ namespace weightcache {
 /// ("<call>: out of memory" and the like), logs it, and returns its code. Never throws.
 Errc absorb_exception(const char* call) noexcept;
 
+/// Records a caller error ("wc_open: options must not be NULL") as this thread's last error and
+/// returns WC_ERR_INVALID_ARGUMENT; for the checks a call makes before its own guard. Never
+/// throws (without memory for the message, the code and a short text are kept).
+wc_status refuse_argument(const char* what) noexcept;
+
 /// f(), or `on_error` when it throws.
 template <class T, class F>
 T guard(const char* call, T on_error, F&& f) noexcept {

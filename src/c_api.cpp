@@ -16,14 +16,7 @@ namespace {
 wc_status status_of(const Error& e) { return static_cast<wc_status>(e.code); }
 
 // For the checks made before a call's own try block: never throws.
-wc_status invalid(const char* what) noexcept {
-  try {
-    set_last_error({Errc::invalid_argument, 0, what});
-  } catch (...) {
-    set_last_error({Errc::invalid_argument, 0, {}});
-  }
-  return WC_ERR_INVALID_ARGUMENT;
-}
+wc_status invalid(const char* what) noexcept { return refuse_argument(what); }
 // Inside a try block (options_from).
 wc_status invalid(const std::string& what) { return invalid(what.c_str()); }
 

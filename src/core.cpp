@@ -149,6 +149,15 @@ void set_last_error(const Error& e) noexcept {
   }
 }
 
+wc_status refuse_argument(const char* what) noexcept {
+  try {
+    set_last_error({Errc::invalid_argument, 0, what});
+  } catch (...) {
+    set_last_error({Errc::invalid_argument, 0, {}});
+  }
+  return WC_ERR_INVALID_ARGUMENT;
+}
+
 Errc absorb_exception(const char* call) noexcept {
   Errc code = Errc::io;
   const char* what = "unexpected failure";

@@ -436,14 +436,7 @@ wc_xnn_status provider_alias_data(void* context, void* alias, void* original) {
                             [&] { return adapter_of(context)->alias_data(alias, original); });
 }
 
-wc_status invalid(const char* what) noexcept {
-  try {
-    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, what});
-  } catch (...) {
-    weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, {}});
-  }
-  return WC_ERR_INVALID_ARGUMENT;
-}
+wc_status invalid(const char* what) noexcept { return weightcache::refuse_argument(what); }
 
 }  // namespace
 
