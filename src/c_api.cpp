@@ -95,7 +95,7 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
   opt.read_only = o->read_only != 0;
   if (has_field(o, &wc_options::verify)) {
     const int verify = raw_enum(o->verify);
-    if (verify < WC_VERIFY_FIRST_USE || verify > WC_VERIFY_NONE) return invalid(who + ": unknown verify mode");
+    if (verify < WC_VERIFY_FIRST_USE || verify > WC_VERIFY_SHARED) return invalid(who + ": unknown verify mode");
     opt.verify = static_cast<Verify>(verify);
   }
   if (has_field(o, &wc_options::private_cache)) opt.private_cache = o->private_cache != 0;
@@ -247,7 +247,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   WC_COPY_STAT(entries) WC_COPY_STAT(file_bytes) WC_COPY_STAT(mapped_bytes) WC_COPY_STAT(heap_bytes)
   WC_COPY_STAT(mappings) WC_COPY_STAT(hits) WC_COPY_STAT(misses) WC_COPY_STAT(dead_bytes)
   WC_COPY_STAT(verify_failures) WC_COPY_STAT(heap_fallbacks) WC_COPY_STAT(commits) WC_COPY_STAT(alignment)
-  WC_COPY_STAT(verified_ahead) WC_COPY_STAT(lease_timeouts) WC_COPY_STAT(unpersisted_entries)
+  WC_COPY_STAT(verified_ahead) WC_COPY_STAT(trusted_entries) WC_COPY_STAT(lease_timeouts) WC_COPY_STAT(unpersisted_entries)
   WC_COPY_STAT(unpersisted_bytes) WC_COPY_STAT(compactions)
 #undef WC_COPY_STAT
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));

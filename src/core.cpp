@@ -214,11 +214,15 @@ Core::~Core() {
     // fork stays so forever here. Drop only what is this process's own: its view of the
     // mappings and its descriptors (the parent's keep the lock).
     (void)verify_sync_.release();
+    if (trust_ && trust_->own_record_fd) pf_.close_file(trust_->record_fd);
     pf_.release_address_space(base_, va_size_);
     pf_.close_file(fd_);
     if (lock_fd_ != fd_) pf_.close_file(lock_fd_);
     return;
   }
+  // What this process verified, for the next one (before the trim, which may change the file).
+  publish_verification();
+  if (trust_ && trust_->own_record_fd) pf_.close_file(trust_->record_fd);
   MutexLock lock(write_mu_);
   // A destructor is a boundary: trimming is best effort (out of memory for a message or a
   // slot's index skips it); the mappings and descriptors below are released whatever happens.
@@ -385,6 +389,7 @@ Stats Core::stats() const {
   s.commits = commits_.load();
   s.alignment = align_;
   s.verified_ahead = verified_ahead_.load(std::memory_order_relaxed);
+  s.trusted_entries = trusted_entries_.load(std::memory_order_relaxed);
   s.lease_timeouts = lease_timeouts_.load(std::memory_order_relaxed);
   s.unpersisted_entries = unpersisted_entries_.load(std::memory_order_relaxed);
   s.unpersisted_bytes = unpersisted_bytes_.load(std::memory_order_relaxed);

@@ -4,6 +4,7 @@
 
 #include "entry_index.hpp"
 #include "file_state.hpp"
+#include "verify_record.hpp"
 #include "format/format.hpp"
 #include "platform/platform.hpp"
 #include "thread_annotations.hpp"
@@ -223,6 +224,12 @@ class Core {
   bool in_forked_child() const noexcept;
   void stop_verify_ahead() noexcept;
   void verify_all(const std::vector<Entry*>& entries);
+  /// With Verify::shared: takes the file's state stamp after attaching `st` and trusts the
+  /// entries a record of an earlier verification of exactly that state names (core_trust.cpp).
+  void adopt_verification(const CommittedState& st) WC_REQUIRES(write_mu_);
+  /// Writes what this process verified of the adopted state into the lock file, if the file is
+  /// still in that state. Best effort, never throws: called by the verify-ahead thread and close.
+  void publish_verification() noexcept;
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
   void recount_durable_locked() WC_REQUIRES(write_mu_);
@@ -299,6 +306,19 @@ class Core {
   const std::uint64_t opener_forks_;  // platform::fork_generation() at open (see in_forked_child)
   const int opener_pid_;               // the process that opened the cache (the fallback)
   std::atomic<std::uint64_t> verified_ahead_{0};
+  // Verified once per file state (core_trust.cpp): set once by adopt_verification, at open,
+  // before any other thread runs; publish_verification serializes on `mu`.
+  struct Trust {
+    std::mutex mu;
+    StateStamp stamp;
+    std::vector<Entry*> entries;  // the stamp's commit in index order (null: not this process's)
+    platform::Handle record_fd = platform::kInvalidHandle;  // the lock file, opened for the record
+    bool own_record_fd = false;   // opened for it (a read-only opener): closed with the cache
+    bool writable = false;        // this process may write the record
+    bool publishable = false;     // a change after the stamp would show in the change time
+  };
+  std::unique_ptr<Trust> trust_;
+  std::atomic<std::uint64_t> trusted_entries_{0};
   std::atomic<std::uint64_t> lease_timeouts_{0};
   // What look-ups waiting for another thread's verdict, and close waiting for the verify-ahead
   // thread, wait on. The thread is detached (a forked child can neither join nor detach a thread

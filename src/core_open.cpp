@@ -530,6 +530,7 @@ Result<CommittedState> Core::read_state() {
 Result<void> Core::attach(CommittedState& st) {
   MutexLock lock(write_mu_);
   if (auto r = attach_locked(st); !r) return r;
+  adopt_verification(st);
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
   if (lock_fd_ != platform::kInvalidHandle && !from_descriptor_) pf_.touch(lock_fd_);

@@ -145,7 +145,7 @@ bool Core::in_forked_child() const noexcept {
 }
 
 void Core::start_verify_ahead() {
-  if (opts_.verify != Verify::first_use || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
+  if ((opts_.verify != Verify::first_use && opts_.verify != Verify::shared) || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
   try {
     std::vector<Entry*> todo;
     std::uint64_t bytes = 0;
@@ -182,6 +182,8 @@ void Core::start_verify_ahead() {
             }
           }
         });
+        // All of it checked: the next process to find the file in this state need not hash it.
+        if (!sync->stop.load(std::memory_order_relaxed)) publish_verification();
         // The last touch of the cache: close may free it (and `sync`) once the mutex is free.
         std::lock_guard<std::mutex> lk(sync->mu);
         sync->ahead_running.store(false, std::memory_order_release);

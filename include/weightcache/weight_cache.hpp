@@ -100,7 +100,12 @@ class [[nodiscard]] Result<void> {
 
 enum class Backing : int { automatic = WC_BACKING_AUTO, file = WC_BACKING_FILE, heap = WC_BACKING_HEAP };
 enum class Durability : int { none = WC_DURABILITY_NONE, async = WC_DURABILITY_ASYNC, full = WC_DURABILITY_FULL };
-enum class Verify : int { first_use = WC_VERIFY_FIRST_USE, on_open = WC_VERIFY_ON_OPEN, none = WC_VERIFY_NONE };
+enum class Verify : int {
+  first_use = WC_VERIFY_FIRST_USE,
+  on_open = WC_VERIFY_ON_OPEN,
+  none = WC_VERIFY_NONE,
+  shared = WC_VERIFY_SHARED,
+};
 
 /// Options of a cache; open() copies them. A second open of a file that is already open in this
 /// process (same compatibility key, same read_only) shares the first cache and keeps the first
@@ -122,7 +127,7 @@ struct Options {
   Durability durability = Durability::full;
   /// Never write the file; entries inserted go to the heap.
   bool read_only = false;
-  Verify verify = Verify::first_use;
+  Verify verify = Verify::shared;
   /// Opt out of the process-wide registry: get a private heap cache of one's own (nothing is
   /// read from or written to `path`).
   bool private_cache = false;
@@ -141,7 +146,7 @@ struct Options {
   /// and 256 GiB: 256 GiB in a 64-bit process without a limit; in a 32-bit one an eighth (256 MiB). Heap
   /// memory (a heap-only cache, a fallback) is reserved as it is used, whatever this says.
   std::uint64_t max_file_bytes = 0;
-  /// With Verify::first_use: when the file holds 16 MiB or more and the machine has two or more
+  /// With Verify::first_use or shared: when the file holds 16 MiB or more and the machine has two or more
   /// CPUs, one background thread checksums entries (from the middle of the file on) before their
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the
   /// thread stops at close. The first opener of a shared cache decides.
@@ -184,6 +189,9 @@ struct Stats {
   std::uint64_t unpersisted_bytes = 0;
   /// Compactions of the file made when this cache was opened.
   std::uint64_t compactions = 0;
+  /// Entries served on an earlier process's verification of this same state of the file,
+  /// without hashing them (Verify::shared).
+  std::uint64_t trusted_entries = 0;
 };
 
 class Core;

@@ -169,9 +169,18 @@ typedef enum wc_durability {
 } wc_durability;
 
 typedef enum wc_verify {
-  WC_VERIFY_FIRST_USE = 0, /* checksum each entry the first time it is looked up (default) */
+  WC_VERIFY_FIRST_USE = 0, /* checksum each entry the first time this process looks it up */
   WC_VERIFY_ON_OPEN = 1,   /* checksum every entry during wc_open / wc_refresh */
-  WC_VERIFY_NONE = 2       /* trust the data region (the index is always verified) */
+  WC_VERIFY_NONE = 2,      /* trust the data region (the index is always verified) */
+  WC_VERIFY_SHARED = 3     /* (default) as WC_VERIFY_FIRST_USE, but an entry that a process of
+                              this boot already checksummed in exactly this committed state of
+                              this file (same device, inode, size, change and modification
+                              times, commit) is trusted without hashing it again. The record of
+                              what was verified lives in the lock file ("<path>.lock"); any
+                              change to the file, a replacement or a reboot voids it. Caches on
+                              a descriptor or ":memory:", network and FUSE file systems, and
+                              Windows verify per process, as WC_VERIFY_FIRST_USE. See
+                              docs/DESIGN.md, "Verified once per file state". */
 } wc_verify;
 
 /**
@@ -200,7 +209,7 @@ typedef struct wc_options {
   wc_backing backing;       /* WC_BACKING_FILE with an empty path is WC_ERR_INVALID_ARGUMENT */
   wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
   int read_only;            /* nonzero: never write the file; new entries go to the heap */
-  wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
+  wc_verify verify;           /* default WC_VERIFY_SHARED */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default, but a
                                  link to a cache this process has open shares that cache) */
@@ -213,7 +222,7 @@ typedef struct wc_options {
                                  what the process may reserve (1/8 in a 32-bit process;
                                  RLIMIT_AS, pointer width), 1 MiB to 256 GiB; heap memory is
                                  reserved as it is used */
-  int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE and a file of 16 MiB or
+  int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE or _SHARED and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
   unsigned compact_dead_percent;   /* default 50 (0..100; 0 = never compact at open): a writable
@@ -265,6 +274,8 @@ typedef struct wc_stats {
                                    everything inserted is durable or the cache is heap-only */
   uint64_t unpersisted_bytes;   /* their bytes */
   uint64_t compactions;         /* compactions this cache made of its file when it was opened */
+  uint64_t trusted_entries;     /* entries served on an earlier process's verification of this
+                                   same state of the file, without hashing (WC_VERIFY_SHARED) */
 } wc_stats;
 
 typedef enum wc_log_level {
@@ -343,7 +354,8 @@ WC_API void wc_close(wc_cache* cache);
 /**
  * Returns the offset of the entry stored under the key, or WC_NOT_FOUND. The key (key_size
  * bytes at key; key may be NULL when key_size is 0) is only read during the call. The first
- * look-up of an entry in this process checksums it (WC_VERIFY_FIRST_USE); an entry whose checksum
+ * look-up of an entry in this process checksums it (WC_VERIFY_FIRST_USE; with WC_VERIFY_SHARED,
+ * unless a process of this boot checksummed it in this same state of the file); an entry whose checksum
  * fails is a miss (logged, counted in wc_stats.verify_failures). A miss, the empty key included,
  * is not an error: wc_last_error is left alone. Fails (WC_NOT_FOUND, WC_ERR_INVALID_ARGUMENT in
  * wc_last_error) only for a NULL cache, a NULL key with a nonzero key_size, or a key over

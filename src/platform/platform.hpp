@@ -24,6 +24,8 @@ struct FileInfo {
   bool symlink = false;  // only from stat_path(follow = false)
   unsigned mode = 0644;  // permission bits (POSIX; Windows reports 0644)
   std::int64_t mtime_ns = 0;  // last modification, ns since the epoch (0 where unknown)
+  std::int64_t ctime_ns = 0;  // last change of data or metadata (POSIX st_ctim; 0 where unknown)
+  std::uint32_t owner = 0;    // owning user (POSIX st_uid; 0 on Windows)
   std::uint64_t allocated = 0;  // disk space the file takes (POSIX st_blocks; Windows: its size)
 };
 
@@ -136,6 +138,19 @@ class Platform {
   /// Current limit on this process's address space (RLIMIT_AS), UINT64_MAX if none. Reserved
   /// ranges count against it, so the cache sizes its default reservation from it.
   virtual std::uint64_t address_space_limit() const noexcept { return UINT64_MAX; }
+
+  // ---- what an earlier verification of a file may be trusted on (docs/DESIGN.md, "Verified
+  // once per file state"); the defaults say "nothing", which keeps verification per process ----
+  /// 16 bytes that change at every boot of the OS (Linux: /proc/sys/kernel/random/boot_id);
+  /// false where there is no such thing.
+  virtual bool boot_id(std::uint8_t (&/*out*/)[16]) noexcept { return false; }
+  /// Now, on the clock the file system stamps change times from, in ns since the epoch, no finer
+  /// than the file system sees it (Linux: CLOCK_REALTIME_COARSE); 0 where unknown.
+  virtual std::int64_t change_clock_ns() noexcept { return 0; }
+  /// Whether every change to the file open at `h` (a write, through a mapping too, a truncation,
+  /// a fallocate) moves its change time, as this process sees it at once: a local file system
+  /// (not NFS, SMB, FUSE, 9p, Ceph, ...) that keeps change times. False when it cannot tell.
+  virtual bool tracks_changes(Handle /*h*/) noexcept { return false; }
 };
 
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.

@@ -74,6 +74,8 @@ constexpr PosixCalls kDefaultCalls = {
     .opendir = ::opendir,
     .readdir = ::readdir,
     .closedir = ::closedir,
+    .fstatfs = ::fstatfs,
+    .clock_gettime = ::clock_gettime,
 };
 // Designated initializers let an entry go missing (as a null pointer) without a word.
 constexpr bool every_entry_set(const PosixCalls& t) {
@@ -95,6 +97,8 @@ FileInfo info_of(const struct stat& st) {
   i.symlink = S_ISLNK(st.st_mode);
   i.mode = static_cast<unsigned>(st.st_mode) & 0777u;
   i.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  i.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  i.owner = static_cast<std::uint32_t>(st.st_uid);
   i.allocated = static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
   return i;
 }
@@ -588,6 +592,80 @@ class PosixPlatform final : public Platform {
     if (sys().getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
     return static_cast<std::uint64_t>(rl.rlim_cur);
   }
+
+  bool boot_id(std::uint8_t (&out)[16]) noexcept override {
+    // Read once per process, when it first succeeds: it cannot change while we run. Outside the
+    // call table, like sysconf(_SC_PAGESIZE): a once-per-process read that would make the first
+    // open's calls differ from every later one's (a failure is handled: verification per process).
+    std::lock_guard<std::mutex> lock(boot_mu_);
+    if (!boot_known_) {
+      const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return false;
+      char text[37] = {};
+      const ssize_t n = ::pread(fd, text, 36, 0);
+      ::close(fd);
+      if (n != 36 || !parse_uuid(text, boot_)) return false;
+      boot_known_ = true;
+    }
+    std::memcpy(out, boot_, sizeof boot_);
+    return true;
+  }
+
+  std::int64_t change_clock_ns() noexcept override {
+#if defined(CLOCK_REALTIME_COARSE)
+    struct timespec ts {};
+    if (sys().clock_gettime(CLOCK_REALTIME_COARSE, &ts) != 0) return 0;
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+#else
+    return 0;
+#endif
+  }
+
+  bool tracks_changes(Handle h) noexcept override {
+    struct statfs fs {};
+    if (sys().fstatfs(static_cast<int>(h), &fs) != 0) return false;
+    // File systems whose change times another machine or a user-space server may not keep, or
+    // that this process may see late (attribute caches): verification stays per process there.
+    switch (static_cast<std::uint64_t>(fs.f_type)) {
+      case 0x6969:      // NFS
+      case 0xfe534d42:  // SMB2
+      case 0xff534d42:  // CIFS
+      case 0x517b:      // SMB
+      case 0x65735546:  // FUSE
+      case 0x01021997:  // 9p
+      case 0x00c36400:  // Ceph
+      case 0x5346414f:  // AFS
+      case 0x73757245:  // Coda
+      case 0x01161970:  // GFS2
+      case 0x7461636f:  // OCFS2
+      case 0x0bd00bd0:  // Lustre
+      case 0x47504653:  // GPFS
+      case 0x564c:      // NCP
+        return false;
+      default:
+        return true;
+    }
+  }
+
+ private:
+  static bool parse_uuid(const char* text, std::uint8_t (&out)[16]) noexcept {
+    int nibbles = 0;
+    for (const char* c = text; *c != '\0' && nibbles < 32; ++c) {
+      int v;
+      if (*c >= '0' && *c <= '9') v = *c - '0';
+      else if (*c >= 'a' && *c <= 'f') v = *c - 'a' + 10;
+      else if (*c >= 'A' && *c <= 'F') v = *c - 'A' + 10;
+      else if (*c == '-') continue;
+      else return false;
+      out[nibbles / 2] = static_cast<std::uint8_t>(nibbles % 2 == 0 ? v << 4 : (out[nibbles / 2] | v));
+      ++nibbles;
+    }
+    return nibbles == 32;
+  }
+
+  std::mutex boot_mu_;
+  bool boot_known_ = false;
+  std::uint8_t boot_[16] = {};
 };
 
 }  // namespace

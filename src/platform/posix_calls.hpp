@@ -9,6 +9,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/vfs.h>
+#include <time.h>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -55,7 +57,10 @@
   X(getpid, pid_t, ())                                                                                  \
   X(opendir, DIR*, (const char* path))                                                                  \
   X(readdir, struct dirent*, (DIR* dir))                                                                \
-  X(closedir, int, (DIR* dir))
+  X(closedir, int, (DIR* dir))                                                                          \
+  /* the file system a file is on (is it local?) and the clock its change times come from */          \
+  X(fstatfs, int, (int fd, struct statfs* st))                                                          \
+  X(clock_gettime, int, (clockid_t clock, struct timespec* ts))
 
 namespace weightcache::platform {
 

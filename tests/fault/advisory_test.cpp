@@ -111,6 +111,7 @@ TEST(AdvisoryCalls, PopulateFailureIsAMissOnlyWhenThePagesCannotBeRead) {
   weightcache::Options o;
   o.path = dir.file("cache.wc");
   o.compat_key = "advisory-v1";
+  o.verify = weightcache::Verify::first_use;  // every open checks again (see below)
   const std::string key = "big";
   const std::string bytes = weightcache::test::bytes_for_key(key, 1 << 20);
   {
@@ -160,6 +161,9 @@ TEST(AdvisoryCalls, HoleCheckFailureLeavesTheVerdictToTheChecksum) {
   o.path = dir.file("cache.wc");
   o.compat_key = "advisory-v1";
   o.verify_ahead = false;  // the look-up does the checking, so the outcome is its own
+  // Every open checks again (with Verify::shared, the first open's verdict would be recorded and
+  // trusted by the next, and no later one would ask for holes).
+  o.verify = weightcache::Verify::first_use;
   const std::string key = "big";
   const std::string bytes = weightcache::test::bytes_for_key(key, 24 << 20);  // over the 16 MiB threshold
   {

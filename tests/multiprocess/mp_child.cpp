@@ -22,6 +22,9 @@
 //   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
 //            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
 //            smaps figures for the cache file, signals done and waits for exit_fd to close.
+//   verify   path tag count size results [mode=shared|first_use] [read_only=0] [missing=none]
+//            Opens the cache, looks up own/<tag>/0..count-1 and compares their bytes (except
+//            own/<tag>/<missing>, which must miss), and writes its stats to results.
 //   pages    the same arguments and steps as smaps                          (Windows)
 //            Reports how many pages of those entries are resident and how many of them are
 //            shared (file) pages rather than private copies, from QueryWorkingSetEx.
@@ -85,7 +88,9 @@ std::map<std::string, std::uint64_t> stats_results(const Stats& s) {
           {"commits", s.commits},
           {"file_bytes", s.file_bytes},
           {"hits", s.hits},
-          {"misses", s.misses}};
+          {"misses", s.misses},
+          {"verify_failures", s.verify_failures},
+          {"trusted_entries", s.trusted_entries}};
 }
 
 // Packs one key the way XNNPACK does; "" on success.
@@ -184,6 +189,30 @@ int run_reader(const KeyValues& kv) {
   out["views"] = views;
   if (!results.empty() && !write_results(results, out)) return fail(kChildUsage, "cannot write results");
   if (out["heap_fallbacks"] != 0) return fail(kChildFellBack, "a reader fell back to heap");
+  return kChildOk;
+}
+
+int run_verify(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), tag = str(kv, "tag"), results = str(kv, "results");
+  const std::string mode = str(kv, "mode"), missing = str(kv, "missing");
+  const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
+  if (path.empty() || tag.empty() || results.empty() || size == 0)
+    return fail(kChildUsage, "verify: path, tag, size and results are required");
+  Options o = cache_options(path);
+  o.verify = mode == "first_use" ? Verify::first_use : Verify::shared;
+  o.read_only = num(kv, "read_only", 0) != 0;
+  auto opened = WeightCache::open(o);
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::string key = own_key(tag, j);
+    if (std::to_string(j) == missing) {
+      if (cache.look_up(key) != kNotFound) return fail(kChildMismatch, "'" + key + "' was served; it must miss");
+      continue;
+    }
+    if (auto err = check_entry(cache, key, size); !err.empty()) return fail(kChildMismatch, err);
+  }
+  if (!write_results(results, stats_results(cache.stats()))) return fail(kChildUsage, "cannot write results");
   return kChildOk;
 }
 
@@ -414,6 +443,7 @@ int main(int argc, char** argv) {
   if (mode == "pack") return run_pack(kv);
   if (mode == "reader") return run_reader(kv);
   if (mode == "hold") return run_hold(kv);
+  if (mode == "verify") return run_verify(kv);
   if (mode == "replace") return run_replace(kv);
   if (mode == "keep_reading") return run_keep_reading(kv);
 #ifdef _WIN32

@@ -1,0 +1,135 @@
+// Verified once per file state (docs/DESIGN.md, "Verified once per file state"): a process that
+// opens a file in exactly the committed state an earlier process of this boot verified trusts
+// that verification instead of hashing the same bytes again; it leaves a record of what it
+// verified itself for the next one. (Core, see core.hpp; the record, verify_record.hpp.)
+#include "core.hpp"
+#include "boundary.hpp"
+#include "core_internal.hpp"
+#include "log.hpp"
+
+namespace weightcache {
+
+using namespace core_detail;
+
+namespace {
+
+// Anyone who may write the record must be able to write the cache file itself, or the record
+// would let them vouch for bytes they could not have put there: the lock file belongs to the
+// cache file's owner (or root) and gives no write permission the cache file does not.
+bool record_as_trusted_as_file(const platform::FileInfo& lock, const platform::FileInfo& file) noexcept {
+  if (lock.owner != file.owner && lock.owner != 0) return false;
+  return (lock.mode & 022u & ~(file.mode & 022u)) == 0;
+}
+
+}  // namespace
+
+void Core::adopt_verification(const CommittedState& st) {
+  if (opts_.verify != Verify::shared || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed)) return;
+  auto t = std::make_unique<Trust>();
+  // The clock first, the file's state after: a change made after this reading gets a change
+  // time at or past it (change_would_show), so it cannot hide behind the stamp's.
+  const std::int64_t clock = pf_.change_clock_ns();
+  if (clock == 0 || !pf_.boot_id(t->stamp.boot) || !pf_.tracks_changes(fd_)) return;
+  auto info = pf_.stat_file(fd_);
+  if (!info) return;
+  StateStamp& s = t->stamp;
+  s.device = info->device;
+  s.inode = info->inode;
+  s.size = info->size;
+  s.mtime_ns = info->mtime_ns;
+  s.ctime_ns = info->ctime_ns;
+  s.sequence = st.slot.sequence;
+  s.committed_size = st.slot.committed_size;
+  s.index_checksum = st.slot.index_checksum;
+  s.entries = st.records.size();
+  t->publishable = change_would_show(s.ctime_ns, clock);
+
+  if (lock_fd_ != platform::kInvalidHandle) {
+    t->record_fd = lock_fd_;
+    t->writable = true;
+  } else if (!lock_path_.empty()) {
+    // A read-only opener reads the record but never writes it (read_only changes nothing).
+    auto h = pf_.open_file(lock_path_, platform::OpenMode::read, 0, opts_.allow_symlink);
+    if (!h) return;
+    t->record_fd = h.value();
+    t->own_record_fd = true;
+  } else {
+    return;
+  }
+  auto close_record = [&] {
+    if (t->own_record_fd) pf_.close_file(t->record_fd);
+  };
+  auto lock_info = pf_.stat_file(t->record_fd);
+  if (!lock_info || !lock_info->regular || !record_as_trusted_as_file(lock_info.value(), info.value())) {
+    log::debug("'{}': its lock file may be written by others than the cache file's writers; verifying per process",
+               opts_.path);
+    close_record();
+    return;
+  }
+
+  t->entries.assign(st.records.size(), nullptr);
+  for (std::size_t i = 0; i < st.records.size(); ++i) {
+    const auto& r = st.records[i];
+    Entry* e = find_entry(r.key);
+    if (e != nullptr && e->in_file && e->offset == r.offset && e->size == r.size && e->checksum == r.checksum)
+      t->entries[i] = e;
+  }
+
+  std::uint64_t trusted = 0;
+  if (auto rec = read_record(pf_, t->record_fd, st.records.size()); rec && rec->stamp == s) {
+    for (std::size_t i = 0; i < t->entries.size(); ++i) {
+      if (!rec->verified[i] || t->entries[i] == nullptr) continue;
+      std::uint8_t unverified = kUnverified;
+      if (t->entries[i]->state.compare_exchange_strong(unverified, kGood, std::memory_order_acq_rel)) ++trusted;
+    }
+  }
+  trusted_entries_.fetch_add(trusted, std::memory_order_relaxed);
+  if (trusted != 0)
+    log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again",
+               opts_.path, trusted, st.records.size());
+  trust_ = std::move(t);
+}
+
+void Core::publish_verification() noexcept {
+  Trust* t = trust_.get();
+  if (t == nullptr || !t->writable || !t->publishable || in_forked_child()) return;
+  guard_void("recording verification", [&] {
+    std::lock_guard<std::mutex> lock(t->mu);
+    VerifyRecord rec;
+    rec.stamp = t->stamp;
+    rec.verified.assign(t->entries.size(), false);
+    std::size_t ours = 0;
+    for (std::size_t i = 0; i < t->entries.size(); ++i) {
+      // kGood from a hash of the bytes, from an earlier record of this same state, or from an
+      // insert whose bytes matched these (the same checksum over the same bytes).
+      const Entry* e = t->entries[i];
+      if (e != nullptr && e->state.load(std::memory_order_acquire) == kGood) {
+        rec.verified[i] = true;
+        ++ours;
+      }
+    }
+    if (ours == 0) return;
+    // Still that state: nothing changed the file while it was hashed (a change would have moved
+    // its change time past the stamp's, see adopt_verification).
+    auto now = pf_.stat_file(fd_);
+    if (!now || !t->stamp.same_file(now.value())) {
+      log::debug("'{}' changed since it was opened; its verification is not recorded", opts_.path);
+      return;
+    }
+    std::size_t before = 0;
+    if (auto old = read_record(pf_, t->record_fd, t->entries.size()); old && old->stamp == t->stamp) {
+      for (std::size_t i = 0; i < rec.verified.size(); ++i) {
+        before += old->verified[i] ? 1 : 0;
+        rec.verified[i] = rec.verified[i] || old->verified[i];
+      }
+      std::size_t after = 0;
+      for (bool b : rec.verified) after += b ? 1 : 0;
+      if (after == before) return;  // nothing new: leave the lock file alone
+    }
+    const auto bytes = encode_record(rec);
+    if (auto r = pf_.write_at(t->record_fd, bytes.data(), bytes.size(), 0); !r)
+      log::debug("'{}': could not record its verification: {}", opts_.path, r.error().message);
+  });
+}
+
+}  // namespace weightcache

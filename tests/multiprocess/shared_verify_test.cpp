@@ -1,0 +1,288 @@
+// Verified once per file state (docs/DESIGN.md): separate processes on one file. A process that
+// finds the file in exactly the state an earlier process of this boot verified is served without
+// hashing; any change to the file (a write of any bytes, with its modification time put back, a
+// replacement, a truncation), a record from another boot or state, a damaged record or a lock
+// file others may write makes the next process verify everything it serves again, and a bad
+// entry is never recorded as verified.
+#include "mp_test_util.hpp"
+
+#include "verify_record.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#if defined(__linux__)
+#include <sys/stat.h>
+#include <time.h>
+#endif
+
+namespace weightcache::test::mp {
+namespace {
+
+constexpr std::size_t kSize = 64 * 1024;
+constexpr std::size_t kCount = 16;
+
+void write_entries(const std::string& path) {
+  auto opened = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  for (std::size_t j = 0; j < kCount; ++j) {
+    const std::string key = own_key("v", j);
+    ASSERT_NE(opened->insert(key, bytes_for_key(key, kSize)), kNotFound) << last_error().message;
+  }
+  ASSERT_TRUE(opened->finalize().ok()) << last_error().message;
+}
+
+struct Run {
+  std::string mode = "shared";
+  bool read_only = false;
+  std::string missing = "none";  // the entry that must miss
+};
+
+// One fresh process that opens the cache, checks every entry's bytes and reports its stats.
+std::map<std::string, std::uint64_t> verify_in_child(TempDir& dir, const std::string& path, const Run& run = {}) {
+  static int n = 0;
+  const std::string results = dir.file("verify" + std::to_string(n++));
+  Children kids;
+  kids.start("verify", {arg("path", path), arg("tag", "v"), arg("count", kCount), arg("size", kSize),
+                        arg("results", results), arg("mode", run.mode), arg("read_only", run.read_only ? 1 : 0),
+                        arg("missing", run.missing)});
+  EXPECT_TRUE(kids.all_succeed());
+  return read_results(results);
+}
+
+#if defined(__linux__)
+
+std::int64_t ctime_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+}
+
+// Waits (not a time limit: a condition) until a change made from now on is certain to give the
+// file another change time than it has: the coarse clock has moved past it. Without this, a
+// process opening within the same clock tick as the last change may not record (by design).
+void let_change_time_settle(const std::string& path) {
+  const std::int64_t c = ctime_of(path);
+  for (int i = 0; i < 10000; ++i) {
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    if (change_would_show(c, static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ADD_FAILURE() << "the clock never moved past the file's change time";
+}
+
+std::uint64_t offset_of_key(const std::string& path, const std::string& key) {
+  for (const auto& r : decode_file(path).records)
+    if (r.key == key) return r.offset;
+  ADD_FAILURE() << key << " not in " << path;
+  return 0;
+}
+
+void write_bytes_at(const std::string& path, std::uint64_t offset, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)), static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+// Puts the modification time back to what it was: only the change time (which no one can set)
+// still tells.
+struct KeepMtime {
+  explicit KeepMtime(std::string p) : path(std::move(p)) {
+    struct stat st {};
+    ::stat(path.c_str(), &st);
+    times[0] = st.st_atim;
+    times[1] = st.st_mtim;
+  }
+  ~KeepMtime() { ::utimensat(AT_FDCWD, path.c_str(), times, 0); }
+  std::string path;
+  struct timespec times[2] {};
+};
+
+class SharedVerify : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path = dir.file("cache.wcache");
+    write_entries(path);
+    if (HasFatalFailure()) return;
+    let_change_time_settle(path);
+    // The first process verifies everything by hashing and leaves its record.
+    auto first = verify_in_child(dir, path);
+    ASSERT_EQ(first["trusted_entries"], 0u);
+    ASSERT_EQ(first["hits"], kCount);
+    ASSERT_EQ(first["verify_failures"], 0u);
+    auto second = verify_in_child(dir, path);
+    ASSERT_EQ(second["trusted_entries"], kCount) << "the second process should trust the first's verification";
+  }
+  TempDir dir{"wc-verify"};
+  std::string path;
+};
+
+TEST_F(SharedVerify, LaterProcessesTrustTheFirstVerificationAndFirstUseStillHashes) {
+  auto third = verify_in_child(dir, path);
+  EXPECT_EQ(third["trusted_entries"], kCount);
+  EXPECT_EQ(third["hits"], kCount);
+  auto reader = verify_in_child(dir, path, {.read_only = true});
+  EXPECT_EQ(reader["trusted_entries"], kCount) << "a read-only opener reads the record too";
+  auto per_process = verify_in_child(dir, path, {.mode = "first_use"});
+  EXPECT_EQ(per_process["trusted_entries"], 0u) << "Verify::first_use verifies in every process";
+  EXPECT_EQ(per_process["verify_failures"], 0u);
+}
+
+TEST_F(SharedVerify, RewritingTheSameBytesVoidsTheRecordEvenWithTheModificationTimePutBack) {
+  const std::uint64_t at = offset_of_key(path, own_key("v", 5));
+  {
+    KeepMtime keep(path);
+    write_bytes_at(path, at, bytes_for_key(own_key("v", 5), kSize).substr(0, 100));
+  }
+  let_change_time_settle(path);
+  auto after = verify_in_child(dir, path);
+  EXPECT_EQ(after["trusted_entries"], 0u) << "a write moved the change time: everything is hashed again";
+  EXPECT_EQ(after["verify_failures"], 0u);
+  auto next = verify_in_child(dir, path);
+  EXPECT_EQ(next["trusted_entries"], kCount) << "the new state was verified and recorded";
+}
+
+TEST_F(SharedVerify, AnEntryDamagedAfterTheRecordIsHashedServedAsAMissAndNeverRecorded) {
+  const std::uint64_t at = offset_of_key(path, own_key("v", 3));
+  {
+    KeepMtime keep(path);
+    write_bytes_at(path, at + 1000, "X");
+  }
+  let_change_time_settle(path);
+  auto after = verify_in_child(dir, path, {.missing = "3"});
+  EXPECT_EQ(after["trusted_entries"], 0u);
+  EXPECT_EQ(after["verify_failures"], 1u);
+  // The state with the damage was recorded without the bad entry: it is hashed (and missed) again.
+  auto next = verify_in_child(dir, path, {.missing = "3"});
+  EXPECT_EQ(next["trusted_entries"], kCount - 1);
+  EXPECT_EQ(next["verify_failures"], 1u);
+}
+
+TEST_F(SharedVerify, AReplacedFileWithTheSameBytesAndTimesIsNotTrusted) {
+  const std::string copy = dir.file("copy.wcache");
+  std::filesystem::copy_file(path, copy);
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+  std::filesystem::rename(copy, path);
+  let_change_time_settle(path);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+}
+
+TEST_F(SharedVerify, ATruncationPutBackIsNotTrusted) {
+  const auto size = std::filesystem::file_size(path);
+  const std::string last = read_file(path).substr(size - 1);
+  {
+    KeepMtime keep(path);
+    std::filesystem::resize_file(path, size - 1);
+    std::filesystem::resize_file(path, size);
+    write_bytes_at(path, size - 1, last);
+  }
+  let_change_time_settle(path);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+}
+
+// The record as it is in the lock file, changed by `edit` and written back with a valid checksum.
+template <class Edit>
+void forge_record(const std::string& lock_path, Edit edit) {
+  const std::string raw = read_file(lock_path);
+  auto rec = decode_record(reinterpret_cast<const std::byte*>(raw.data()), raw.size(), 1u << 20);
+  ASSERT_TRUE(rec.has_value()) << "no record in the lock file";
+  edit(*rec);
+  const auto bytes = encode_record(*rec);
+  write_bytes_at(lock_path, 0, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+TEST_F(SharedVerify, ARecordOfAnotherBootOrCommitIsIgnored) {
+  const std::string lock = path + ".lock";
+  forge_record(lock, [](VerifyRecord& r) { r.stamp.boot[0] ^= 1; });
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "a record from another boot";
+  forge_record(lock, [](VerifyRecord& r) { r.stamp.sequence += 1; });
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "a record of another commit";
+  forge_record(lock, [](VerifyRecord& r) { r.stamp.index_checksum ^= 1; });
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "a record of another index";
+}
+
+TEST_F(SharedVerify, ADamagedRecordIsNoRecordAndIsWrittenAgain) {
+  const std::string lock = path + ".lock";
+  std::string raw = read_file(lock);
+  ASSERT_GT(raw.size(), kRecordFixedBytes);
+  write_bytes_at(lock, kRecordFixedBytes, std::string(1, raw[kRecordFixedBytes] ^ 0x10));  // one bit of the map flipped
+  auto after = verify_in_child(dir, path);
+  EXPECT_EQ(after["trusted_entries"], 0u);
+  EXPECT_EQ(after["verify_failures"], 0u);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount);
+}
+
+TEST_F(SharedVerify, ALockFileOthersMayWriteIsNotTrusted) {
+  ASSERT_EQ(::chmod((path + ".lock").c_str(), 0666), 0);
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+}
+
+TEST_F(SharedVerify, AWriterThatAddsEntriesLeavesNoRecordOfTheOldState) {
+  {
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    EXPECT_EQ(opened->stats().trusted_entries, kCount);
+    ASSERT_NE(opened->insert("extra", bytes_for_key("extra", kSize)), kNotFound);
+    ASSERT_TRUE(opened->finalize().ok());
+  }
+  let_change_time_settle(path);
+  auto after = verify_in_child(dir, path);
+  EXPECT_EQ(after["trusted_entries"], 0u) << "the first process after a change verifies everything";
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount) << "(the extra entry is not looked up)";
+}
+
+TEST(SharedVerifyAhead, TheVerifyAheadThreadRecordsWhileItsProcessStillRuns) {
+  TempDir dir("wc-verify");
+  const std::string path = dir.file("cache.wcache");
+  constexpr std::size_t kBig = 1 << 20, kBigCount = 20;  // 20 MiB: over the verify-ahead threshold
+  {
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    for (std::size_t j = 0; j < kBigCount; ++j) {
+      const std::string key = own_key("v", j);
+      ASSERT_NE(opened->insert(key, bytes_for_key(key, kBig)), kNotFound) << last_error().message;
+    }
+    ASSERT_TRUE(opened->finalize().ok());
+  }
+  let_change_time_settle(path);
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "no verify-ahead thread on one CPU";
+  auto first = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  // No look-up here: the thread alone checks every entry, then records it.
+  for (int i = 0; i < 100000 && first->stats().verified_ahead < kBigCount; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(first->stats().verified_ahead, kBigCount);
+  // The record follows the last verdict; wait for it to land in the lock file.
+  for (int i = 0; i < 100000 && read_file(path + ".lock").size() < kRecordFixedBytes; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string results = dir.file("child");
+  Children kids;
+  kids.start("verify", {arg("path", path), arg("tag", "v"), arg("count", kBigCount), arg("size", kBig),
+                        arg("results", results)});
+  ASSERT_TRUE(kids.all_succeed());
+  auto r = read_results(results);
+  EXPECT_EQ(r["trusted_entries"], kBigCount) << "a process started while the verifier still runs";
+  EXPECT_EQ(r["verify_failures"], 0u);
+}
+
+#else
+
+TEST(SharedVerify, VerificationStaysPerProcessWhereTheOSCannotTell) {
+  TempDir dir("wc-verify");
+  const std::string path = dir.file("cache.wcache");
+  write_entries(path);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+}
+
+#endif
+
+}  // namespace
+}  // namespace weightcache::test::mp
