@@ -62,6 +62,7 @@ void wc_options_init(wc_options* o) {
   o->compact_dead_percent = d.compact_dead_percent;
   o->compact_min_dead_bytes = d.compact_min_dead_bytes;
   o->fd = d.fd;
+  o->handle = d.handle;
 }
 
 void wc_stats_init(wc_stats* s) {
@@ -111,6 +112,7 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
   }
   if (has_field(o, &wc_options::compact_min_dead_bytes)) opt.compact_min_dead_bytes = o->compact_min_dead_bytes;
   if (has_field(o, &wc_options::fd)) opt.fd = o->fd;
+  if (has_field(o, &wc_options::handle)) opt.handle = o->handle;
   return WC_OK;
 }
 
@@ -218,6 +220,8 @@ wc_status wc_finalize(wc_cache* c) {
 }
 
 int wc_get_fd(wc_cache* c) { return c == nullptr ? -1 : c->core->descriptor(); }
+
+void* wc_get_handle(wc_cache* c) { return c == nullptr ? nullptr : c->core->os_handle(); }
 
 int wc_is_finalized(wc_cache* c) { return c != nullptr && c->core->is_finalized() ? 1 : 0; }
 

@@ -123,6 +123,10 @@ class Core {
   int descriptor() const noexcept {
     return file_backed() && fd_ != platform::kInvalidHandle ? pf_.native_descriptor(fd_) : -1;
   }
+  /// The OS handle of a file-backed cache's file (wc_get_handle: Windows), or nullptr.
+  void* os_handle() const noexcept {
+    return file_backed() && fd_ != platform::kInvalidHandle ? pf_.native_os_handle(fd_) : nullptr;
+  }
 
   bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
   Identity identity() const noexcept { return identity_; }
@@ -167,7 +171,7 @@ class Core {
   void await_file(const Error& why);
   Result<void> try_attach_locked() WC_REQUIRES(write_mu_);  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file();  // under the lease
-  Result<void> init_descriptor();      // options.fd or ":memory:"
+  Result<void> init_descriptor();      // options.fd, options.handle or ":memory:"
   Result<void> write_empty_cache(platform::Handle h);  // header + empty index, in order
   Result<void> write_empty_cache_in_place();
   Result<void> rebuild_file();         // holding fd_ alone; renames a new file over it
@@ -261,7 +265,7 @@ class Core {
   Identity identity_;
   Identity lock_identity_;         // of the lock file (see lease_holder)
   std::string read_only_why_;      // set when the cache had to be used read-only
-  bool from_descriptor_ = false;   // options.fd or ":memory:": no path, lease and lock on the file
+  bool from_descriptor_ = false;   // options.fd, .handle or ":memory:": no path, lease and lock on the file
   Error heap_why_;                 // set on a heap cache standing in for a file cache
   std::uint64_t state_size_ = 0;   // size of the file read_state read
   unsigned state_mode_ = 0644;     // and its permission bits

@@ -27,11 +27,15 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   // Another cache of this process holds the lease on this lock file (the file at the path was
   // replaced, and this process opened the new one while still holding the old one's lease):
   // waiting would be waiting for ourselves.
+  // (A cache on a descriptor or handle leases the file itself: another cache on the same file.)
   if (const Core* holder = lease_holder(lock_identity_); holder != nullptr && holder != this)
     return Error{Errc::busy, 0,
-                 "this process already holds the writer lease on '" + lock_path_ +
-                     "' through another open cache of that path (of a file since replaced); finalize or close "
-                     "that cache first"};
+                 from_descriptor_
+                     ? "this process already holds the writer lease on '" + opts_.path +
+                           "' through another cache open on the same file; finalize or close that cache first"
+                     : "this process already holds the writer lease on '" + lock_path_ +
+                           "' through another open cache of that path (of a file since replaced); finalize or "
+                           "close that cache first"};
   // After one full wait timed out, later allocations only try once until the next finalize or
   // refresh: a packer with hundreds of weights must not wait lease_timeout for each of them.
   const auto wait = lease_gave_up_ ? std::chrono::milliseconds(0) : opts_.lease_timeout;
@@ -92,8 +96,10 @@ Result<bool> Core::try_lock_both_locked() {
   // The sidecar orders creation and rebuilds, which happen before there is a file to lock. The
   // data file's own lock makes appends exclusive per file, not per name: two processes that
   // open one file through two hard links hold different sidecars. Always sidecar first.
+  // A cache on a descriptor leases the file itself: one lock (Windows refuses a second
+  // exclusive lock of the same byte through the same handle).
   auto got = pf_.try_lock(lock_fd_);
-  if (!got || !got.value() || fd_ == platform::kInvalidHandle) return got;
+  if (!got || !got.value() || fd_ == platform::kInvalidHandle || fd_ == lock_fd_) return got;
   auto data = pf_.try_lock(fd_);
   if (!data || !data.value()) {
     pf_.unlock(lock_fd_);

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <new>
@@ -42,10 +44,13 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
 
     if (options.compact_dead_percent > 100)
       return fail({Errc::invalid_argument, 0, "compact_dead_percent is a percentage (0 to 100)"});
-    if (options.path.empty() && options.fd < 0 && options.backing == Backing::file)
+    if (options.fd >= 0 && options.handle != nullptr)
+      return fail({Errc::invalid_argument, 0, "set fd or handle, not both: each names the file to use"});
+    const bool caller_file = options.fd >= 0 || options.handle != nullptr;
+    if (options.path.empty() && !caller_file && options.backing == Backing::file)
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
     const bool want_file =
-        (!options.path.empty() || options.fd >= 0) && options.backing != Backing::heap && !options.private_cache;
+        (!options.path.empty() || caller_file) && options.backing != Backing::heap && !options.private_cache;
     std::optional<Error> file_error;
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);
@@ -175,7 +180,7 @@ void remove_stale_temporaries(platform::Platform& pf, const std::string& path) {
 
 Result<void> Core::init_file() {
   file_backed_ = true;
-  if (opts_.fd >= 0 || opts_.path == kMemoryPath) return init_descriptor();
+  if (opts_.fd >= 0 || opts_.handle != nullptr || opts_.path == kMemoryPath) return init_descriptor();
   try {
     if (opts_.allow_symlink) opts_.path = resolve_symlinks(opts_.path);
   } catch (...) {
@@ -247,28 +252,43 @@ bool Core::upgrade_in_use() {
   return ex && ex.value();
 }
 
-// A cache on a descriptor (the caller's, or a memfd for ":memory:"): no path to open, rename or
-// lock beside, so the lease and the in-use lock are the file's own, an empty file is initialised
-// in place, and an unusable one is rebuilt in place, only while nobody else has it open.
+// A cache on a descriptor (the caller's descriptor or Windows handle, or an anonymous file for
+// ":memory:"): no path to open, rename or lock beside, so the lease and the in-use lock are the
+// file's own, an empty file is initialised in place, and an unusable one is rebuilt in place,
+// only while nobody else has it open.
 Result<void> Core::init_descriptor() {
   from_descriptor_ = true;
-  const bool memory = opts_.fd < 0;
+  const bool memory = opts_.fd < 0 && opts_.handle == nullptr;
+  // Nothing of an anonymous file outlives its last process, so there is nothing to flush for:
+  // a flush would only write the pages out (to disk, for Windows' temporary file).
+  if (memory) opts_.durability = Durability::none;
   try {
-    if (opts_.path.empty()) opts_.path = "fd " + std::to_string(opts_.fd);
+    if (opts_.path.empty()) {
+      char label[40];
+      if (opts_.handle != nullptr)
+        std::snprintf(label, sizeof label, "handle 0x%llx",
+                      static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(opts_.handle)));
+      else
+        std::snprintf(label, sizeof label, "fd %d", opts_.fd);
+      opts_.path = label;
+    }
   } catch (...) {
     return Error{Errc::no_memory, 0, "out of memory"};
   }
   if (auto r = reserve_address_space(opts_.max_file_bytes); !r) return r.error();
-  auto h = memory ? pf_.create_anonymous("weightcache") : pf_.reopen(opts_.fd, !opts_.read_only);
+  auto reopen = [this](bool writable) {
+    return opts_.handle != nullptr ? pf_.reopen_os_handle(opts_.handle, writable) : pf_.reopen(opts_.fd, writable);
+  };
+  auto h = memory ? pf_.create_anonymous("weightcache") : reopen(!opts_.read_only);
   if (!h && !memory && h.error().code == Errc::read_only && opts_.backing != Backing::file) {
-    // A read-only descriptor: serve its entries, add none (as for a read-only file).
+    // A read-only descriptor or handle: serve its entries, add none (as for a read-only file).
     log::warn("'{}': {}; using the cache read-only", opts_.path, h.error().message);
     opts_.read_only = true;
     try {
-      read_only_why_ = "its descriptor was opened read-only";
+      read_only_why_ = opts_.handle != nullptr ? "its handle was opened read-only" : "its descriptor was opened read-only";
     } catch (...) {
     }
-    h = pf_.reopen(opts_.fd, false);
+    h = reopen(false);
   }
   if (!h) return h.error();
   fd_ = h.value();

@@ -91,7 +91,7 @@ std::string opening_key(const Options& options, std::uint64_t compat) {
 
 Result<std::shared_ptr<Core>> open(const Options& options) {
   // A descriptor or ":memory:" cache has no path to share by: each open is a cache of its own.
-  const bool file_candidate = !options.path.empty() && options.fd < 0 && options.path != kMemoryPath &&
+  const bool file_candidate = !options.path.empty() && options.fd < 0 && options.handle == nullptr && options.path != kMemoryPath &&
                               options.backing != Backing::heap && !options.private_cache;
   if (!file_candidate) return Core::open(options, platform::os());
   try {

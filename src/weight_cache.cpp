@@ -82,5 +82,6 @@ Stats WeightCache::stats() const noexcept {
 std::size_t WeightCache::alignment() const noexcept { return core_ ? core_->alignment() : 0; }
 
 int WeightCache::descriptor() const noexcept { return core_ ? core_->descriptor() : -1; }
+void* WeightCache::file_handle() const noexcept { return core_ ? core_->os_handle() : nullptr; }
 
 }  // namespace weightcache

@@ -159,6 +159,9 @@ struct Options {
   /// An open descriptor of the cache file to use instead of opening `path` (see wc_options.fd);
   /// -1: open `path`.
   int fd = -1;
+  /// Windows: an open HANDLE of the cache file to use instead of opening `path` (see
+  /// wc_options.handle); nullptr: open `path`.
+  void* handle = nullptr;
 };
 
 /// The path that names an anonymous, shareable cache (see wc_options.path).
@@ -210,7 +213,7 @@ class WC_API WeightCache {
   /// An empty handle (operator bool is false). On it, look_up, reserve, release,
   /// look_up_or_insert, insert, finalize and refresh fail with invalid_argument (kNotFound,
   /// nullptr, or the error); offset_to_addr gives nullptr, is_finalized false, stats all zero
-  /// (backing heap), alignment 0 and descriptor -1, without an error.
+  /// (backing heap), alignment 0, descriptor -1 and file_handle nullptr, without an error.
   WeightCache() noexcept;
   /// Drops this handle. The last handle on a cache in this process closes it (see wc_close):
   /// entries inserted since the last successful finalize are not persisted, and every pointer
@@ -256,6 +259,9 @@ class WC_API WeightCache {
   std::size_t alignment() const noexcept;
   /// The descriptor of a file-backed cache's file, or -1; owned by the cache, see wc_get_fd.
   int descriptor() const noexcept;
+  /// The Windows HANDLE of a file-backed cache's file, or nullptr; owned by the cache, see
+  /// wc_get_handle.
+  void* file_handle() const noexcept;
 
  private:
   explicit WeightCache(std::shared_ptr<Core> core) noexcept;

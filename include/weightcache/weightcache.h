@@ -57,9 +57,9 @@
  *   returns a pointer or an offset) and sets the calling thread's wc_last_error(). A call that
  *   succeeds leaves wc_last_error() as it was: it is not cleared, so read it only right after a
  *   call reported a failure. A look-up miss is not a failure, nor are the NULL, -1 and 0 that
- *   wc_offset_to_addr, wc_get_fd and wc_is_finalized answer: they set no error. (One exception:
- *   the XNNPACK provider's look_up_or_insert, which succeeds by keeping bytes the cache refused
- *   in the adapter's own heap, leaves the cache's reason there; see xnnpack.h.)
+ *   wc_offset_to_addr, wc_get_fd, wc_get_handle and wc_is_finalized answer: they set no error.
+ *   (One exception: the XNNPACK provider's look_up_or_insert, which succeeds by keeping bytes the
+ *   cache refused in the adapter's own heap, leaves the cache's reason there; see xnnpack.h.)
  * - When memory runs out, any call that allocates may fail with WC_ERR_NO_MEMORY (in
  *   wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own list below says.
  * - Output parameters: each call says what it stores on failure (wc_open stores NULL; the
@@ -75,8 +75,8 @@
  *   file (the same device and inode, whatever the spelling of the path) with the same compat_key
  *   and the same read_only share one cache: the same entries, offsets and addresses, counters,
  *   finalize state and descriptor. Any other open gets a cache of its own: a heap cache (empty
- *   path, WC_BACKING_HEAP, private_cache), a cache on a descriptor (fd) or ":memory:", a file
- *   cache that fell back to heap memory at open or, read-only, was opened before its file
+ *   path, WC_BACKING_HEAP, private_cache), a cache on a descriptor (fd, handle) or ":memory:",
+ *   a file cache that fell back to heap memory at open or, read-only, was opened before its file
  *   existed, and an open this process cannot share its cache with (another compatibility key on
  *   the same file, or a stricter alignment: an error with WC_BACKING_FILE, a private heap cache
  *   otherwise). A second opener of a shared cache gets the first opener's options.
@@ -193,14 +193,24 @@ typedef enum wc_verify {
  */
 typedef struct wc_options {
   size_t struct_size; /* set by wc_options_init */
-  const char* path;   /* NULL or "" = heap-only cache (unless fd is set); ":memory:" = an anonymous
-                         file (memfd on Linux) that behaves like a cache file: same format and
-                         checksums, shareable with other processes through wc_get_fd; it lives
-                         while any process has it open. Its size is sealed against shrinking
-                         (F_SEAL_SHRINK), so no holder of the descriptor can cut pages from under a
-                         reader (no SIGBUS); writes are not sealed (the writer keeps a writable
-                         mapping): give readers a read-only descriptor (reopen
-                         /proc/self/fd/N with O_RDONLY) so they cannot write. */
+  const char* path;   /* NULL or "" = heap-only cache (unless fd or handle is set); ":memory:" = an
+                         anonymous file (a memfd on Linux, a delete-on-close temporary file on
+                         Windows) that behaves like a cache file: same format and checksums,
+                         shareable with other processes through wc_get_fd (wc_get_handle on
+                         Windows); it lives while any process has it open. durability is ignored
+                         (nothing of it outlives its processes, so nothing is flushed). Linux: its
+                         size is sealed against shrinking (F_SEAL_SHRINK), so no holder of the
+                         descriptor can cut pages from under a reader (no SIGBUS); writes are not
+                         sealed (the writer keeps a writable mapping): give readers a read-only
+                         descriptor (reopen /proc/self/fd/N with O_RDONLY) so they cannot write.
+                         Windows: the file is in the temporary directory (GetTempPathW: TMP,
+                         TEMP) under a name of its own, held in memory while memory allows;
+                         when the last of this cache's handle (wc_get_handle) and its duplicates
+                         closes, no other process can open it any more, and it is deleted once
+                         the processes that opened it close it too: keep one while processes may
+                         still join. Give readers a duplicate without write access
+                         (DuplicateHandle with FILE_GENERIC_READ) and read_only. See
+                         docs/PLATFORMS.md for what each OS enforces. */
   const void* compat_key;   /* compat_key_size bytes (any bytes) naming what the packed bytes
                                depend on; a file written under another key is not used */
   size_t compat_key_size;
@@ -242,7 +252,21 @@ typedef struct wc_options {
              file itself. An empty file is initialised; a corrupt or incompatible one is rebuilt
              in place only when no other process has it open; it is never compacted at open
              (it cannot be renamed). Such a cache is not shared through the process-wide registry:
-             each wc_open gets a cache of its own. POSIX only (WC_ERR_UNSUPPORTED on Windows). */
+             each wc_open gets a cache of its own. POSIX only: on Windows the open fails as for
+             a file it cannot use (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO);
+             use handle there. */
+  void* handle; /* Windows: default NULL. When not NULL: an open HANDLE of the cache file (from
+                   CreateFile, or a duplicate another process gave this one; read access, plus
+                   write access unless read_only; FILE_SHARE_READ | FILE_SHARE_WRITE at least) to
+                   use instead of opening path, as fd does on POSIX. The library reopens it
+                   (ReOpenFile) as a file object of its own, so its locks are its own, and never
+                   with more access than the handle has: a handle without write access gives a
+                   read-only cache (WC_ERR_READ_ONLY with WC_BACKING_FILE). The caller keeps its
+                   handle and may close it as soon as wc_open returns. path, the lease and the
+                   in-use lock, rebuilding, the registry: as for fd. Setting both fd and handle is
+                   WC_ERR_INVALID_ARGUMENT. On POSIX the open fails as for a file it cannot use
+                   (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO), as fd does on
+                   Windows. */
 } wc_options;
 
 /**
@@ -326,7 +350,8 @@ WC_API void wc_stats_init(wc_stats* stats);
  *                            nonzero size; an enum field out of range; alignment or
  *                            size_alignment not a power of two up to WC_MAX_ALIGNMENT;
  *                            max_file_bytes below 1 MiB (but not 0); file_mode over 0777;
- *                            compact_dead_percent over 100; WC_BACKING_FILE without path or fd
+ *                            compact_dead_percent over 100; WC_BACKING_FILE without path, fd
+ *                            or handle; both fd and handle set
  *   WC_ERR_NO_MEMORY         out of memory (with WC_BACKING_AUTO: neither the file nor heap
  *                            memory could be had)
  * and with WC_BACKING_FILE only (WC_BACKING_AUTO falls back to a heap cache instead):
@@ -476,8 +501,18 @@ WC_API wc_status wc_refresh(wc_cache* cache);
  * the cache to another process (SCM_RIGHTS, or inheritance across fork/exec: it is opened
  * close-on-exec, clear that flag on a dup to pass it on). Owned by the cache: do not close it;
  * valid until the cache is closed (the last wc_close of the handles sharing it). -1 for a heap
- * cache, a NULL cache, and on Windows. Sets no error. */
+ * cache, a NULL cache, and on Windows (see wc_get_handle). Sets no error. */
 WC_API int wc_get_fd(wc_cache* cache);
+
+/** Windows: the HANDLE of a file-backed cache (a regular file or a ":memory:" cache), for handing
+ * the cache to another process, which opens it with wc_options.handle: DuplicateHandle it into
+ * that process, or duplicate it inheritable and start the process with bInheritHandles (the
+ * library's own handles are not inheritable). For a reader that must not write, duplicate it
+ * with FILE_GENERIC_READ rather than DUPLICATE_SAME_ACCESS. Owned by the cache: do not close it
+ * (a duplicate is the caller's); valid until the cache is closed (the last wc_close of the
+ * handles sharing it). NULL for a heap cache, a NULL cache, and on POSIX (see wc_get_fd). Sets
+ * no error. Thread-safe, takes no lock. */
+WC_API void* wc_get_handle(wc_cache* cache);
 
 /** Flags of wc_compact_ex. */
 #define WC_COMPACT_DROP_CORRUPT 1u /* leave out entries whose checksum fails, instead of refusing */

@@ -72,10 +72,20 @@ class Platform {
   /// description where the OS allows (/proc/self/fd on Linux), so that locks taken through it are
   /// ours alone, else a duplicate. Close-on-exec. Not a regular file: invalid_argument.
   virtual Result<Handle> reopen(int descriptor, bool writable) = 0;
-  /// An anonymous file (memfd on Linux, sealed against shrinking), for ":memory:" caches.
+  /// An anonymous file for ":memory:" caches: a memfd sealed against shrinking on Linux, a
+  /// delete-on-close temporary file on Windows (docs/DESIGN.md says why not a section).
   virtual Result<Handle> create_anonymous(const char* name) = 0;
   /// The OS descriptor behind a handle (-1 where handles are not descriptors: Windows).
   virtual int native_descriptor(Handle h) const noexcept = 0;
+  /// reopen for a caller's OS handle (wc_options.handle, a HANDLE on Windows): a new file object
+  /// of our own (locks taken through it are ours alone), never with more access than the
+  /// caller's handle has (read_only when asked to write through a handle that cannot). Where the
+  /// OS has no such handles (POSIX): unsupported.
+  virtual Result<Handle> reopen_os_handle(void* /*os_handle*/, bool /*writable*/) {
+    return Error{Errc::unsupported, 0, "wc_options.handle is a Windows HANDLE; on this system pass a descriptor (fd)"};
+  }
+  /// The OS handle behind a handle (wc_get_handle): a HANDLE on Windows, nullptr elsewhere.
+  virtual void* native_os_handle(Handle /*h*/) const noexcept { return nullptr; }
   /// Whether a file this process holds open can be renamed over (POSIX: yes; Windows: not
   /// everywhere, so the replacer lets go of its handle, and its in-use lock, just before).
   virtual bool replaces_open_files() const noexcept { return true; }

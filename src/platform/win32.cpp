@@ -16,7 +16,9 @@
 #include <winioctl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -60,6 +62,7 @@ constexpr std::uint64_t kInUseOffset = std::uint64_t{1} << 41;
 using VirtualAlloc2Fn = decltype(Win32Calls::virtual_alloc2);
 using MapViewOfFile3Fn = decltype(Win32Calls::map_view_of_file3);
 using PrefetchVirtualMemoryFn = decltype(Win32Calls::prefetch_virtual_memory);
+using NtQueryObjectFn = decltype(Win32Calls::nt_query_object);
 
 template <class Fn>
 Fn proc(HMODULE m, const char* name) {
@@ -71,6 +74,7 @@ struct Resolved {
   VirtualAlloc2Fn virtual_alloc2 = nullptr;
   MapViewOfFile3Fn map_view3 = nullptr;
   PrefetchVirtualMemoryFn prefetch = nullptr;
+  NtQueryObjectFn query_object = nullptr;
 };
 
 const Resolved& resolved() {
@@ -82,6 +86,7 @@ const Resolved& resolved() {
     out.map_view3 = proc<MapViewOfFile3Fn>(kb, "MapViewOfFile3");
     HMODULE k32 = ::GetModuleHandleW(L"kernel32.dll");
     out.prefetch = proc<PrefetchVirtualMemoryFn>(k32, "PrefetchVirtualMemory");
+    out.query_object = proc<NtQueryObjectFn>(::GetModuleHandleW(L"ntdll.dll"), "NtQueryObject");
     return out;
   }();
   return r;
@@ -114,6 +119,13 @@ BOOL WINAPI default_prefetch_virtual_memory(HANDLE process, ULONG_PTR count, Win
   return resolved().prefetch(process, count, ranges, flags);
 }
 
+constexpr LONG kStatusNotImplemented = static_cast<LONG>(0xC0000002);
+
+LONG WINAPI default_nt_query_object(HANDLE h, int info_class, PVOID info, ULONG size, PULONG returned) {
+  if (resolved().query_object == nullptr) return kStatusNotImplemented;
+  return resolved().query_object(h, info_class, info, size, returned);
+}
+
 Win32Calls make_default_calls() {
   Win32Calls c{};
 #define WC_WIN32_CALL_DEFAULT(name, function, result, params) c.name = ::function;
@@ -122,6 +134,7 @@ Win32Calls make_default_calls() {
   c.virtual_alloc2 = default_virtual_alloc2;
   c.map_view_of_file3 = default_map_view_of_file3;
   c.prefetch_virtual_memory = default_prefetch_virtual_memory;
+  c.nt_query_object = default_nt_query_object;
   return c;
 }
 
@@ -262,6 +275,35 @@ bool reparse_is_link(HANDLE h) {
   if (!sys().get_file_information_by_handle_ex(h, FileAttributeTagInfo, &tag, sizeof tag)) return true;
   return (tag.FileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) != 0 &&
          (tag.ReparseTag == IO_REPARSE_TAG_SYMLINK || tag.ReparseTag == IO_REPARSE_TAG_MOUNT_POINT);
+}
+
+// A caller's handle as messages name it ("handle 0x1a4").
+std::string handle_label(const void* h) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "handle 0x%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(h)));
+  return buf;
+}
+
+// The access rights `h` was granted. Asked of the caller's handle because ReOpenFile checks the
+// file's ACL, not the handle it starts from: a read-only handle (a host's way of keeping a
+// reader from writing) would otherwise come back writable.
+Result<ACCESS_MASK> granted_access(HANDLE h, const std::string& label) {
+  struct {  // PUBLIC_OBJECT_BASIC_INFORMATION (winternl.h), ObjectBasicInformation = 0
+    ULONG attributes;
+    ACCESS_MASK granted;
+    ULONG handle_count, pointer_count;
+    ULONG reserved[10];
+  } info{};
+  ULONG got = 0;
+  const LONG status = sys().nt_query_object(h, 0, &info, sizeof info, &got);
+  if (status >= 0) return info.granted;
+  constexpr LONG kStatusInvalidHandle = static_cast<LONG>(0xC0000008);
+  char text[96];
+  std::snprintf(text, sizeof text, "cannot use '%s': NtQueryObject failed with NTSTATUS 0x%08lx", label.c_str(),
+                static_cast<unsigned long>(status));
+  if (status == kStatusInvalidHandle)
+    return Error{Errc::invalid_argument, EBADF, std::string(text) + "; pass an open handle of the cache file"};
+  return Error{Errc::io, EIO, text};
 }
 
 // ReadFile and WriteFile take at most this many bytes at once.
@@ -513,12 +555,82 @@ class Win32Platform final : public Platform {
   void remove(const std::string& path) noexcept override { (void)remove_file(path); }
 
   Result<Handle> reopen(int, bool) override {
-    return Error{Errc::unsupported, 0, "opening a cache from a descriptor is not supported on Windows yet"};
+    return Error{Errc::unsupported, 0, "wc_options.fd is a POSIX descriptor; on Windows pass a HANDLE (wc_options.handle)"};
   }
-  Result<Handle> create_anonymous(const char*) override {
-    return Error{Errc::unsupported, 0, "':memory:' caches are not supported on Windows yet"};
+
+  Result<Handle> reopen_os_handle(void* os_handle, bool writable) override {
+    HANDLE from = static_cast<HANDLE>(os_handle);
+    const std::string label = handle_label(os_handle);
+    if (from == INVALID_HANDLE_VALUE)
+      return Error{Errc::invalid_argument, EBADF, "wc_options.handle is INVALID_HANDLE_VALUE; pass an open file handle"};
+    auto granted = granted_access(from, label);
+    if (!granted) return granted.error();
+    if ((granted.value() & FILE_READ_DATA) == 0)
+      return Error{Errc::invalid_argument, EACCES, "'" + label + "' was opened without read access; pass a handle opened with GENERIC_READ"};
+    if (writable && (granted.value() & FILE_WRITE_DATA) == 0)
+      return Error{Errc::read_only, EACCES,
+                   "'" + label + "' was opened without write access: pass a handle opened with GENERIC_WRITE to add "
+                   "entries, or set read_only"};
+    // A file object of our own, not a duplicate: byte-range locks belong to the file object, and
+    // a duplicate would share the caller's (two caches of one process on one handle would both
+    // hold the lease). Synchronous whatever the caller's handle is.
+    HANDLE h = sys().re_open_file(from, GENERIC_READ | (writable ? GENERIC_WRITE : 0),
+                                  FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, 0);
+    if (h == INVALID_HANDLE_VALUE) {
+      const DWORD err = ::GetLastError();
+      return win_error(err, "cannot reopen", label,
+                       err == ERROR_SHARING_VIOLATION
+                           ? "Open the file with FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, so that "
+                             "others may open and map it too."
+                           : nullptr);
+    }
+    FileInfo info;
+    const bool queried = info_of(h, &info);
+    const DWORD err = queried ? NO_ERROR : ::GetLastError();
+    if (!queried || !info.regular) {
+      sys().close_handle(h);
+      if (!queried) return win_error(err, "cannot query", label);
+      return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file; pass a cache file's handle"};
+    }
+    handle_paths().add(reinterpret_cast<Handle>(h), label);
+    return reinterpret_cast<Handle>(h);
   }
+
+  Result<Handle> create_anonymous(const char* name) override {
+    // A temporary file that deletes itself when its last handle closes, which the OS keeps in
+    // memory while it can, rather than a pagefile-backed section: docs/DESIGN.md says why.
+    wchar_t dir[MAX_PATH + 1];
+    const DWORD n = sys().get_temp_path_w(MAX_PATH + 1, dir);
+    if (n == 0 || n > MAX_PATH)
+      return win_error(n == 0 ? ::GetLastError() : ERROR_FILENAME_EXCED_RANGE, "cannot find the temporary directory for",
+                       kMemoryPath);
+    std::wstring prefix;
+    if (!widen(std::string(name) + "-" + std::to_string(process_id()) + "-", &prefix)) return bad_path(name);
+    prefix.insert(0, dir, n);
+    static std::atomic<unsigned> serial{0};
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const std::wstring path = prefix + std::to_wstring(serial.fetch_add(1)) + L".tmp";
+      const std::string label = std::string(kMemoryPath) + " (" + narrow(path.c_str(), static_cast<int>(path.size())) + ")";
+      // DELETE, which delete-on-close needs; every sharing mode, so that the handles other
+      // processes are given can be reopened (ReOpenFile) as theirs.
+      HANDLE h = sys().create_file_w(path.c_str(), GENERIC_READ | GENERIC_WRITE | DELETE,
+                                     FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, CREATE_NEW,
+                                     FILE_ATTRIBUTE_TEMPORARY | FILE_FLAG_DELETE_ON_CLOSE, nullptr);
+      if (h != INVALID_HANDLE_VALUE) {
+        handle_paths().add(reinterpret_cast<Handle>(h), label);
+        return reinterpret_cast<Handle>(h);
+      }
+      const DWORD err = ::GetLastError();
+      if (err != ERROR_FILE_EXISTS && err != ERROR_ALREADY_EXISTS)
+        return win_error(err, "cannot create the temporary file of", label, "Point TMP at a writable local directory.");
+    }
+    return Error{Errc::io, EEXIST, "cannot create a temporary file for ':memory:': every name tried exists"};
+  }
+
   int native_descriptor(Handle) const noexcept override { return -1; }
+  void* native_os_handle(Handle h) const noexcept override {
+    return h == kInvalidHandle ? nullptr : reinterpret_cast<void*>(h);
+  }
   bool replaces_open_files() const noexcept override { return false; }
 
   Result<std::vector<std::string>> list_directory(const std::string& dir) override {

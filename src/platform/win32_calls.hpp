@@ -33,6 +33,8 @@ struct Win32MemoryRange {
     (LPCWSTR path, DWORD access, DWORD share, LPSECURITY_ATTRIBUTES sa, DWORD disposition, DWORD flags,              \
      HANDLE template_file))                                                                                          \
   X(close_handle, CloseHandle, BOOL, (HANDLE h))                                                                     \
+  /* a caller's handle (wc_options.handle) reopened as a file object of our own */                                  \
+  X(re_open_file, ReOpenFile, HANDLE, (HANDLE h, DWORD access, DWORD share, DWORD flags))                            \
   X(duplicate_handle, DuplicateHandle, BOOL,                                                                         \
     (HANDLE from_process, HANDLE h, HANDLE to_process, LPHANDLE out, DWORD access, BOOL inherit, DWORD options))     \
   X(read_file, ReadFile, BOOL, (HANDLE h, LPVOID buf, DWORD n, LPDWORD got, LPOVERLAPPED ov))                        \
@@ -52,6 +54,8 @@ struct Win32MemoryRange {
   X(find_next_file_w, FindNextFileW, BOOL, (HANDLE find, LPWIN32_FIND_DATAW data))                                   \
   X(find_close, FindClose, BOOL, (HANDLE find))                                                                      \
   X(flush_file_buffers, FlushFileBuffers, BOOL, (HANDLE h))                                                          \
+  /* where ":memory:" caches put their delete-on-close file */                                                      \
+  X(get_temp_path_w, GetTempPathW, DWORD, (DWORD n, LPWSTR buf))                                                     \
   X(lock_file_ex, LockFileEx, BOOL,                                                                                  \
     (HANDLE h, DWORD flags, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov))                         \
   X(unlock_file_ex, UnlockFileEx, BOOL, (HANDLE h, DWORD reserved, DWORD len_low, DWORD len_high, LPOVERLAPPED ov))  \
@@ -71,7 +75,8 @@ struct Win32MemoryRange {
   X(get_current_process_id, GetCurrentProcessId, DWORD, ())
 
 // Looked up at run time: where the OS lacks one, its default fails with
-// ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it).
+// ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it; NtQueryObject with
+// STATUS_NOT_IMPLEMENTED).
 #define WC_WIN32_LOOKED_UP_CALLS(X)                                                                                  \
   /* Windows 10 1803+ (kernelbase.dll) */                                                                           \
   X(virtual_alloc2, VirtualAlloc2, PVOID,                                                                            \
@@ -81,7 +86,9 @@ struct Win32MemoryRange {
      ULONG param_count))                                                                                             \
   /* Windows 8+ (kernel32.dll) */                                                                                   \
   X(prefetch_virtual_memory, PrefetchVirtualMemory, BOOL,                                                            \
-    (HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags))
+    (HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags))                                       \
+  /* ntdll.dll: the access a caller's handle was granted (ObjectBasicInformation); an NTSTATUS */                   \
+  X(nt_query_object, NtQueryObject, LONG, (HANDLE h, int info_class, PVOID info, ULONG size, PULONG returned))
 
 struct Win32Calls {
 #define WC_WIN32_CALL_MEMBER(name, function, result, params) result(WINAPI* name) params;

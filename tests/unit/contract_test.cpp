@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -156,6 +157,7 @@ TEST(Contract, LastErrorStaysUntilTheNextFailureOnTheSameThread) {
     EXPECT_EQ(wc_get_stats(c, &s), WC_OK);
     (void)wc_is_finalized(c);
     (void)wc_get_fd(c);
+    (void)wc_get_handle(c);
     wc_close(c);
     WeightCache heap = open_or_fail(Options{});
     EXPECT_NE(heap.insert("k", "v"), kNotFound);
@@ -400,6 +402,7 @@ TEST(Contract, OptionsInitSetsTheDocumentedDefaults) {
   EXPECT_EQ(o.compact_dead_percent, 50u);
   EXPECT_EQ(o.compact_min_dead_bytes, std::uint64_t{16} << 20);
   EXPECT_EQ(o.fd, -1);
+  EXPECT_EQ(o.handle, nullptr);
 
   const Options cxx;
   EXPECT_EQ(cxx.alignment, o.alignment);
@@ -414,6 +417,7 @@ TEST(Contract, OptionsInitSetsTheDocumentedDefaults) {
   EXPECT_EQ(cxx.compact_dead_percent, o.compact_dead_percent);
   EXPECT_EQ(cxx.compact_min_dead_bytes, o.compact_min_dead_bytes);
   EXPECT_EQ(cxx.fd, o.fd);
+  EXPECT_EQ(cxx.handle, o.handle);
   EXPECT_FALSE(cxx.read_only || cxx.private_cache || cxx.allow_symlink || cxx.refresh_on_miss);
 
   wc_options_init(nullptr);  // "NULL is ignored"
@@ -464,7 +468,8 @@ TEST(Contract, OpenCopiesItsOptionsAndNeedsThemUpToReadOnly) {
 // wc_open: "WC_ERR_INVALID_ARGUMENT options or out NULL; struct_size not set; compat_key NULL
 // with a nonzero size; an enum field out of range; alignment or size_alignment not a power of two
 // up to WC_MAX_ALIGNMENT; max_file_bytes below 1 MiB (but not 0); file_mode over 0777;
-// compact_dead_percent over 100; WC_BACKING_FILE without path or fd", whatever the backing, and
+// compact_dead_percent over 100; WC_BACKING_FILE without path, fd or handle; both fd and handle
+// set", whatever the backing, and
 // *out is NULL. (NULL arguments, struct_size and enums: CApi.NullArgumentsAreErrors,
 // CApi.LastErrorExplainsFailedOpen, CApi.OutOfRangeEnumFieldsAreRejected.)
 TEST(Contract, OpenRefusesEachInvalidOption) {
@@ -486,6 +491,10 @@ TEST(Contract, OpenRefusesEachInvalidOption) {
       {"backing file without a path", [](wc_options* o) {
          o->path = nullptr;
          o->backing = WC_BACKING_FILE;
+       }},
+      {"both fd and handle", [](wc_options* o) {
+         o->fd = 0;  // refused before anything is opened or read
+         o->handle = reinterpret_cast<void*>(std::uintptr_t{4});
        }},
   };
   for (const Case& c : cases) {
@@ -613,7 +622,8 @@ TEST(Contract, WhichOpensShareACache) {
   }
 
 #ifdef __linux__
-  // "a cache on a descriptor (fd) or \":memory:\"" gets a cache of its own.
+  // "a cache on a descriptor (fd, handle) or \":memory:\"" gets a cache of its own (a handle:
+  // tests/windows/handle_test.cpp).
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   ASSERT_GE(fd, 0);
   Options on_fd = file_options(path);
@@ -641,6 +651,34 @@ TEST(Contract, WhichOpensShareACache) {
 #endif
 }
 
+#ifndef _WIN32
+// wc_options.handle: "On POSIX the open fails as for a file it cannot use (WC_ERR_UNSUPPORTED,
+// or a heap cache with WC_BACKING_AUTO)"; wc_get_handle: "NULL ... on POSIX".
+TEST(Contract, AHandleIsForWindowsOnly) {
+  TempDir dir;
+  const std::string none, path = dir.file("cache.wcache");
+  wc_options o = c_file_options(none);
+  o.handle = reinterpret_cast<void*>(std::uintptr_t{4});
+  o.backing = WC_BACKING_FILE;
+  wc_cache* c = reinterpret_cast<wc_cache*>(0x1);
+  EXPECT_EQ(wc_open(&o, &c), WC_ERR_UNSUPPORTED);
+  EXPECT_EQ(c, nullptr);
+  o.backing = WC_BACKING_AUTO;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  wc_stats s;
+  wc_stats_init(&s);
+  ASSERT_EQ(wc_get_stats(c, &s), WC_OK);
+  EXPECT_EQ(s.backing, WC_BACKING_HEAP);
+  EXPECT_EQ(wc_get_handle(c), nullptr);
+  wc_close(c);
+  const wc_options file = c_file_options(path);
+  ASSERT_EQ(wc_open(&file, &c), WC_OK) << wc_last_error();
+  EXPECT_GE(wc_get_fd(c), 0);
+  EXPECT_EQ(wc_get_handle(c), nullptr);
+  wc_close(c);
+}
+#endif
+
 // "A cache lives until the last handle sharing it is closed ...; closing any other handle
 // changes nothing for the rest"; memory "stays valid at the same address until the cache is
 // closed (the last wc_close of the handles sharing it, whichever handle it came from)"; wc_get_fd:
@@ -663,6 +701,7 @@ TEST(Contract, MemoryOutlivesTheHandleItCameFromWhileTheCacheLives) {
   void* pending = wc_reserve_space(first, 4096);  // a reservation outstanding when its handle closes
   ASSERT_NE(pending, nullptr);
   const int fd = wc_get_fd(first);
+  void* handle = wc_get_handle(first);
   wc_close(first);
 
   EXPECT_EQ(std::memcmp(entry, bytes.data(), bytes.size()), 0);
@@ -672,6 +711,7 @@ TEST(Contract, MemoryOutlivesTheHandleItCameFromWhileTheCacheLives) {
   EXPECT_EQ(wc_offset_to_addr(second, pending_off), pending) << "the reservation was not committed in place";
   EXPECT_EQ(wc_offset_to_addr(second, off), entry);
   EXPECT_EQ(wc_get_fd(second), fd);
+  EXPECT_EQ(wc_get_handle(second), handle);
 #ifndef _WIN32
   EXPECT_NE(::fcntl(fd, F_GETFD), -1) << "the descriptor was closed with the first handle";
 #endif
@@ -739,12 +779,14 @@ TEST(Contract, AMissIsNotAnErrorAndKeysAreCopied) {
   EXPECT_EQ(heap.look_up(""), kNotFound);
   EXPECT_EQ(heap.look_up("absent"), kNotFound);
   EXPECT_EQ(std::string(wc_last_error()), text) << "a miss set an error";
-  // "nor are the NULL, -1 and 0 that wc_offset_to_addr, wc_get_fd and wc_is_finalized answer:
-  // they set no error"
+  // "nor are the NULL, -1 and 0 that wc_offset_to_addr, wc_get_fd, wc_get_handle and
+  // wc_is_finalized answer: they set no error"
   EXPECT_EQ(wc_offset_to_addr(nullptr, 0), nullptr);
   EXPECT_EQ(wc_offset_to_addr(c, 12345), nullptr);
   EXPECT_EQ(wc_get_fd(nullptr), -1);
   EXPECT_EQ(wc_get_fd(c), -1);
+  EXPECT_EQ(wc_get_handle(nullptr), nullptr);
+  EXPECT_EQ(wc_get_handle(c), nullptr);
   EXPECT_EQ(wc_is_finalized(nullptr), 0);
   EXPECT_EQ(std::string(wc_last_error()), text) << "an answer of NULL, -1 or 0 set an error";
 

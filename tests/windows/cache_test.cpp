@@ -21,16 +21,9 @@
 namespace weightcache::test {
 namespace {
 
-#ifndef WEIGHTCACHE_WIN_CHILD
-#error "WEIGHTCACHE_WIN_CHILD must name the helper executable (see tests/windows/CMakeLists.txt)"
-#endif
-const std::string kChild = sibling_exe(WEIGHTCACHE_WIN_CHILD);
+const std::string kChild = win_child_exe();
 
-struct Item {
-  std::string key;
-  std::uint64_t seed;
-  std::size_t size;
-};
+using Item = PatternEntry;
 
 std::vector<Item> items() {
   std::vector<Item> v;
@@ -40,23 +33,11 @@ std::vector<Item> items() {
   return v;
 }
 
-std::size_t put(WeightCache& cache, const Item& it) {
-  const std::string bytes = pattern_bytes(it.seed, it.size);
-  void* p = cache.reserve(bytes.size());
-  if (p == nullptr) return kNotFound;
-  std::memcpy(p, bytes.data(), bytes.size());
-  return cache.look_up_or_insert(it.key, p, bytes.size());
-}
+std::size_t put(WeightCache& cache, const Item& it) { return pack_entry(cache, it); }
 
 ::testing::AssertionResult serves(WeightCache& cache, const Item& it, std::size_t align = 1) {
-  const std::size_t off = cache.look_up(it.key);
-  if (off == kNotFound) return ::testing::AssertionFailure() << it.key << ": miss";
-  const void* p = cache.offset_to_addr(off);
-  if (p == nullptr) return ::testing::AssertionFailure() << it.key << ": no address";
-  if (off % align != 0 || reinterpret_cast<std::uintptr_t>(p) % align != 0)
-    return ::testing::AssertionFailure() << it.key << ": offset " << off << " or address not aligned to " << align;
-  if (std::memcmp(p, pattern_bytes(it.seed, it.size).data(), it.size) != 0)
-    return ::testing::AssertionFailure() << it.key << ": wrong bytes";
+  const std::string problem = entry_problem(cache, it, align);
+  if (!problem.empty()) return ::testing::AssertionFailure() << problem;
   return ::testing::AssertionSuccess();
 }
 

@@ -4,7 +4,8 @@
 // mapping, the address space or a lock passes here, is counted, and can be failed with
 // SetLastError(code) or, for WriteFile, cut short. The table's own list (WC_WIN32_CALLS) says
 // which entries there are, so a new entry is hooked with nothing to add here: it fails as its
-// result type says (FALSE, a null pointer or 0) unless failure() says otherwise.
+// result type says (FALSE, a null pointer or 0) unless failure() says otherwise (an invalid
+// handle, an NTSTATUS).
 #pragma once
 
 #include <atomic>
@@ -138,7 +139,9 @@ class Win32Hooks {
   // What the entry returns when it fails.
   template <WinCall C, class R>
   static R failure() {
-    if constexpr (C == WinCall::create_file_w || C == WinCall::find_first_file_w) return INVALID_HANDLE_VALUE;
+    if constexpr (C == WinCall::create_file_w || C == WinCall::re_open_file || C == WinCall::find_first_file_w)
+      return INVALID_HANDLE_VALUE;
+    else if constexpr (C == WinCall::nt_query_object) return static_cast<LONG>(0xC0000001);  // STATUS_UNSUCCESSFUL
     else if constexpr (C == WinCall::get_file_attributes_w) return INVALID_FILE_ATTRIBUTES;
     else return R{};  // FALSE, a null pointer, 0 (GetFileType's FILE_TYPE_UNKNOWN, GetFullPathNameW's)
   }
@@ -146,7 +149,7 @@ class Win32Hooks {
   // Handles, mapping objects and views the library now holds.
   template <WinCall C, class R, class... A>
   static void record(R r, [[maybe_unused]] A... a) {
-    if constexpr (C == WinCall::create_file_w) {
+    if constexpr (C == WinCall::create_file_w || C == WinCall::re_open_file) {
       if (r != INVALID_HANDLE_VALUE) held(r);
     } else if constexpr (C == WinCall::create_file_mapping_w) {
       if (r != nullptr) held(r);

@@ -2,6 +2,12 @@
 //   expect <path> <key> <seed> <size> [ro]  open (read-only with "ro") and check one entry's bytes
 //   add <path> <key> <seed> <size>          insert one entry and finalize
 //   roundtrip <path>                        write, close, reopen and check a few entries
+//   handle-writer <handle> <count>          open on an inherited handle (closed once open), find
+//                                           shared_entries(count) in the file's mapping, then add
+//                                           "child/added" and finalize
+//   handle-reader <handle> <count>          the same on a handle without write access: refused
+//                                           as writable, then read_only: finds every entry in
+//                                           read-only pages, and no insert or finalize writes
 // Exit codes: child_exit.hpp (stderr says what failed).
 #include "child_exit.hpp"
 #include "windows_test_util.hpp"
@@ -19,21 +25,74 @@ using namespace weightcache;
 using namespace weightcache::test;
 
 int check(WeightCache& cache, const std::string& key, std::uint64_t seed, std::size_t size) {
-  const std::size_t off = cache.look_up(key);
-  if (off == kNotFound) return child_failed(kChildMismatch, "no entry " + key);
-  const void* p = cache.offset_to_addr(off);
-  const std::string want = test::pattern_bytes(seed, size);
-  if (p == nullptr || std::memcmp(p, want.data(), size) != 0)
-    return child_failed(kChildMismatch, "wrong bytes for " + key);
-  return kChildOk;
+  const std::string problem = entry_problem(cache, {key, seed, size});
+  return problem.empty() ? kChildOk : child_failed(kChildMismatch, problem);
 }
 
 int add(WeightCache& cache, const std::string& key, std::uint64_t seed, std::size_t size) {
-  const std::string bytes = test::pattern_bytes(seed, size);
-  void* p = cache.reserve(size);
-  if (p == nullptr) return child_failed(kChildCacheError, "reserve for " + key);
-  std::memcpy(p, bytes.data(), size);
-  if (cache.look_up_or_insert(key, p, size) == kNotFound) return child_failed(kChildCacheError, "insert of " + key);
+  if (pack_entry(cache, {key, seed, size}) == kNotFound)
+    return child_failed(kChildCacheError, "insert of " + key + ": " + last_error().message);
+  return kChildOk;
+}
+
+// Every entry of shared_entries(count), in pages of the file's mapping (not copies) with the
+// protection `protect`.
+int check_shared(WeightCache& cache, std::size_t count, DWORD protect) {
+  for (const auto& e : shared_entries(count)) {
+    if (int rc = check(cache, e.key, e.seed, e.size); rc != kChildOk) return rc;
+    MEMORY_BASIC_INFORMATION mbi{};
+    const void* p = cache.offset_to_addr(cache.look_up(e.key));
+    if (::VirtualQuery(p, &mbi, sizeof mbi) != sizeof mbi || mbi.Type != MEM_MAPPED)
+      return child_failed(kChildFellBack, e.key + " is not in a file mapping");
+    if (mbi.Protect != protect)
+      return child_failed(kChildUnexpected, e.key + "'s pages have protection " + std::to_string(mbi.Protect));
+  }
+  const Stats s = cache.stats();
+  if (s.backing != Backing::file || s.entries != count || s.heap_bytes != 0 || s.heap_fallbacks != 0)
+    return child_failed(kChildUnexpected, "stats: " + std::to_string(s.entries) + " entries, " +
+                                              std::to_string(s.heap_bytes) + " heap bytes");
+  return kChildOk;
+}
+
+// The cache on an inherited handle, which the child then closes (the cache keeps its own).
+Result<WeightCache> open_on(HANDLE h, bool read_only) {
+  Options o = suite_options("");
+  o.handle = h;
+  o.read_only = read_only;
+  auto cache = WeightCache::open(o);
+  ::CloseHandle(h);
+  return cache;
+}
+
+int handle_writer(HANDLE h, std::size_t count) {
+  auto cache = open_on(h, false);
+  if (!cache) return child_failed(kChildCacheError, "open: " + cache.error().message);
+  if (int rc = check_shared(*cache, count, PAGE_READWRITE); rc != kChildOk) return rc;
+  if (int rc = add(*cache, "child/added", 99, 100000); rc != kChildOk) return rc;
+  if (auto r = cache->finalize(); !r) return child_failed(kChildCacheError, "finalize: " + r.error().message);
+  return kChildOk;
+}
+
+int handle_reader(HANDLE h, std::size_t count) {
+  DWORD put = 0;
+  OVERLAPPED at{};
+  if (::WriteFile(h, "x", 1, &put, &at) || ::GetLastError() != ERROR_ACCESS_DENIED)
+    return child_failed(kChildUnexpected, "the handle given to the reader can write");
+  {
+    Options o = suite_options("");
+    o.handle = h;
+    auto writable = WeightCache::open(o);
+    if (writable || writable.error().code != Errc::read_only)
+      return child_failed(kChildUnexpected, "a handle without write access opened as a writable cache");
+  }
+  auto cache = open_on(h, true);
+  if (!cache) return child_failed(kChildCacheError, "open: " + cache.error().message);
+  if (int rc = check_shared(*cache, count, PAGE_READONLY); rc != kChildOk) return rc;
+  if (cache->insert("reader/added", "bytes") == kNotFound) return child_failed(kChildCacheError, "insert");
+  if (cache->stats().heap_bytes == 0) return child_failed(kChildUnexpected, "a read-only cache put an entry in the file");
+  auto f = cache->finalize();
+  if (f || f.error().code != Errc::read_only)
+    return child_failed(kChildUnexpected, "finalize of a read-only cache did not say read_only");
   return kChildOk;
 }
 
@@ -49,6 +108,8 @@ int opened_on_file(Result<WeightCache>& cache) {
 int main(int argc, char** argv) {
   if (argc < 3) return child_failed(kChildUsage, "win_child COMMAND PATH ...");
   const std::string cmd = argv[1];
+  if (cmd == "handle-writer" && argc == 4) return handle_writer(handle_of(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  if (cmd == "handle-reader" && argc == 4) return handle_reader(handle_of(argv[2]), std::strtoull(argv[3], nullptr, 10));
   const std::string path = argv[2];
   Options o = test::suite_options(path);
   if (cmd == "expect" && (argc == 6 || argc == 7)) {

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -71,12 +73,66 @@ inline Options suite_options(const std::string& path) {
   return o;
 }
 
+/// An entry the suite packs: `size` bytes of pattern_bytes(seed) under `key`.
+struct PatternEntry {
+  std::string key;
+  std::uint64_t seed;
+  std::size_t size;
+};
+
+/// Reserves room for `e`, writes its bytes there and inserts them in place: the entry's offset,
+/// or kNotFound.
+inline std::size_t pack_entry(WeightCache& cache, const PatternEntry& e) {
+  const std::string bytes = pattern_bytes(e.seed, e.size);
+  void* p = cache.reserve(bytes.size());
+  if (p == nullptr) return kNotFound;
+  std::memcpy(p, bytes.data(), bytes.size());
+  return cache.look_up_or_insert(e.key, p, bytes.size());
+}
+
+/// What is wrong with `e` in `cache`: "" when a look-up serves exactly its bytes, at an offset
+/// and an address aligned to `align`.
+inline std::string entry_problem(WeightCache& cache, const PatternEntry& e, std::size_t align = 1) {
+  const std::size_t off = cache.look_up(e.key);
+  if (off == kNotFound) return e.key + ": miss";
+  const void* p = cache.offset_to_addr(off);
+  if (p == nullptr) return e.key + ": no address";
+  if (off % align != 0 || reinterpret_cast<std::uintptr_t>(p) % align != 0)
+    return e.key + ": offset " + std::to_string(off) + " or address not aligned to " + std::to_string(align);
+  if (std::memcmp(p, pattern_bytes(e.seed, e.size).data(), e.size) != 0) return e.key + ": wrong bytes";
+  return "";
+}
+
+/// The entries of the caches a test hands to a child process by its handle (win_child's
+/// handle-* commands): `count` of them, sizes straddling the 4 KiB page and the 64 KiB
+/// granularity.
+inline std::vector<PatternEntry> shared_entries(std::size_t count) {
+  const std::size_t sizes[] = {1, 4096, 65535, 65536, 65537, 300000, 1u << 20};
+  std::vector<PatternEntry> v;
+  for (std::size_t i = 0; i < count; ++i)
+    v.push_back({"shared/" + std::to_string(i), 7000 + i, sizes[i % (sizeof sizes / sizeof sizes[0])] + i});
+  return v;
+}
+
 #ifdef _WIN32
+
+/// A handle as a command-line argument, and back.
+inline std::string handle_arg(HANDLE h) { return std::to_string(reinterpret_cast<std::uintptr_t>(h)); }
+inline HANDLE handle_of(const char* arg) {
+  return reinterpret_cast<HANDLE>(static_cast<std::uintptr_t>(std::strtoull(arg, nullptr, 10)));
+}
 
 /// Runs `exe` to completion, with `env_name` (when set) added to the environment it inherits:
 /// its exit code, or -1 when it could not start.
+#ifdef WEIGHTCACHE_WIN_CHILD
+/// The suite's second process (win_child.cpp), built next to the test binary; CMake names it in
+/// WEIGHTCACHE_WIN_CHILD for the test executable only (tests/windows/CMakeLists.txt).
+inline std::string win_child_exe() { return sibling_exe(WEIGHTCACHE_WIN_CHILD); }
+#endif
+
+/// With `inherit_handles`, the child inherits this process's inheritable handles.
 inline long run_child(const std::string& exe, const std::vector<std::string>& args, const char* env_name = nullptr,
-                      const char* env_value = nullptr) {
+                      const char* env_value = nullptr, bool inherit_handles = false) {
   std::wstring name, old;
   bool had_old = false;
   if (env_name != nullptr) {
@@ -88,7 +144,7 @@ inline long run_child(const std::string& exe, const std::vector<std::string>& ar
     ::SetEnvironmentVariableW(name.c_str(), wide(env_value).c_str());
   }
   int error = 0;
-  const Process child = spawn_process(exe, args, &error);
+  const Process child = spawn_process(exe, args, &error, inherit_handles);
   if (env_name != nullptr) ::SetEnvironmentVariableW(name.c_str(), had_old ? old.c_str() : nullptr);
   if (child == kNoProcess) {
     std::fprintf(stderr, "run_child: could not start %s: Windows error %d\n", exe.c_str(), error);
