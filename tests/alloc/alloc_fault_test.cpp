@@ -586,7 +586,9 @@ TEST_P(AllocationFailure, EveryAllocationPointFailedOnceNeitherAbortsNorServesWr
   }
   std::printf("[ alloc ] shard %d: %ld runs, %ld with a failed allocation, %zu failures\n", shard, runs, injected,
               failures.size());
-  if (only == 0) EXPECT_GT(injected, total / kShards / 2);
+  if (only == 0) {
+    EXPECT_GT(injected, total / kShards / 2);
+  }
   for (const auto& f : failures) ADD_FAILURE() << f;
 }
 
