@@ -63,12 +63,13 @@ Ownership ownership_of(const std::string& path) {
   return o;
 }
 
-void apply_ownership(platform::Handle h, const Ownership& o) {
+void apply_ownership(const platform::File& f, const Ownership& o) {
 #if !defined(_WIN32)
   // Only root can give a file away; for anyone else this is a no-op or fails harmlessly.
-  if (o.known && (o.uid != ::geteuid() || o.gid != ::getegid())) (void)!::fchown(static_cast<int>(h), o.uid, o.gid);
+  if (o.known && (o.uid != ::geteuid() || o.gid != ::getegid()))
+    (void)!::fchown(platform::os().native_descriptor(f), o.uid, o.gid);
 #else
-  (void)h;
+  (void)f;
   (void)o;
 #endif
 }
@@ -79,20 +80,17 @@ class Lease {
  public:
   Lease() = default;
   ~Lease() {
-    if (h_ != platform::kInvalidHandle) {
-      platform::os().unlock(h_);
-      platform::os().close_file(h_);
-    }
+    if (file_.is_open()) platform::os().unlock(file_);
   }
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
   Outcome acquire(const std::string& cache_path, unsigned mode) {
     const std::string lock_path = cache_path + ".lock";
-    auto h = platform::os().open_file(lock_path, platform::OpenMode::lock_file, mode, false);
-    if (!h) return Failure{kExitIo, "cannot open the lease file: " + h.error().message};
-    h_ = h.value();
-    auto got = platform::os().try_lock(h_);
+    auto f = platform::os().open_file(lock_path, platform::OpenMode::lock_file, mode, false);
+    if (!f) return Failure{kExitIo, "cannot open the lease file: " + f.error().message};
+    file_ = std::move(f).value();
+    auto got = platform::os().try_lock(file_);
     if (!got) return Failure{kExitIo, "cannot lock '" + lock_path + "': " + got.error().message};
     if (!got.value())
       return Failure{kExitBusy, "'" + cache_path + "' is busy: a writer holds its lease ('" + lock_path +
@@ -101,7 +99,7 @@ class Lease {
   }
 
  private:
-  platform::Handle h_ = platform::kInvalidHandle;
+  platform::File file_;  // closed after the unlock
 };
 
 // For files a command replaces: a symlink would be replaced by the rename, not followed.
@@ -244,11 +242,11 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   // renamed into place (and removed if anything fails).
   auto tmp = TempFile::create(platform::os(), out_path, own.mode);
   if (!tmp) return report({kExitIo, "cannot create a new file beside '" + out_path + "': " + tmp.error().message});
-  apply_ownership(tmp->handle(), own);
+  apply_ownership(tmp->file(), own);
   WrittenFile w;
   {
     Progress progress("converting", 2 * in->payload_bytes());  // the copy, then the read-back
-    auto r = write_cache_file(platform::os(), file.value().handle(), in_path, tmp.value(), fixed, 1, entries, &w,
+    auto r = write_cache_file(platform::os(), file.value().file, tmp.value(), fixed, 1, entries, &w,
                               [&progress](std::uint64_t n) { progress.add(n); });
     if (!r) {
       // An input cut short under us reads as corrupt; anything else is writing or reading back.

@@ -1,0 +1,106 @@
+// The owner of an open file (src/platform/file.hpp): a File names its file in every error and is
+// closed exactly once, by the platform that opened it, however it is moved. Through the platform
+// seam, so on every OS.
+#include "unit_test_util.hpp"
+
+#include "forwarding_platform.hpp"
+#include "platform/file.hpp"
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#ifndef _WIN32
+#include <fcntl.h>
+#include <unistd.h>
+#endif
+
+namespace weightcache::test {
+namespace {
+
+using platform::File;
+using platform::OpenMode;
+
+// Counts what a wrapping platform sees given back.
+class CountingPlatform final : public ForwardingPlatform {
+ public:
+  void close_file(Handle h) noexcept override {
+    closed.push_back(h);
+    ForwardingPlatform::close_file(h);
+  }
+  std::vector<Handle> closed;
+};
+
+TEST(FileOwner, ErrorsAboutAnOpenFileNameIt) {
+  TempDir dir("wc-file");
+  const std::string path = dir.file("short.bin");
+  auto& pf = platform::os();
+  auto f = pf.open_file(path, OpenMode::create_new, 0644, false);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->path(), path);
+  ASSERT_TRUE(pf.write_at(f.value(), "abc", 3, 0).ok());
+  char buf[16];
+  auto r = pf.read_at(f.value(), buf, sizeof buf, 0);  // past the end
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::corrupt);
+  EXPECT_NE(r.error().message.find("'" + path + "'"), std::string::npos) << r.error().message;
+}
+
+TEST(FileOwner, TheOpeningPlatformClosesItOnceWhereverItIsMoved) {
+  TempDir dir("wc-file");
+  CountingPlatform pf;
+  platform::Handle h = platform::kInvalidHandle;
+  {
+    auto opened = pf.open_file(dir.file("a"), OpenMode::create_new, 0644, false);
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    h = opened->handle();
+    File moved = std::move(opened).value();
+    File assigned;
+    assigned = std::move(moved);
+    EXPECT_FALSE(moved.is_open());  // NOLINT(bugprone-use-after-move): a moved-from File is closed
+    EXPECT_TRUE(assigned.is_open());
+    EXPECT_EQ(assigned.path(), dir.file("a"));
+    EXPECT_TRUE(pf.closed.empty());
+  }
+  EXPECT_EQ(pf.closed, std::vector<platform::Handle>{h}) << "closed once, through the platform that opened it";
+
+  // Closing by hand closes now, keeps the name for messages, and is not repeated later.
+  auto again = pf.open_file(dir.file("a"), OpenMode::read_write, 0644, false);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  again->close();
+  EXPECT_FALSE(again->is_open());
+  EXPECT_EQ(again->path(), dir.file("a"));
+  again = Error{Errc::io, 0, "gone"};  // destroys the File
+  EXPECT_EQ(pf.closed.size(), 2u);
+
+  // Assigning over an open File closes what it held.
+  auto first = pf.open_file(dir.file("a"), OpenMode::read, 0644, false);
+  auto second = pf.open_file(dir.file("a"), OpenMode::read, 0644, false);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const platform::Handle old = first->handle();
+  first.value() = std::move(second).value();
+  ASSERT_EQ(pf.closed.size(), 3u);
+  EXPECT_EQ(pf.closed.back(), old);
+}
+
+#ifndef _WIN32
+// A File the platform made from a caller's descriptor is named after it: "fd N".
+TEST(FileOwner, AReopenedDescriptorIsNamedAfterIt) {
+  TempDir dir("wc-file");
+  const int fd = ::open(dir.file("d").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  auto f = platform::os().reopen(fd, true);
+  ::close(fd);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const std::string label = "fd " + std::to_string(fd);
+  EXPECT_EQ(f->path(), label);
+  char buf[8];
+  auto r = platform::os().read_at(f.value(), buf, sizeof buf, 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("'" + label + "'"), std::string::npos) << r.error().message;
+}
+#endif
+
+}  // namespace
+}  // namespace weightcache::test
