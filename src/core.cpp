@@ -212,14 +212,13 @@ Core::~Core() {
     // the parent), trimming the tail would cut pages under the parent's reservations (SIGBUS
     // there), and a mutex or condition variable held or waited on by a parent thread at the
     // fork stays so forever here. Drop only what is this process's own: its view of the
-    // mappings and its descriptors (the parent's keep the lock; the members close them).
+    // mappings and its descriptors (the parent's keep the lock): the members do that as they go.
     (void)verify_sync_.release();
-    pf_.release_address_space(base_, va_size_);
     return;
   }
   MutexLock lock(write_mu_);
   // A destructor is a boundary: trimming is best effort (out of memory for a message or a
-  // slot's index skips it); the mappings below, and the files (members), are released whatever
+  // slot's index skips it); the mappings and files are given back by their members whatever
   // happens.
   try {
     trim_on_close_locked();
@@ -227,7 +226,6 @@ Core::~Core() {
     absorb_exception("wc_close");
   }
   release_lease_locked();
-  pf_.release_address_space(base_, va_size_);
 }
 
 void Core::trim_on_close_locked() {
@@ -242,9 +240,7 @@ void Core::trim_on_close_locked() {
     release_lease_locked();
   }
   // Unmapped first: see below.
-  pf_.release_address_space(base_, va_size_);
-  base_ = nullptr;
-  va_size_ = 0;
+  space_.release();
   // Where the OS refuses to shrink a mapped file (Windows), the trim above failed, and where
   // mapping itself extends a file (Windows' legacy mapping mode rounds it up to 64 KiB) the file
   // grew without our knowing: now that nothing of ours is mapped, cut the uncommitted tail if no

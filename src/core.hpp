@@ -5,6 +5,7 @@
 #include "entry_index.hpp"
 #include "file_state.hpp"
 #include "format/format.hpp"
+#include "platform/address_space.hpp"
 #include "platform/platform.hpp"
 #include "thread_annotations.hpp"
 
@@ -77,10 +78,9 @@ class HeapArena {
 
  private:
   struct Chunk {
-    std::uint64_t start = 0;      // arena offset of base[0]
-    std::uint64_t size = 0;       // reserved bytes
+    std::uint64_t start = 0;      // arena offset of space.base()[0]
     std::uint64_t committed = 0;  // [base, base + committed) is usable (writer only)
-    std::byte* base = nullptr;
+    platform::AddressReservation space;
   };
   // Chunks at least double, so 64 hold any arena an address space can; only retries that had
   // to settle for less (an address-space limit) add more.
@@ -204,7 +204,7 @@ class Core {
   Result<bool> try_lock_both_locked() WC_REQUIRES(write_mu_);
   void maybe_trim_locked() WC_REQUIRES(write_mu_);
   /// At close, holding the lease (or able to take it): cuts what was grown but never committed.
-  /// Unmaps the cache's address space (base_, va_size_) before it asks the OS for the file's size.
+  /// Unmaps the cache's address space (space_) before it asks the OS for the file's size.
   void trim_on_close_locked() WC_REQUIRES(write_mu_);
 
   bool verify_entry(Entry* e);
@@ -227,7 +227,7 @@ class Core {
   /// Recomputes durable_live_ from the index (after a merge).
   void recount_durable_locked() WC_REQUIRES(write_mu_);
   std::byte* addr(std::uint64_t offset) const noexcept {
-    return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
+    return offset < file_span_ ? space_.base() + offset : heap_.addr(offset - file_span_);
   }
   /// Why `size` bytes at `ptr` cannot be the source of an insert, or "": where `ptr` lies in the
   /// cache's own memory they must stay inside the reservation or entry it points into (and inside
@@ -260,17 +260,16 @@ class Core {
   unsigned state_mode_ = 0644;     // and its permission bits
   format::HeaderFixed file_fixed_{};
 
-  // Address space: [base_, base_ + file_span_) mirrors the file (address = base_ + offset);
+  // Address space: [space_.base(), + file_span_) mirrors the file (address = base + offset);
   // offsets from file_span_ on are the heap arena's (offset - file_span_), in chunks of their own.
-  std::byte* base_ = nullptr;
-  std::uint64_t va_size_ = 0;  // the reservation at base_ (file_span_, or 0 for a heap-only cache)
   std::uint64_t file_span_ = 0;
-  // Closed in the reverse of this order when the cache goes, after the destructor's body has
-  // released the address space: the file, the lock file, then the heap arena's chunks.
+  // Given back in the reverse of this order when the cache goes, after the destructor's body:
+  // the file's address space, the file, the lock file, then the heap arena's chunks.
   HeapArena heap_{pf_};
   platform::File lock_fd_;  // "<path>.lock", the writer lease's; not open read-only, nor for a descriptor
   platform::File fd_;       // the cache file
-  bool leases_own_file_ = false;  // a writable descriptor cache: the lease is fd_'s own lock
+  platform::AddressReservation space_;  // the file's mirror (empty for a heap-only cache)
+  bool leases_own_file_ = false;        // a writable descriptor cache: the lease is fd_'s own lock
 
   // The writer's state: guarded by write_mu_ (checked by clang's -Wthread-safety).
   mutable Mutex write_mu_;

@@ -102,12 +102,12 @@ Result<void> Core::reserve_address_space(std::uint64_t file_span) {
   // The full range first; when the address space is short (RLIMIT_AS, 32-bit, hundreds of caches
   // open) halve it: a smaller file is better than no cache. Offsets past the span go to the heap.
   for (;;) {
-    auto r = file_span <= SIZE_MAX ? pf_.reserve_address_space(static_cast<std::size_t>(file_span), va_align)
-                                   : Result<void*>(Error{Errc::no_memory, 0, "address space too small"});
+    auto r = file_span <= SIZE_MAX
+                 ? platform::AddressReservation::reserve(pf_, static_cast<std::size_t>(file_span), va_align)
+                 : Result<platform::AddressReservation>(Error{Errc::no_memory, 0, "address space too small"});
     if (r) {
-      base_ = static_cast<std::byte*>(r.value());
+      space_ = std::move(r).value();
       file_span_ = file_span;
-      va_size_ = file_span;
       if (file_span < asked)
         log::warn("'{}': only {} MiB of address space could be reserved for the file (max_file_bytes asks {} MiB); "
                   "the file cannot grow past it",

@@ -84,7 +84,8 @@ class Platform {
   virtual bool replaces_open_files() const noexcept { return true; }
 
   // ---- address space ----
-  /// Reserves (does not commit) `size` bytes of address space aligned to `align`.
+  /// Reserves (does not commit) `size` bytes of address space aligned to `align`. Callers hold
+  /// what it returns in an AddressReservation (address_space.hpp), which releases it.
   virtual Result<void*> reserve_address_space(std::size_t size, std::size_t align) = 0;
   /// Releases a reservation and everything mapped or committed inside it.
   virtual void release_address_space(void* base, std::size_t size) noexcept = 0;

@@ -1,9 +1,10 @@
-// The owner of an open file (src/platform/file.hpp): a File names its file in every error and is
-// closed exactly once, by the platform that opened it, however it is moved. Through the platform
-// seam, so on every OS.
+// The owners of OS resources (src/platform/file.hpp, address_space.hpp): a File names its file
+// in every error and is closed exactly once, by the platform that opened it, however it is moved;
+// an AddressReservation is released when it goes. Through the platform seam, so on every OS.
 #include "unit_test_util.hpp"
 
 #include "forwarding_platform.hpp"
+#include "platform/address_space.hpp"
 #include "platform/file.hpp"
 
 #include <cstring>
@@ -29,7 +30,12 @@ class CountingPlatform final : public ForwardingPlatform {
     closed.push_back(h);
     ForwardingPlatform::close_file(h);
   }
+  void release_address_space(void* b, std::size_t n) noexcept override {
+    released.push_back(b);
+    ForwardingPlatform::release_address_space(b, n);
+  }
   std::vector<Handle> closed;
+  std::vector<void*> released;
 };
 
 TEST(FileOwner, ErrorsAboutAnOpenFileNameIt) {
@@ -82,6 +88,24 @@ TEST(FileOwner, TheOpeningPlatformClosesItOnceWhereverItIsMoved) {
   first.value() = std::move(second).value();
   ASSERT_EQ(pf.closed.size(), 3u);
   EXPECT_EQ(pf.closed.back(), old);
+}
+
+TEST(FileOwner, AnAddressReservationIsReleasedWhenItGoes) {
+  CountingPlatform pf;
+  const std::size_t size = std::size_t{4} << 20, align = pf.map_granularity();
+  void* base = nullptr;
+  {
+    auto r = platform::AddressReservation::reserve(pf, size, align);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    base = r->base();
+    ASSERT_NE(base, nullptr);
+    EXPECT_EQ(r->size(), size);
+    EXPECT_TRUE(r->contains(r->base() + size - 1));
+    EXPECT_FALSE(r->contains(r->base() + size));
+    platform::AddressReservation moved = std::move(r).value();
+    EXPECT_TRUE(pf.released.empty());
+  }
+  EXPECT_EQ(pf.released, std::vector<void*>{base});
 }
 
 #ifndef _WIN32
