@@ -265,9 +265,9 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
     // commit while we copy, and nobody may have the file open when it is replaced.
     auto lk = pf.open_file(path + ".lock", platform::OpenMode::lock_file, info->mode, options.allow_symlink);
     if (!lk) return lk.error();
-    auto lease = pf.try_lock(lk.value());
+    auto lease = platform::Lease::try_take(std::move(lk).value());
     if (!lease) return lease.error();
-    auto data = lease.value() ? pf.try_lock(fd) : Result<bool>(false);
+    auto data = lease->held() ? pf.try_lock(fd) : Result<bool>(false);
     if (!data) return data.error();
     if (!data.value())
       return Error{Errc::busy, 0,
@@ -290,7 +290,7 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
     if (!settings.any_key && st->fixed.compat_hash != format::hash_bytes(options.compat_key))
       return Error{Errc::incompatible, 0, "'" + path + "' was written for another compatibility key"};
     CompactResult out;
-    // The data file's locks go with it; the lease when `lk` is closed.
+    // The data file's locks go with it; the lease is given back when `lease` goes.
     if (auto r = rewrite_compacted(pf, fd, st.value(), info->size, info->mode, settings, &out, [&] { fd.close(); }); !r)
       return r.error();
     if (out.rewritten)

@@ -27,4 +27,27 @@ File File::handed_to(Platform& owner) && noexcept {
   return out;
 }
 
+Result<Lease> Lease::try_take(File lock_file) {
+  if (!lock_file.is_open()) return Error{Errc::invalid_argument, 0, "no open lock file to take a lease on"};
+  auto got = lock_file.owner_->try_lock(lock_file);
+  if (!got) return got.error();
+  return Lease(std::move(lock_file), got.value());
+}
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    release();
+    file_ = std::move(o.file_);
+    held_ = o.held_;
+    o.held_ = false;
+  }
+  return *this;
+}
+
+void Lease::release() noexcept {
+  if (held_ && file_.is_open()) file_.owner_->unlock(file_);
+  held_ = false;
+  file_.close();
+}
+
 }  // namespace weightcache::platform

@@ -1,6 +1,7 @@
-// The owner of what the platform seam opens: an open file, with the path it was opened as, so
-// that every error about it names it. Move-only, and the destructor closes it: no caller closes
-// by hand.
+// The owners of what the platform seam opens: an open file (with the path it was opened as, so
+// that every error about it names it) and the writer lease held through one. Move-only, and the
+// destructor gives the resource back: no caller closes or unlocks by hand. (The address-space
+// reservation's owner is in address_space.hpp.)
 #pragma once
 
 #include <weightcache/weight_cache.hpp>
@@ -44,9 +45,38 @@ class File {
   File handed_to(Platform& owner) && noexcept;
 
  private:
+  friend class Lease;  // locks through the file's owner
   Platform* owner_ = nullptr;
   Handle h_ = kInvalidHandle;
   std::string path_;
+};
+
+/// The writer lease on an open lock file (Platform::try_lock), held while this object lives:
+/// the destructor unlocks and closes the file. What the library's one-shot writers take (wc_compact,
+/// the CLI's convert) on "<cache>.lock", the same lock every cache writer takes; a Core, which
+/// takes and gives back its lease many times over one open lock file, keeps its own state (and
+/// a forked child must close that file without unlocking the parent's lease).
+class Lease {
+ public:
+  Lease() noexcept = default;
+  /// Tries for the lease on `lock_file` without waiting. The Lease keeps the file either way;
+  /// held() says whether it got the lease (false: another handle holds it). Errors: the OS's.
+  static Result<Lease> try_take(File lock_file);
+  Lease(Lease&& o) noexcept : file_(std::move(o.file_)), held_(o.held_) { o.held_ = false; }
+  Lease& operator=(Lease&& o) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() { release(); }
+
+  bool held() const noexcept { return held_; }
+  const File& file() const noexcept { return file_; }
+  /// Gives the lease back (when held) and closes the lock file.
+  void release() noexcept;
+
+ private:
+  Lease(File f, bool held) noexcept : file_(std::move(f)), held_(held) {}
+  File file_;
+  bool held_ = false;
 };
 
 }  // namespace weightcache::platform

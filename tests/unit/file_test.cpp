@@ -1,6 +1,7 @@
 // The owners of OS resources (src/platform/file.hpp, address_space.hpp): a File names its file
 // in every error and is closed exactly once, by the platform that opened it, however it is moved;
-// an AddressReservation is released when it goes. Through the platform seam, so on every OS.
+// a Lease is given back when it goes; an AddressReservation is released when it goes. Through
+// the platform seam, so on every OS.
 #include "unit_test_util.hpp"
 
 #include "forwarding_platform.hpp"
@@ -30,12 +31,17 @@ class CountingPlatform final : public ForwardingPlatform {
     closed.push_back(h);
     ForwardingPlatform::close_file(h);
   }
+  void unlock(const File& f) noexcept override {
+    ++unlocks;
+    ForwardingPlatform::unlock(f);
+  }
   void release_address_space(void* b, std::size_t n) noexcept override {
     released.push_back(b);
     ForwardingPlatform::release_address_space(b, n);
   }
   std::vector<Handle> closed;
   std::vector<void*> released;
+  int unlocks = 0;
 };
 
 TEST(FileOwner, ErrorsAboutAnOpenFileNameIt) {
@@ -88,6 +94,38 @@ TEST(FileOwner, TheOpeningPlatformClosesItOnceWhereverItIsMoved) {
   first.value() = std::move(second).value();
   ASSERT_EQ(pf.closed.size(), 3u);
   EXPECT_EQ(pf.closed.back(), old);
+}
+
+TEST(FileOwner, ALeaseIsGivenBackWhenItGoes) {
+  TempDir dir("wc-file");
+  CountingPlatform pf;
+  const std::string lock = dir.file("c.lock");
+  auto take = [&]() -> Result<platform::Lease> {
+    auto f = pf.open_file(lock, OpenMode::lock_file, 0644, false);
+    if (!f) return f.error();
+    return platform::Lease::try_take(std::move(f).value());
+  };
+  {
+    auto held = take();
+    ASSERT_TRUE(held.ok()) << held.error().message;
+    EXPECT_TRUE(held->held());
+    EXPECT_EQ(held->file().path(), lock);
+    auto refused = take();  // another open of the lock file: another holder, as another process
+    ASSERT_TRUE(refused.ok()) << refused.error().message;
+    EXPECT_FALSE(refused->held());
+  }
+  EXPECT_EQ(pf.unlocks, 1) << "only the lease that was held is unlocked";
+  EXPECT_EQ(pf.closed.size(), 2u);
+  auto later = take();
+  ASSERT_TRUE(later.ok()) << later.error().message;
+  EXPECT_TRUE(later->held());
+  later->release();
+  EXPECT_FALSE(later->held());
+  EXPECT_FALSE(later->file().is_open());
+  EXPECT_EQ(pf.unlocks, 2);
+
+  auto no_file = platform::Lease::try_take(File());
+  EXPECT_FALSE(no_file.ok());
 }
 
 TEST(FileOwner, AnAddressReservationIsReleasedWhenItGoes) {
