@@ -28,31 +28,29 @@ Result<TempFile> TempFile::create(platform::Platform& pf, const std::string& pat
   try {
     std::string tmp = path + ".tmp." + std::to_string(pf.process_id()) + "." + std::to_string(counter.fetch_add(1));
     pf.remove(tmp);  // a leftover of a process that had our pid and died
-    auto h = pf.open_file(tmp, platform::OpenMode::create_new, mode, false);
-    if (!h) return h.error();
-    return TempFile(pf, path, std::move(tmp), h.value());
+    auto f = pf.open_file(tmp, platform::OpenMode::create_new, mode, false);
+    if (!f) return f.error();
+    return TempFile(pf, path, std::move(f).value());
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while naming a temporary file"};
   }
 }
 
 TempFile::TempFile(TempFile&& o) noexcept
-    : pf_(o.pf_), path_(std::move(o.path_)), tmp_(std::move(o.tmp_)), h_(o.h_), committed_(o.committed_) {
-  o.h_ = platform::kInvalidHandle;
+    : pf_(o.pf_), path_(std::move(o.path_)), file_(std::move(o.file_)), committed_(o.committed_) {
   o.committed_ = true;  // the moved-from object owns nothing
 }
 
 TempFile::~TempFile() {
-  if (h_ != platform::kInvalidHandle) pf_->close_file(h_);
-  if (!committed_) pf_->remove(tmp_);
+  file_.close();
+  if (!committed_) pf_->remove(file_.path());
 }
 
 Result<void> TempFile::commit(bool durable) {
   if (durable)
-    if (auto r = pf_->sync(h_); !r) return r.error();
-  pf_->close_file(h_);
-  h_ = platform::kInvalidHandle;
-  if (auto r = pf_->rename(tmp_, path_); !r) return r.error();
+    if (auto r = pf_->sync(file_); !r) return r.error();
+  file_.close();
+  if (auto r = pf_->rename(file_.path(), path_); !r) return r.error();
   committed_ = true;
   if (durable)
     if (auto r = pf_->sync_parent_dir(path_); !r)
@@ -81,7 +79,7 @@ namespace {
 
 // Hashes `size` bytes at `offset` of `fd`, handing each piece to `sink` (may be null).
 template <class Sink>
-Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, std::uint64_t offset,
+Result<std::uint64_t> hash_range(platform::Platform& pf, const platform::File& fd, std::uint64_t offset,
                                  std::uint64_t size, std::byte* buf, Sink&& sink) {
   format::StreamHash h;
   if (!h.ok()) return Error{Errc::no_memory, 0, "out of memory while hashing"};
@@ -99,7 +97,7 @@ Result<std::uint64_t> hash_range(platform::Platform& pf, platform::Handle fd, st
 // index decode to exactly what was written, and every entry hashes to its checksum.
 Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile& w, std::byte* buf,
                        const std::function<void(std::uint64_t)>& progress) {
-  auto st = read_committed(pf, dst.handle(), dst.name(), w.file_size, UINT64_MAX, 0);
+  auto st = read_committed(pf, dst.file(), w.file_size, UINT64_MAX, 0);
   if (!st)  // out of memory is not a bad file: say which it was
     return Error{st.error().code == Errc::no_memory ? Errc::no_memory : Errc::io, 0,
                  "the new file '" + dst.name() + "' does not read back: " + st.error().message};
@@ -110,7 +108,7 @@ Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile&
     const auto& b = w.records[i];
     if (a.key != b.key || a.offset != b.offset || a.size != b.size || a.checksum != b.checksum)
       return Error{Errc::io, 0, "the new file '" + dst.name() + "' reads back with another index"};
-    auto h = hash_range(pf, dst.handle(), a.offset, a.size, buf,
+    auto h = hash_range(pf, dst.file(), a.offset, a.size, buf,
                         [&](const std::byte*, std::size_t n, std::uint64_t) -> Result<void> {
                           if (progress) progress(n);
                           return {};
@@ -124,8 +122,8 @@ Result<void> read_back(platform::Platform& pf, TempFile& dst, const WrittenFile&
 
 }  // namespace
 
-Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
-                              TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
+Result<void> write_cache_file(platform::Platform& pf, const platform::File& src, TempFile& dst,
+                              const format::HeaderFixed& fixed, std::uint64_t sequence,
                               const std::vector<SourceEntry>& entries, WrittenFile* out,
                               const std::function<void(std::uint64_t)>& progress) {
   try {
@@ -133,7 +131,7 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
     if (buf == nullptr) return Error{Errc::no_memory, 0, "out of memory for the copy buffer"};
     const std::uint64_t planned = planned_file_size(entries, fixed.alignment, fixed.size_alignment);
     // Claim the space up front: a full disk fails here, before any copying.
-    if (auto r = pf.allocate(dst.handle(), 0, planned); !r) return r.error();
+    if (auto r = pf.allocate(dst.file(), 0, planned); !r) return r.error();
     std::uint64_t cursor = format::kHeaderSize;
     out->records.reserve(entries.size());
     for (const auto& e : entries) {
@@ -141,9 +139,10 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
       auto h = hash_range(pf, src, e.offset, e.size, buf.get(),
                           [&](const std::byte* p, std::size_t n, std::uint64_t done) {
                             if (progress) progress(n);
-                            return pf.write_at(dst.handle(), p, n, at + done);
+                            return pf.write_at(dst.file(), p, n, at + done);
                           });
-      if (!h) return Error{h.error().code, h.error().sys_errno, "copying from '" + src_path + "': " + h.error().message};
+      if (!h)
+        return Error{h.error().code, h.error().sys_errno, "copying from '" + src.path() + "': " + h.error().message};
       if (e.checksum && *e.checksum != h.value()) {
         out->corrupt_keys.push_back(e.key);
         continue;  // its region is reused by the next entry
@@ -156,10 +155,10 @@ Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, cons
     const auto trailer = format::encode_trailer(out->records, align_up(cursor, 8), &slot);
     // The slot a reader of this sequence expects it in when there is only one (docs/FORMAT.md).
     const auto header = sequence % 2 == 0 ? format::encode_header(fixed, slot, {}) : format::encode_header(fixed, {}, slot);
-    if (auto r = pf.write_at(dst.handle(), trailer.data(), trailer.size(), slot.index_offset); !r) return r.error();
-    if (auto r = pf.write_at(dst.handle(), header.data(), header.size(), 0); !r) return r.error();
+    if (auto r = pf.write_at(dst.file(), trailer.data(), trailer.size(), slot.index_offset); !r) return r.error();
+    if (auto r = pf.write_at(dst.file(), header.data(), header.size(), 0); !r) return r.error();
     if (slot.committed_size < planned)  // entries were left out
-      if (auto r = pf.truncate(dst.handle(), slot.committed_size); !r) return r.error();
+      if (auto r = pf.truncate(dst.file(), slot.committed_size); !r) return r.error();
     out->file_size = slot.committed_size;
     return read_back(pf, dst, *out, buf.get(), progress);
   } catch (const std::bad_alloc&) {
@@ -183,10 +182,10 @@ std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) n
   }
 }
 
-Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
-                               const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
-                               const CompactSettings& settings, CompactResult* out,
-                               const std::function<void()>& let_go) {
+Result<void> rewrite_compacted(platform::Platform& pf, const platform::File& fd, const CommittedState& st,
+                               std::uint64_t file_size, unsigned file_mode, const CompactSettings& settings,
+                               CompactResult* out, const std::function<void()>& let_go) {
+  const std::string& path = fd.path();  // stays when let_go closes fd
   try {
     out->bytes_before = file_size;
     out->entries = st.records.size();
@@ -233,7 +232,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, cons
     // The next sequence, so that nothing that remembers the old file's sequence sees it go back.
     const std::uint64_t sequence =
         settings.canonical || st.slot.sequence + 1 == UINT64_MAX ? 1 : st.slot.sequence + 1;
-    if (auto r = write_cache_file(pf, fd, path, tmp.value(), st.fixed, sequence, entries, &w); !r) return r.error();
+    if (auto r = write_cache_file(pf, fd, tmp.value(), st.fixed, sequence, entries, &w); !r) return r.error();
     out->corrupt_keys = w.corrupt_keys;
     if (!w.corrupt_keys.empty() && !settings.drop_corrupt)
       return Error{Errc::corrupt, 0,
@@ -256,35 +255,25 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
     platform::Platform& pf = platform::os();
     if (options.path.empty()) return Error{Errc::invalid_argument, 0, "compact: no path given"};
     const std::string& path = options.path;
-    auto fd = pf.open_file(path, platform::OpenMode::read_write, options.file_mode, options.allow_symlink);
-    if (!fd) return fd.error();
-    platform::Handle h = fd.value();
-    struct Closer {
-      platform::Platform& pf;
-      platform::Handle h;
-      ~Closer() { pf.close_file(h); }
-    } close_data{pf, h};
-    auto info = pf.stat_file(h);
+    auto opened = pf.open_file(path, platform::OpenMode::read_write, options.file_mode, options.allow_symlink);
+    if (!opened) return opened.error();
+    platform::File& fd = opened.value();
+    auto info = pf.stat_file(fd);
     if (!info) return info.error();
     if (!info->regular) return Error{Errc::invalid_argument, 0, "'" + path + "' is not a regular file"};
     // The writer lease first (the order every writer takes), then the in-use lock: nobody may
     // commit while we copy, and nobody may have the file open when it is replaced.
     auto lk = pf.open_file(path + ".lock", platform::OpenMode::lock_file, info->mode, options.allow_symlink);
     if (!lk) return lk.error();
-    struct Unlocker {
-      platform::Platform& pf;
-      platform::Handle h;
-      ~Unlocker() { pf.close_file(h); }
-    } close_lock{pf, lk.value()};
-    auto lease = pf.try_lock(lk.value());
+    auto lease = platform::Lease::try_take(std::move(lk).value());
     if (!lease) return lease.error();
-    auto data = lease.value() ? pf.try_lock(h) : Result<bool>(false);
+    auto data = lease->held() ? pf.try_lock(fd) : Result<bool>(false);
     if (!data) return data.error();
     if (!data.value())
       return Error{Errc::busy, 0,
                    "'" + path + "' is busy: a writer holds its lease ('" + path +
                        ".lock'). Run again once the process adding entries has finished."};
-    auto alone = pf.try_lock_in_use(h, true);
+    auto alone = pf.try_lock_in_use(fd, true);
     if (!alone) return alone.error();
     if (!alone.value())
       return Error{Errc::busy, 0,
@@ -296,16 +285,13 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
       return Error{Errc::busy, 0, "'" + path + "' was replaced while it was being locked; run again"};
     if (info->size < format::kHeaderSize)
       return Error{Errc::corrupt, 0, "'" + path + "' is shorter than a cache file's header"};
-    auto st = read_committed(pf, h, path, info->size, UINT64_MAX, 0);
+    auto st = read_committed(pf, fd, info->size, UINT64_MAX, 0);
     if (!st) return Error{st.error().code, st.error().sys_errno, "'" + path + "': " + st.error().message};
     if (!settings.any_key && st->fixed.compat_hash != format::hash_bytes(options.compat_key))
       return Error{Errc::incompatible, 0, "'" + path + "' was written for another compatibility key"};
     CompactResult out;
-    auto let_go = [&] {
-      pf.close_file(close_data.h);
-      close_data.h = platform::kInvalidHandle;
-    };
-    if (auto r = rewrite_compacted(pf, h, path, st.value(), info->size, info->mode, settings, &out, let_go); !r)
+    // The data file's locks go with it; the lease is given back when `lease` goes.
+    if (auto r = rewrite_compacted(pf, fd, st.value(), info->size, info->mode, settings, &out, [&] { fd.close(); }); !r)
       return r.error();
     if (out.rewritten)
       log::info("compacted '{}': {} -> {} bytes, {} entries", path, out.bytes_before, out.bytes_after, out.entries);

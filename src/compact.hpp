@@ -24,18 +24,20 @@ class TempFile {
   TempFile& operator=(TempFile&&) = delete;
   TempFile(const TempFile&) = delete;
   ~TempFile();
-  platform::Handle handle() const noexcept { return h_; }
-  const std::string& name() const noexcept { return tmp_; }
+  /// The new file, open for writing until commit().
+  const platform::File& file() const noexcept { return file_; }
+  /// Its temporary name.
+  const std::string& name() const noexcept { return file_.path(); }
   /// Syncs the file (when `durable`), closes it, renames it over the path and syncs the
   /// directory (when `durable`). After a failure the temporary is still deleted by the destructor.
   Result<void> commit(bool durable);
 
  private:
-  TempFile(platform::Platform& pf, std::string path, std::string tmp, platform::Handle h)
-      : pf_(&pf), path_(std::move(path)), tmp_(std::move(tmp)), h_(h) {}
+  TempFile(platform::Platform& pf, std::string path, platform::File file) noexcept
+      : pf_(&pf), path_(std::move(path)), file_(std::move(file)) {}
   platform::Platform* pf_;
-  std::string path_, tmp_;
-  platform::Handle h_ = platform::kInvalidHandle;
+  std::string path_;
+  platform::File file_;  // named by its temporary name, which stays after it is closed
   bool committed_ = false;
 };
 
@@ -63,8 +65,8 @@ std::uint64_t planned_file_size(const std::vector<SourceEntry>& entries, std::ui
 /// file back (header, index and every entry's checksum) before the caller commits it.
 /// `progress`, if set, hears of every piece of entry bytes copied or read back (a CLI's progress
 /// line: twice the entries' bytes in all).
-Result<void> write_cache_file(platform::Platform& pf, platform::Handle src, const std::string& src_path,
-                              TempFile& dst, const format::HeaderFixed& fixed, std::uint64_t sequence,
+Result<void> write_cache_file(platform::Platform& pf, const platform::File& src, TempFile& dst,
+                              const format::HeaderFixed& fixed, std::uint64_t sequence,
                               const std::vector<SourceEntry>& entries, WrittenFile* out,
                               const std::function<void(std::uint64_t)>& progress = {});
 
@@ -89,14 +91,13 @@ struct CompactResult {
 std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept;
 
 /// Rewrites the live entries of the cache file open at `fd` (committed state `st`) into a new
-/// file renamed over `path`. The caller holds the writer lease and the exclusive in-use lock on
-/// `fd`, so no process has the file open and none can commit meanwhile.
+/// file renamed over the path it was opened as. The caller holds the writer lease and the
+/// exclusive in-use lock on `fd`, so no process has the file open and none can commit meanwhile.
 /// `let_go` closes `fd` (and so its locks): called just before the rename where the platform
 /// cannot rename over a file this process holds open (Windows).
-Result<void> rewrite_compacted(platform::Platform& pf, platform::Handle fd, const std::string& path,
-                               const CommittedState& st, std::uint64_t file_size, unsigned file_mode,
-                               const CompactSettings& settings, CompactResult* out,
-                               const std::function<void()>& let_go);
+Result<void> rewrite_compacted(platform::Platform& pf, const platform::File& fd, const CommittedState& st,
+                               std::uint64_t file_size, unsigned file_mode, const CompactSettings& settings,
+                               CompactResult* out, const std::function<void()>& let_go);
 
 /// wc_compact: opens options.path, takes the writer lease and the exclusive in-use lock (busy
 /// when another process holds either), checks the compatibility key (unless settings.any_key),

@@ -212,29 +212,22 @@ Core::~Core() {
     // the parent), trimming the tail would cut pages under the parent's reservations (SIGBUS
     // there), and a mutex or condition variable held or waited on by a parent thread at the
     // fork stays so forever here. Drop only what is this process's own: its view of the
-    // mappings and its descriptors (the parent's keep the lock).
+    // mappings and its descriptors (the parent's keep the lock): the members do that as they go.
     (void)verify_sync_.release();
-    if (trust_ && trust_->own_record_fd) pf_.close_file(trust_->record_fd);
-    pf_.release_address_space(base_, va_size_);
-    pf_.close_file(fd_);
-    if (lock_fd_ != fd_) pf_.close_file(lock_fd_);
     return;
   }
   // What this process verified, for the next one (before the trim, which may change the file).
   publish_verification();
-  if (trust_ && trust_->own_record_fd) pf_.close_file(trust_->record_fd);
   MutexLock lock(write_mu_);
   // A destructor is a boundary: trimming is best effort (out of memory for a message or a
-  // slot's index skips it); the mappings and descriptors below are released whatever happens.
+  // slot's index skips it); the mappings and files are given back by their members whatever
+  // happens.
   try {
     trim_on_close_locked();
   } catch (...) {
     absorb_exception("wc_close");
   }
   release_lease_locked();
-  pf_.release_address_space(base_, va_size_);
-  pf_.close_file(fd_);
-  if (lock_fd_ != fd_) pf_.close_file(lock_fd_);  // a descriptor cache leases the file itself
 }
 
 void Core::trim_on_close_locked() {
@@ -249,15 +242,13 @@ void Core::trim_on_close_locked() {
     release_lease_locked();
   }
   // Unmapped first: see below.
-  pf_.release_address_space(base_, va_size_);
-  base_ = nullptr;
-  va_size_ = 0;
+  space_.release();
   // Where the OS refuses to shrink a mapped file (Windows), the trim above failed, and where
   // mapping itself extends a file (Windows' legacy mapping mode rounds it up to 64 KiB) the file
   // grew without our knowing: now that nothing of ours is mapped, cut the uncommitted tail if no
   // other writer is at work. The real size decides, not the size we last set.
   bool grown = false;
-  if (file_backed_ && !opts_.read_only && fd_ != platform::kInvalidHandle && lock_fd_ != platform::kInvalidHandle) {
+  if (file_backed_ && !opts_.read_only && fd_.is_open() && lease_file().is_open()) {
     auto info = pf_.stat_file(fd_);
     grown = info && info->size > committed_.committed_size;
   }
@@ -347,7 +338,7 @@ Result<void> Core::refresh() {
 
 Result<void> Core::refresh_locked() {
   if (awaiting_file_.load(std::memory_order_relaxed)) return try_attach_locked();
-  if (!file_backed_ || fd_ == platform::kInvalidHandle) return {};
+  if (!file_backed_ || !fd_.is_open()) return {};
   auto info = pf_.stat_file(fd_);
   if (!info) return info.error();
   std::vector<format::IndexRecord> records;

@@ -6,6 +6,7 @@
 #include "file_state.hpp"
 #include "verify_record.hpp"
 #include "format/format.hpp"
+#include "platform/address_space.hpp"
 #include "platform/platform.hpp"
 #include "thread_annotations.hpp"
 
@@ -78,10 +79,9 @@ class HeapArena {
 
  private:
   struct Chunk {
-    std::uint64_t start = 0;      // arena offset of base[0]
-    std::uint64_t size = 0;       // reserved bytes
+    std::uint64_t start = 0;      // arena offset of space.base()[0]
     std::uint64_t committed = 0;  // [base, base + committed) is usable (writer only)
-    std::byte* base = nullptr;
+    platform::AddressReservation space;
   };
   // Chunks at least double, so 64 hold any arena an address space can; only retries that had
   // to settle for less (an address-space limit) add more.
@@ -120,13 +120,9 @@ class Core {
   Stats stats() const;
   std::size_t alignment() const noexcept { return align_; }
   /// The OS descriptor of a file-backed cache's file (wc_get_fd), or -1.
-  int descriptor() const noexcept {
-    return file_backed() && fd_ != platform::kInvalidHandle ? pf_.native_descriptor(fd_) : -1;
-  }
+  int descriptor() const noexcept { return file_backed() && fd_.is_open() ? pf_.native_descriptor(fd_) : -1; }
   /// The OS handle of a file-backed cache's file (wc_get_handle: Windows), or nullptr.
-  void* os_handle() const noexcept {
-    return file_backed() && fd_ != platform::kInvalidHandle ? pf_.native_os_handle(fd_) : nullptr;
-  }
+  void* os_handle() const noexcept { return file_backed() && fd_.is_open() ? pf_.native_os_handle(fd_) : nullptr; }
 
   bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
   Identity identity() const noexcept { return identity_; }
@@ -172,7 +168,7 @@ class Core {
   Result<void> try_attach_locked() WC_REQUIRES(write_mu_);  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file();  // under the lease
   Result<void> init_descriptor();      // options.fd, options.handle or ":memory:"
-  Result<void> write_empty_cache(platform::Handle h);  // header + empty index, in order
+  Result<void> write_empty_cache(const platform::File& f);  // header + empty index, in order
   Result<void> write_empty_cache_in_place();
   Result<void> rebuild_file();         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file();    // under the lease; renames a new file into place
@@ -180,6 +176,8 @@ class Core {
   bool compact_in_place(const CommittedState& st);  // true: a new file took the path
   void make_read_only(std::string why);
   bool persist_wanted() const noexcept { return file_backed_ || heap_why_.code != Errc::ok; }
+  /// What the writer lease locks: the lock file, or a descriptor cache's file itself.
+  const platform::File& lease_file() const noexcept { return leases_own_file_ ? fd_ : lock_fd_; }
   static const Core* lease_holder(const Identity& lock) noexcept;
   void set_lease_holder(const Identity& lock, const Core* holder) noexcept;
   Result<format::CommitSlot> read_latest_slot(std::uint64_t newer_than, std::vector<format::IndexRecord>* records,
@@ -209,7 +207,7 @@ class Core {
   Result<bool> try_lock_both_locked() WC_REQUIRES(write_mu_);
   void maybe_trim_locked() WC_REQUIRES(write_mu_);
   /// At close, holding the lease (or able to take it): cuts what was grown but never committed.
-  /// Unmaps the cache's address space (base_, va_size_) before it asks the OS for the file's size.
+  /// Unmaps the cache's address space (space_) before it asks the OS for the file's size.
   void trim_on_close_locked() WC_REQUIRES(write_mu_);
 
   bool verify_entry(Entry* e);
@@ -238,7 +236,7 @@ class Core {
   /// Recomputes durable_live_ from the index (after a merge).
   void recount_durable_locked() WC_REQUIRES(write_mu_);
   std::byte* addr(std::uint64_t offset) const noexcept {
-    return offset < file_span_ ? base_ + offset : heap_.addr(offset - file_span_);
+    return offset < file_span_ ? space_.base() + offset : heap_.addr(offset - file_span_);
   }
   /// Why `size` bytes at `ptr` cannot be the source of an insert, or "": where `ptr` lies in the
   /// cache's own memory they must stay inside the reservation or entry it points into (and inside
@@ -271,21 +269,22 @@ class Core {
   unsigned state_mode_ = 0644;     // and its permission bits
   format::HeaderFixed file_fixed_{};
 
-  platform::Handle fd_ = platform::kInvalidHandle;
-  platform::Handle lock_fd_ = platform::kInvalidHandle;
-
-  // Address space: [base_, base_ + file_span_) mirrors the file (address = base_ + offset);
+  // Address space: [space_.base(), + file_span_) mirrors the file (address = base + offset);
   // offsets from file_span_ on are the heap arena's (offset - file_span_), in chunks of their own.
-  std::byte* base_ = nullptr;
-  std::uint64_t va_size_ = 0;  // the reservation at base_ (file_span_, or 0 for a heap-only cache)
   std::uint64_t file_span_ = 0;
+  // Given back in the reverse of this order when the cache goes, after the destructor's body:
+  // the file's address space, the file, the lock file, then the heap arena's chunks.
   HeapArena heap_{pf_};
+  platform::File lock_fd_;  // "<path>.lock", the writer lease's; not open read-only, nor for a descriptor
+  platform::File fd_;       // the cache file
+  platform::AddressReservation space_;  // the file's mirror (empty for a heap-only cache)
+  bool leases_own_file_ = false;        // a writable descriptor cache: the lease is fd_'s own lock
 
   // The writer's state: guarded by write_mu_ (checked by clang's -Wthread-safety).
   mutable Mutex write_mu_;
   bool has_lease_ WC_GUARDED_BY(write_mu_) = false;
   bool lease_gave_up_ WC_GUARDED_BY(write_mu_) = false;  // a full lease wait timed out: only quick tries until finalize/refresh
-  platform::Handle data_locked_ WC_GUARDED_BY(write_mu_) = platform::kInvalidHandle;  // data file locked with the lease
+  bool data_locked_ WC_GUARDED_BY(write_mu_) = false;  // fd_ locked with the lease (unlocked before fd_ closes)
   std::uint64_t file_size_ WC_GUARDED_BY(write_mu_) = 0;     // current size of the file
   std::uint64_t mapped_end_ WC_GUARDED_BY(write_mu_) = 0;    // file bytes [0, mapped_end_) are mapped
   std::uint64_t cursor_ WC_GUARDED_BY(write_mu_) = 0;        // next free file offset (valid with the lease)
@@ -316,8 +315,8 @@ class Core {
     std::mutex mu;
     StateStamp stamp;
     std::vector<Entry*> entries;  // the stamp's commit in index order (null: not this process's)
-    platform::Handle record_fd = platform::kInvalidHandle;  // the lock file, opened for the record
-    bool own_record_fd = false;   // opened for it (a read-only opener): closed with the cache
+    const platform::File* record = nullptr;  // the lock file: lock_fd_, or own_record
+    platform::File own_record;    // opened for the record alone (a read-only opener)
     bool writable = false;        // this process may write the record
     bool publishable = false;     // a change after the stamp would show in the change time
   };

@@ -15,8 +15,8 @@ using namespace core_detail;
 // ---------------------------------------------------------------------------------------------
 
 HeapArena::~HeapArena() {
-  for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i)
-    pf_.release_address_space(chunks_[i].base, static_cast<std::size_t>(chunks_[i].size));
+  // In the order they were reserved (the array would release them the other way round).
+  for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i) chunks_[i].space.release();
 }
 
 std::byte* HeapArena::addr(std::uint64_t off) const noexcept {
@@ -28,20 +28,20 @@ std::byte* HeapArena::addr(std::uint64_t off) const noexcept {
     if (chunks_[mid].start <= off) lo = mid;
     else hi = mid;
   }
-  return chunks_[lo].base + (off - chunks_[lo].start);
+  return chunks_[lo].space.base() + (off - chunks_[lo].start);
 }
 
 bool HeapArena::contains(const std::byte* p) const noexcept {
   for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i)
-    if (p >= chunks_[i].base && p < chunks_[i].base + chunks_[i].size) return true;
+    if (chunks_[i].space.contains(p)) return true;
   return false;
 }
 
 bool HeapArena::find(const std::byte* p, std::uint64_t* off, std::uint64_t* room) const noexcept {
   for (unsigned i = 0, n = count_.load(std::memory_order_acquire); i < n; ++i) {
     const Chunk& c = chunks_[i];
-    if (p < c.base || p >= c.base + c.size) continue;
-    const auto at = static_cast<std::uint64_t>(p - c.base);
+    if (!c.space.contains(p)) continue;
+    const auto at = static_cast<std::uint64_t>(p - c.space.base());
     *off = c.start + at;
     *room = c.committed > at ? c.committed - at : 0;
     return true;
@@ -52,11 +52,12 @@ bool HeapArena::find(const std::byte* p, std::uint64_t* off, std::uint64_t* room
 Result<void> HeapArena::commit(Chunk& c, std::uint64_t end, std::uint64_t gran) {
   if (end <= c.committed) return {};
   // Geometric, as the file grows, but settle for just what is needed when memory is short.
-  std::uint64_t target = std::min(std::max({align_up(end, gran), c.committed * 2, kMinChunk}), c.size);
-  auto r = pf_.commit_memory(c.base + c.committed, static_cast<std::size_t>(target - c.committed));
+  const std::uint64_t size = c.space.size();
+  std::uint64_t target = std::min(std::max({align_up(end, gran), c.committed * 2, kMinChunk}), size);
+  auto r = pf_.commit_memory(c.space.base() + c.committed, static_cast<std::size_t>(target - c.committed));
   if (!r && target > align_up(end, gran)) {
-    target = std::min(align_up(end, gran), c.size);
-    r = pf_.commit_memory(c.base + c.committed, static_cast<std::size_t>(target - c.committed));
+    target = std::min(align_up(end, gran), size);
+    r = pf_.commit_memory(c.space.base() + c.committed, static_cast<std::size_t>(target - c.committed));
   }
   if (!r) return r.error();
   c.committed = target;
@@ -69,7 +70,7 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
   if (n > 0) {  // the rest of the last chunk
     Chunk& c = chunks_[n - 1];
     const std::uint64_t off = align_up(std::max(from, c.start), align);
-    if (off + size >= off && off + size <= c.start + c.size) {
+    if (off + size >= off && off + size <= c.start + c.space.size()) {
       if (auto r = commit(c, off - c.start + size, gran); !r) return r.error();
       return off;
     }
@@ -80,13 +81,14 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
   // A new chunk after the last, aligned like the addresses it hands out. It doubles the arena
   // (so chunks stay few), or holds just this entry when the address space is short.
   const std::uint64_t chunk_align = std::max(align, gran);
-  const std::uint64_t start = n == 0 ? 0 : align_up(chunks_[n - 1].start + chunks_[n - 1].size, chunk_align);
+  const std::uint64_t start = n == 0 ? 0 : align_up(chunks_[n - 1].start + chunks_[n - 1].space.size(), chunk_align);
   const std::uint64_t need = align_up(std::max<std::uint64_t>(size, 1), gran);
   std::uint64_t want = std::max({need, reserved_, kMinChunk});
-  Result<void*> r = Error{Errc::no_memory, 0, ""};
+  Result<platform::AddressReservation> r = Error{Errc::no_memory, 0, ""};
   for (;;) {
-    r = want <= SIZE_MAX ? pf_.reserve_address_space(static_cast<std::size_t>(want), static_cast<std::size_t>(chunk_align))
-                         : Result<void*>(Error{Errc::no_memory, 0, "address space too small"});
+    r = want <= SIZE_MAX ? platform::AddressReservation::reserve(pf_, static_cast<std::size_t>(want),
+                                                                 static_cast<std::size_t>(chunk_align))
+                         : Result<platform::AddressReservation>(Error{Errc::no_memory, 0, "address space too small"});
     if (r || want == need) break;
     want = std::max(need, align_up(want / 2, gran));
   }
@@ -94,14 +96,13 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
     return Error{r.error().code, r.error().sys_errno,
                  "cannot reserve " + std::to_string(need >> 20) + " MiB of address space for heap memory: " +
                      r.error().message};
+  // Readers see chunks_[n] only once count_ says so: until then it is the writer's alone.
   Chunk& c = chunks_[n];
   c.start = start;
-  c.size = want;
   c.committed = 0;
-  c.base = static_cast<std::byte*>(r.value());
+  c.space = std::move(r).value();
   if (auto cr = commit(c, size, gran); !cr) {
-    pf_.release_address_space(c.base, static_cast<std::size_t>(c.size));
-    c = Chunk{};
+    c = Chunk{};  // gives the range back
     return Error{cr.error().code, cr.error().sys_errno, "cannot commit heap memory: " + cr.error().message};
   }
   reserved_ += want;
@@ -111,7 +112,7 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
 
 std::string Core::source_problem(const void* ptr, std::uint64_t size) {
   const auto* p = static_cast<const std::byte*>(ptr);
-  if (!(base_ != nullptr && p >= base_ && p < base_ + file_span_) && !heap_.contains(p))
+  if (!space_.contains(p) && !heap_.contains(p))
     return {};  // the caller's own memory: its size is the caller's word
   MutexLock lock(write_mu_);
   std::uint64_t at = 0, room = 0;
@@ -147,8 +148,8 @@ std::string Core::source_problem(const void* ptr, std::uint64_t size) {
 
 bool Core::offset_of(const void* ptr, std::uint64_t* offset, std::uint64_t* room) const noexcept {
   const auto* p = static_cast<const std::byte*>(ptr);
-  if (base_ != nullptr && p >= base_ && p < base_ + file_span_) {
-    *offset = static_cast<std::uint64_t>(p - base_);
+  if (space_.contains(p)) {
+    *offset = static_cast<std::uint64_t>(p - space_.base());
     *room = mapped_end_ > *offset ? mapped_end_ - *offset : 0;
     return true;
   }

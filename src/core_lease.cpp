@@ -22,8 +22,7 @@ void Core::sleep_unlocked(MutexLock* lk, std::chrono::microseconds d) {
 
 Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   if (has_lease_) return {};
-  if (lock_fd_ == platform::kInvalidHandle)
-    return Error{Errc::read_only, 0, "cache is open read-only"};
+  if (!lease_file().is_open()) return Error{Errc::read_only, 0, "cache is open read-only"};
   // Another cache of this process holds the lease on this lock file (the file at the path was
   // replaced, and this process opened the new one while still holding the old one's lease):
   // waiting would be waiting for ourselves.
@@ -60,7 +59,7 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   has_lease_ = true;
   set_lease_holder(lock_identity_, this);
   lease_gave_up_ = false;
-  if (fd_ == platform::kInvalidHandle || !catch_up) return {};  // creating or replacing the file
+  if (!fd_.is_open() || !catch_up) return {};  // creating or replacing the file
   // The path may now name another file (a rebuild or compaction elsewhere): never append to an
   // inode others no longer read. (A descriptor cache has no path: its file is its file.)
   auto ours = pf_.stat_file(fd_);
@@ -98,24 +97,24 @@ Result<bool> Core::try_lock_both_locked() {
   // open one file through two hard links hold different sidecars. Always sidecar first.
   // A cache on a descriptor leases the file itself: one lock (Windows refuses a second
   // exclusive lock of the same byte through the same handle).
-  auto got = pf_.try_lock(lock_fd_);
-  if (!got || !got.value() || fd_ == platform::kInvalidHandle || fd_ == lock_fd_) return got;
+  auto got = pf_.try_lock(lease_file());
+  if (!got || !got.value() || !fd_.is_open() || &lease_file() == &fd_) return got;
   auto data = pf_.try_lock(fd_);
   if (!data || !data.value()) {
-    pf_.unlock(lock_fd_);
+    pf_.unlock(lease_file());
     return data;
   }
-  data_locked_ = fd_;
+  data_locked_ = true;
   return true;
 }
 
 void Core::release_lease_locked() noexcept {
   if (!has_lease_) return;
-  if (data_locked_ != platform::kInvalidHandle) {
-    pf_.unlock(data_locked_);
-    data_locked_ = platform::kInvalidHandle;
+  if (data_locked_) {
+    pf_.unlock(fd_);  // the file it was taken on: every path that closes fd_ gives the lease back first
+    data_locked_ = false;
   }
-  pf_.unlock(lock_fd_);
+  pf_.unlock(lease_file());
   has_lease_ = false;
   set_lease_holder(lock_identity_, nullptr);
 }

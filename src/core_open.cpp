@@ -107,12 +107,12 @@ Result<void> Core::reserve_address_space(std::uint64_t file_span) {
   // The full range first; when the address space is short (RLIMIT_AS, 32-bit, hundreds of caches
   // open) halve it: a smaller file is better than no cache. Offsets past the span go to the heap.
   for (;;) {
-    auto r = file_span <= SIZE_MAX ? pf_.reserve_address_space(static_cast<std::size_t>(file_span), va_align)
-                                   : Result<void*>(Error{Errc::no_memory, 0, "address space too small"});
+    auto r = file_span <= SIZE_MAX
+                 ? platform::AddressReservation::reserve(pf_, static_cast<std::size_t>(file_span), va_align)
+                 : Result<platform::AddressReservation>(Error{Errc::no_memory, 0, "address space too small"});
     if (r) {
-      base_ = static_cast<std::byte*>(r.value());
+      space_ = std::move(r).value();
       file_span_ = file_span;
-      va_size_ = file_span;
       if (file_span < asked)
         log::warn("'{}': only {} MiB of address space could be reserved for the file (max_file_bytes asks {} MiB); "
                   "the file cannot grow past it",
@@ -204,7 +204,7 @@ Result<void> Core::init_file() {
       log::warn("cannot create the lock file '{}' ({}); using the cache read-only", lock_path_, lk.error().message);
       make_read_only("its lock file '" + lock_path_ + "' cannot be created");
     } else {
-      lock_fd_ = lk.value();
+      lock_fd_ = std::move(lk).value();
       if (auto id = pf_.stat_file(lock_fd_)) lock_identity_ = {id->device, id->inode};
     }
   }
@@ -291,9 +291,10 @@ Result<void> Core::init_descriptor() {
     h = reopen(false);
   }
   if (!h) return h.error();
-  fd_ = h.value();
+  fd_ = std::move(h).value();
+  fd_.set_path(opts_.path);  // "fd N" or ":memory:" already, unless the caller gave it a label
   if (!opts_.read_only) {
-    lock_fd_ = fd_;  // the writer lease: the file's own flock
+    leases_own_file_ = true;  // the writer lease: the file's own flock
     if (auto id = pf_.stat_file(fd_)) lock_identity_ = {id->device, id->inode};
   }
   const auto deadline = std::chrono::steady_clock::now() + opts_.lease_timeout;
@@ -339,7 +340,7 @@ Result<void> Core::init_descriptor() {
   }
 }
 
-Result<void> Core::write_empty_cache(platform::Handle h) {
+Result<void> Core::write_empty_cache(const platform::File& f) {
   format::HeaderFixed fixed;
   fixed.alignment = align_;
   fixed.size_alignment = opts_.size_alignment;
@@ -350,12 +351,12 @@ Result<void> Core::write_empty_cache(platform::Handle h) {
     const auto trailer = format::encode_trailer({}, format::kHeaderSize, &slot);
     const auto header = format::encode_header(fixed, {}, slot);
     // Index first, header last: a reader never sees a header naming an index not yet written.
-    if (auto r = pf_.write_at(h, trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
+    if (auto r = pf_.write_at(f, trailer.data(), trailer.size(), format::kHeaderSize); !r) return r.error();
     if (opts_.durability == Durability::full)
-      if (auto r = pf_.sync(h); !r) return r.error();
-    if (auto r = pf_.write_at(h, header.data(), header.size(), 0); !r) return r.error();
+      if (auto r = pf_.sync(f); !r) return r.error();
+    if (auto r = pf_.write_at(f, header.data(), header.size(), 0); !r) return r.error();
     if (opts_.durability == Durability::full)
-      if (auto r = pf_.sync(h); !r) return r.error();
+      if (auto r = pf_.sync(f); !r) return r.error();
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while initialising '" + opts_.path + "'"};
   }
@@ -374,17 +375,13 @@ void Core::make_read_only(std::string why) {
     read_only_why_ = std::move(why);
   } catch (...) {
   }
-  if (lock_fd_ != platform::kInvalidHandle) {
-    pf_.close_file(lock_fd_);
-    lock_fd_ = platform::kInvalidHandle;
-  }
+  lock_fd_.close();
 }
 
 Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) {
   auto backoff = std::chrono::microseconds(200);
   for (;;) {
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
+    fd_.close();
     auto fd = pf_.open_file(opts_.path, opts_.read_only ? platform::OpenMode::read : platform::OpenMode::read_write,
                             opts_.file_mode, opts_.allow_symlink);
     if (!fd && !opts_.read_only && (fd.error().sys_errno == EACCES || fd.error().sys_errno == EROFS ||
@@ -399,7 +396,7 @@ Result<bool> Core::open_in_use(std::chrono::steady_clock::time_point deadline) {
       continue;
     }
     if (!fd) return fd.error();
-    fd_ = fd.value();
+    fd_ = std::move(fd).value();
     // Shared, as every user holds it. An exclusive holder is rebuilding, compacting or deleting
     // the file: wait.
     {
@@ -438,8 +435,7 @@ Result<void> Core::create_missing_file() {
   MutexLock lock(write_mu_);  // nobody else has this cache yet; the lease's state wants it
   // Build under the lease so concurrent openers build once; re-check first: another process may
   // have put a file in place while we waited.
-  pf_.close_file(fd_);
-  fd_ = platform::kInvalidHandle;
+  fd_.close();
   if (auto r = acquire_lease_locked(nullptr); !r) return r.error();
   Result<void> out;
   if (auto st = pf_.stat_path(opts_.path, opts_.allow_symlink); !st && st.error().sys_errno == ENOENT) {
@@ -457,16 +453,14 @@ Result<void> Core::rebuild_file() {
   if (auto r = acquire_lease_locked(nullptr, false); !r) return r.error();
   if (!pf_.replaces_open_files()) {  // Windows: the rename needs our handle closed, lock and all
     release_lease_locked();
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
+    fd_.close();
     if (auto r = acquire_lease_locked(nullptr, false); !r) return r.error();
   }
   auto out = create_fresh_file();
   release_lease_locked();
   // Let go of the unusable file only now (and before reopening: Windows refuses to replace, and
   // our caller reopens, a file this process still has open).
-  pf_.close_file(fd_);
-  fd_ = platform::kInvalidHandle;
+  fd_.close();
   return out;
 }
 
@@ -477,7 +471,7 @@ Result<void> Core::create_fresh_file() {
   }
   auto tmp = TempFile::create(pf_, opts_.path, opts_.file_mode);
   if (!tmp) return tmp.error();
-  if (auto r = write_empty_cache(tmp->handle()); !r) return r;
+  if (auto r = write_empty_cache(tmp->file()); !r) return r;
   if (auto r = tmp->commit(opts_.durability != Durability::none); !r) return r.error();
   log::info("created cache file '{}'", opts_.path);
   return {};
@@ -505,11 +499,10 @@ bool Core::compact_in_place(const CommittedState& st) {
   CompactSettings settings;
   settings.durability = opts_.durability;
   CompactResult out;
-  auto r = rewrite_compacted(pf_, fd_, opts_.path, st, state_size_, state_mode_, settings, &out,
+  auto r = rewrite_compacted(pf_, fd_, st, state_size_, state_mode_, settings, &out,
                              [this]() WC_NO_THREAD_SAFETY_ANALYSIS {  // called while this holds write_mu_
     if (has_lease_) release_lease_locked();  // its data-file lock goes with the handle
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
+    fd_.close();
   });
   release_lease_locked();
   if (!r) {
@@ -521,8 +514,7 @@ bool Core::compact_in_place(const CommittedState& st) {
   log::info("'{}': compacted at open, {} -> {} bytes ({} entries)", opts_.path, out.bytes_before, out.bytes_after,
             out.entries);
   compactions_.fetch_add(1, std::memory_order_relaxed);
-  pf_.close_file(fd_);  // the old file; its in-use lock goes with it
-  fd_ = platform::kInvalidHandle;
+  fd_.close();  // the old file; its in-use lock goes with it
   return true;
 }
 
@@ -534,7 +526,7 @@ Result<CommittedState> Core::read_state() {
   state_size_ = info->size;
   state_mode_ = info->mode;
   identity_ = {info->device, info->inode};
-  auto st = read_committed(pf_, fd_, opts_.path, info->size, file_span_, 0);
+  auto st = read_committed(pf_, fd_, info->size, file_span_, 0);
   if (!st) return st.error();
   if (st->fixed.compat_hash != compat_hash_)
     return Error{Errc::incompatible, 0, "written for another compatibility key"};
@@ -553,7 +545,7 @@ Result<void> Core::attach(CommittedState& st) {
   adopt_verification(st);
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
-  if (lock_fd_ != platform::kInvalidHandle && !from_descriptor_) pf_.touch(lock_fd_);
+  if (lock_fd_.is_open()) pf_.touch(lock_fd_);  // never open for a descriptor cache
   log::debug("opened '{}': {} entries, {} bytes committed", opts_.path, st.records.size(), committed_.committed_size);
   return {};
 }
@@ -582,15 +574,13 @@ void Core::await_file(const Error& why) {
 Result<void> Core::try_attach_locked() {
   auto opened = open_in_use(std::chrono::steady_clock::now());  // no waiting: a later refresh tries again
   if (!opened) {
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
+    fd_.close();
     return opened.error().sys_errno == ENOENT ? Result<void>() : Result<void>(opened.error());
   }
   auto st = read_state();
   Result<void> r = st ? attach_locked(st.value()) : Result<void>(st.error());
   if (!r) {
-    pf_.close_file(fd_);
-    fd_ = platform::kInvalidHandle;
+    fd_.close();
     return r;
   }
   awaiting_file_.store(false, std::memory_order_relaxed);
@@ -602,7 +592,7 @@ Result<void> Core::try_attach_locked() {
 Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
                                                   std::vector<format::IndexRecord>* records,
                                                   std::uint64_t file_size) {
-  auto st = read_committed(pf_, fd_, opts_.path, file_size, file_span_, newer_than);
+  auto st = read_committed(pf_, fd_, file_size, file_span_, newer_than);
   if (!st) return st.error();
   if (st->fixed.compat_hash != compat_hash_)
     return Error{Errc::incompatible, 0, "written for another compatibility key"};

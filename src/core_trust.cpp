@@ -44,26 +44,22 @@ void Core::adopt_verification(const CommittedState& st) {
   s.entries = st.records.size();
   t->publishable = change_would_show(s.ctime_ns, clock);
 
-  if (lock_fd_ != platform::kInvalidHandle) {
-    t->record_fd = lock_fd_;
+  if (lock_fd_.is_open() && !leases_own_file_) {
+    t->record = &lock_fd_;
     t->writable = true;
   } else if (!lock_path_.empty()) {
     // A read-only opener reads the record but never writes it (read_only changes nothing).
-    auto h = pf_.open_file(lock_path_, platform::OpenMode::read, 0, opts_.allow_symlink);
-    if (!h) return;
-    t->record_fd = h.value();
-    t->own_record_fd = true;
+    auto f = pf_.open_file(lock_path_, platform::OpenMode::read, 0, opts_.allow_symlink);
+    if (!f) return;
+    t->own_record = std::move(f).value();
+    t->record = &t->own_record;
   } else {
     return;
   }
-  auto close_record = [&] {
-    if (t->own_record_fd) pf_.close_file(t->record_fd);
-  };
-  auto lock_info = pf_.stat_file(t->record_fd);
+  auto lock_info = pf_.stat_file(*t->record);
   if (!lock_info || !lock_info->regular || !record_as_trusted_as_file(lock_info.value(), info.value())) {
     log::debug("'{}': its lock file may be written by others than the cache file's writers; verifying per process",
                opts_.path);
-    close_record();
     return;
   }
 
@@ -76,7 +72,7 @@ void Core::adopt_verification(const CommittedState& st) {
   }
 
   std::uint64_t trusted = 0;
-  if (auto rec = read_record(pf_, t->record_fd, st.records.size()); rec && rec->stamp == s) {
+  if (auto rec = read_record(pf_, *t->record, st.records.size()); rec && rec->stamp == s) {
     for (std::size_t i = 0; i < t->entries.size(); ++i) {
       if (!rec->verified[i] || t->entries[i] == nullptr) continue;
       std::uint8_t unverified = kUnverified;
@@ -117,7 +113,7 @@ void Core::publish_verification() noexcept {
       return;
     }
     std::size_t before = 0;
-    if (auto old = read_record(pf_, t->record_fd, t->entries.size()); old && old->stamp == t->stamp) {
+    if (auto old = read_record(pf_, *t->record, t->entries.size()); old && old->stamp == t->stamp) {
       for (std::size_t i = 0; i < rec.verified.size(); ++i) {
         before += old->verified[i] ? 1 : 0;
         rec.verified[i] = rec.verified[i] || old->verified[i];
@@ -127,7 +123,7 @@ void Core::publish_verification() noexcept {
       if (after == before) return;  // nothing new: leave the lock file alone
     }
     const auto bytes = encode_record(rec);
-    if (auto r = pf_.write_at(t->record_fd, bytes.data(), bytes.size(), 0); !r)
+    if (auto r = pf_.write_at(*t->record, bytes.data(), bytes.size(), 0); !r)
       log::debug("'{}': could not record its verification: {}", opts_.path, r.error().message);
   });
 }

@@ -14,7 +14,7 @@ constexpr std::size_t kStreamCheckChunk = 1u << 20;
 
 // A large index is checked against the slot's checksum in small pieces before anything is
 // allocated for it: a hostile sparse file then costs a bounded read, not its size in memory.
-Result<bool> index_matches_slot(platform::Platform& pf, platform::Handle fd, const format::CommitSlot& s) {
+Result<bool> index_matches_slot(platform::Platform& pf, const platform::File& fd, const format::CommitSlot& s) {
   format::StreamHash h;
   std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kStreamCheckChunk]);
   if (!h.ok() || buf == nullptr) return Error{Errc::no_memory, 0, "out of memory while checking the index"};
@@ -36,7 +36,7 @@ const char* explanation(format::Problem p) noexcept {
   }
 }
 
-Result<format::DecodedHeader> decode_header_at(platform::Platform& pf, platform::Handle fd, Diagnosis* diagnosis) {
+Result<format::DecodedHeader> decode_header_at(platform::Platform& pf, const platform::File& fd, Diagnosis* diagnosis) {
   std::vector<std::byte> hb(format::kHeaderSize);
   if (auto r = pf.read_at(fd, hb.data(), hb.size(), 0); !r) return r.error();
   format::DecodedHeader h;
@@ -83,7 +83,7 @@ constexpr const char* kReplaced = ": the library would replace this file with an
 
 }  // namespace
 
-Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd) {
+Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform::File& fd) {
   try {
     return decode_header_at(pf, fd, nullptr);
   } catch (const std::bad_alloc&) {
@@ -97,9 +97,9 @@ int next_slot_index(const format::DecodedHeader& h) noexcept {
   return h.slot[0].sequence < h.slot[1].sequence ? 0 : 1;
 }
 
-Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle fd, const std::string& path,
-                                      std::uint64_t file_size, std::uint64_t max_bytes,
-                                      std::uint64_t newer_than, Diagnosis* diagnosis) {
+Result<CommittedState> read_committed(platform::Platform& pf, const platform::File& fd, std::uint64_t file_size,
+                                      std::uint64_t max_bytes, std::uint64_t newer_than, Diagnosis* diagnosis) {
+  const std::string& path = fd.path();
   try {
     auto report = [diagnosis](const char* kind, std::string message) {
       if (diagnosis) diagnosis->problems.push_back({kind, std::move(message), std::nullopt});

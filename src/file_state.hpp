@@ -34,22 +34,23 @@ struct Diagnosis {
   std::uint64_t salvaged_data_end = 0;  // where their commit's data area ends (its index begins)
 };
 
-/// Reads the header of the file open at `fd`, refuses a tie between the two commit slots or an
-/// exhausted sequence (no writer of ours makes either: a forged or damaged file), and loads the
-/// newest commit whose slot, bounds and index verify, falling back to the older one. Never
+/// Reads the header of the file open at `fd` (named in messages by fd.path()), refuses a tie
+/// between the two commit slots or an exhausted sequence (no writer of ours makes either: a
+/// forged or damaged file), and loads the newest commit whose slot, bounds and index verify,
+/// falling back to the older one. Never
 /// allocates or reads more than the index a slot names, nor an index that could not lie within
 /// `max_bytes`. Errors: corrupt, incompatible (version or byte order), io, no_memory.
 /// With `diagnosis`, also reads the slot it does not use (and an index whose checksum fails, to
 /// say what else is wrong with it) and fills `*diagnosis`; the result is the same.
-Result<CommittedState> read_committed(platform::Platform& pf, platform::Handle fd, const std::string& path,
-                                      std::uint64_t file_size, std::uint64_t max_bytes,
-                                      std::uint64_t newer_than, Diagnosis* diagnosis = nullptr);
+Result<CommittedState> read_committed(platform::Platform& pf, const platform::File& fd, std::uint64_t file_size,
+                                      std::uint64_t max_bytes, std::uint64_t newer_than,
+                                      Diagnosis* diagnosis = nullptr);
 
 /// Which header slot the next commit goes to: a slot that never verified, else the one holding
 /// the lower sequence, so the newest commit is never overwritten.
 int next_slot_index(const format::DecodedHeader& h) noexcept;
 
 /// Reads and decodes the header of the file open at `fd` (the slot checksums only).
-Result<format::DecodedHeader> read_header(platform::Platform& pf, platform::Handle fd);
+Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform::File& fd);
 
 }  // namespace weightcache

@@ -20,20 +20,6 @@ namespace weightcache {
 namespace {
 
 using platform::FileInfo;
-using platform::Handle;
-
-// Closes a handle at the end of its scope; closing drops every lock taken through it.
-class Closer {
- public:
-  Closer(platform::Platform& pf, Handle h) noexcept : pf_(pf), h_(h) {}
-  ~Closer() { pf_.close_file(h_); }
-  Closer(const Closer&) = delete;
-  Closer& operator=(const Closer&) = delete;
-
- private:
-  platform::Platform& pf_;
-  Handle h_;
-};
 
 bool same_file(const FileInfo& a, const FileInfo& b) noexcept { return a.device == b.device && a.inode == b.inode; }
 
@@ -69,7 +55,6 @@ Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* ou
   if (!st || !st->regular || st->symlink || st->size < format::kHeaderSize) return false;
   auto fd = pf.open_file(path, platform::OpenMode::read, 0, false);
   if (!fd) return false;  // unreadable, or replaced by a symlink or a directory meanwhile
-  Closer close_fd(pf, fd.value());
   auto info = pf.stat_file(fd.value());
   if (!info) return false;
   auto header = read_header(pf, fd.value());
@@ -108,26 +93,25 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
                   "cannot be opened for writing (" + e.message + "), so it cannot be proven unused");
     return keep(GcReason::failed, e.message);
   }
-  Closer close_fd(pf, fd.value());
   auto now = pf.stat_file(fd.value());
   if (!now) return keep(GcReason::failed, now.error().message);
   if (!same_file(now.value(), c.data)) return keep(GcReason::changed, "replaced by another file meanwhile");
 
   const std::string lock_path = c.path + ".lock";
-  Handle lk = platform::kInvalidHandle;
   // Not created when absent: a lock file made only to be deleted again would, if a lock below
   // were refused, stay behind with a fresh time and make the file look recently used. Without
-  // one, no writer can hold the lease but through the file's own lock, taken next.
+  // one, no writer can hold the lease but through the file's own lock, taken next. Declared
+  // after the file, so on every way out below it is closed (its lock with it) before the file.
   auto opened_lock = pf.open_file(lock_path, platform::OpenMode::read, 0, false);
   if (!opened_lock && opened_lock.error().sys_errno != ENOENT)
     return keep(GcReason::failed, "cannot open its lock file: " + opened_lock.error().message);
-  if (opened_lock) lk = opened_lock.value();
-  Closer close_lock(pf, lk);
+  const platform::File no_lock_file;
+  const platform::File& lk = opened_lock ? opened_lock.value() : no_lock_file;
   std::string lock_note;
   if (!opened_lock && c.has_lock) lock_note = "its lock file was removed meanwhile";
   // A lock file that appeared since the scan is an opener's: it is about to use the file.
-  if (lk != platform::kInvalidHandle && !c.has_lock) return keep(GcReason::changed, "being opened by another process");
-  if (lk != platform::kInvalidHandle) {
+  if (lk.is_open() && !c.has_lock) return keep(GcReason::changed, "being opened by another process");
+  if (lk.is_open()) {
     auto lease = pf.try_lock(lk);
     if (!lease) return keep(GcReason::failed, "cannot lock its lock file: " + lease.error().message);
     if (!lease.value()) return keep(GcReason::in_use, "a writer holds its lease");
@@ -147,7 +131,7 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
     return keep(GcReason::changed, "replaced by another file meanwhile");
   std::int64_t used = now->mtime_ns;
   bool remove_lock = false;
-  if (lk != platform::kInvalidHandle) {
+  if (lk.is_open()) {
     auto ours = pf.stat_file(lk);
     if (!ours) return keep(GcReason::failed, "cannot examine its lock file: " + ours.error().message);
     if (!same_file(ours.value(), c.lock)) return keep(GcReason::changed, "its lock file was replaced meanwhile");

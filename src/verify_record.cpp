@@ -68,7 +68,7 @@ std::optional<VerifyRecord> decode_record(const std::byte* p, std::size_t size, 
   return r;
 }
 
-std::optional<VerifyRecord> read_record(platform::Platform& pf, platform::Handle h, std::uint64_t max_entries) {
+std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::File& h, std::uint64_t max_entries) {
   std::byte fixed[kRecordFixedBytes];
   if (!pf.read_at(h, fixed, sizeof fixed, 0)) return std::nullopt;  // empty: no record yet
   const std::uint64_t entries = format::get_u64(fixed + 88);

@@ -57,7 +57,7 @@ std::optional<VerifyRecord> decode_record(const std::byte* bytes, std::size_t si
 /// Reads the record of the lock file open at `h`; nullopt when there is none that decodes (an
 /// empty lock file, a torn or foreign record, a read error). Allocates at most for
 /// `max_entries` bits.
-std::optional<VerifyRecord> read_record(platform::Platform& pf, platform::Handle h, std::uint64_t max_entries);
+std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::File& f, std::uint64_t max_entries);
 
 /// Whether a change to a file whose change time is `ctime_ns` made at or after `clock_ns` (the
 /// change clock read before) is certain to get another change time: `ctime_ns` is before the

@@ -27,7 +27,7 @@ void add(Inspection* in, std::string kind, std::string message, std::optional<st
 // size field we could trust before parsing it.
 class SequentialReader {
  public:
-  SequentialReader(const File& f, std::uint64_t begin, std::uint64_t end)
+  SequentialReader(const InputFile& f, std::uint64_t begin, std::uint64_t end)
       : file_(f), pos_(begin), end_(end), buf_(kReaderBuffer) {}
 
   std::uint64_t position() const noexcept { return pos_; }
@@ -41,7 +41,7 @@ class SequentialReader {
       if (pos_ < buf_start_ || pos_ >= buf_start_ + buf_len_) {
         buf_start_ = pos_;
         buf_len_ = static_cast<std::size_t>(std::min<std::uint64_t>(buf_.size(), end_ - pos_));
-        if (auto r = platform::os().read_at(file_.handle(), buf_.data(), buf_len_, buf_start_); !r) {
+        if (auto r = platform::os().read_at(file_.file, buf_.data(), buf_len_, buf_start_); !r) {
           buf_len_ = 0;
           return r.error();
         }
@@ -57,16 +57,16 @@ class SequentialReader {
   }
 
  private:
-  const File& file_;
+  const InputFile& file_;
   std::uint64_t pos_, end_;
   std::vector<std::byte> buf_;
   std::uint64_t buf_start_ = 0;
   std::size_t buf_len_ = 0;
 };
 
-Result<std::vector<std::byte>> read_bytes(const File& f, std::uint64_t offset, std::uint64_t size) {
+Result<std::vector<std::byte>> read_bytes(const InputFile& f, std::uint64_t offset, std::uint64_t size) {
   std::vector<std::byte> b(static_cast<std::size_t>(size));
-  if (auto r = platform::os().read_at(f.handle(), b.data(), b.size(), offset); !r) return r.error();
+  if (auto r = platform::os().read_at(f.file, b.data(), b.size(), offset); !r) return r.error();
   return b;
 }
 
@@ -84,9 +84,9 @@ void add_entries(Inspection* in, std::vector<fmt_::IndexRecord>& records, std::u
 }
 
 // The library reads the file and says what is wrong with it.
-Result<void> inspect_weightcache(const File& f, Inspection* in) {
+Result<void> inspect_weightcache(const InputFile& f, Inspection* in) {
   Diagnosis d;
-  auto st = read_committed(platform::os(), f.handle(), f.path(), f.size(), UINT64_MAX, 0, &d);
+  auto st = read_committed(platform::os(), f.file, f.size, UINT64_MAX, 0, &d);
   in->findings = std::move(d.problems);
   if (d.header) {
     in->header_ok = true;
@@ -107,8 +107,8 @@ Result<void> inspect_weightcache(const File& f, Inspection* in) {
   return {};
 }
 
-Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_start, std::uint32_t count) {
-  const std::uint64_t index_end = f.size() - fmt_::kFooterSize;
+Result<void> inspect_xpwc(const InputFile& f, Inspection* in, std::uint64_t index_start, std::uint32_t count) {
+  const std::uint64_t index_end = f.size - fmt_::kFooterSize;
   in->index_start = index_start;
   if (in->xpwc_version < fmt_::kXpwcFirstVersion || in->xpwc_version > fmt_::kXpwcLastVersion) {
     add(in, "footer", "XPWC version " + std::to_string(in->xpwc_version) + " is not supported (1 and 2 are)");
@@ -116,7 +116,7 @@ Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_sta
   }
   if (index_start > index_end) {
     add(in, "footer", "the footer puts the index at " + std::to_string(index_start) + ", past the end of the file (" +
-                          std::to_string(f.size()) + " bytes)");
+                          std::to_string(f.size) + " bytes)");
     return {};
   }
   const bool big = in->byte_swapped;
@@ -167,31 +167,12 @@ Result<void> inspect_xpwc(const File& f, Inspection* in, std::uint64_t index_sta
 
 }  // namespace
 
-File& File::operator=(File&& o) noexcept {
-  if (this != &o) {
-    close();
-    handle_ = o.handle_;
-    path_ = std::move(o.path_);
-    size_ = o.size_;
-    o.handle_ = platform::kInvalidHandle;
-  }
-  return *this;
-}
-
-void File::close() noexcept {
-  if (handle_ != platform::kInvalidHandle) platform::os().close_file(handle_);
-  handle_ = platform::kInvalidHandle;
-}
-
-Result<File> open_for_reading(const std::string& path) {
-  auto h = platform::os().open_file(path, platform::OpenMode::read, 0, true);
-  if (!h) return h.error();
-  auto info = platform::os().stat_file(h.value());
-  if (!info) {
-    platform::os().close_file(h.value());
-    return info.error();
-  }
-  return File(h.value(), path, info->size);
+Result<InputFile> open_for_reading(const std::string& path) {
+  auto f = platform::os().open_file(path, platform::OpenMode::read, 0, true);
+  if (!f) return f.error();
+  auto info = platform::os().stat_file(f.value());
+  if (!info) return info.error();
+  return InputFile{std::move(f).value(), info->size};
 }
 
 std::uint64_t Inspection::payload_bytes() const noexcept {
@@ -232,11 +213,11 @@ std::uint64_t Inspection::offset_alignment() const noexcept {
   return a;
 }
 
-Result<Inspection> inspect(const File& f) {
+Result<Inspection> inspect(const InputFile& f) {
   Inspection in;
-  in.file_size = f.size();
+  in.file_size = f.size;
   try {
-    if (f.size() >= fmt_::kHeaderMagic.size()) {
+    if (f.size >= fmt_::kHeaderMagic.size()) {
       auto m = read_bytes(f, 0, fmt_::kHeaderMagic.size());
       if (!m) return m.error();
       if (std::memcmp(m->data(), fmt_::kHeaderMagic.data(), fmt_::kHeaderMagic.size()) == 0) {
@@ -245,8 +226,8 @@ Result<Inspection> inspect(const File& f) {
         return in;
       }
     }
-    if (f.size() >= fmt_::kFooterSize) {
-      auto fb = read_bytes(f, f.size() - fmt_::kFooterSize, fmt_::kFooterSize);
+    if (f.size >= fmt_::kFooterSize) {
+      auto fb = read_bytes(f, f.size - fmt_::kFooterSize, fmt_::kFooterSize);
       if (!fb) return fb.error();
       const std::byte* raw = fb->data();
       const fmt_::Footer foot = fmt_::decode_footer(raw);
@@ -268,7 +249,7 @@ Result<Inspection> inspect(const File& f) {
       }
     }
     add(&in, "format",
-        f.size() == 0 ? std::string("the file is empty")
+        f.size == 0 ? std::string("the file is empty")
                       : "not a weightcache or ExecuTorch XPWC file (no 'WGTCACHE' header, no XPWC footer at the end)");
     return in;
   } catch (const std::bad_alloc&) {
@@ -276,7 +257,7 @@ Result<Inspection> inspect(const File& f) {
   }
 }
 
-Result<std::uint64_t> hash_range(const File& f, std::uint64_t offset, std::uint64_t size, Progress* progress,
+Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::uint64_t size, Progress* progress,
                                  const std::function<Result<void>(const std::byte*, std::size_t)>& sink) {
   try {
     // One buffer for the whole run: a cache holds thousands of entries.
@@ -286,7 +267,7 @@ Result<std::uint64_t> hash_range(const File& f, std::uint64_t offset, std::uint6
     if (size <= kChunk) {
       // The common case: exactly the library's own checksum call.
       const auto n = static_cast<std::size_t>(size);
-      if (auto r = platform::os().read_at(f.handle(), buf.data(), n, offset); !r) return r.error();
+      if (auto r = platform::os().read_at(f.file, buf.data(), n, offset); !r) return r.error();
       if (progress) progress->add(size);
       if (sink)
         if (auto r = sink(buf.data(), n); !r) return r.error();
@@ -296,7 +277,7 @@ Result<std::uint64_t> hash_range(const File& f, std::uint64_t offset, std::uint6
     fmt_::StreamHash hash;
     for (std::uint64_t done = 0; done < size;) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, size - done));
-      if (auto r = platform::os().read_at(f.handle(), buf.data(), n, offset + done); !r) return r.error();
+      if (auto r = platform::os().read_at(f.file, buf.data(), n, offset + done); !r) return r.error();
       hash.update(buf.data(), n);
       if (sink)
         if (auto r = sink(buf.data(), n); !r) return r.error();
@@ -309,7 +290,7 @@ Result<std::uint64_t> hash_range(const File& f, std::uint64_t offset, std::uint6
   }
 }
 
-Result<std::uint64_t> check_checksums(const File& f, Inspection* in, Progress* progress) {
+Result<std::uint64_t> check_checksums(const InputFile& f, Inspection* in, Progress* progress) {
   std::uint64_t hashed = 0;
   for (const auto& e : in->entries) {
     if (!e.checksum || !e.in_bounds) continue;

@@ -21,32 +21,15 @@ namespace weightcache::cli {
 
 class Progress;
 
-/// An open file descriptor that closes itself.
-class File {
- public:
-  File() = default;
-  File(platform::Handle h, std::string path, std::uint64_t size) : handle_(h), path_(std::move(path)), size_(size) {}
-  ~File() { close(); }
-  File(File&& o) noexcept : handle_(o.handle_), path_(std::move(o.path_)), size_(o.size_) {
-    o.handle_ = platform::kInvalidHandle;
-  }
-  File& operator=(File&& o) noexcept;
-  File(const File&) = delete;
-  File& operator=(const File&) = delete;
-
-  platform::Handle handle() const noexcept { return handle_; }
-  const std::string& path() const noexcept { return path_; }
-  std::uint64_t size() const noexcept { return size_; }
-  void close() noexcept;
-
- private:
-  platform::Handle handle_ = platform::kInvalidHandle;
-  std::string path_;
-  std::uint64_t size_ = 0;
+/// A file the tool reads, and its size when it was opened.
+struct InputFile {
+  platform::File file;
+  std::uint64_t size = 0;
+  const std::string& path() const noexcept { return file.path(); }
 };
 
 /// Opens an existing regular file read-only (following symlinks).
-Result<File> open_for_reading(const std::string& path);
+Result<InputFile> open_for_reading(const std::string& path);
 
 enum class FileFormat { unknown, weightcache, xpwc };
 
@@ -98,17 +81,17 @@ struct Inspection {
 
 /// Recognises the format and checks every structure. Problems with the content are findings;
 /// an Error means the file could not be read at all.
-Result<Inspection> inspect(const File& file);
+Result<Inspection> inspect(const InputFile& file);
 
 /// Hashes `size` bytes at `offset` with XXH3-64 (the library's entry checksum), reading in
 /// chunks. `sink`, if set, receives every chunk in order (used to copy while hashing).
-Result<std::uint64_t> hash_range(const File& file, std::uint64_t offset, std::uint64_t size,
+Result<std::uint64_t> hash_range(const InputFile& file, std::uint64_t offset, std::uint64_t size,
                                  Progress* progress,
                                  const std::function<Result<void>(const std::byte*, std::size_t)>& sink = {});
 
 /// Checks the checksum of every in-bounds entry that has one; appends a finding per mismatch.
 /// Returns the number of bytes hashed.
-Result<std::uint64_t> check_checksums(const File& file, Inspection* in, Progress* progress);
+Result<std::uint64_t> check_checksums(const InputFile& file, Inspection* in, Progress* progress);
 
 const char* format_name(const Inspection& in);
 

@@ -171,7 +171,7 @@ void print_json(const Json& j) { print(j.dump(-1, ' ', false, Json::error_handle
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
 // Opens and inspects FILE; on failure prints why and returns the exit code in *code.
-std::optional<std::pair<File, Inspection>> load(const std::string& path, int* code) {
+std::optional<std::pair<InputFile, Inspection>> load(const std::string& path, int* code) {
   auto f = open_for_reading(path);
   if (!f) {
     say_error(f.error().message);

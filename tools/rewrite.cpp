@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <variant>
 
 #if !defined(_WIN32)
 #include <sys/stat.h>
@@ -63,46 +64,31 @@ Ownership ownership_of(const std::string& path) {
   return o;
 }
 
-void apply_ownership(platform::Handle h, const Ownership& o) {
+void apply_ownership(const platform::File& f, const Ownership& o) {
 #if !defined(_WIN32)
   // Only root can give a file away; for anyone else this is a no-op or fails harmlessly.
-  if (o.known && (o.uid != ::geteuid() || o.gid != ::getegid())) (void)!::fchown(static_cast<int>(h), o.uid, o.gid);
+  if (o.known && (o.uid != ::geteuid() || o.gid != ::getegid()))
+    (void)!::fchown(platform::os().native_descriptor(f), o.uid, o.gid);
 #else
-  (void)h;
+  (void)f;
   (void)o;
 #endif
 }
 
-// The writer lease: an exclusive flock on "<cache>.lock", the same lock library writers take.
-// Holding it keeps every weightcache writer from starting while we replace the file.
-class Lease {
- public:
-  Lease() = default;
-  ~Lease() {
-    if (h_ != platform::kInvalidHandle) {
-      platform::os().unlock(h_);
-      platform::os().close_file(h_);
-    }
-  }
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-
-  Outcome acquire(const std::string& cache_path, unsigned mode) {
-    const std::string lock_path = cache_path + ".lock";
-    auto h = platform::os().open_file(lock_path, platform::OpenMode::lock_file, mode, false);
-    if (!h) return Failure{kExitIo, "cannot open the lease file: " + h.error().message};
-    h_ = h.value();
-    auto got = platform::os().try_lock(h_);
-    if (!got) return Failure{kExitIo, "cannot lock '" + lock_path + "': " + got.error().message};
-    if (!got.value())
-      return Failure{kExitBusy, "'" + cache_path + "' is busy: a writer holds its lease ('" + lock_path +
-                                    "'). Run again once the process adding entries has finished."};
-    return std::nullopt;
-  }
-
- private:
-  platform::Handle h_ = platform::kInvalidHandle;
-};
+// The writer lease: the library's, on "<cache>.lock", the lock every weightcache writer takes.
+// Holding it keeps them all from starting while we replace the file; it is given back when the
+// returned Lease goes.
+std::variant<platform::Lease, Failure> take_lease(const std::string& cache_path, unsigned mode) {
+  const std::string lock_path = cache_path + ".lock";
+  auto file = platform::os().open_file(lock_path, platform::OpenMode::lock_file, mode, false);
+  if (!file) return Failure{kExitIo, "cannot open the lease file: " + file.error().message};
+  auto lease = platform::Lease::try_take(std::move(file).value());
+  if (!lease) return Failure{kExitIo, "cannot lock '" + lock_path + "': " + lease.error().message};
+  if (!lease->held())
+    return Failure{kExitBusy, "'" + cache_path + "' is busy: a writer holds its lease ('" + lock_path +
+                                  "'). Run again once the process adding entries has finished."};
+  return std::move(lease).value();
+}
 
 // For files a command replaces: a symlink would be replaced by the rename, not followed.
 Outcome check_replaceable(const std::string& path, bool must_exist, bool* exists) {
@@ -228,8 +214,8 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   if (exists && !opt.force)
     return report({kExitUsage, "'" + out_path + "' exists; pass --force to replace it"});
   const Ownership own = exists ? ownership_of(out_path) : Ownership{};
-  Lease lease;
-  if (auto f = lease.acquire(out_path, own.mode)) return report(*f);
+  auto lease = take_lease(out_path, own.mode);
+  if (auto* f = std::get_if<Failure>(&lease)) return report(*f);
 
   std::vector<SourceEntry> entries;
   for (const auto& e : in->entries) entries.push_back({e.key, e.offset, e.size, std::nullopt});
@@ -244,11 +230,11 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   // renamed into place (and removed if anything fails).
   auto tmp = TempFile::create(platform::os(), out_path, own.mode);
   if (!tmp) return report({kExitIo, "cannot create a new file beside '" + out_path + "': " + tmp.error().message});
-  apply_ownership(tmp->handle(), own);
+  apply_ownership(tmp->file(), own);
   WrittenFile w;
   {
     Progress progress("converting", 2 * in->payload_bytes());  // the copy, then the read-back
-    auto r = write_cache_file(platform::os(), file.value().handle(), in_path, tmp.value(), fixed, 1, entries, &w,
+    auto r = write_cache_file(platform::os(), file.value().file, tmp.value(), fixed, 1, entries, &w,
                               [&progress](std::uint64_t n) { progress.add(n); });
     if (!r) {
       // An input cut short under us reads as corrupt; anything else is writing or reading back.

@@ -1,7 +1,10 @@
 // The platform seam: every OS call the cache makes goes through this interface, so tests can
 // wrap it (fault injection, crash simulation) and each OS has one small implementation.
-// Nothing OS-specific leaks past this header: handles are opaque integers.
+// Nothing OS-specific leaks past this header: handles are opaque integers, held by a File that
+// closes them (file.hpp) and names them in every error.
 #pragma once
+
+#include "platform/file.hpp"
 
 #include <weightcache/weight_cache.hpp>
 
@@ -12,9 +15,6 @@
 #include <vector>
 
 namespace weightcache::platform {
-
-using Handle = std::intptr_t;
-inline constexpr Handle kInvalidHandle = -1;
 
 struct FileInfo {
   std::uint64_t size = 0;
@@ -36,27 +36,30 @@ enum class OpenMode {
   lock_file,   // create if missing, read-write; used for the sidecar lease file
 };
 
-/// Abstract OS layer. All functions are thread-safe; none throws.
+/// Abstract OS layer. All functions are thread-safe. None throws but std::bad_alloc (naming a
+/// file, building a message), which travels to the boundary like any other (docs/DESIGN.md).
+/// An error about an open file names it: what the File was opened as (File::path).
 class Platform {
  public:
   virtual ~Platform() = default;
 
   // ---- files ----
-  virtual Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
-                                   bool follow_symlink) = 0;
+  /// The File it returns is owned by this platform, which closes it (close_file).
+  virtual Result<File> open_file(const std::string& path, OpenMode mode, unsigned perm, bool follow_symlink) = 0;
+  /// Closes a handle this platform opened: what File::close calls, and nothing else.
   virtual void close_file(Handle h) noexcept = 0;
-  virtual Result<FileInfo> stat_file(Handle h) = 0;
+  virtual Result<FileInfo> stat_file(const File& f) = 0;
   virtual Result<FileInfo> stat_path(const std::string& path, bool follow_symlink) = 0;
   /// Reads exactly `size` bytes or fails (a short read past EOF is Errc::corrupt).
-  virtual Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) = 0;
+  virtual Result<void> read_at(const File& f, void* buf, std::size_t size, std::uint64_t offset) = 0;
   /// Writes exactly `size` bytes (retrying short writes and EINTR) or fails.
-  virtual Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) = 0;
+  virtual Result<void> write_at(const File& f, const void* buf, std::size_t size, std::uint64_t offset) = 0;
   /// Allocates disk blocks for [offset, offset+len) and extends the file to cover it, so later
   /// stores through a mapping can never fault for lack of space. ENOSPC/EFBIG -> Errc::no_space.
-  virtual Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) = 0;
-  virtual Result<void> truncate(Handle h, std::uint64_t size) = 0;
+  virtual Result<void> allocate(const File& f, std::uint64_t offset, std::uint64_t len) = 0;
+  virtual Result<void> truncate(const File& f, std::uint64_t size) = 0;
   /// Makes the file's data and size durable (fdatasync / FlushFileBuffers).
-  virtual Result<void> sync(Handle h) = 0;
+  virtual Result<void> sync(const File& f) = 0;
   virtual Result<void> rename(const std::string& from, const std::string& to) = 0;
   /// Makes a rename in the directory of `path` durable (no-op where the OS has no such call).
   virtual Result<void> sync_parent_dir(const std::string& path) = 0;
@@ -67,37 +70,39 @@ class Platform {
   /// libstdc++ 12's directory_iterator calls std::terminate when it runs out of memory.
   virtual Result<std::vector<std::string>> list_directory(const std::string& dir) = 0;
   /// Sets the file's modification time to now (advisory bookkeeping; errors ignored).
-  virtual void touch(Handle h) noexcept = 0;
+  virtual void touch(const File& f) noexcept = 0;
   /// A new handle of our own on the regular file a caller's descriptor refers to: a new open file
   /// description where the OS allows (/proc/self/fd on Linux), so that locks taken through it are
-  /// ours alone, else a duplicate. Close-on-exec. Not a regular file: invalid_argument.
-  virtual Result<Handle> reopen(int descriptor, bool writable) = 0;
-  /// An anonymous file for ":memory:" caches: a memfd sealed against shrinking on Linux, a
-  /// delete-on-close temporary file on Windows (docs/DESIGN.md says why not a section).
-  virtual Result<Handle> create_anonymous(const char* name) = 0;
-  /// The OS descriptor behind a handle (-1 where handles are not descriptors: Windows).
-  virtual int native_descriptor(Handle h) const noexcept = 0;
+  /// ours alone, else a duplicate. Close-on-exec. Not a regular file: invalid_argument. The File
+  /// is named "fd <descriptor>".
+  virtual Result<File> reopen(int descriptor, bool writable) = 0;
+  /// An anonymous file for ":memory:" caches, named ":memory:": a memfd sealed against shrinking
+  /// on Linux, a delete-on-close temporary file on Windows (docs/DESIGN.md says why not a section).
+  virtual Result<File> create_anonymous(const char* name) = 0;
+  /// The OS descriptor behind a file (-1 where handles are not descriptors: Windows).
+  virtual int native_descriptor(const File& f) const noexcept = 0;
   /// reopen for a caller's OS handle (wc_options.handle, a HANDLE on Windows): a new file object
   /// of our own (locks taken through it are ours alone), never with more access than the
   /// caller's handle has (read_only when asked to write through a handle that cannot). Where the
   /// OS has no such handles (POSIX): unsupported.
-  virtual Result<Handle> reopen_os_handle(void* /*os_handle*/, bool /*writable*/) {
+  virtual Result<File> reopen_os_handle(void* /*os_handle*/, bool /*writable*/) {
     return Error{Errc::unsupported, 0, "wc_options.handle is a Windows HANDLE; on this system pass a descriptor (fd)"};
   }
-  /// The OS handle behind a handle (wc_get_handle): a HANDLE on Windows, nullptr elsewhere.
-  virtual void* native_os_handle(Handle /*h*/) const noexcept { return nullptr; }
+  /// The OS handle behind a file (wc_get_handle): a HANDLE on Windows, nullptr elsewhere.
+  virtual void* native_os_handle(const File& /*f*/) const noexcept { return nullptr; }
   /// Whether a file this process holds open can be renamed over (POSIX: yes; Windows: not
   /// everywhere, so the replacer lets go of its handle, and its in-use lock, just before).
   virtual bool replaces_open_files() const noexcept { return true; }
 
   // ---- address space ----
-  /// Reserves (does not commit) `size` bytes of address space aligned to `align`.
+  /// Reserves (does not commit) `size` bytes of address space aligned to `align`. Callers hold
+  /// what it returns in an AddressReservation (address_space.hpp), which releases it.
   virtual Result<void*> reserve_address_space(std::size_t size, std::size_t align) = 0;
   /// Releases a reservation and everything mapped or committed inside it.
   virtual void release_address_space(void* base, std::size_t size) noexcept = 0;
   /// Maps [offset, offset+len) of the file at exactly `at` (inside a reservation). `offset`,
   /// `len` and `at` are multiples of map_granularity().
-  virtual Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
+  virtual Result<void> map_file(const File& f, std::uint64_t offset, std::size_t len, void* at,
                                 bool writable) = 0;
   /// Makes [at, at+len) of a reservation usable as private zeroed memory (the heap arena).
   virtual Result<void> commit_memory(void* at, std::size_t len) = 0;
@@ -116,15 +121,15 @@ class Platform {
   /// file system's allocation map (SEEK_HOLE and FIEMAP, FSCTL_QUERY_ALLOCATED_RANGES) and reads
   /// no data. Where the OS or the file system cannot tell,
   /// the range counts as allocated ("unsupported" is never a hole). Errors are I/O errors only.
-  virtual Result<std::uint64_t> first_hole(Handle /*h*/, std::uint64_t offset, std::uint64_t len) {
+  virtual Result<std::uint64_t> first_hole(const File& /*f*/, std::uint64_t offset, std::uint64_t len) {
     return offset + len;
   }
 
   // ---- locks ----
   /// Exclusive lock on an open file, owned by this handle (not the process). Non-blocking:
   /// returns false when someone else holds it. Released by unlock, close or process death.
-  virtual Result<bool> try_lock(Handle h) = 0;
-  virtual void unlock(Handle h) noexcept = 0;
+  virtual Result<bool> try_lock(const File& f) = 0;
+  virtual void unlock(const File& f) noexcept = 0;
   /// The "in use" lock on a cache file (docs/DESIGN.md, "Who may replace a file"): every
   /// process that has the file open holds it shared; rebuilding, compacting or deleting the file
   /// needs it exclusive. A byte-range lock far past any data, owned by the handle's open file
@@ -135,8 +140,8 @@ class Platform {
   /// shared lock is let go for a moment, so a failed upgrade may come back without it, in which
   /// case it returns false and the caller must take it again). Exclusive needs a handle opened
   /// for writing on POSIX.
-  virtual Result<bool> try_lock_in_use(Handle h, bool exclusive) = 0;
-  virtual void unlock_in_use(Handle h) noexcept = 0;
+  virtual Result<bool> try_lock_in_use(const File& f, bool exclusive) = 0;
+  virtual void unlock_in_use(const File& f) noexcept = 0;
 
   // ---- facts ----
   /// Granularity of file-mapping offsets and addresses (page size, 64 KiB on Windows).
@@ -160,7 +165,7 @@ class Platform {
   /// Whether every change to the file open at `h` (a write, through a mapping too, a truncation,
   /// a fallocate) moves its change time, as this process sees it at once: a local file system
   /// (not NFS, SMB, FUSE, 9p, Ceph, ...) that keeps change times. False when it cannot tell.
-  virtual bool tracks_changes(Handle /*h*/) noexcept { return false; }
+  virtual bool tracks_changes(const File& /*f*/) noexcept { return false; }
 };
 
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.

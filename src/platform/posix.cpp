@@ -4,7 +4,6 @@
 // of sub-ranges, and descriptor-owned (flock) rather than process-owned (fcntl) locks. See
 // docs/DESIGN.md, "Dependencies, and where we use system calls instead".
 #include "platform/errors.hpp"
-#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/posix_calls.hpp"
 
@@ -110,17 +109,17 @@ std::string parent_of(const std::string& path) {
   return path.substr(0, slash);
 }
 
-std::string path_of(Handle h) { return handle_paths().of(h); }
+int fd_of(const File& f) noexcept { return static_cast<int>(f.handle()); }
 
-Error file_size_limit_reached(Handle h) {
+Error file_size_limit_reached(const File& f) {
   return Error{Errc::no_space, EFBIG,
-               "the process's file size limit (RLIMIT_FSIZE) is reached while growing '" + path_of(h) + "'"};
+               "the process's file size limit (RLIMIT_FSIZE) is reached while growing '" + f.path() + "'"};
 }
 
 class PosixPlatform final : public Platform {
  public:
-  Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned perm,
-                           bool follow_symlink) override {
+  Result<File> open_file(const std::string& path, OpenMode mode, unsigned perm, bool follow_symlink) override {
+    std::string name = path;  // before the open: nothing may fail once the descriptor is ours
     // O_NONBLOCK so that a FIFO planted at the path cannot block open(); cleared below.
     int flags = O_CLOEXEC | O_NONBLOCK;
     if (!follow_symlink) flags |= O_NOFOLLOW;
@@ -142,33 +141,25 @@ class PosixPlatform final : public Platform {
       return os_error(err, "cannot open", path,
                       err == ENOENT ? "Create the directory first, or pick another path." : nullptr);
     }
+    File file(*this, static_cast<Handle>(fd), std::move(name));  // closed on the ways out below
     struct stat st {};
-    if (sys().fstat(fd, &st) != 0) {
-      const int err = errno;
-      sys().close(fd);
-      return os_error(err, "cannot stat", path);
-    }
-    if (!S_ISREG(st.st_mode)) {
-      sys().close(fd);
-      return not_a_regular_file(path);
-    }
+    if (sys().fstat(fd, &st) != 0) return os_error(errno, "cannot stat", path);
+    if (!S_ISREG(st.st_mode)) return not_a_regular_file(path);
     // Harmless if it fails: on a regular file O_NONBLOCK changes nothing on Linux, and where it
     // could (mandatory locks) a read would fail with EAGAIN, which read_at reports as an error.
     const int fl = sys().fcntl(fd, F_GETFL, 0);
     if (fl >= 0) (void)sys().fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    handle_paths().add(fd, path);
-    return static_cast<Handle>(fd);
+    return file;
   }
 
   void close_file(Handle h) noexcept override {
     if (h < 0) return;
-    handle_paths().remove(h);  // before the descriptor number can be reused
     (void)sys().close(static_cast<int>(h));
   }
 
-  Result<FileInfo> stat_file(Handle h) override {
+  Result<FileInfo> stat_file(const File& f) override {
     struct stat st {};
-    if (sys().fstat(static_cast<int>(h), &st) != 0) return os_error(errno, "fstat failed on", path_of(h));
+    if (sys().fstat(fd_of(f), &st) != 0) return os_error(errno, "fstat failed on", f.path());
     return info_of(st);
   }
 
@@ -179,15 +170,15 @@ class PosixPlatform final : public Platform {
     return info_of(st);
   }
 
-  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) override {
+  Result<void> read_at(const File& f, void* buf, std::size_t size, std::uint64_t offset) override {
     auto* p = static_cast<char*>(buf);
     while (size > 0) {
-      const ssize_t n = sys().pread(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      const ssize_t n = sys().pread(fd_of(f), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "read failed on", path_of(h));
+        return os_error(errno, "read failed on", f.path());
       }
-      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + path_of(h) + "'"};
+      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + f.path() + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -195,16 +186,16 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) override {
-    if (offset + size > file_size_limit()) return file_size_limit_reached(h);
+  Result<void> write_at(const File& f, const void* buf, std::size_t size, std::uint64_t offset) override {
+    if (offset + size > file_size_limit()) return file_size_limit_reached(f);
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
-      const ssize_t n = sys().pwrite(static_cast<int>(h), p, size, static_cast<off_t>(offset));
+      const ssize_t n = sys().pwrite(fd_of(f), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "write failed on", path_of(h));
+        return os_error(errno, "write failed on", f.path());
       }
-      if (n == 0) return Error{Errc::io, 0, "write made no progress on '" + path_of(h) + "'"};
+      if (n == 0) return Error{Errc::io, 0, "write made no progress on '" + f.path() + "'"};
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -212,31 +203,31 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
-  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) override {
-    if (offset + len > file_size_limit()) return file_size_limit_reached(h);
+  Result<void> allocate(const File& f, std::uint64_t offset, std::uint64_t len) override {
+    if (offset + len > file_size_limit()) return file_size_limit_reached(f);
     int rc;
     do {
-      rc = sys().posix_fallocate(static_cast<int>(h), static_cast<off_t>(offset), static_cast<off_t>(len));
+      rc = sys().posix_fallocate(fd_of(f), static_cast<off_t>(offset), static_cast<off_t>(len));
     } while (rc == EINTR);
-    if (rc != 0) return os_error(rc, "cannot allocate disk space for", path_of(h), "Free disk space.");
+    if (rc != 0) return os_error(rc, "cannot allocate disk space for", f.path(), "Free disk space.");
     return {};
   }
 
-  Result<void> truncate(Handle h, std::uint64_t size) override {
+  Result<void> truncate(const File& f, std::uint64_t size) override {
     int rc;
     do {
-      rc = sys().ftruncate(static_cast<int>(h), static_cast<off_t>(size));
+      rc = sys().ftruncate(fd_of(f), static_cast<off_t>(size));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "cannot resize", path_of(h));
+    if (rc != 0) return os_error(errno, "cannot resize", f.path());
     return {};
   }
 
-  Result<void> sync(Handle h) override {
+  Result<void> sync(const File& f) override {
     int rc;
     do {
-      rc = sys().fdatasync(static_cast<int>(h));
+      rc = sys().fdatasync(fd_of(f));
     } while (rc != 0 && errno == EINTR);
-    if (rc != 0) return os_error(errno, "fdatasync failed on", path_of(h));
+    if (rc != 0) return os_error(errno, "fdatasync failed on", f.path());
     return {};
   }
 
@@ -304,17 +295,17 @@ class PosixPlatform final : public Platform {
     sys().munmap(base, size);
   }
 
-  Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at,
+  Result<void> map_file(const File& f, std::uint64_t offset, std::size_t len, void* at,
                         bool writable) override {
     const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-    void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, static_cast<int>(h), static_cast<off_t>(offset));
-    if (p != MAP_FAILED) remember_mapping(at, len, h);
+    void* p = sys().mmap(at, len, prot, MAP_SHARED | MAP_FIXED, fd_of(f), static_cast<off_t>(offset));
+    if (p != MAP_FAILED) remember_mapping(at, len, f);
     if (p == MAP_FAILED) {
       const int err = errno;
       // A failed MAP_FIXED may have unmapped part of our reservation; take the range back at
       // once so no other allocation can land inside the cache's address range.
       (void)sys().mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-      return os_error(err, "cannot map", path_of(h));
+      return os_error(err, "cannot map", f.path());
     }
 #ifdef __linux__
     // Ask for huge pages: a fault in such a mapping fills the page cache with 2 MiB folios, and
@@ -369,11 +360,11 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
-  void touch(Handle h) noexcept override { (void)sys().futimens(static_cast<int>(h), nullptr); }
+  void touch(const File& f) noexcept override { (void)sys().futimens(fd_of(f), nullptr); }
 
-  Result<Handle> reopen(int descriptor, bool writable) override {
+  Result<File> reopen(int descriptor, bool writable) override {
     try {
-      const std::string label = "fd " + std::to_string(descriptor);
+      std::string label = "fd " + std::to_string(descriptor);
       struct stat st {};
       if (sys().fstat(descriptor, &st) != 0) return os_error(errno, "cannot use", label);
       if (!S_ISREG(st.st_mode))
@@ -396,34 +387,32 @@ class PosixPlatform final : public Platform {
         return os_error(errno, "cannot open for writing", label, "Pass a descriptor opened read-write, or set read_only.");
       if (fd < 0) fd = sys().fcntl(descriptor, F_DUPFD_CLOEXEC, 0);  // no /proc: share the description
       if (fd < 0) return os_error(errno, "cannot duplicate", label);
-      return static_cast<Handle>(fd);
+      return File(*this, static_cast<Handle>(fd), std::move(label));
     } catch (...) {
       return Error{Errc::no_memory, 0, "out of memory"};
     }
   }
 
-  Result<Handle> create_anonymous(const char* name) override {
+  Result<File> create_anonymous(const char* name) override {
 #if defined(__linux__) && defined(MFD_ALLOW_SEALING)
+    std::string label = ":memory:";  // before the call: nothing may fail once the descriptor is ours
     const int fd = sys().memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return os_error(errno, "cannot create an anonymous file for", ":memory:");
+    if (fd < 0) return os_error(errno, "cannot create an anonymous file for", label);
+    File file(*this, static_cast<Handle>(fd), std::move(label));
     // Nobody holding the descriptor may ever cut pages from under a reader's mapping (SIGBUS).
-    if (sys().fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-      const int err = errno;
-      sys().close(fd);
-      return os_error(err, "cannot seal", ":memory:");
-    }
-    return static_cast<Handle>(fd);
+    if (sys().fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return os_error(errno, "cannot seal", file.path());
+    return file;
 #else
     (void)name;
     return Error{Errc::unsupported, 0, "':memory:' caches need memfd_create (Linux)"};
 #endif
   }
 
-  int native_descriptor(Handle h) const noexcept override { return static_cast<int>(h); }
-  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) override {
+  int native_descriptor(const File& f) const noexcept override { return fd_of(f); }
+  Result<std::uint64_t> first_hole(const File& f, std::uint64_t offset, std::uint64_t len) override {
     const std::uint64_t end = offset + len;
 #ifdef SEEK_HOLE
-    const int fd = static_cast<int>(h);
+    const int fd = fd_of(f);
     std::uint64_t at = offset;
     // ext4, XFS and btrfs report a preallocated extent that was never written as a hole, like
     // one that has no blocks at all; only the second is damage. Each hole SEEK_HOLE finds is
@@ -437,7 +426,7 @@ class PosixPlatform final : public Platform {
         if (err == ENXIO) return at;  // at or past the end of the file: nothing there at all
         // EINVAL: a kernel or file system without SEEK_HOLE. Not knowing is not a hole.
         if (err == EINVAL || errc_of_errno(err) == Errc::unsupported) return end;
-        return os_error(err, "cannot look for holes in", path_of(h));
+        return os_error(err, "cannot look for holes in", f.path());
       }
       const auto hole = static_cast<std::uint64_t>(found);
       if (hole >= end) return end;
@@ -448,7 +437,7 @@ class PosixPlatform final : public Platform {
     }
     return end;
 #else
-    (void)h;
+    (void)f;
     return end;
 #endif
   }
@@ -485,21 +474,21 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
-  Result<bool> try_lock(Handle h) override {
+  Result<bool> try_lock(const File& f) override {
     for (;;) {
-      if (sys().flock(static_cast<int>(h), LOCK_EX | LOCK_NB) == 0) return true;
+      if (sys().flock(fd_of(f), LOCK_EX | LOCK_NB) == 0) return true;
       if (errno == EINTR) continue;
       if (errno == EWOULDBLOCK) return false;
-      return os_error(errno, "cannot lock", path_of(h));
+      return os_error(errno, "cannot lock", f.path());
     }
   }
 
-  void unlock(Handle h) noexcept override { (void)sys().flock(static_cast<int>(h), LOCK_UN); }
+  void unlock(const File& f) noexcept override { (void)sys().flock(fd_of(f), LOCK_UN); }
 
   // An open-file-description lock (Linux 3.15+): owned by the descriptor like flock, not by the
   // process like a classic fcntl lock (which any close of any descriptor of the file would drop),
   // and independent of the lease's flock. A read lock for "in use", a write lock to replace.
-  Result<bool> try_lock_in_use(Handle h, bool exclusive) override {
+  Result<bool> try_lock_in_use(const File& f, bool exclusive) override {
 #ifdef F_OFD_SETLK
     struct flock fl {};
     fl.l_type = static_cast<short>(exclusive ? F_WRLCK : F_RDLCK);
@@ -507,28 +496,28 @@ class PosixPlatform final : public Platform {
     fl.l_start = kInUseOffset;
     fl.l_len = 1;
     for (;;) {
-      if (sys().fcntl_lock(static_cast<int>(h), F_OFD_SETLK, &fl) == 0) return true;
+      if (sys().fcntl_lock(fd_of(f), F_OFD_SETLK, &fl) == 0) return true;
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EACCES) return false;
-      return os_error(errno, exclusive ? "cannot lock (exclusively)" : "cannot lock (shared)", "<cache file>");
+      return os_error(errno, exclusive ? "cannot lock (exclusively)" : "cannot lock (shared)", f.path());
     }
 #else
-    (void)h;
+    (void)f;
     (void)exclusive;
     return Error{Errc::unsupported, 0, "open-file-description locks are not available on this system"};
 #endif
   }
 
-  void unlock_in_use(Handle h) noexcept override {
+  void unlock_in_use(const File& f) noexcept override {
 #ifdef F_OFD_SETLK
     struct flock fl {};
     fl.l_type = F_UNLCK;
     fl.l_whence = SEEK_SET;
     fl.l_start = kInUseOffset;
     fl.l_len = 1;
-    (void)sys().fcntl_lock(static_cast<int>(h), F_OFD_SETLK, &fl);
+    (void)sys().fcntl_lock(fd_of(f), F_OFD_SETLK, &fl);
 #else
-    (void)h;
+    (void)f;
 #endif
   }
 
@@ -559,9 +548,9 @@ class PosixPlatform final : public Platform {
     std::string path;
   };
 
-  void remember_mapping(void* at, std::size_t len, Handle h) noexcept {
+  void remember_mapping(void* at, std::size_t len, const File& f) noexcept {
     try {
-      std::string path = path_of(h);
+      std::string path = f.path();
       std::lock_guard<std::mutex> lock(mapped_mu_);
       const auto a = reinterpret_cast<std::uintptr_t>(at);
       mapped_[a] = Mapped{a + len, std::move(path)};
@@ -621,9 +610,9 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
-  bool tracks_changes(Handle h) noexcept override {
+  bool tracks_changes(const File& f) noexcept override {
     struct statfs fs {};
-    if (sys().fstatfs(static_cast<int>(h), &fs) != 0) return false;
+    if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return false;
     // File systems whose change times another machine or a user-space server may not keep, or
     // that this process may see late (attribute caches): verification stays per process there.
     switch (static_cast<std::uint64_t>(fs.f_type)) {

@@ -6,7 +6,6 @@
 // The address space (reservations, and the views, placeholders and holes inside them) is
 // managed in win32_segments.{hpp,cpp}; what both halves share is in win32_common.hpp.
 #include "platform/errors.hpp"
-#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/win32_calls.hpp"
 #include "platform/win32_common.hpp"
@@ -20,7 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -268,7 +267,7 @@ Error bad_path(const std::string& path) {
   return Error{Errc::invalid_argument, EINVAL, "'" + path + "' is not a valid UTF-8 path"};
 }
 
-HANDLE as_handle(Handle h) { return reinterpret_cast<HANDLE>(h); }
+HANDLE as_handle(const File& f) { return reinterpret_cast<HANDLE>(f.handle()); }
 
 bool reparse_is_link(HANDLE h) {
   FILE_ATTRIBUTE_TAG_INFO tag{};
@@ -345,7 +344,7 @@ bool file_size_of(HANDLE h, std::uint64_t* size) {
   return true;
 }
 
-Result<void> read_file_at(HANDLE h, void* buf, std::size_t size, std::uint64_t offset) {
+Result<void> read_file_at(HANDLE h, const std::string& path, void* buf, std::size_t size, std::uint64_t offset) {
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
     const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
@@ -353,10 +352,11 @@ Result<void> read_file_at(HANDLE h, void* buf, std::size_t size, std::uint64_t o
     DWORD got = 0;
     if (!sys().read_file(h, p, n, &got, &ov)) {
       const DWORD err = ::GetLastError();
-      if (err == ERROR_HANDLE_EOF) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
-      return win_error(err, "read failed on", path_of(reinterpret_cast<Handle>(h)));
+      if (err == ERROR_HANDLE_EOF)
+        return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + path + "'"};
+      return win_error(err, "read failed on", path);
     }
-    if (got == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading the cache"};
+    if (got == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + path + "'"};
     p += got;
     size -= got;
     offset += got;
@@ -370,10 +370,11 @@ class Win32Platform final : public Platform {
  public:
   // ---- files ----
 
-  Result<Handle> open_file(const std::string& path, OpenMode mode, unsigned /*perm*/, bool follow_symlink) override {
+  Result<File> open_file(const std::string& path, OpenMode mode, unsigned /*perm*/, bool follow_symlink) override {
     // POSIX permission bits have no Windows equivalent; new files inherit the directory's ACL.
     std::wstring w;
     if (!widen(path, &w)) return bad_path(path);
+    std::string name = path;  // before the open: nothing may fail once the handle is ours
     DWORD access = GENERIC_READ, disposition = OPEN_EXISTING;
     switch (mode) {
       case OpenMode::read: break;
@@ -399,38 +400,28 @@ class Win32Platform final : public Platform {
       const bool missing = err == ERROR_FILE_NOT_FOUND || err == ERROR_PATH_NOT_FOUND;
       return win_error(err, "cannot open", path, missing ? "Create the directory first, or pick another path." : nullptr);
     }
+    File file(*this, reinterpret_cast<Handle>(h), std::move(name));  // closed on the ways out below
     FileInfo info;
     DWORD attrs = 0;
-    if (!info_of(h, &info, &attrs)) {
-      // A failed query says nothing about what the file is: report the OS error, not "not a
-      // regular file; remove it".
-      const DWORD err = ::GetLastError();
-      sys().close_handle(h);
-      return win_error(err, "cannot query", path);
-    }
-    if (!follow_symlink && (attrs & FILE_ATTRIBUTE_REPARSE_POINT) != 0 && reparse_is_link(h)) {
-      sys().close_handle(h);
+    // A failed query says nothing about what the file is: report the OS error, not "not a
+    // regular file; remove it".
+    if (!info_of(h, &info, &attrs)) return win_error(::GetLastError(), "cannot query", path);
+    if (!follow_symlink && (attrs & FILE_ATTRIBUTE_REPARSE_POINT) != 0 && reparse_is_link(h))
       return Error{Errc::invalid_argument, ELOOP,
                    "refusing to open a symlink at '" + path +
                        "'. Point the cache at a regular file, or set allow_symlink."};
-    }
-    if (!info.regular) {
-      sys().close_handle(h);
-      return not_a_regular_file(path);
-    }
-    handle_paths().add(reinterpret_cast<Handle>(h), path);
-    return reinterpret_cast<Handle>(h);
+    if (!info.regular) return not_a_regular_file(path);
+    return file;
   }
 
   void close_file(Handle h) noexcept override {
     if (h == kInvalidHandle || h == 0) return;
-    handle_paths().remove(h);  // before the handle value can be reused
-    sys().close_handle(as_handle(h));
+    sys().close_handle(reinterpret_cast<HANDLE>(h));
   }
 
-  Result<FileInfo> stat_file(Handle h) override {
+  Result<FileInfo> stat_file(const File& f) override {
     FileInfo info;
-    if (!info_of(as_handle(h), &info)) return win_error(::GetLastError(), "cannot query", path_of(h));
+    if (!info_of(as_handle(f), &info)) return win_error(::GetLastError(), "cannot query", f.path());
     // The core trusts its mapping up to the size it learns here: back any hole the file now
     // covers (another process may have grown it).
     if (auto r = segments_.fill_holes(info.device, info.inode); !r) return r.error();
@@ -459,19 +450,19 @@ class Win32Platform final : public Platform {
     return info;
   }
 
-  Result<void> read_at(Handle h, void* buf, std::size_t size, std::uint64_t offset) override {
-    return read_file_at(as_handle(h), buf, size, offset);
+  Result<void> read_at(const File& f, void* buf, std::size_t size, std::uint64_t offset) override {
+    return read_file_at(as_handle(f), f.path(), buf, size, offset);
   }
 
-  Result<void> write_at(Handle h, const void* buf, std::size_t size, std::uint64_t offset) override {
+  Result<void> write_at(const File& f, const void* buf, std::size_t size, std::uint64_t offset) override {
     auto* p = static_cast<const char*>(buf);
     while (size > 0) {
       const DWORD n = static_cast<DWORD>(std::min<std::size_t>(size, kMaxIo));
       OVERLAPPED ov = at_offset(offset);
       DWORD put = 0;
-      if (!sys().write_file(as_handle(h), p, n, &put, &ov))
-        return win_error(::GetLastError(), "write failed on", path_of(h));
-      if (put == 0) return Error{Errc::io, 0, "write made no progress on the cache file"};
+      if (!sys().write_file(as_handle(f), p, n, &put, &ov))
+        return win_error(::GetLastError(), "write failed on", f.path());
+      if (put == 0) return Error{Errc::io, 0, "write made no progress on '" + f.path() + "'"};
       p += put;
       size -= put;
       offset += put;
@@ -479,47 +470,47 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  Result<void> allocate(Handle h, std::uint64_t offset, std::uint64_t len) override {
+  Result<void> allocate(const File& f, std::uint64_t offset, std::uint64_t len) override {
     const std::uint64_t target = offset + len;
     if (target < offset || target > static_cast<std::uint64_t>(INT64_MAX))
       return Error{Errc::no_space, EFBIG, "the cache file would exceed the largest file size Windows supports"};
     std::uint64_t size = 0;
-    if (!file_size_of(as_handle(h), &size)) return win_error(::GetLastError(), "cannot query", path_of(h));
+    if (!file_size_of(as_handle(f), &size)) return win_error(::GetLastError(), "cannot query", f.path());
     if (size < target) {
       // Reserve the clusters first (fails at once on a full disk), then move EOF: NTFS backs
       // the whole range, so stores through a mapping can never fail for lack of space. Never
       // shrinks, like posix_fallocate.
       FILE_ALLOCATION_INFO alloc{};
       alloc.AllocationSize.QuadPart = static_cast<LONGLONG>(target);
-      if (!sys().set_file_information_by_handle(as_handle(h), FileAllocationInfo, &alloc, sizeof alloc)) {
+      if (!sys().set_file_information_by_handle(as_handle(f), FileAllocationInfo, &alloc, sizeof alloc)) {
         const DWORD err = ::GetLastError();
         if (errc_of_win(err) == Errc::no_space)
-          return win_error(err, "cannot allocate disk space for", path_of(h), "Free disk space.");
+          return win_error(err, "cannot allocate disk space for", f.path(), "Free disk space.");
         // Some file systems do not take an allocation size: EOF alone still works.
       }
       FILE_END_OF_FILE_INFO eof{};
       eof.EndOfFile.QuadPart = static_cast<LONGLONG>(target);
-      if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
-        return win_error(::GetLastError(), "cannot allocate disk space for", path_of(h), "Free disk space.");
+      if (!sys().set_file_information_by_handle(as_handle(f), FileEndOfFileInfo, &eof, sizeof eof))
+        return win_error(::GetLastError(), "cannot allocate disk space for", f.path(), "Free disk space.");
     }
     FileInfo info;
-    if (info_of(as_handle(h), &info)) return segments_.fill_holes(info.device, info.inode);
+    if (info_of(as_handle(f), &info)) return segments_.fill_holes(info.device, info.inode);
     return {};
   }
 
-  Result<void> truncate(Handle h, std::uint64_t size) override {
+  Result<void> truncate(const File& f, std::uint64_t size) override {
     // Fails with ERROR_USER_MAPPED_FILE while any process maps the part being cut: the core
     // tolerates that (the file then keeps its preallocated tail past the footer).
     FILE_END_OF_FILE_INFO eof{};
     eof.EndOfFile.QuadPart = static_cast<LONGLONG>(size);
-    if (!sys().set_file_information_by_handle(as_handle(h), FileEndOfFileInfo, &eof, sizeof eof))
-      return win_error(::GetLastError(), "cannot resize", path_of(h));
+    if (!sys().set_file_information_by_handle(as_handle(f), FileEndOfFileInfo, &eof, sizeof eof))
+      return win_error(::GetLastError(), "cannot resize", f.path());
     return {};
   }
 
-  Result<void> sync(Handle h) override {
-    if (!sys().flush_file_buffers(as_handle(h)))
-      return win_error(::GetLastError(), "FlushFileBuffers failed on", path_of(h));
+  Result<void> sync(const File& f) override {
+    if (!sys().flush_file_buffers(as_handle(f)))
+      return win_error(::GetLastError(), "FlushFileBuffers failed on", f.path());
     return {};
   }
 
@@ -543,22 +534,22 @@ class Win32Platform final : public Platform {
     return {};
   }
 
-  void touch(Handle h) noexcept override {
+  void touch(const File& f) noexcept override {
     FILE_BASIC_INFO info{};  // zero: leave that time as it is
     FILETIME now;
     ::GetSystemTimeAsFileTime(&now);  // cannot fail
     info.LastWriteTime.LowPart = now.dwLowDateTime;
     info.LastWriteTime.HighPart = static_cast<LONG>(now.dwHighDateTime);
-    (void)sys().set_file_information_by_handle(as_handle(h), FileBasicInfo, &info, sizeof info);
+    (void)sys().set_file_information_by_handle(as_handle(f), FileBasicInfo, &info, sizeof info);
   }
 
   void remove(const std::string& path) noexcept override { (void)remove_file(path); }
 
-  Result<Handle> reopen(int, bool) override {
+  Result<File> reopen(int, bool) override {
     return Error{Errc::unsupported, 0, "wc_options.fd is a POSIX descriptor; on Windows pass a HANDLE (wc_options.handle)"};
   }
 
-  Result<Handle> reopen_os_handle(void* os_handle, bool writable) override {
+  Result<File> reopen_os_handle(void* os_handle, bool writable) override {
     HANDLE from = static_cast<HANDLE>(os_handle);
     const std::string label = handle_label(os_handle);
     if (from == INVALID_HANDLE_VALUE)
@@ -592,11 +583,10 @@ class Win32Platform final : public Platform {
       if (!queried) return win_error(err, "cannot query", label);
       return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file; pass a cache file's handle"};
     }
-    handle_paths().add(reinterpret_cast<Handle>(h), label);
-    return reinterpret_cast<Handle>(h);
+    return File(*this, reinterpret_cast<Handle>(h), label);
   }
 
-  Result<Handle> create_anonymous(const char* name) override {
+  Result<File> create_anonymous(const char* name) override {
     // A temporary file that deletes itself when its last handle closes, which the OS keeps in
     // memory while it can, rather than a pagefile-backed section: docs/DESIGN.md says why.
     wchar_t dir[MAX_PATH + 1];
@@ -617,8 +607,7 @@ class Win32Platform final : public Platform {
                                      FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, CREATE_NEW,
                                      FILE_ATTRIBUTE_TEMPORARY | FILE_FLAG_DELETE_ON_CLOSE, nullptr);
       if (h != INVALID_HANDLE_VALUE) {
-        handle_paths().add(reinterpret_cast<Handle>(h), label);
-        return reinterpret_cast<Handle>(h);
+        return File(*this, reinterpret_cast<Handle>(h), label);
       }
       const DWORD err = ::GetLastError();
       if (err != ERROR_FILE_EXISTS && err != ERROR_ALREADY_EXISTS)
@@ -627,9 +616,9 @@ class Win32Platform final : public Platform {
     return Error{Errc::io, EEXIST, "cannot create a temporary file for ':memory:': every name tried exists"};
   }
 
-  int native_descriptor(Handle) const noexcept override { return -1; }
-  void* native_os_handle(Handle h) const noexcept override {
-    return h == kInvalidHandle ? nullptr : reinterpret_cast<void*>(h);
+  int native_descriptor(const File&) const noexcept override { return -1; }
+  void* native_os_handle(const File& f) const noexcept override {
+    return f.is_open() ? reinterpret_cast<void*>(f.handle()) : nullptr;
   }
   bool replaces_open_files() const noexcept override { return false; }
 
@@ -683,8 +672,8 @@ class Win32Platform final : public Platform {
 
   void release_address_space(void* base, std::size_t) noexcept override { segments_.release(base); }
 
-  Result<void> map_file(Handle h, std::uint64_t offset, std::size_t len, void* at, bool writable) override {
-    return segments_.map(h, offset, len, at, writable);
+  Result<void> map_file(const File& f, std::uint64_t offset, std::size_t len, void* at, bool writable) override {
+    return segments_.map(f, offset, len, at, writable);
   }
 
   Result<void> commit_memory(void* at, std::size_t len) override { return segments_.commit(at, len); }
@@ -692,7 +681,7 @@ class Win32Platform final : public Platform {
   Result<void> flush_mapping(void* addr, std::size_t len, bool wait) override {
     auto views = segments_.views_in(addr, len);
     if (!views) return views.error();
-    std::set<HANDLE> files;
+    std::map<HANDLE, const std::string*> files;  // the views' files (alive while `views` is), by handle
     for (const auto& p : views.value()) {
       // FlushViewOfFile reports ERROR_LOCK_VIOLATION while the pages are being written by
       // someone else; the documented answer is to try again.
@@ -705,13 +694,12 @@ class Win32Platform final : public Platform {
         if (!ok) ::SwitchToThread();
       }
       if (!ok) return win_error(err, "FlushViewOfFile failed on", p.file->path);
-      if (wait) files.insert(p.file->h);
+      if (wait) files.emplace(p.file->h, &p.file->path);
     }
     // FlushViewOfFile hands the pages to the file system; FlushFileBuffers waits until they
     // (and the file's metadata) are on the disk.
-    for (HANDLE f : files)
-      if (!sys().flush_file_buffers(f))
-        return win_error(::GetLastError(), "FlushFileBuffers failed on", path_of(reinterpret_cast<Handle>(f)));
+    for (const auto& [h, path] : files)
+      if (!sys().flush_file_buffers(h)) return win_error(::GetLastError(), "FlushFileBuffers failed on", *path);
     return {};
   }
 
@@ -721,7 +709,7 @@ class Win32Platform final : public Platform {
     (void)sys().prefetch_virtual_memory(::GetCurrentProcess(), 1, &r, 0);
   }
 
-  Result<std::uint64_t> first_hole(Handle h, std::uint64_t offset, std::uint64_t len) override {
+  Result<std::uint64_t> first_hole(const File& f, std::uint64_t offset, std::uint64_t len) override {
     // The allocated ranges inside [offset, end), in file order. Only a sparse file (NTFS, ReFS)
     // has holes; elsewhere the call answers "all of it" or fails as unsupported, which counts
     // as allocated too.
@@ -733,14 +721,14 @@ class Win32Platform final : public Platform {
       query.Length.QuadPart = static_cast<LONGLONG>(end - at);
       FILE_ALLOCATED_RANGE_BUFFER ranges[16];
       DWORD got = 0;
-      const BOOL ok = sys().device_io_control(as_handle(h), FSCTL_QUERY_ALLOCATED_RANGES, &query, sizeof query,
+      const BOOL ok = sys().device_io_control(as_handle(f), FSCTL_QUERY_ALLOCATED_RANGES, &query, sizeof query,
                                               ranges, sizeof ranges, &got, nullptr);
       const DWORD err = ok ? NO_ERROR : ::GetLastError();
       if (!ok && err != ERROR_MORE_DATA) {
         if (err == ERROR_INVALID_FUNCTION || err == ERROR_NOT_SUPPORTED || err == ERROR_INVALID_PARAMETER ||
             err == ERROR_CALL_NOT_IMPLEMENTED)
           return end;  // cannot tell: not a hole
-        return win_error(err, "cannot look for holes in", path_of(h));
+        return win_error(err, "cannot look for holes in", f.path());
       }
       const DWORD n = got / sizeof ranges[0];
       if (n == 0) return at;  // nothing allocated from `at` on
@@ -757,23 +745,23 @@ class Win32Platform final : public Platform {
 
   // ---- locks ----
 
-  Result<bool> try_lock(Handle h) override {
+  Result<bool> try_lock(const File& f) override {
     // Byte-range locks belong to the handle (file object) that took them, like flock, and die
     // with it: another handle in the same process is refused as another process is.
     OVERLAPPED ov = at_offset(kLockOffset);
-    if (sys().lock_file_ex(as_handle(h), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov))
+    if (sys().lock_file_ex(as_handle(f), LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov))
       return true;
     const DWORD err = ::GetLastError();
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
-    return win_error(err, "cannot lock", path_of(h));
+    return win_error(err, "cannot lock", f.path());
   }
 
-  void unlock(Handle h) noexcept override {
+  void unlock(const File& f) noexcept override {
     OVERLAPPED ov = at_offset(kLockOffset);
-    (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
+    (void)sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov);
   }
 
-  Result<bool> try_lock_in_use(Handle h, bool exclusive) override {
+  Result<bool> try_lock_in_use(const File& f, bool exclusive) override {
     OVERLAPPED ov = at_offset(kInUseOffset);
     // Windows does not convert a lock, and our own shared lock refuses our exclusive one: when
     // refused, let go of a shared lock we may hold, try again, and take it back if we had it.
@@ -781,24 +769,24 @@ class Win32Platform final : public Platform {
     // A shared lock stacks on our own exclusive one instead of replacing it (two unlocks would
     // then be needed, the exclusive one first): a downgrade lets go of what this handle holds
     // first (a no-op when it holds nothing).
-    if (!exclusive) (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
-    if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
+    if (!exclusive) (void)sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov);
+    if (sys().lock_file_ex(as_handle(f), flags, 0, 1, 0, &ov)) return true;
     DWORD err = ::GetLastError();
     if (exclusive && (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING)) {
-      const bool had_shared = sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov) != FALSE;
+      const bool had_shared = sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov) != FALSE;
       if (had_shared) {
-        if (sys().lock_file_ex(as_handle(h), flags, 0, 1, 0, &ov)) return true;
+        if (sys().lock_file_ex(as_handle(f), flags, 0, 1, 0, &ov)) return true;
         err = ::GetLastError();
-        (void)sys().lock_file_ex(as_handle(h), LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov);
+        (void)sys().lock_file_ex(as_handle(f), LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov);
       }
     }
     if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return false;
-    return win_error(err, "cannot lock", "<cache file>");
+    return win_error(err, "cannot lock", f.path());
   }
 
-  void unlock_in_use(Handle h) noexcept override {
+  void unlock_in_use(const File& f) noexcept override {
     OVERLAPPED ov = at_offset(kInUseOffset);
-    (void)sys().unlock_file_ex(as_handle(h), 0, 1, 0, &ov);
+    (void)sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov);
   }
 
   // ---- facts ----

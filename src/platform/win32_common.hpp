@@ -3,7 +3,6 @@
 // reporting, and the file queries they both make. Defined in win32.cpp.
 #pragma once
 
-#include "platform/handle_paths.hpp"
 #include "platform/platform.hpp"
 #include "platform/win32_calls.hpp"
 
@@ -27,16 +26,14 @@ std::string win_message(DWORD code);
 // "<what> '<path>': <Windows message> (Windows error N). <hint>", with sys_errno errno_of(code).
 Error win_error(DWORD code, const std::string& what, const std::string& path, const char* hint = nullptr);
 
-// The path `h` was opened with, for messages.
-inline std::string path_of(Handle h) { return handle_paths().of(h); }
-
 // Fails (with the thread's last error set) when either query fails: a file whose type cannot
 // be read is not thereby "not a regular file". `attributes` gets the FILE_ATTRIBUTE_* bits.
 bool info_of(HANDLE h, FileInfo* out, DWORD* attributes = nullptr);
 // Fails with the thread's last error set.
 bool file_size_of(HANDLE h, std::uint64_t* size);
-// Reads exactly `size` bytes at `offset`, or fails (a short read is Errc::corrupt).
-Result<void> read_file_at(HANDLE h, void* buf, std::size_t size, std::uint64_t offset);
+// Reads exactly `size` bytes at `offset` of `h`, which is the file at `path` (for messages), or
+// fails (a short read is Errc::corrupt).
+Result<void> read_file_at(HANDLE h, const std::string& path, void* buf, std::size_t size, std::uint64_t offset);
 
 inline std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v & ~(a - 1); }
 inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }

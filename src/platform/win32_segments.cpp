@@ -1,6 +1,5 @@
 #include "platform/win32_segments.hpp"
 
-#include "platform/handle_paths.hpp"
 #include "platform/win32_common.hpp"
 
 #include <algorithm>
@@ -93,10 +92,7 @@ const Api& api() {
 }
 
 FileRef::~FileRef() {
-  if (h != nullptr) {
-    handle_paths().remove(reinterpret_cast<Handle>(h));
-    sys().close_handle(h);
-  }
+  if (h != nullptr) sys().close_handle(h);
 }
 
 Result<void*> Segments::reserve(std::size_t size, std::size_t align) {
@@ -176,7 +172,7 @@ void Segments::release(void* base) noexcept {
   reservations_.erase(it);
 }
 
-Result<void> Segments::map(Handle h, std::uint64_t offset, std::size_t len, void* at, bool writable) {
+Result<void> Segments::map(const File& f, std::uint64_t offset, std::size_t len, void* at, bool writable) {
   try {
     std::lock_guard<std::mutex> lock(mu_);
     const auto start = reinterpret_cast<std::uintptr_t>(at);
@@ -184,13 +180,12 @@ Result<void> Segments::map(Handle h, std::uint64_t offset, std::size_t len, void
     if (!found) return found.error();
     Reservation* res = found.value();
     auto file = std::make_shared<FileRef>();
-    file->path = path_of(h);
-    if (!sys().duplicate_handle(::GetCurrentProcess(), reinterpret_cast<HANDLE>(h), ::GetCurrentProcess(), &file->h, 0,
-                                FALSE, DUPLICATE_SAME_ACCESS)) {
+    file->path = f.path();
+    if (!sys().duplicate_handle(::GetCurrentProcess(), reinterpret_cast<HANDLE>(f.handle()), ::GetCurrentProcess(),
+                                &file->h, 0, FALSE, DUPLICATE_SAME_ACCESS)) {
       file->h = nullptr;
       return win_error(::GetLastError(), "cannot duplicate the handle of", file->path);
     }
-    handle_paths().add(reinterpret_cast<Handle>(file->h), file->path);  // read_file_at of a tail copy
     FileInfo info;
     if (!info_of(file->h, &info)) return win_error(::GetLastError(), "cannot query", file->path);
     file->device = info.device;
@@ -486,7 +481,8 @@ Result<void> Segments::refresh_copy(std::uintptr_t start, const Segment& seg) {
   if (!file_size_of(seg.file->h, &size)) return win_error(::GetLastError(), "cannot query", seg.file->path);
   if (size <= seg.file_offset) return {};
   const std::uint64_t n = std::min<std::uint64_t>(size - seg.file_offset, seg.end - start);
-  return read_file_at(seg.file->h, reinterpret_cast<void*>(start), static_cast<std::size_t>(n), seg.file_offset);
+  return read_file_at(seg.file->h, seg.file->path, reinterpret_cast<void*>(start), static_cast<std::size_t>(n),
+                      seg.file_offset);
 }
 
 Result<void> Segments::commit_locked(Reservation& res, std::uintptr_t start, std::size_t len) {

@@ -44,12 +44,12 @@ struct Api {
 };
 const Api& api();
 
-// Our own duplicate of a mapped file's handle: views and holes outlive the core's handle
-// bookkeeping, and must never follow a recycled handle value to another file.
+// Our own duplicate of a mapped file's handle: views and holes outlive the core's File, and
+// must never follow a recycled handle value to another file.
 struct FileRef {
   HANDLE h = nullptr;
   std::uint64_t device = 0, inode = 0;
-  std::string path;  // of the handle it duplicates, for messages
+  std::string path;  // of the File it duplicates, for messages
   ~FileRef();  // closes h
 };
 
@@ -68,8 +68,8 @@ class Segments {
   Result<void*> reserve(std::size_t size, std::size_t align);
   // Releases the reservation at `base` and everything mapped or committed inside it.
   void release(void* base) noexcept;
-  // Maps [offset, offset+len) of the file `h` at `at`, a part of a reservation nothing uses yet.
-  Result<void> map(Handle h, std::uint64_t offset, std::size_t len, void* at, bool writable);
+  // Maps [offset, offset+len) of the file `f` at `at`, a part of a reservation nothing uses yet.
+  Result<void> map(const File& f, std::uint64_t offset, std::size_t len, void* at, bool writable);
   // Makes [at, at+len), a part of a reservation nothing uses yet, private zeroed memory.
   Result<void> commit(void* at, std::size_t len);
   // The parts of views inside [addr, addr+len), each with its file. Only the core that owns

@@ -815,6 +815,32 @@ TEST_F(CliTest, ConvertAndCompactRefuseTheWrongFormatOrAnExistingOutput) {
                              ""));
 }
 
+// convert replaces its output under the library's writer lease: a writer of that cache with an
+// outstanding reservation holds it, so convert says busy and leaves the file alone.
+TEST_F(CliTest, ConvertRefusesWhileALibraryWriterHoldsTheLease) {
+  const std::string w = path("c.wcache");
+  make_cache(w, kEntries);
+  const std::string x = path("v1.xnn");
+  write_file(x, make_xpwc(1, kXpwcEntries).image);
+  const std::string before = read_file(w);
+  {
+    auto c = WeightCache::open(options(w));
+    ASSERT_TRUE(c.ok());
+    ASSERT_NE(c->reserve(1000), nullptr);
+    const CliRun busy = run({"convert", "--force", x, w});
+    EXPECT_EQ(busy.code, 4) << busy.err;
+    EXPECT_NE(busy.err.find("busy"), std::string::npos) << busy.err;
+    EXPECT_NE(busy.err.find(w + ".lock"), std::string::npos) << busy.err;
+  }
+  EXPECT_EQ(read_file(w), before);
+  EXPECT_EQ(strays("c.wcache"), std::vector<std::string>{"v1.xnn"});  // no temporary left behind
+  // Given back by the writer: convert goes ahead, and gives it back in turn.
+  EXPECT_EQ(run({"convert", "--force", x, w}).code, 0);
+  auto c = WeightCache::open(options(w, ""));  // convert's default compatibility key
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_NE(c->reserve(1000), nullptr) << "the lease stayed taken after convert";
+}
+
 // ---- compact ----------------------------------------------------------------------------------
 TEST_F(CliTest, CompactDropsAReplacedEntry) {
   const std::string f = path("c.wcache");

@@ -43,23 +43,23 @@ class PopulateRead : public ::testing::Test {
     auto& os = platform::os();
     auto h = os.open_file(dir_.file("data"), platform::OpenMode::create_new, 0600, false);
     ASSERT_TRUE(h.ok()) << h.error().message;
-    h_ = h.value();
-    ASSERT_TRUE(os.allocate(h_, 0, kLen).ok());
+    file_ = std::move(h).value();
+    ASSERT_TRUE(os.allocate(file_, 0, kLen).ok());
     auto at = os.reserve_address_space(kLen, os.map_granularity());
     ASSERT_TRUE(at.ok()) << at.error().message;
     at_ = at.value();
     FailMadvise fail(EINVAL);  // MADV_HUGEPAGE refused: the mapping is there all the same
-    ASSERT_TRUE(os.map_file(h_, 0, kLen, at_, false).ok());
+    ASSERT_TRUE(os.map_file(file_, 0, kLen, at_, false).ok());
     EXPECT_EQ(fail.calls, 1);
     EXPECT_EQ(static_cast<const char*>(at_)[kLen - 1], 0);
   }
   void TearDown() override {
     if (at_ != nullptr) platform::os().release_address_space(at_, kLen);
-    if (h_ != platform::kInvalidHandle) platform::os().close_file(h_);
+    file_.close();
   }
 
   weightcache::test::TempDir dir_{"wc-advisory"};
-  platform::Handle h_ = platform::kInvalidHandle;
+  platform::File file_;
   void* at_ = nullptr;
 };
 

@@ -1,6 +1,7 @@
 // Every error about an open file names that file. The platform layer's handle-based calls
-// (fstat, pread, pwrite, posix_fallocate, ftruncate, fdatasync, mmap, msync, flock, lseek) used
-// to say '<cache>' (a full disk read "cannot allocate disk space for '<cache>'"): each is failed
+// (fstat, pread, pwrite, posix_fallocate, ftruncate, fdatasync, mmap, msync, flock, lseek, and the
+// in-use lock's fcntl) used to say '<cache>' or '<cache file>' (a full disk read "cannot allocate
+// disk space for '<cache>'"), before each File carried its path to every message. Each is failed
 // here in turn, from each of its first few calls on, in a whole open / pack / finalize / reopen run,
 // and every message the library returned or logged is read.
 #include "hooks.hpp"
@@ -26,8 +27,9 @@ using wctest::Decision;
 
 TEST(ErrorMessages, EveryHandleErrorNamesTheFile) {
   weightcache::test::TempDir dir("wc-messages");
-  const Call handle_calls[] = {Call::fstat,     Call::pread, Call::pwrite, Call::posix_fallocate, Call::ftruncate,
-                               Call::fdatasync, Call::mmap,  Call::msync,  Call::flock,           Call::lseek};
+  const Call handle_calls[] = {Call::fstat, Call::pread, Call::pwrite, Call::posix_fallocate,
+                               Call::ftruncate, Call::fdatasync, Call::mmap, Call::msync,
+                               Call::flock, Call::lseek, Call::fcntl_lock};
   // How often a clean run makes each call.
   std::map<Call, int> made;
   {
@@ -63,6 +65,7 @@ TEST(ErrorMessages, EveryHandleErrorNamesTheFile) {
           if (t.empty()) continue;
           ++messages;
           EXPECT_EQ(t.find("<cache>"), std::string::npos) << what << ": " << t;
+          EXPECT_EQ(t.find("<cache file>"), std::string::npos) << what << ": " << t;
           EXPECT_EQ(t.find("(unknown file)"), std::string::npos) << what << ": " << t;
           naming_the_file += t.find(path) != std::string::npos;
           if (victim == Call::posix_fallocate && err == ENOSPC &&

@@ -76,9 +76,9 @@ Bytes make_file(const std::string& path) {
   auto fd = pf.open_file(path, platform::OpenMode::read, 0, false);
   if (!fd) return ::testing::AssertionFailure() << fd.error().message;
   Diagnosis d;
-  auto plain = read_committed(pf, fd.value(), path, b.size(), UINT64_MAX, 0);
-  auto diagnosed = read_committed(pf, fd.value(), path, b.size(), UINT64_MAX, 0, &d);
-  pf.close_file(fd.value());
+  auto plain = read_committed(pf, fd.value(), b.size(), UINT64_MAX, 0);
+  auto diagnosed = read_committed(pf, fd.value(), b.size(), UINT64_MAX, 0, &d);
+  fd.value().close();
   if (plain.ok() != diagnosed.ok())
     return ::testing::AssertionFailure() << "ok " << plain.ok() << " without a diagnosis, " << diagnosed.ok()
                                          << " with";

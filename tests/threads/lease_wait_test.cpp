@@ -31,7 +31,7 @@ std::atomic<int> g_busy_locks{0};
 // Counts the library's lock attempts that find the lock held.
 class ObservingPlatform final : public ForwardingPlatform {
  public:
-  Result<bool> try_lock(Handle h) noexcept override {
+  Result<bool> try_lock(const File& h) noexcept override {
     auto r = os_.try_lock(h);
     if (r && !r.value()) g_busy_locks.fetch_add(1);
     return r;

@@ -351,7 +351,7 @@ TEST(Gc, AFailedDeleteKeepsTheFileAndItsLockFile) {
 // when not root (so this runs under root too).
 class RefusingWriteOpen final : public ForwardingPlatform {
  public:
-  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
+  Result<File> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) override {
     if (m == platform::OpenMode::read_write) return platform::os_error(EACCES, "cannot open", p);
     return ForwardingPlatform::open_file(p, m, perm, f);
   }
@@ -378,7 +378,7 @@ TEST(Gc, KeepsAFileThePlatformWillNotOpenForWriting) {
 class OpenerArrives final : public ForwardingPlatform {
  public:
   explicit OpenerArrives(std::string path) : path_(std::move(path)) {}
-  Result<Handle> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) noexcept override {
+  Result<File> open_file(const std::string& p, platform::OpenMode m, unsigned perm, bool f) override {
     if (m == platform::OpenMode::read_write && p == path_) {
       const int fd = ::open((path_ + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
       if (fd >= 0) ::close(fd);

@@ -217,7 +217,7 @@ class RefusingMaps final : public ForwardingPlatform {
   int fail_from_;
   int calls_ = 0;
 
-  Result<void> map_file(platform::Handle h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
+  Result<void> map_file(const platform::File& h, std::uint64_t o, std::size_t n, void* at, bool w) noexcept override {
     if (++calls_ >= fail_from_) return Error{Errc::no_memory, ENOMEM, "mapping refused by the test"};
     return os_.map_file(h, o, n, at, w);
   }

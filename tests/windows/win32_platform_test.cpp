@@ -17,18 +17,18 @@
 namespace weightcache::test {
 namespace {
 
-using platform::Handle;
+using platform::File;
 using platform::OpenMode;
 
 platform::Platform& pf() { return platform::os(); }
 
-Handle open_or_die(const std::string& path, OpenMode mode) {
+File open_or_die(const std::string& path, OpenMode mode) {
   auto h = pf().open_file(path, mode, 0644, false);
   EXPECT_TRUE(h) << (h ? "" : h.error().message);
-  return h ? h.value() : platform::kInvalidHandle;
+  return h ? std::move(h).value() : File();
 }
 
-void write_pattern(Handle h, std::uint64_t seed, std::size_t size, std::uint64_t offset) {
+void write_pattern(const File& h, std::uint64_t seed, std::size_t size, std::uint64_t offset) {
   const std::string bytes = pattern_bytes(seed, size);
   auto r = pf().write_at(h, bytes.data(), bytes.size(), offset);
   ASSERT_TRUE(r) << r.error().message;
@@ -62,8 +62,8 @@ TEST(Win32Platform, MissingFilesReportEnoentWithTheWindowsMessage) {
 TEST(Win32Platform, CreateNewRefusesAnExistingFile) {
   TempDir dir("wc-win32");
   const std::string path = dir.file("a.wcache");
-  const Handle h = open_or_die(path, OpenMode::create_new);
-  pf().close_file(h);
+  File h = open_or_die(path, OpenMode::create_new);
+  h.close();
   auto again = pf().open_file(path, OpenMode::create_new, 0644, false);
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().sys_errno, EEXIST);
@@ -87,7 +87,7 @@ TEST(Win32Platform, Utf8PathsReachTheFileSystemAsUnicode) {
   TempDir dir("wc-win32");
   const std::string name = "caf\xC3\xA9-\xD0\xBA\xD0\xBB\xD1\x8E\xD1\x87-\xE3\x82\xAD\xE3\x83\xA3.wcache";  // café-ключ-キャ
   const std::string path = dir.file(name);
-  const Handle h = open_or_die(path, OpenMode::create_new);
+  File h = open_or_die(path, OpenMode::create_new);
   write_pattern(h, 1, 10, 0);
   auto a = pf().stat_file(h);
   auto b = pf().stat_path(path, false);
@@ -96,7 +96,7 @@ TEST(Win32Platform, Utf8PathsReachTheFileSystemAsUnicode) {
   EXPECT_EQ(a->device, b->device);
   EXPECT_EQ(b->size, 10u);
   EXPECT_TRUE(b->regular);
-  pf().close_file(h);
+  h.close();
   // The name on disk is the UTF-16 form of the UTF-8 we passed, not mojibake.
   EXPECT_TRUE(std::filesystem::exists(dir.path() / std::filesystem::u8path(name)));
   pf().remove(path);
@@ -105,53 +105,54 @@ TEST(Win32Platform, Utf8PathsReachTheFileSystemAsUnicode) {
 
 TEST(Win32Platform, ShortReadsAreCorruptNotGarbage) {
   TempDir dir("wc-win32");
-  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  File h = open_or_die(dir.file("a"), OpenMode::create_new);
   write_pattern(h, 1, 100, 0);
   char buf[200];
   auto r = pf().read_at(h, buf, sizeof buf, 0);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::corrupt);
-  pf().close_file(h);
+  EXPECT_NE(r.error().message.find(dir.file("a")), std::string::npos) << r.error().message;  // the file's name
+  h.close();
 }
 
 TEST(Win32Platform, AllocateGrowsAndNeverShrinks) {
   TempDir dir("wc-win32");
-  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  File h = open_or_die(dir.file("a"), OpenMode::create_new);
   ASSERT_TRUE(pf().allocate(h, 0, 1 << 20));
   EXPECT_EQ(pf().stat_file(h)->size, 1u << 20);
   ASSERT_TRUE(pf().allocate(h, 0, 4096));
   EXPECT_EQ(pf().stat_file(h)->size, 1u << 20);
   ASSERT_TRUE(pf().truncate(h, 5000));
   EXPECT_EQ(pf().stat_file(h)->size, 5000u);
-  pf().close_file(h);
+  h.close();
 }
 
 TEST(Win32Platform, LocksBelongToTheHandleAndDieWithIt) {
   TempDir dir("wc-win32");
   const std::string path = dir.file("a.lock");
-  const Handle h1 = open_or_die(path, OpenMode::lock_file);
-  const Handle h2 = open_or_die(path, OpenMode::lock_file);
+  File h1 = open_or_die(path, OpenMode::lock_file);
+  File h2 = open_or_die(path, OpenMode::lock_file);
   ASSERT_TRUE(pf().try_lock(h1).value());
   EXPECT_FALSE(pf().try_lock(h2).value());  // same process, other handle: refused, as flock
   pf().unlock(h1);
   ASSERT_TRUE(pf().try_lock(h2).value());
   EXPECT_FALSE(pf().try_lock(h1).value());
-  pf().close_file(h2);  // closing releases it
+  h2.close();  // closing releases it
   EXPECT_TRUE(pf().try_lock(h1).value());
   // The lock byte lies far past the content: the lock file stays readable and writable.
   write_pattern(h1, 1, 16, 0);
-  pf().close_file(h1);
+  h1.close();
 }
 
 TEST(Win32Platform, RenameReplacesTheTarget) {
   TempDir dir("wc-win32");
   const std::string a = dir.file("a"), b = dir.file("b");
-  Handle h = open_or_die(a, OpenMode::create_new);
+  File h = open_or_die(a, OpenMode::create_new);
   write_pattern(h, 1, 10, 0);
-  pf().close_file(h);
+  h.close();
   h = open_or_die(b, OpenMode::create_new);
   write_pattern(h, 2, 20, 0);
-  pf().close_file(h);
+  h.close();
   auto r = pf().rename(a, b);
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(pf().stat_path(b, false)->size, 10u);
@@ -163,7 +164,7 @@ TEST(Win32Platform, RenameReplacesTheTarget) {
 // chunks do. Growing the file makes the rest usable without another map_file call.
 TEST(Win32Platform, WritableMappingFollowsTheFileAsItGrows) {
   TempDir dir("wc-win32");
-  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  File h = open_or_die(dir.file("a"), OpenMode::create_new);
   write_pattern(h, 7, 100000, 0);
   auto base = pf().reserve_address_space(8 << 20, 2 << 20);
   ASSERT_TRUE(base) << base.error().message;
@@ -200,7 +201,7 @@ TEST(Win32Platform, WritableMappingFollowsTheFileAsItGrows) {
   EXPECT_FALSE(t);
   pf().release_address_space(p, 8 << 20);
   EXPECT_TRUE(pf().truncate(h, 4096)) << "views should be gone after release_address_space";
-  pf().close_file(h);
+  h.close();
 }
 
 // A read-only mapper cannot grow the file; it must still see bytes another handle appends
@@ -208,9 +209,9 @@ TEST(Win32Platform, WritableMappingFollowsTheFileAsItGrows) {
 TEST(Win32Platform, ReadOnlyMappingSeesGrowthAfterStat) {
   TempDir dir("wc-win32");
   const std::string path = dir.file("a");
-  const Handle w = open_or_die(path, OpenMode::create_new);
+  File w = open_or_die(path, OpenMode::create_new);
   write_pattern(w, 3, 10000, 0);
-  const Handle r = open_or_die(path, OpenMode::read);
+  File r = open_or_die(path, OpenMode::read);
   auto base = pf().reserve_address_space(4 << 20, 65536);
   ASSERT_TRUE(base) << base.error().message;
   auto* p = static_cast<const char*>(base.value());
@@ -231,13 +232,13 @@ TEST(Win32Platform, ReadOnlyMappingSeesGrowthAfterStat) {
   ASSERT_TRUE(pf().stat_file(r));
   EXPECT_EQ(std::memcmp(p + 55000, pattern_bytes(5, 5000).data(), 5000), 0);
   pf().release_address_space(base.value(), 4 << 20);
-  pf().close_file(r);
-  pf().close_file(w);
+  r.close();
+  w.close();
 }
 
 TEST(Win32Platform, MappingOutsideAReservationIsRefused) {
   TempDir dir("wc-win32");
-  const Handle h = open_or_die(dir.file("a"), OpenMode::create_new);
+  File h = open_or_die(dir.file("a"), OpenMode::create_new);
   write_pattern(h, 1, 65536, 0);
   auto base = pf().reserve_address_space(1 << 20, 65536);
   ASSERT_TRUE(base);
@@ -247,7 +248,7 @@ TEST(Win32Platform, MappingOutsideAReservationIsRefused) {
   EXPECT_FALSE(pf().map_file(h, 0, 65536, p + (1 << 20), true)) << "past the reservation";
   EXPECT_FALSE(pf().commit_memory(p, 65536));
   pf().release_address_space(p, 1 << 20);
-  pf().close_file(h);
+  h.close();
 }
 
 // Offsets past 4 GiB in 64-bit arithmetic everywhere. Under Wine the file is sparse; on NTFS
@@ -255,7 +256,7 @@ TEST(Win32Platform, MappingOutsideAReservationIsRefused) {
 TEST(Win32Platform, OffsetsPastFourGiB) {
   if (!under_wine() && std::getenv("WEIGHTCACHE_FULL") == nullptr) GTEST_SKIP() << "set WEIGHTCACHE_FULL=1";
   TempDir dir("wc-win32");
-  const Handle h = open_or_die(dir.file("big"), OpenMode::create_new);
+  File h = open_or_die(dir.file("big"), OpenMode::create_new);
   const std::uint64_t chunk = std::uint64_t{5} << 30;
   write_pattern(h, 9, 1000, chunk + 12345);   // in the chunk's first whole 64 KiB
   write_pattern(h, 10, 1000, chunk + 70000);  // in its partial second one (EOF at +71000)
@@ -280,7 +281,7 @@ TEST(Win32Platform, OffsetsPastFourGiB) {
   ASSERT_TRUE(pf().read_at(h, buf, 3, chunk + 200000));
   EXPECT_EQ(std::string(buf, 3), "far");
   pf().release_address_space(p, std::size_t{6} << 30);
-  pf().close_file(h);
+  h.close();
 }
 
 }  // namespace
