@@ -227,7 +227,9 @@ TEST_F(SharedVerify, ALockFileOthersMayWriteIsNotTrusted) {
 
 TEST_F(SharedVerify, AWriterThatAddsEntriesLeavesNoRecordOfTheOldState) {
   {
-    auto opened = WeightCache::open(cache_options(path));
+    Options o = cache_options(path);
+    o.verify = Verify::shared;
+    auto opened = WeightCache::open(o);
     ASSERT_TRUE(opened.ok()) << opened.error().message;
     EXPECT_EQ(opened->stats().trusted_entries, kCount);
     ASSERT_NE(opened->insert("extra", bytes_for_key("extra", kSize)), kNotFound);
@@ -254,7 +256,9 @@ TEST(SharedVerifyAhead, TheVerifyAheadThreadRecordsWhileItsProcessStillRuns) {
   }
   let_change_time_settle(path);
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "no verify-ahead thread on one CPU";
-  auto first = WeightCache::open(cache_options(path));
+  Options shared = cache_options(path);
+  shared.verify = Verify::shared;
+  auto first = WeightCache::open(shared);
   ASSERT_TRUE(first.ok()) << first.error().message;
   // No look-up here: the thread alone checks every entry, then records it.
   for (int i = 0; i < 100000 && first->stats().verified_ahead < kBigCount; ++i)
