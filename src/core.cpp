@@ -214,6 +214,7 @@ Core::~Core() {
     // fork stays so forever here. Drop only what is this process's own: its view of the
     // mappings and its descriptors (the parent's keep the lock): the members do that as they go.
     (void)verify_sync_.release();
+    (void)trust_.release();  // its mutex too (the parent's verify-ahead thread may hold it)
     return;
   }
   // What this process verified, for the next one (before the trim, which may change the file).

@@ -217,6 +217,8 @@ class Core {
   enum class Check { good, bad_checksum, past_end, hole, stopped };
   /// The entry's bytes against its checksum, hashed in chunks (docs/DESIGN.md, "Verification").
   Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const;
+  /// Stores the verdict `c` (not stopped) on an entry claimed by this thread, wakes waiters, logs a failure.
+  bool settle_verdict(Entry* e, Check c);
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead();
@@ -229,6 +231,10 @@ class Core {
   /// With Verify::shared: takes the file's state stamp after attaching `st` and trusts the
   /// entries a record of an earlier verification of exactly that state names (core_trust.cpp).
   void adopt_verification(const CommittedState& st) WC_REQUIRES(write_mu_);
+  void adopt_verification_or_throw(const CommittedState& st) WC_REQUIRES(write_mu_);
+  /// A kTrusted entry claimed (kVerifying) by this thread: kGood if the file is still in the
+  /// state its record was made for, else hashed (finish_verify).
+  bool confirm_trusted(Entry* e);
   /// Writes what this process verified of the adopted state into the lock file, if the file is
   /// still in that state. Best effort, never throws: called by the verify-ahead thread and close.
   void publish_verification() noexcept;
@@ -315,8 +321,8 @@ class Core {
     std::mutex mu;
     StateStamp stamp;
     std::vector<Entry*> entries;  // the stamp's commit in index order (null: not this process's)
-    const platform::File* record = nullptr;  // the lock file: lock_fd_, or own_record
-    platform::File own_record;    // opened for the record alone (a read-only opener)
+    const platform::File* record = nullptr;  // the lock file (lock_fd_) of a writable opener
+    platform::File own_record;    // opened for the record alone (a read-only opener; closed after adopt)
     bool writable = false;        // this process may write the record
     bool publishable = false;     // a change after the stamp would show in the change time
   };

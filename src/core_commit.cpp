@@ -96,6 +96,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       // Its bytes match fresh packer output. A thread hashing it right now reaches the same verdict.
       if (std::uint8_t unverified = kUnverified; old->state.compare_exchange_strong(unverified, kGood))
         wake_verify_waiters();
+      else if (std::uint8_t trusted = kTrusted; old->state.compare_exchange_strong(trusted, kGood))
+        wake_verify_waiters();
       return old;
     };
     if (Entry* old = same()) {

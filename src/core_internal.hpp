@@ -9,7 +9,9 @@ namespace weightcache::core_detail {
 
 // Entry::state. kVerifying: one thread (a look-up or the verify-ahead thread) is hashing it;
 // others wait for its verdict instead of hashing the same bytes again.
-inline constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3;
+// kTrusted: an earlier process verified it in the state the file was in at open (core_trust.cpp);
+// first use checks the file is still in that state (one fstat) or hashes it.
+inline constexpr std::uint8_t kUnverified = 0, kGood = 1, kBad = 2, kVerifying = 3, kTrusted = 4;
 // Verify ahead only when there is enough to gain from a second core.
 inline constexpr std::uint64_t kVerifyAheadMinBytes = 16ull << 20;
 // Entries this big have their pages mapped in one call before they are hashed.

@@ -7,6 +7,8 @@
 #include "core_internal.hpp"
 #include "log.hpp"
 
+#include <new>
+
 namespace weightcache {
 
 using namespace core_detail;
@@ -15,15 +17,26 @@ namespace {
 
 // Anyone who may write the record must be able to write the cache file itself, or the record
 // would let them vouch for bytes they could not have put there: the lock file belongs to the
-// cache file's owner (or root) and gives no write permission the cache file does not.
+// cache file's owner (or root), gives no write permission the cache file does not, and gives
+// its group's write permission only to the cache file's group.
 bool record_as_trusted_as_file(const platform::FileInfo& lock, const platform::FileInfo& file) noexcept {
   if (lock.owner != file.owner && lock.owner != 0) return false;
+  if ((lock.mode & 020u) != 0 && lock.group != file.group) return false;
   return (lock.mode & 022u & ~(file.mode & 022u)) == 0;
 }
 
 }  // namespace
 
 void Core::adopt_verification(const CommittedState& st) {
+  // Only ever a saving: without memory for it, every entry is verified as in first_use.
+  try {
+    adopt_verification_or_throw(st);
+  } catch (const std::bad_alloc&) {
+    log::debug("'{}': no memory to read its verification record; verifying per process", opts_.path);
+  }
+}
+
+void Core::adopt_verification_or_throw(const CommittedState& st) {
   if (opts_.verify != Verify::shared || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed)) return;
   auto t = std::make_unique<Trust>();
   // The clock first, the file's state after: a change made after this reading gets a change
@@ -71,19 +84,51 @@ void Core::adopt_verification(const CommittedState& st) {
       t->entries[i] = e;
   }
 
-  std::uint64_t trusted = 0;
-  if (auto rec = read_record(pf_, *t->record, st.records.size()); rec && rec->stamp == s) {
-    for (std::size_t i = 0; i < t->entries.size(); ++i) {
-      if (!rec->verified[i] || t->entries[i] == nullptr) continue;
+  auto rec = read_record(pf_, *t->record, st.records.size());
+  // A read-only opener is done with the lock file: it never writes the record.
+  if (!t->writable) {
+    t->own_record = platform::File();
+    t->record = nullptr;
+  }
+  // Nothing below allocates: the Trust is in place before any entry names it.
+  Trust* trust = t.get();
+  trust_ = std::move(t);
+  std::size_t vouched = 0;
+  if (rec && rec->stamp == s) {
+    for (std::size_t i = 0; i < trust->entries.size(); ++i) {
+      if (!rec->verified[i] || trust->entries[i] == nullptr) continue;
+      // Trusted, not good: first use checks that the file is still in this state (verify_entry).
       std::uint8_t unverified = kUnverified;
-      if (t->entries[i]->state.compare_exchange_strong(unverified, kGood, std::memory_order_acq_rel)) ++trusted;
+      if (trust->entries[i]->state.compare_exchange_strong(unverified, kTrusted, std::memory_order_acq_rel))
+        ++vouched;
     }
   }
-  trusted_entries_.fetch_add(trusted, std::memory_order_relaxed);
-  if (trusted != 0)
-    log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again",
-               opts_.path, trusted, st.records.size());
-  trust_ = std::move(t);
+  if (vouched != 0)
+    log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again "
+               "while the file stays in it", opts_.path, vouched, st.records.size());
+}
+
+bool Core::confirm_trusted(Entry* e) {
+  // Claimed (kVerifying) by this thread. One fstat says whether the file is still in the state
+  // the record was made for; any change since (a write, even with the modification time put
+  // back, a truncation, a replacement under this descriptor's inode) moved its change time.
+  bool same = false;
+  try {
+    auto now = pf_.stat_file(fd_);
+    same = now && trust_ != nullptr && trust_->stamp.same_file(now.value());
+    // Cut short since open: reading its bytes would fault, so it is a miss unread.
+    if (now && e->in_file && now->size < e->offset + e->size) return settle_verdict(e, Check::past_end);
+  } catch (const std::bad_alloc&) {
+    // No answer: hash it.
+  }
+  if (!same) {
+    log::debug("'{}' changed since it was opened; hashing an entry an earlier process verified", opts_.path);
+    return finish_verify(e);
+  }
+  e->state.store(kGood, std::memory_order_release);
+  wake_verify_waiters();
+  trusted_entries_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void Core::publish_verification() noexcept {
@@ -97,9 +142,11 @@ void Core::publish_verification() noexcept {
     std::size_t ours = 0;
     for (std::size_t i = 0; i < t->entries.size(); ++i) {
       // kGood from a hash of the bytes, from an earlier record of this same state, or from an
-      // insert whose bytes matched these (the same checksum over the same bytes).
+      // insert whose bytes matched these (the same checksum over the same bytes); kTrusted from
+      // an earlier record of this same state (which the stat below still finds).
       const Entry* e = t->entries[i];
-      if (e != nullptr && e->state.load(std::memory_order_acquire) == kGood) {
+      const std::uint8_t state = e != nullptr ? e->state.load(std::memory_order_acquire) : kBad;
+      if (state == kGood || state == kTrusted) {
         rec.verified[i] = true;
         ++ours;
       }

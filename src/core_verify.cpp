@@ -43,8 +43,10 @@ bool Core::verify_entry(Entry* e) {
   if (s == kBad) return false;
   if (opts_.verify == Verify::none) return true;
   for (;;) {
-    if (s == kUnverified) {
-      if (e->state.compare_exchange_weak(s, kVerifying, std::memory_order_acq_rel)) return finish_verify(e);
+    if (s == kUnverified || s == kTrusted) {
+      const bool trusted = s == kTrusted;
+      if (e->state.compare_exchange_weak(s, kVerifying, std::memory_order_acq_rel))
+        return trusted ? confirm_trusted(e) : finish_verify(e);
       continue;  // s now holds what another thread put there
     }
     if (s == kVerifying) {
@@ -108,6 +110,10 @@ bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) {
     wake_verify_waiters();
     return false;
   }
+  return settle_verdict(e, c);
+}
+
+bool Core::settle_verdict(Entry* e, Check c) {
   const bool ok = c == Check::good;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();

@@ -3,6 +3,8 @@
 #include "core.hpp"
 #include "file_state.hpp"
 #include "log.hpp"
+#include "format/format.hpp"
+#include "verify_record.hpp"
 
 #include <weightcache/weightcache.h>
 
@@ -22,6 +24,18 @@ namespace {
 using platform::FileInfo;
 
 bool same_file(const FileInfo& a, const FileInfo& b) noexcept { return a.device == b.device && a.inode == b.inode; }
+
+// Empty, or starting with a verification record's magic: what the library leaves in a lock file.
+bool holds_nothing_but_a_record(platform::Platform& pf, const std::string& lock_path, const FileInfo& seen) {
+  if (seen.size == 0) return true;
+  if (seen.size < kRecordFixedBytes + 8) return false;
+  auto f = pf.open_file(lock_path, platform::OpenMode::read, 0, false);
+  if (!f) return false;
+  std::byte magic[4];
+  auto info = pf.stat_file(f.value());
+  if (!info || !same_file(info.value(), seen) || !pf.read_at(f.value(), magic, sizeof magic, 0)) return false;
+  return format::get_u32(magic) == kRecordMagic;
+}
 
 bool refused(const Error& e) noexcept {
   return e.code == Errc::read_only || e.sys_errno == EACCES || e.sys_errno == EPERM || e.sys_errno == EROFS;
@@ -66,9 +80,11 @@ Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* ou
   out->data = info.value();
   out->bytes = info->allocated;
   out->last_used = info->mtime_ns;
-  // A lock file is always empty: "<name>.lock" with anything in it is somebody's file (maybe a
-  // cache of its own, scanned on its own), never this cache's to remove with it.
-  if (auto lk = pf.stat_path(path + ".lock", false); lk && lk->regular && !lk->symlink && lk->size == 0) {
+  // A lock file holds nothing or a verification record (verify_record.hpp): "<name>.lock" with
+  // anything else in it is somebody's file (maybe a cache of its own, scanned on its own), never
+  // this cache's to remove with it.
+  if (auto lk = pf.stat_path(path + ".lock", false);
+      lk && lk->regular && !lk->symlink && holds_nothing_but_a_record(pf, path + ".lock", lk.value())) {
     out->has_lock = true;
     out->lock = lk.value();
     out->bytes += lk->allocated;

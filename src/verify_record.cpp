@@ -81,8 +81,11 @@ std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::
 bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns) noexcept {
   constexpr std::int64_t kSecond = 1000000000;
   if (ctime_ns <= 0 || clock_ns <= 0) return false;
-  const std::int64_t granularity = ctime_ns % kSecond == 0 ? 2 * kSecond : 0;
-  return ctime_ns < clock_ns - granularity;
+  // One margin for every file system: the coarsest timestamps kept (FAT's 2 s) and a clock
+  // stepped back by less than that. A sub-second part says nothing about granularity (exFAT
+  // keeps 10 ms, ntfs3 100 ns, UDF 1 us), so it is not asked.
+  constexpr std::int64_t kMargin = 2 * kSecond;
+  return ctime_ns < clock_ns - kMargin;
 }
 
 }  // namespace weightcache

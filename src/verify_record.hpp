@@ -61,8 +61,8 @@ std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::
 
 /// Whether a change to a file whose change time is `ctime_ns` made at or after `clock_ns` (the
 /// change clock read before) is certain to get another change time: `ctime_ns` is before the
-/// clock's reading by more than the file system's timestamp granularity (2 s when the change
-/// time has no sub-second part, as on file systems that keep whole or even seconds).
+/// clock's reading by more than 2 s: the coarsest granularity of any file system's timestamps
+/// (FAT's), which also covers a clock stepped back by less than that.
 bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns) noexcept;
 
 }  // namespace weightcache

@@ -127,7 +127,8 @@ struct Options {
   Durability durability = Durability::full;
   /// Never write the file; entries inserted go to the heap.
   bool read_only = false;
-  Verify verify = Verify::first_use;
+  /// How entries are checksummed before they are served (see wc_verify); default shared.
+  Verify verify = Verify::shared;
   /// Opt out of the process-wide registry: get a private heap cache of one's own (nothing is
   /// read from or written to `path`).
   bool private_cache = false;

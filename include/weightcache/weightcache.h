@@ -169,19 +169,19 @@ typedef enum wc_durability {
 } wc_durability;
 
 typedef enum wc_verify {
-  WC_VERIFY_FIRST_USE = 0, /* (default) checksum each entry the first time this process looks
-                              it up */
+  WC_VERIFY_FIRST_USE = 0, /* checksum each entry the first time this process looks it up,
+                              in every process */
   WC_VERIFY_ON_OPEN = 1,   /* checksum every entry during wc_open / wc_refresh */
   WC_VERIFY_NONE = 2,      /* trust the data region (the index is always verified) */
-  WC_VERIFY_SHARED = 3     /* (opt-in, see docs/DESIGN.md for its open gaps) as
-                              WC_VERIFY_FIRST_USE, but an entry that a process of
-                              this boot already checksummed in exactly this committed state of
-                              this file (same device, inode, size, change and modification
-                              times, commit) is trusted without hashing it again. The record of
+  WC_VERIFY_SHARED = 3     /* (default) as WC_VERIFY_FIRST_USE, but an entry that a process
+                              of this boot already checksummed in exactly this committed state
+                              of this file (same device, inode, size, change and modification
+                              times, commit) is not hashed again: its first look-up checks with
+                              one fstat that the file is still in that state. The record of
                               what was verified lives in the lock file ("<path>.lock"); any
                               change to the file, a replacement or a reboot voids it. Caches on
-                              a descriptor or ":memory:", network and FUSE file systems, and
-                              Windows verify per process, as WC_VERIFY_FIRST_USE. See
+                              a descriptor or ":memory:", tmpfs, network and FUSE file systems,
+                              and Windows verify per process, as WC_VERIFY_FIRST_USE. See
                               docs/DESIGN.md, "Verified once per file state". */
 } wc_verify;
 
@@ -221,7 +221,7 @@ typedef struct wc_options {
   wc_backing backing;       /* WC_BACKING_FILE with an empty path is WC_ERR_INVALID_ARGUMENT */
   wc_durability durability; /* default WC_DURABILITY_FULL (set by wc_options_init) */
   int read_only;            /* nonzero: never write the file; new entries go to the heap */
-  wc_verify verify;           /* default WC_VERIFY_FIRST_USE */
+  wc_verify verify;           /* default WC_VERIFY_SHARED */
   int private_cache;          /* nonzero: a private heap cache, not shared, path unused */
   int allow_symlink;          /* nonzero: follow a symlink at path (refused by default, but a
                                  link to a cache this process has open shares that cache) */

@@ -26,6 +26,7 @@ struct FileInfo {
   std::int64_t mtime_ns = 0;  // last modification, ns since the epoch (0 where unknown)
   std::int64_t ctime_ns = 0;  // last change of data or metadata (POSIX st_ctim; 0 where unknown)
   std::uint32_t owner = 0;    // owning user (POSIX st_uid; 0 on Windows)
+  std::uint32_t group = 0;    // owning group (POSIX st_gid; 0 on Windows)
   std::uint64_t allocated = 0;  // disk space the file takes (POSIX st_blocks; Windows: its size)
 };
 

@@ -98,6 +98,7 @@ FileInfo info_of(const struct stat& st) {
   i.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   i.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   i.owner = static_cast<std::uint32_t>(st.st_uid);
+  i.group = static_cast<std::uint32_t>(st.st_gid);
   i.allocated = static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
   return i;
 }
@@ -614,8 +615,12 @@ class PosixPlatform final : public Platform {
     struct statfs fs {};
     if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return false;
     // File systems whose change times another machine or a user-space server may not keep, or
-    // that this process may see late (attribute caches): verification stays per process there.
+    // that this process may see late (attribute caches), or that a store through a shared
+    // mapping never moves (tmpfs, ramfs: no write fault updates their times): verification
+    // stays per process there.
     switch (static_cast<std::uint64_t>(fs.f_type)) {
+      case 0x01021994:  // tmpfs (and /dev/shm)
+      case 0x858458f6:  // ramfs
       case 0x6969:      // NFS
       case 0xfe534d42:  // SMB2
       case 0xff534d42:  // CIFS

@@ -22,7 +22,7 @@
 //   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
 //            Reads every own/smaps/<i>, signals ready, waits for the gate to close, reports its
 //            smaps figures for the cache file, signals done and waits for exit_fd to close.
-//   verify   path tag count size results [mode=shared|first_use] [read_only=0] [missing=none]
+//   verify   path tag count size results [mode=shared|first_use|on_open|none] [read_only=0] [missing=none]
 //            Opens the cache, looks up own/<tag>/0..count-1 and compares their bytes (except
 //            own/<tag>/<missing>, which must miss), and writes its stats to results.
 //   pages    the same arguments and steps as smaps                          (Windows)
@@ -199,7 +199,10 @@ int run_verify(const KeyValues& kv) {
   if (path.empty() || tag.empty() || results.empty() || size == 0)
     return fail(kChildUsage, "verify: path, tag, size and results are required");
   Options o = cache_options(path);
-  o.verify = mode == "first_use" ? Verify::first_use : Verify::shared;
+  o.verify = mode == "first_use" ? Verify::first_use
+             : mode == "on_open"  ? Verify::on_open
+             : mode == "none"     ? Verify::none
+                                  : Verify::shared;
   o.read_only = num(kv, "read_only", 0) != 0;
   auto opened = WeightCache::open(o);
   if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);

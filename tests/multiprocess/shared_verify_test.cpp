@@ -6,6 +6,8 @@
 // entry is never recorded as verified.
 #include "mp_test_util.hpp"
 
+#include "core.hpp"
+#include "forwarding_platform.hpp"
 #include "verify_record.hpp"
 
 #include <chrono>
@@ -15,7 +17,10 @@
 
 #if defined(__linux__)
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 #endif
 
 namespace weightcache::test::mp {
@@ -102,9 +107,19 @@ struct KeepMtime {
   struct timespec times[2] {};
 };
 
+constexpr long kTmpfsMagic = 0x01021994;
+
+bool on_tmpfs(const std::string& dir) {
+  struct statfs fs {};
+  return ::statfs(dir.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == kTmpfsMagic;
+}
+
 class SharedVerify : public ::testing::Test {
  protected:
   void SetUp() override {
+    // tmpfs never moves a file's times for a store through a mapping: the library verifies per
+    // process there (tested below), so these tests need a disk file system.
+    if (on_tmpfs(dir.path().string())) GTEST_SKIP() << "the temporary directory is on tmpfs; set TMPDIR to a disk";
     path = dir.file("cache.wcache");
     write_entries(path);
     if (HasFatalFailure()) return;
@@ -225,12 +240,26 @@ TEST_F(SharedVerify, ALockFileOthersMayWriteIsNotTrusted) {
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
 }
 
+TEST_F(SharedVerify, ALockFileAnotherGroupMayWriteIsNotTrusted) {
+  const std::string lock = path + ".lock";
+  ASSERT_EQ(::chmod(path.c_str(), 0664), 0);
+  ASSERT_EQ(::chmod(lock.c_str(), 0664), 0);
+  let_change_time_settle(path);  // the chmod changed the file's state: the next process records it
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount) << "same group, same write bits: trusted";
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  if (::chown(lock.c_str(), static_cast<uid_t>(-1), st.st_gid + 1) != 0) GTEST_SKIP() << "cannot change the lock file's group";
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "another group may write the record";
+}
+
 TEST_F(SharedVerify, AWriterThatAddsEntriesLeavesNoRecordOfTheOldState) {
   {
     Options o = cache_options(path);
     o.verify = Verify::shared;
     auto opened = WeightCache::open(o);
     ASSERT_TRUE(opened.ok()) << opened.error().message;
+    for (std::size_t j = 0; j < kCount; ++j) EXPECT_EQ(check_entry(opened.value(), own_key("v", j), kSize), "");
     EXPECT_EQ(opened->stats().trusted_entries, kCount);
     ASSERT_NE(opened->insert("extra", bytes_for_key("extra", kSize)), kNotFound);
     ASSERT_TRUE(opened->finalize().ok());
@@ -239,6 +268,183 @@ TEST_F(SharedVerify, AWriterThatAddsEntriesLeavesNoRecordOfTheOldState) {
   auto after = verify_in_child(dir, path);
   EXPECT_EQ(after["trusted_entries"], 0u) << "the first process after a change verifies everything";
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount) << "(the extra entry is not looked up)";
+}
+
+// ---- the record is checked again at each trusted entry's first use, not only at open ----
+
+Options shared_options(const std::string& path, bool read_only = false) {
+  Options o = cache_options(path);
+  o.verify = Verify::shared;
+  o.read_only = read_only;
+  return o;
+}
+
+TEST_F(SharedVerify, AnEntryTrustedAtOpenIsHashedWhenTheFileChangedBeforeItsFirstUse) {
+  auto opened = WeightCache::open(shared_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  // After the open (which found the record), before any look-up: one byte of entry 5 changes,
+  // the modification time is put back. The mapping shows the new byte.
+  {
+    KeepMtime keep(path);
+    write_bytes_at(path, offset_of_key(path, own_key("v", 5)) + 1000, "X");
+  }
+  EXPECT_EQ(opened->look_up(own_key("v", 5)), kNotFound) << "a byte changed after open was served as verified";
+  for (std::size_t j = 0; j < kCount; ++j)
+    if (j != 5) {
+      EXPECT_EQ(check_entry(opened.value(), own_key("v", j), kSize), "");
+    }
+  EXPECT_EQ(opened->stats().verify_failures, 1u);
+  EXPECT_EQ(opened->stats().trusted_entries, 0u) << "the file changed: every entry was hashed";
+}
+
+TEST_F(SharedVerify, AnEntryTrustedAtOpenAndCutOffByATruncationIsAMissNotACrash) {
+  auto opened = WeightCache::open(shared_options(path, /*read_only=*/true));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  const std::string last = own_key("v", kCount - 1);
+  const std::uint64_t at = offset_of_key(path, last);
+  std::filesystem::resize_file(path, at + 100);  // entry kCount-1 now runs past the end of the file
+  EXPECT_EQ(opened->look_up(last), kNotFound);
+  EXPECT_EQ(check_entry(opened.value(), own_key("v", 0), kSize), "");
+  EXPECT_EQ(opened->stats().verify_failures, 1u);
+}
+
+TEST_F(SharedVerify, TrustedEntriesAreCountedWhenServedAndStillServedWhileTheFileStaysPut) {
+  auto opened = WeightCache::open(shared_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  EXPECT_EQ(opened->stats().trusted_entries, 0u) << "none served yet";
+  for (std::size_t j = 0; j < kCount; ++j) EXPECT_EQ(check_entry(opened.value(), own_key("v", j), kSize), "");
+  EXPECT_EQ(opened->stats().trusted_entries, kCount);
+  EXPECT_EQ(opened->stats().verify_failures, 0u);
+}
+
+// ---- who writes the record, and when not ----
+
+void empty_the_record(const std::string& path) { std::filesystem::resize_file(path + ".lock", 0); }
+
+TEST_F(SharedVerify, OnlyAWritableSharedOpenerWritesTheRecord) {
+  const std::string lock = path + ".lock";
+  empty_the_record(path);
+  verify_in_child(dir, path, {.read_only = true});
+  EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "a read-only opener wrote the record";
+  for (const char* mode : {"first_use", "on_open", "none"}) {
+    auto r = verify_in_child(dir, path, {.mode = mode});
+    EXPECT_EQ(r["hits"], kCount) << mode;
+    EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "Verify::" << mode << " wrote the record";
+  }
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+  EXPECT_GE(std::filesystem::file_size(lock), kRecordFixedBytes) << "Verify::shared did not";
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount);
+}
+
+TEST_F(SharedVerify, AForkedChildNeverWritesTheRecord) {
+  const std::string lock = path + ".lock";
+  empty_the_record(path);
+  {
+    auto opened = WeightCache::open(shared_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // The child hashes every entry and closes its copy of the cache: its close must leave the
+      // lock file (which it shares with the parent) alone.
+      int rc = 0;
+      for (std::size_t j = 0; j < kCount; ++j)
+        if (!check_entry(opened.value(), own_key("v", j), kSize).empty()) rc = 1;
+      { auto gone = std::move(opened.value()); }
+      ::_exit(rc);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "the forked child wrote the record";
+    // The parent looked nothing up: it has nothing to record either.
+  }
+  EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "a process that verified nothing wrote a record";
+}
+
+TEST_F(SharedVerify, AChangeWhileThePublisherHashedLeavesNoRecord) {
+  const std::string lock = path + ".lock";
+  empty_the_record(path);
+  {
+    auto opened = WeightCache::open(shared_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    for (std::size_t j = 0; j < kCount; ++j) EXPECT_EQ(check_entry(opened.value(), own_key("v", j), kSize), "");
+    // All hashed, then (before close records it) the file changes: same bytes, time put back.
+    KeepMtime keep(path);
+    const std::string key = own_key("v", 2);
+    write_bytes_at(path, offset_of_key(path, key), bytes_for_key(key, kSize).substr(0, 64));
+  }
+  EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "recorded a state the file had left";
+}
+
+// A platform whose change clock is 1 s past the file's change time: within the margin a change
+// may not move the change time, so what is verified in this state must not be recorded.
+class CloseClockPlatform final : public test::ForwardingPlatform {
+ public:
+  explicit CloseClockPlatform(std::int64_t ctime_ns) : ctime_ns_(ctime_ns) {}
+  std::int64_t change_clock_ns() noexcept override { return ctime_ns_ + 1000000000; }
+
+ private:
+  std::int64_t ctime_ns_;
+};
+
+TEST_F(SharedVerify, AStateTooRecentForAChangeToShowIsNotRecorded) {
+  const std::string lock = path + ".lock";
+  empty_the_record(path);
+  CloseClockPlatform close_clock(ctime_of(path));
+  {
+    auto opened = Core::open(shared_options(path), close_clock);
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    Core& core = *opened.value();
+    for (std::size_t j = 0; j < kCount; ++j) EXPECT_NE(core.look_up(own_key("v", j)), kNotFound);
+    EXPECT_EQ(core.stats().verify_failures, 0u);
+  }
+  EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "recorded a state a change could hide in";
+  // The same with the real clock (the file's change time settled in SetUp) records it.
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount);
+}
+
+TEST(SharedVerifyTmpfs, VerificationStaysPerProcessOnTmpfs) {
+  if (!on_tmpfs("/dev/shm") || ::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable tmpfs at /dev/shm";
+  std::string made = "/dev/shm/wc-verify-XXXXXX";
+  ASSERT_NE(::mkdtemp(made.data()), nullptr);
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { std::filesystem::remove_all(d); }
+  } cleanup{made};
+  TempDir results("wc-verify");
+  const std::string path = made + "/cache.wcache";
+  write_entries(path);
+  let_change_time_settle(path);
+  for (int i = 0; i < 2; ++i) {
+    auto r = verify_in_child(results, path);
+    EXPECT_EQ(r["hits"], kCount);
+    EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record on tmpfs, whose times a store through a mapping never moves";
+  }
+  EXPECT_EQ(std::filesystem::file_size(path + ".lock"), 0u);
+}
+
+// ---- gc collects a cache whose lock file holds a record ----
+
+TEST_F(SharedVerify, GcRemovesACacheWhoseLockFileHoldsARecord) {
+  ASSERT_GE(std::filesystem::file_size(path + ".lock"), kRecordFixedBytes);
+  auto report = gc(dir.path().string(), 0);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_EQ(report->removed_files, 1u);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".lock")) << "the lock file with the record stays behind";
+}
+
+TEST_F(SharedVerify, GcLeavesALockFileWithForeignBytesAlone) {
+  const std::string foreign = "not a record: somebody else's file of some length, " + std::string(200, 'x');
+  write_bytes_at(path + ".lock", 0, foreign);
+  auto report = gc(dir.path().string(), 0);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  // Not this cache's lock file: gc neither removes it nor takes the cache for unused.
+  ASSERT_TRUE(std::filesystem::exists(path + ".lock")) << "removed a file that is not a weightcache lock file";
+  EXPECT_EQ(read_file(path + ".lock").substr(0, foreign.size()), foreign);
+  EXPECT_EQ(report->removed_files, 0u);
 }
 
 TEST(SharedVerifyAhead, TheVerifyAheadThreadRecordsWhileItsProcessStillRuns) {

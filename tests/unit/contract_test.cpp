@@ -391,7 +391,7 @@ TEST(Contract, OptionsInitSetsTheDocumentedDefaults) {
   EXPECT_EQ(o.backing, WC_BACKING_AUTO);
   EXPECT_EQ(o.durability, WC_DURABILITY_FULL);
   EXPECT_EQ(o.read_only, 0);
-  EXPECT_EQ(o.verify, WC_VERIFY_FIRST_USE);
+  EXPECT_EQ(o.verify, WC_VERIFY_SHARED);
   EXPECT_EQ(o.private_cache, 0);
   EXPECT_EQ(o.allow_symlink, 0);
   EXPECT_EQ(o.file_mode, 0644u);

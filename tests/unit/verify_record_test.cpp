@@ -77,12 +77,15 @@ TEST(VerifyRecord, AStampDiffersInEveryField) {
   EXPECT_TRUE(differs([](StateStamp& s) { ++s.entries; }));
 }
 
-TEST(VerifyRecord, AChangeShowsOnlyWhenTheClockIsPastTheChangeTimeByItsGranularity) {
+TEST(VerifyRecord, AChangeShowsOnlyWhenTheClockIsPastTheChangeTimeByTwoSeconds) {
   constexpr std::int64_t s = 1000000000;
-  EXPECT_TRUE(change_would_show(100 * s + 5, 100 * s + 6));   // nanosecond times: one tick later
-  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 5));  // the same tick: a change could hide
+  // Nanosecond change times get no less margin: a sub-second part does not prove a fine
+  // granularity (exFAT keeps 10 ms), and a clock may have been stepped back.
+  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 6));
+  EXPECT_FALSE(change_would_show(100 * s + 5, 102 * s + 5));  // exactly 2 s: a change could hide
+  EXPECT_TRUE(change_would_show(100 * s + 5, 102 * s + 6));
   EXPECT_FALSE(change_would_show(100 * s + 6, 100 * s + 5));  // a clock behind the file
-  EXPECT_FALSE(change_would_show(100 * s, 101 * s));          // whole seconds: 2 s granularity
+  EXPECT_FALSE(change_would_show(100 * s, 101 * s));          // whole seconds: the same 2 s
   EXPECT_FALSE(change_would_show(100 * s, 102 * s));
   EXPECT_TRUE(change_would_show(100 * s, 102 * s + 1));
   EXPECT_FALSE(change_would_show(0, 5 * s));  // unknown times trust nothing
