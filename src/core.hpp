@@ -268,6 +268,7 @@ class Core {
   bool file_disabled_ = false;  // new entries go to the heap (replaced file, read-only, ...)
   Identity identity_;
   Identity lock_identity_;         // of the lock file (see lease_holder)
+  Identity leased_file_identity_;  // of the data file, while this cache holds the lease
   std::string read_only_why_;      // set when the cache had to be used read-only
   bool from_descriptor_ = false;   // options.fd, .handle or ":memory:": no path, lease and lock on the file
   Error heap_why_;                 // set on a heap cache standing in for a file cache

@@ -23,18 +23,20 @@ void Core::sleep_unlocked(MutexLock* lk, std::chrono::microseconds d) {
 Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   if (has_lease_) return {};
   if (!lease_file().is_open()) return Error{Errc::read_only, 0, "cache is open read-only"};
-  // Another cache of this process holds the lease on this lock file (the file at the path was
-  // replaced, and this process opened the new one while still holding the old one's lease):
-  // waiting would be waiting for ourselves.
-  // (A cache on a descriptor or handle leases the file itself: another cache on the same file.)
-  if (const Core* holder = lease_holder(lock_identity_); holder != nullptr && holder != this)
+  // Another cache of this process holds the lease: on this lock file (the file at the path was
+  // replaced, and this process opened the new one while still holding the old one's lease), or
+  // on this data file (a cache of the same file opened by path and another on a descriptor or
+  // handle: both lock the file itself). Waiting would be waiting for ourselves.
+  Identity file_id;
+  if (fd_.is_open())
+    if (auto id = pf_.stat_file(fd_)) file_id = {id->device, id->inode};
+  const Core* holder = lease_holder(lock_identity_);
+  if (holder == nullptr || holder == this) holder = lease_holder(file_id);
+  if (holder != nullptr && holder != this)
     return Error{Errc::busy, 0,
-                 from_descriptor_
-                     ? "this process already holds the writer lease on '" + opts_.path +
-                           "' through another cache open on the same file; finalize or close that cache first"
-                     : "this process already holds the writer lease on '" + lock_path_ +
-                           "' through another open cache of that path (of a file since replaced); finalize or "
-                           "close that cache first"};
+                 "this process already holds the writer lease on '" + lease_file().path() +
+                     "' through another cache open on the same file (by path, descriptor or handle, or a file "
+                     "since replaced at that path); finalize or close that cache first"};
   // After one full wait timed out, later allocations only try once until the next finalize or
   // refresh: a packer with hundreds of weights must not wait lease_timeout for each of them.
   const auto wait = lease_gave_up_ ? std::chrono::milliseconds(0) : opts_.lease_timeout;
@@ -48,7 +50,9 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
       if (!lease_gave_up_) lease_timeouts_.fetch_add(1, std::memory_order_relaxed);
       lease_gave_up_ = true;
       return Error{Errc::busy, 0,
-                   "another process held the writer lease on '" + lock_path_ + "' for longer than lease_timeout"};
+                   "another process held the writer lease on '" + lease_file().path() +
+                       "' for longer than lease_timeout; raise lease_timeout, or finalize or close the cache "
+                       "that process is writing"};
     }
     // Wait without the write mutex, so this process's readers can refresh and other threads
     // can commit their reservations meanwhile; callers re-read state after this returns.
@@ -58,6 +62,8 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   }
   has_lease_ = true;
   set_lease_holder(lock_identity_, this);
+  set_lease_holder(file_id, this);
+  leased_file_identity_ = file_id;
   lease_gave_up_ = false;
   if (!fd_.is_open() || !catch_up) return {};  // creating or replacing the file
   // The path may now name another file (a rebuild or compaction elsewhere): never append to an
@@ -117,6 +123,8 @@ void Core::release_lease_locked() noexcept {
   pf_.unlock(lease_file());
   has_lease_ = false;
   set_lease_holder(lock_identity_, nullptr);
+  set_lease_holder(leased_file_identity_, nullptr);
+  leased_file_identity_ = {};
 }
 
 void Core::release_lease_if_safe_locked() {
