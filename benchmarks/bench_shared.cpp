@@ -83,11 +83,9 @@ bool run_readers(int threads, const std::string& name, LookUp&& look_up) {
 }
 
 void BM_lookup_threads(benchmark::State& state, Subject subject) {
-  const WarmFile& f = warm_file();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  const WarmFile& f = *warm;
   const int threads = static_cast<int>(state.range(0));
   const char* tag = subject == Subject::cache ? "cache" : subject == Subject::map ? "map" : "map_shared_mutex";
   const std::string name = "threads/" + std::string(tag) + "/" + std::to_string(threads);
@@ -145,11 +143,9 @@ bool parse_ok(const std::string& line, double* wall, double* cpu, double* count)
 // Processes 1..8 start one after another; each opens the warm 10,000-entry cache and looks up
 // every key while the earlier ones still hold it open.
 void BM_kth_process(benchmark::State& state, const std::string& verify) {
-  const WarmFile& f = warm_file();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  const WarmFile& f = *warm;
   for (auto _ : state) {
     const Stopwatch sw;
     std::vector<Child> kids;

@@ -112,6 +112,15 @@ struct WarmFile {
   std::string error;
 };
 const WarmFile& warm_file();
+/// The warm file, or nullptr once `state` (a benchmark::State) is marked skipped with the reason
+/// it could not be built.
+template <class State>
+const WarmFile* warm_file_or_skip(State& state) {
+  const WarmFile& f = warm_file();
+  if (f.error.empty()) return &f;
+  state.SkipWithError(f.error.c_str());
+  return nullptr;
+}
 
 // ---- the summary -----------------------------------------------------------------------------
 /// One iteration's times of one benchmark, kept for the summary printed after the run.

@@ -29,11 +29,9 @@ Options warm_options(Verify verify, bool ahead) {
 
 // open + look_up of every key; with `read`, also every byte of every entry.
 void warm_open(benchmark::State& state, Verify verify, bool read, const std::string& name, bool ahead = true) {
-  const WarmFile& f = warm_file();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  const WarmFile& f = *warm;
   std::uint64_t sink = 0;
   double close_s = 0;
   for (auto _ : state) {
@@ -79,9 +77,9 @@ void BM_warm_lookup_read_verify_none(benchmark::State& state) {
   warm_open(state, Verify::none, true, "warm/lookup_read_none");
 }
 
-// Opens `path` read-only and gives its size; -1 on failure. Inside the timed sections below: a
-// loader without the cache pays for it too.
-int open_for_reading(const std::string& path, std::uint64_t* size) {
+// Opens `path` read-only and gives its size; -1 on failure, with `state` marked skipped. Inside
+// the timed sections below: a loader without the cache pays for it too.
+int open_for_reading(benchmark::State& state, const std::string& path, std::uint64_t* size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st {};
   if (fd >= 0 && ::fstat(fd, &st) == 0) {
@@ -89,24 +87,20 @@ int open_for_reading(const std::string& path, std::uint64_t* size) {
     return fd;
   }
   if (fd >= 0) ::close(fd);
+  state.SkipWithError("cannot open the warm file");
   return -1;
 }
 
 // The floor: map the same file with plain mmap and read every byte of it.
 void BM_warm_mmap_read_floor(benchmark::State& state) {
-  const WarmFile& f = warm_file();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  const WarmFile& f = *warm;
   std::uint64_t sink = 0, size = 0;
   for (auto _ : state) {
     const Stopwatch sw;
-    const int fd = open_for_reading(f.path, &size);
-    if (fd < 0) {
-      state.SkipWithError("cannot open the warm file");
-      break;
-    }
+    const int fd = open_for_reading(state, f.path, &size);
+    if (fd < 0) break;
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       state.SkipWithError("mmap failed");
@@ -128,19 +122,14 @@ void BM_warm_mmap_read_floor(benchmark::State& state) {
 // The other limit: read the same file into one fresh heap buffer with pread (what a loader
 // without mmap does; the kernel copies every byte out of the page cache).
 void BM_warm_pread_heap(benchmark::State& state) {
-  const WarmFile& f = warm_file();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  const WarmFile& f = *warm;
   std::uint64_t size = 0;
   for (auto _ : state) {
     const Stopwatch sw;
-    const int fd = open_for_reading(f.path, &size);
-    if (fd < 0) {
-      state.SkipWithError("cannot open the warm file");
-      break;
-    }
+    const int fd = open_for_reading(state, f.path, &size);
+    if (fd < 0) break;
     auto* buf = static_cast<char*>(std::malloc(size));  // a fresh mmap: first-touch faults included
     std::uint64_t done = 0;
     while (buf != nullptr && done < size) {

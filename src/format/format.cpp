@@ -53,16 +53,23 @@ const char* to_string(Problem p) noexcept {
   return "unknown";
 }
 
+namespace {
+constexpr std::size_t kSlotReservedOffset = 48;
+constexpr std::size_t kSlotChecksumOffset = 56;
+// A commit slot's fields in their on-disk order: field i is the u64 at byte 8 * i of the slot.
+// encode_slot and decode_header both walk it, so the two cannot disagree on the layout.
+constexpr std::array<std::uint64_t CommitSlot::*, 6> kSlotFields = {
+    &CommitSlot::sequence,       &CommitSlot::index_offset, &CommitSlot::index_size,
+    &CommitSlot::committed_size, &CommitSlot::entry_count,  &CommitSlot::index_checksum,
+};
+static_assert(kSlotFields.size() * 8 == kSlotReservedOffset);
+}  // namespace
+
 std::array<std::byte, kSlotSize> encode_slot(const CommitSlot& s) {
   std::array<std::byte, kSlotSize> b{};
-  put_u64(&b[0], s.sequence);
-  put_u64(&b[8], s.index_offset);
-  put_u64(&b[16], s.index_size);
-  put_u64(&b[24], s.committed_size);
-  put_u64(&b[32], s.entry_count);
-  put_u64(&b[40], s.index_checksum);
-  put_u64(&b[48], 0);
-  put_u64(&b[56], hash_bytes(b.data(), 56));
+  for (std::size_t i = 0; i < kSlotFields.size(); ++i) put_u64(&b[8 * i], s.*kSlotFields[i]);
+  put_u64(&b[kSlotReservedOffset], 0);
+  put_u64(&b[kSlotChecksumOffset], hash_bytes(b.data(), kSlotChecksumOffset));
   return b;
 }
 
@@ -80,7 +87,7 @@ std::vector<std::byte> encode_header(const HeaderFixed& f, const CommitSlot& slo
   put_u64(&b[kFixedChecksumOffset], hash_bytes(b.data(), kFixedChecksumOffset));
   const CommitSlot* slots[2] = {&slot0, &slot1};
   for (int i = 0; i < 2; ++i) {
-    if (slots[i]->sequence == 0) continue;  // an unwritten slot stays all-zero
+    if (slots[i]->sequence == kNoSequence) continue;  // an unwritten slot stays all-zero
     auto s = encode_slot(*slots[i]);
     std::memcpy(&b[kSlotOffset[i]], s.data(), s.size());
   }
@@ -159,17 +166,12 @@ Problem decode_header(std::span<const std::byte> b, DecodedHeader* out) noexcept
   for (int i = 0; i < 2; ++i) {
     const std::byte* s = &b[kSlotOffset[i]];
     CommitSlot& slot = out->slot[i];
-    slot.sequence = get_u64(s);
-    slot.index_offset = get_u64(s + 8);
-    slot.index_size = get_u64(s + 16);
-    slot.committed_size = get_u64(s + 24);
-    slot.entry_count = get_u64(s + 32);
-    slot.index_checksum = get_u64(s + 40);
+    for (std::size_t f = 0; f < kSlotFields.size(); ++f) slot.*kSlotFields[f] = get_u64(s + 8 * f);
     SlotState& state = out->slot_state[i];
     if (std::all_of(s, s + kSlotSize, [](std::byte x) { return x == std::byte{0}; })) state = SlotState::empty;
-    else if (slot.sequence == 0) state = SlotState::zero_sequence;
-    else if (get_u64(s + 48) != 0) state = SlotState::reserved_not_zero;
-    else if (get_u64(s + 56) != hash_bytes(s, 56)) state = SlotState::bad_checksum;
+    else if (slot.sequence == kNoSequence) state = SlotState::zero_sequence;
+    else if (get_u64(s + kSlotReservedOffset) != 0) state = SlotState::reserved_not_zero;
+    else if (get_u64(s + kSlotChecksumOffset) != hash_bytes(s, kSlotChecksumOffset)) state = SlotState::bad_checksum;
     else state = SlotState::valid;
     out->slot_valid[i] = state == SlotState::valid;
   }

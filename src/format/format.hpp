@@ -70,8 +70,11 @@ struct HeaderFixed {
 //  40 index_checksum u64  XXH3-64 of the whole index block
 //  48 reserved u64        zero
 //  56 slot_checksum u64   XXH3-64 of bytes 0..55 of the slot
+// The sequence of a slot that holds no commit; a slot never written is all zero.
+inline constexpr std::uint64_t kNoSequence = 0;
+
 struct CommitSlot {
-  std::uint64_t sequence = 0;
+  std::uint64_t sequence = kNoSequence;
   std::uint64_t index_offset = 0;
   std::uint64_t index_size = 0;
   std::uint64_t committed_size = 0;

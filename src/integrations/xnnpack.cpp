@@ -438,6 +438,18 @@ wc_xnn_status provider_alias_data(void* context, void* alias, void* original) {
 
 wc_status invalid(const char* what) noexcept { return weightcache::refuse_argument(what); }
 
+// Every adapter's provider: these entry points, with the adapter as the context.
+constexpr wc_xnn_weights_cache_provider kProviderEntryPoints = {
+    .context = nullptr,
+    .look_up = provider_look_up,
+    .reserve_space = provider_reserve_space,
+    .look_up_or_insert = provider_look_up_or_insert,
+    .is_finalized = provider_is_finalized,
+    .offset_to_addr = provider_offset_to_addr,
+    .delete_cache = provider_delete_cache,
+    .alias_data = provider_alias_data,
+};
+
 }  // namespace
 
 extern "C" {
@@ -452,14 +464,8 @@ wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out) {
   }
   a->cache = cache;
   a->id = g_next_adapter_id.fetch_add(1, std::memory_order_relaxed);
+  a->provider = kProviderEntryPoints;
   a->provider.context = a;
-  a->provider.look_up = provider_look_up;
-  a->provider.reserve_space = provider_reserve_space;
-  a->provider.look_up_or_insert = provider_look_up_or_insert;
-  a->provider.is_finalized = provider_is_finalized;
-  a->provider.offset_to_addr = provider_offset_to_addr;
-  a->provider.delete_cache = provider_delete_cache;
-  a->provider.alias_data = provider_alias_data;
   *out = a;
   return WC_OK;
 }

@@ -171,15 +171,19 @@ class PosixPlatform final : public Platform {
     return info_of(st);
   }
 
-  Result<void> read_at(const File& f, void* buf, std::size_t size, std::uint64_t offset) override {
-    auto* p = static_cast<char*>(buf);
+  // Calls `call` (pread or pwrite) until all `size` bytes at `offset` are moved: a call may move
+  // fewer, or be interrupted (EINTR). An error says `failed` and the path; a call that moves no
+  // byte ends the loop with stalled().
+  template <class Byte, class Call, class Stalled>
+  static Result<void> transfer_all(const File& f, Byte* p, std::size_t size, std::uint64_t offset,
+                                   Call PosixCalls::*call, const char* failed, Stalled stalled) {
     while (size > 0) {
-      const ssize_t n = sys().pread(fd_of(f), p, size, static_cast<off_t>(offset));
+      const ssize_t n = (sys().*call)(fd_of(f), p, size, static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return os_error(errno, "read failed on", f.path());
+        return os_error(errno, failed, f.path());
       }
-      if (n == 0) return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + f.path() + "'"};
+      if (n == 0) return stalled();
       p += n;
       size -= static_cast<std::size_t>(n);
       offset += static_cast<std::uint64_t>(n);
@@ -187,21 +191,16 @@ class PosixPlatform final : public Platform {
     return {};
   }
 
+  Result<void> read_at(const File& f, void* buf, std::size_t size, std::uint64_t offset) override {
+    return transfer_all(f, static_cast<char*>(buf), size, offset, &PosixCalls::pread, "read failed on", [&] {
+      return Error{Errc::corrupt, 0, "unexpected end of file while reading '" + f.path() + "'"};
+    });
+  }
+
   Result<void> write_at(const File& f, const void* buf, std::size_t size, std::uint64_t offset) override {
     if (offset + size > file_size_limit()) return file_size_limit_reached(f);
-    auto* p = static_cast<const char*>(buf);
-    while (size > 0) {
-      const ssize_t n = sys().pwrite(fd_of(f), p, size, static_cast<off_t>(offset));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return os_error(errno, "write failed on", f.path());
-      }
-      if (n == 0) return Error{Errc::io, 0, "write made no progress on '" + f.path() + "'"};
-      p += n;
-      size -= static_cast<std::size_t>(n);
-      offset += static_cast<std::uint64_t>(n);
-    }
-    return {};
+    return transfer_all(f, static_cast<const char*>(buf), size, offset, &PosixCalls::pwrite, "write failed on",
+                        [&] { return Error{Errc::io, 0, "write made no progress on '" + f.path() + "'"}; });
   }
 
   Result<void> allocate(const File& f, std::uint64_t offset, std::uint64_t len) override {

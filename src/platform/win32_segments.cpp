@@ -172,13 +172,26 @@ void Segments::release(void* base) noexcept {
   reservations_.erase(it);
 }
 
-Result<void> Segments::map(const File& f, std::uint64_t offset, std::size_t len, void* at, bool writable) {
+// Runs use(reservation, start) under the lock, where [at, at+len) is a free part of that
+// reservation (find_free_range; `what` names the call in its errors). Running out of memory on
+// the way is the error `out_of_memory`.
+template <class Use>
+Result<void> Segments::in_free_range(void* at, std::size_t len, const char* what, const char* out_of_memory,
+                                     Use use) {
   try {
     std::lock_guard<std::mutex> lock(mu_);
     const auto start = reinterpret_cast<std::uintptr_t>(at);
-    auto found = find_free_range(start, len, "map_file");
+    auto found = find_free_range(start, len, what);
     if (!found) return found.error();
-    Reservation* res = found.value();
+    return use(*found.value(), start);
+  } catch (...) {
+    return Error{Errc::no_memory, ENOMEM, out_of_memory};
+  }
+}
+
+Result<void> Segments::map(const File& f, std::uint64_t offset, std::size_t len, void* at, bool writable) {
+  return in_free_range(at, len, "map_file", "out of memory while mapping the cache",
+                       [&](Reservation& res, std::uintptr_t start) -> Result<void> {
     auto file = std::make_shared<FileRef>();
     file->path = f.path();
     if (!sys().duplicate_handle(::GetCurrentProcess(), reinterpret_cast<HANDLE>(f.handle()), ::GetCurrentProcess(),
@@ -190,27 +203,16 @@ Result<void> Segments::map(const File& f, std::uint64_t offset, std::size_t len,
     if (!info_of(file->h, &info)) return win_error(::GetLastError(), "cannot query", file->path);
     file->device = info.device;
     file->inode = info.inode;
-    auto r = api().placeholders ? map_placeholder(*res, file, offset, start, len, writable, info.size)
-                                : map_legacy(*res, file, offset, start, len, writable, info.size);
+    auto r = api().placeholders ? map_placeholder(res, file, offset, start, len, writable, info.size)
+                                : map_legacy(res, file, offset, start, len, writable, info.size);
     if (!r) return r;
     return fill_holes_locked(info.device, info.inode);
-  } catch (...) {
-    return Error{Errc::no_memory, ENOMEM, "out of memory while mapping the cache"};
-  }
+  });
 }
 
 Result<void> Segments::commit(void* at, std::size_t len) {
-  try {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto start = reinterpret_cast<std::uintptr_t>(at);
-    auto found = find_free_range(start, len, "commit_memory");
-    if (!found) return found.error();
-    Reservation* res = found.value();
-    if (auto r = commit_locked(*res, start, len); !r) return r;
-    return {};
-  } catch (...) {
-    return Error{Errc::no_memory, ENOMEM, "out of memory while committing heap memory"};
-  }
+  return in_free_range(at, len, "commit_memory", "out of memory while committing heap memory",
+                       [&](Reservation& res, std::uintptr_t start) { return commit_locked(res, start, len); });
 }
 
 Result<std::vector<MappedView>> Segments::views_in(void* addr, std::size_t len) {

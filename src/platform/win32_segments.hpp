@@ -104,6 +104,8 @@ class Segments {
 
   Reservation* find(std::uintptr_t addr);
   Result<Reservation*> find_free_range(std::uintptr_t start, std::size_t len, const char* what);
+  template <class Use>
+  Result<void> in_free_range(void* at, std::size_t len, const char* what, const char* out_of_memory, Use use);
   bool reclaim(Reservation& res, SegIt it, std::uintptr_t start, std::uintptr_t end);
   static SegIt containing(Reservation& res, std::uintptr_t addr);
   void free_segment(std::uintptr_t start, const Segment& seg) noexcept;

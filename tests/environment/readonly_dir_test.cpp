@@ -29,22 +29,29 @@ using weightcache::test::kChildOk;
 using weightcache::test::kChildSetupFailed;
 using weightcache::test::kChildUnexpected;
 
-TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
-  weightcache::test::TempDir dir;
-  const std::string sub = dir.file("ro");
+// Makes the directory `sub` and in it a cache holding the entry "w" (`bytes`), finalized, whose
+// lock file is then removed: the tests take away the permission that would create it again.
+// *o: the cache's options.
+void make_cache_holding_w(const std::string& sub, const std::string& bytes, weightcache::Options* o) {
   ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
-  weightcache::Options o;
-  o.path = sub + "/c.wc";
-  o.compat_key = "ro";
-  const std::string bytes(100000, 'r');
+  o->path = sub + "/c.wc";
+  o->compat_key = "ro";
   {
-    auto c = weightcache::WeightCache::open(o);
+    auto c = weightcache::WeightCache::open(*o);
     ASSERT_TRUE(c.ok());
     ASSERT_NE(c->insert("w", bytes), weightcache::kNotFound);
     ASSERT_TRUE(c->finalize());
   }
-  ASSERT_EQ(::unlink((o.path + ".lock").c_str()), 0);
+  ASSERT_EQ(::unlink((o->path + ".lock").c_str()), 0);
+}
+
+TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
+  weightcache::test::TempDir dir;
+  const std::string sub = dir.file("ro");
+  weightcache::Options o;
+  const std::string bytes(100000, 'r');
+  ASSERT_NO_FATAL_FAILURE(make_cache_holding_w(sub, bytes, &o));
   ASSERT_EQ(::chmod(o.path.c_str(), 0444), 0);
   ASSERT_EQ(::chmod(sub.c_str(), 0555), 0);
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
@@ -85,6 +92,15 @@ TEST(ReadOnlyDirectory, ExistingCacheIsServedReadOnly) {
 }
 
 
+// In the child: a new entry goes in, and finalize says the cache cannot keep it (read_only).
+int new_entry_is_not_durable(weightcache::WeightCache& c) {
+  if (c.insert("new", "bytes") == weightcache::kNotFound) return child_failed(kChildCacheError, "insert");
+  auto fin = c.finalize();
+  if (fin.ok() || fin.error().code != weightcache::Errc::read_only)
+    return child_failed(kChildUnexpected, "finalize did not say read_only");
+  return kChildOk;
+}
+
 // Runs `body` in a child that dropped to "nobody"; returns its exit code (kChildOk: all held).
 int as_nobody(const std::function<int()>& body) {
   const pid_t pid = ::fork();
@@ -106,17 +122,8 @@ TEST(ReadOnlyDirectory, LockFileThatCannotBeCreatedIsAnErrorForBackingFile) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to drop to an unprivileged user";
   weightcache::test::TempDir dir;
   const std::string sub = dir.file("ro");
-  ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
   weightcache::Options o;
-  o.path = sub + "/c.wc";
-  o.compat_key = "ro";
-  {
-    auto c = weightcache::WeightCache::open(o);
-    ASSERT_TRUE(c.ok());
-    ASSERT_NE(c->insert("w", std::string(5000, 'w')), weightcache::kNotFound);
-    ASSERT_TRUE(c->finalize());
-  }
-  ASSERT_EQ(::unlink((o.path + ".lock").c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(make_cache_holding_w(sub, std::string(5000, 'w'), &o));
   ASSERT_EQ(::chmod(o.path.c_str(), 0666), 0);  // the file is writable, its directory is not
   ASSERT_EQ(::chmod(sub.c_str(), 0555), 0);
   ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
@@ -132,11 +139,7 @@ TEST(ReadOnlyDirectory, LockFileThatCannotBeCreatedIsAnErrorForBackingFile) {
     a.backing = weightcache::Backing::automatic;
     auto r = weightcache::WeightCache::open(a);
     if (!r.ok() || r->look_up("w") == weightcache::kNotFound) return child_failed(kChildMismatch, "entry w");
-    if (r->insert("new", "bytes") == weightcache::kNotFound) return child_failed(kChildCacheError, "insert");
-    auto fin = r->finalize();
-    if (fin.ok() || fin.error().code != weightcache::Errc::read_only)
-      return child_failed(kChildUnexpected, "finalize did not say read_only");
-    return kChildOk;
+    return new_entry_is_not_durable(*r);
   });
   EXPECT_EQ(st, kChildOk) << child_exit_meaning(st) << " (its stderr says where)";
   ::chmod(sub.c_str(), 0755);
@@ -186,11 +189,7 @@ TEST(ReadOnlyDirectory, ReadOnlyFileServesItsEntriesToAWriter) {
           std::memcmp(c->offset_to_addr(off), std::string(3000 + i, static_cast<char>('a' + i)).data(), 3000 + i) != 0)
         return child_failed(kChildMismatch, keys[i]);
     }
-    if (c->insert("new", "bytes") == weightcache::kNotFound) return child_failed(kChildCacheError, "insert");
-    auto fin = c->finalize();
-    if (fin.ok() || fin.error().code != weightcache::Errc::read_only)
-      return child_failed(kChildUnexpected, "finalize did not say read_only");
-    return kChildOk;
+    return new_entry_is_not_durable(*c);
   });
   EXPECT_EQ(st, kChildOk) << child_exit_meaning(st) << " (its stderr says where)";
   struct stat after {};

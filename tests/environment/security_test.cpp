@@ -199,6 +199,22 @@ struct SymlinkSetup {
   std::string link = dir.file("link.wc");
 };
 
+// Opens the cache through the symlink with allow_symlink, checks that it holds `present`, packs
+// entry `seed` (7000 bytes) into it, appended to *added, and finalizes.
+void pack_through_symlink(const SymlinkSetup& s, const std::vector<Packed>& present, std::uint64_t seed,
+                          std::vector<Packed>* added) {
+  Options o = cache_options(s.link, Backing::file);
+  o.allow_symlink = true;
+  auto c = WeightCache::open(o);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  for (const auto& e : present) EXPECT_EQ(check(c.value(), e), "");
+  Packed e;
+  ASSERT_TRUE(pack(c.value(), seed, 7000, &e)) << last_error().message;
+  added->push_back(e);
+  auto r = c.value().finalize();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+}
+
 TEST(Security, SymlinkRefusedWithFileBacking) {
   for (bool valid_target : {false, true}) {
     SymlinkSetup s;
@@ -243,19 +259,8 @@ TEST(Security, AllowSymlinkUsesTheTarget) {
   SymlinkSetup s;
   std::vector<Packed> first = make_cache(s.target, 0, 3);
   fs::create_symlink("real.wc", s.link);
-  Options o = cache_options(s.link, Backing::file);
-  o.allow_symlink = true;
   std::vector<Packed> added;
-  {
-    auto c = WeightCache::open(o);
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    for (const auto& e : first) EXPECT_EQ(check(c.value(), e), "");
-    Packed e;
-    ASSERT_TRUE(pack(c.value(), 60, 7000, &e)) << last_error().message;
-    added.push_back(e);
-    auto r = c.value().finalize();
-    ASSERT_TRUE(r.ok()) << r.error().message;
-  }
+  ASSERT_NO_FATAL_FAILURE(pack_through_symlink(s, first, 60, &added));
   EXPECT_TRUE(fs::is_symlink(s.link)) << "the symlink was replaced by a file";
   auto c = WeightCache::open(cache_options(s.target, Backing::file));
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -272,18 +277,8 @@ TEST(Security, AllowSymlinkBuildsTheCacheAtTheTarget) {
     SymlinkSetup s;
     if (corrupt_target) write_file(s.target, "not a cache");
     fs::create_symlink("real.wc", s.link);
-    Options o = cache_options(s.link, Backing::file);
-    o.allow_symlink = true;
     std::vector<Packed> added;
-    {
-      auto c = WeightCache::open(o);
-      ASSERT_TRUE(c.ok()) << c.error().message;
-      Packed e;
-      ASSERT_TRUE(pack(c.value(), 70, 7000, &e)) << last_error().message;
-      added.push_back(e);
-      auto r = c.value().finalize();
-      ASSERT_TRUE(r.ok()) << r.error().message;
-    }
+    ASSERT_NO_FATAL_FAILURE(pack_through_symlink(s, {}, 70, &added));
     EXPECT_TRUE(fs::is_symlink(s.link)) << "the symlink was replaced by a regular file";
     if (!fs::is_regular_file(s.target)) {
       ADD_FAILURE() << "nothing was created at the symlink's target";

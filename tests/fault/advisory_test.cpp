@@ -34,6 +34,47 @@ struct FailMadvise {
         }) {}
 };
 
+#if defined(__linux__) || defined(SEEK_HOLE)
+// The cache of these tests, in `dir`. Every open checks the entry again: with Verify::shared the
+// first open's verdict would be recorded and trusted by the next, and no later one would ask
+// the failing call.
+weightcache::Options advisory_options(const weightcache::test::TempDir& dir) {
+  weightcache::Options o;
+  o.path = dir.file("cache.wc");
+  o.compat_key = "advisory-v1";
+  o.verify = weightcache::Verify::first_use;
+  return o;
+}
+
+// A finalized cache at o.path holding `bytes` under `key`.
+void write_entry(const weightcache::Options& o, const std::string& key, const std::string& bytes) {
+  auto c = weightcache::WeightCache::open(o);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_NE(c->insert(key, bytes), weightcache::kNotFound);
+  ASSERT_TRUE(c->finalize());
+}
+
+// An advisory call failing with `err`, and whether the entry must still be a hit then.
+struct Case {
+  int err;
+  bool hit;
+};
+
+// What a look-up (`off`, in `c`) of the entry `bytes` gave while the call failed as k says: the
+// right bytes when k.hit, else a miss counted as a failed verification.
+void expect_outcome(weightcache::WeightCache& c, std::size_t off, const Case& k, const std::string& bytes) {
+  if (!k.hit) {
+    EXPECT_EQ(off, weightcache::kNotFound) << std::strerror(k.err);
+    EXPECT_EQ(c.stats().verify_failures, 1u) << std::strerror(k.err);
+    return;
+  }
+  ASSERT_NE(off, weightcache::kNotFound) << std::strerror(k.err);
+  const auto* p = static_cast<const char*>(c.offset_to_addr(off));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(std::memcmp(p, bytes.data(), bytes.size()), 0) << std::strerror(k.err);
+}
+#endif
+
 #ifdef __linux__
 class PopulateRead : public ::testing::Test {
  protected:
@@ -108,22 +149,10 @@ TEST_F(PopulateRead, PrefetchFailureIsHarmless) {
 TEST(AdvisoryCalls, PopulateFailureIsAMissOnlyWhenThePagesCannotBeRead) {
   weightcache::set_log_level(weightcache::LogLevel::off);
   weightcache::test::TempDir dir("wc-advisory");
-  weightcache::Options o;
-  o.path = dir.file("cache.wc");
-  o.compat_key = "advisory-v1";
-  o.verify = weightcache::Verify::first_use;  // every open checks again (see below)
+  const weightcache::Options o = advisory_options(dir);
   const std::string key = "big";
   const std::string bytes = weightcache::test::bytes_for_key(key, 1 << 20);
-  {
-    auto c = weightcache::WeightCache::open(o);
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    ASSERT_NE(c->insert(key, bytes), weightcache::kNotFound);
-    ASSERT_TRUE(c->finalize());
-  }
-  struct Case {
-    int err;
-    bool hit;
-  };
+  ASSERT_NO_FATAL_FAILURE(write_entry(o, key, bytes));
   for (const Case& k : {Case{EFAULT, false}, Case{EHWPOISON, false}, Case{EINVAL, true}, Case{ENOMEM, true},
                         Case{EAGAIN, true}, Case{EIO, true}}) {
     FailMadvise fail(k.err);  // MADV_HUGEPAGE at open fails too, to no effect
@@ -131,15 +160,7 @@ TEST(AdvisoryCalls, PopulateFailureIsAMissOnlyWhenThePagesCannotBeRead) {
     ASSERT_TRUE(c.ok()) << std::strerror(k.err) << ": " << c.error().message;
     const std::size_t off = c->look_up(key);
     EXPECT_GE(fail.calls, 2) << std::strerror(k.err);  // the map's advice and the populate
-    if (!k.hit) {
-      EXPECT_EQ(off, weightcache::kNotFound) << std::strerror(k.err);
-      EXPECT_EQ(c->stats().verify_failures, 1u) << std::strerror(k.err);
-      continue;
-    }
-    ASSERT_NE(off, weightcache::kNotFound) << std::strerror(k.err);
-    const auto* p = static_cast<const char*>(c->offset_to_addr(off));
-    ASSERT_NE(p, nullptr);
-    EXPECT_EQ(std::memcmp(p, bytes.data(), bytes.size()), 0) << std::strerror(k.err);
+    ASSERT_NO_FATAL_FAILURE(expect_outcome(c.value(), off, k, bytes));
   }
   {  // Without faults the entry is there: the misses above were verdicts of one open, not damage.
     auto c = weightcache::WeightCache::open(o);
@@ -157,25 +178,11 @@ TEST(AdvisoryCalls, PopulateFailureIsAMissOnlyWhenThePagesCannotBeRead) {
 TEST(AdvisoryCalls, HoleCheckFailureLeavesTheVerdictToTheChecksum) {
   weightcache::set_log_level(weightcache::LogLevel::off);
   weightcache::test::TempDir dir("wc-advisory");
-  weightcache::Options o;
-  o.path = dir.file("cache.wc");
-  o.compat_key = "advisory-v1";
+  weightcache::Options o = advisory_options(dir);
   o.verify_ahead = false;  // the look-up does the checking, so the outcome is its own
-  // Every open checks again (with Verify::shared, the first open's verdict would be recorded and
-  // trusted by the next, and no later one would ask for holes).
-  o.verify = weightcache::Verify::first_use;
   const std::string key = "big";
   const std::string bytes = weightcache::test::bytes_for_key(key, 24 << 20);  // over the 16 MiB threshold
-  {
-    auto c = weightcache::WeightCache::open(o);
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    ASSERT_NE(c->insert(key, bytes), weightcache::kNotFound);
-    ASSERT_TRUE(c->finalize());
-  }
-  struct Case {
-    int err;
-    bool hit;
-  };
+  ASSERT_NO_FATAL_FAILURE(write_entry(o, key, bytes));
   for (const Case& k : {Case{EIO, true}, Case{EINVAL, true}, Case{EOPNOTSUPP, true}, Case{EBADF, true},
                         Case{ENXIO, false}}) {
     int seeks = 0;
@@ -188,15 +195,7 @@ TEST(AdvisoryCalls, HoleCheckFailureLeavesTheVerdictToTheChecksum) {
     ASSERT_TRUE(c.ok()) << std::strerror(k.err) << ": " << c.error().message;
     const std::size_t off = c->look_up(key);
     EXPECT_EQ(seeks, 1) << std::strerror(k.err);
-    if (!k.hit) {
-      EXPECT_EQ(off, weightcache::kNotFound) << std::strerror(k.err);
-      EXPECT_EQ(c->stats().verify_failures, 1u) << std::strerror(k.err);
-      continue;
-    }
-    ASSERT_NE(off, weightcache::kNotFound) << std::strerror(k.err);
-    const auto* p = static_cast<const char*>(c->offset_to_addr(off));
-    ASSERT_NE(p, nullptr);
-    EXPECT_EQ(std::memcmp(p, bytes.data(), bytes.size()), 0) << std::strerror(k.err);
+    ASSERT_NO_FATAL_FAILURE(expect_outcome(c.value(), off, k, bytes));
   }
   weightcache::set_log_level(weightcache::LogLevel::warn);
 }

@@ -37,11 +37,7 @@ inline std::string own_key(std::string_view tag, std::size_t i) {
 /// Options of every process in these tests. Durability none: page-cache coherence between
 /// processes is what is tested, not power loss, and skipping fdatasync keeps the suite fast.
 inline Options cache_options(const std::string& path) {
-  Options o;
-  o.path = path;
-  o.compat_key = "multiprocess-test";
-  o.durability = Durability::none;
-  return o;
+  return {.path = path, .compat_key = "multiprocess-test", .durability = Durability::none};
 }
 
 /// "" when `key` hits in `cache` with exactly bytes_for_key(key, size), else what is wrong.

@@ -13,12 +13,14 @@
 namespace weightcache::test::mp {
 namespace {
 
+// One race: `processes` racers each insert `shared` keys common to all and `own` keys of their
+// own, `size` bytes each, in `rounds` finalizes. Every race names all five (designated).
 struct Race {
-  std::size_t processes = 0;
-  std::size_t shared = 0;
-  std::size_t own = 0;
-  std::size_t rounds = 1;
-  std::size_t size = 0;
+  std::size_t processes;
+  std::size_t shared;
+  std::size_t own;
+  std::size_t rounds;
+  std::size_t size;
 };
 
 // Launches the racers held behind one gate and opens it once all are started. Racer i opens
@@ -73,31 +75,36 @@ void check_file(const std::string& path, const Race& race) {
   for (const auto& key : want) EXPECT_EQ(check_entry(opened.value(), key, race.size), "");
 }
 
+// The race on `names` (all one file), then the checks of that file.
+void race_and_check(const TempDir& dir, const std::vector<std::string>& names, const Race& race) {
+  run_race(dir, names, race);
+  if (::testing::Test::HasFatalFailure()) return;
+  check_file(names.front(), race);
+}
+
+// A cache at `path` holding one shared key and finalized, so that racers only append.
+void create_with_one_entry(const std::string& path) {
+  auto opened = WeightCache::open(cache_options(path));
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  ASSERT_NE(opened->insert(shared_key(0), bytes_for_key(shared_key(0), 64 * 1024)), kNotFound);
+  ASSERT_TRUE(opened->finalize().ok());
+}
+
 TEST(MultiProcess, ColdStartRaceOfEightProcessesLeavesEachKeyOnce) {
   TempDir dir("wc-mp");
   const std::string path = dir.file("cache.wcache");  // does not exist: every racer may create it
-  const Race race{8, 32, 4, 1, 128 * 1024};
-  run_race(dir, {path}, race);
-  if (HasFatalFailure()) return;
-  check_file(path, race);
+  race_and_check(dir, {path}, {.processes = 8, .shared = 32, .own = 4, .rounds = 1, .size = 128 * 1024});
 }
 
 TEST(MultiProcess, ConcurrentAppendsOfDifferentKeysAreAllKept) {
   TempDir dir("wc-mp");
   const std::string path = dir.file("cache.wcache");
-  {
-    // An existing file with one entry, so the racers only append (no creation race here).
-    auto opened = WeightCache::open(cache_options(path));
-    ASSERT_TRUE(opened.ok()) << opened.error().message;
-    ASSERT_NE(opened->insert(shared_key(0), bytes_for_key(shared_key(0), 64 * 1024)), kNotFound);
-    ASSERT_TRUE(opened->finalize().ok());
-  }
+  // An existing file with one entry, so the racers only append (no creation race here).
+  create_with_one_entry(path);
+  if (HasFatalFailure()) return;
   // Three finalizes per process: leases alternate between processes, and each commit must
   // keep what the others committed in between.
-  const Race race{6, 1, 12, 3, 64 * 1024};
-  run_race(dir, {path}, race);
-  if (HasFatalFailure()) return;
-  check_file(path, race);
+  race_and_check(dir, {path}, {.processes = 6, .shared = 1, .own = 12, .rounds = 3, .size = 64 * 1024});
 }
 
 // Hard links give one file several names, and so several sidecar lock files: the writer lease
@@ -105,19 +112,12 @@ TEST(MultiProcess, ConcurrentAppendsOfDifferentKeysAreAllKept) {
 TEST(MultiProcess, AppendsThroughTwoHardLinksToOneFileAreAllKept) {
   TempDir dir("wc-mp");
   const std::string path = dir.file("cache.wcache"), link = dir.file("other-name.wcache");
-  {
-    auto opened = WeightCache::open(cache_options(path));
-    ASSERT_TRUE(opened.ok()) << opened.error().message;
-    ASSERT_NE(opened->insert(shared_key(0), bytes_for_key(shared_key(0), 64 * 1024)), kNotFound);
-    ASSERT_TRUE(opened->finalize().ok());
-  }
+  create_with_one_entry(path);
+  if (HasFatalFailure()) return;
   std::error_code ec;
   std::filesystem::create_hard_link(path, link, ec);
   if (ec) GTEST_SKIP() << "no hard links here: " << ec.message();
-  const Race race{6, 1, 12, 3, 64 * 1024};
-  run_race(dir, {path, link}, race);
-  if (HasFatalFailure()) return;
-  check_file(path, race);
+  race_and_check(dir, {path, link}, {.processes = 6, .shared = 1, .own = 12, .rounds = 3, .size = 64 * 1024});
 }
 
 }  // namespace

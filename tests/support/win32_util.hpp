@@ -4,13 +4,7 @@
 #pragma once
 #ifdef _WIN32
 
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#ifndef NOMINMAX
-#define NOMINMAX
-#endif
-#include <windows.h>
+#include "platform/windows_h.hpp"  // <windows.h> as the library includes it
 
 #include <cstdlib>
 #include <cstring>

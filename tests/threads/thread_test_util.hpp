@@ -26,11 +26,7 @@ inline std::size_t size_for(std::size_t i) { return 1 + (i * 7919 + 13) % (64 * 
 
 /// Durability none: these tests are about concurrency, not power loss.
 inline Options thread_options(const std::string& path) {
-  Options o;
-  o.path = path;
-  o.compat_key = "threads-test";
-  o.durability = Durability::none;
-  return o;
+  return {.path = path, .compat_key = "threads-test", .durability = Durability::none};
 }
 
 /// A reusable barrier for `count` threads, like std::barrier without a completion. Not

@@ -101,6 +101,13 @@ Options sparse_options(const std::string& path) {
   return o;
 }
 
+// sparse_options for the file of kHole: its size is over the default max_file_bytes.
+Options hole_options(const std::string& path) {
+  Options o = sparse_options(path);
+  o.max_file_bytes = kHoleMaxFileBytes;
+  return o;
+}
+
 // Writes a cache file whose only entry, `size` bytes at offset 4096, was never written: a valid
 // header and index (the library's own encoders) around a hole. Returns false where the file
 // system cannot hold such a sparse file.
@@ -131,8 +138,7 @@ TEST(SparseEntry, AHoleIsAMissFoundWithoutReadingIt) {
   const std::string path = dir.file("hostile.wcache");
   // (64-bit: 100 GiB in a 101 GiB file of a few KiB on disk.)
   if (!write_sparse_cache(path, "big", kHole)) GTEST_SKIP() << "the file system here cannot hold such a sparse file";
-  Options o = sparse_options(path);
-  o.max_file_bytes = kHoleMaxFileBytes;
+  Options o = hole_options(path);
   LogCapture log;
   Observer seen;
   {
@@ -155,8 +161,7 @@ TEST(SparseEntry, WithoutTheExtentMapAHoleIsStillAHole) {
   TempDir dir("wc-sparse");
   const std::string path = dir.file("hostile.wcache");
   if (!write_sparse_cache(path, "big", kHole)) GTEST_SKIP() << "no sparse files here";
-  Options o = sparse_options(path);
-  o.max_file_bytes = kHoleMaxFileBytes;
+  Options o = hole_options(path);
   o.verify_ahead = false;
   Observer seen;
   Observer::extent_map_errno = EOPNOTSUPP;

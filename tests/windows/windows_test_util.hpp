@@ -56,21 +56,12 @@ inline const std::vector<GoldenEntry>& golden_entries() {
 }
 
 inline Options golden_options(const std::string& path) {
-  Options o;
-  o.path = path;
-  o.compat_key = "weightcache-golden-v1";
-  o.alignment = 4096;
-  o.backing = Backing::file;
-  return o;
+  return {.path = path, .compat_key = "weightcache-golden-v1", .alignment = 4096, .backing = Backing::file};
 }
 
 /// Options of the suite's own caches (not the golden files).
 inline Options suite_options(const std::string& path) {
-  Options o;
-  o.path = path;
-  o.compat_key = "weightcache-windows-suite";
-  o.backing = Backing::file;
-  return o;
+  return {.path = path, .compat_key = "weightcache-windows-suite", .backing = Backing::file};
 }
 
 /// An entry the suite packs: `size` bytes of pattern_bytes(seed) under `key`.
