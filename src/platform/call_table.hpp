@@ -15,3 +15,32 @@ struct CallEntry {
 };
 
 }  // namespace weightcache::platform
+
+// What every call table is, generated from its list LIST(X) of X(name, label, result, params)
+// (label: what call_name says of the entry, and the table's own business otherwise):
+//   struct TABLE { result (CONV* name) params; ... };  (CONV: a calling convention, or nothing)
+//   enum class ID { name, ... };   inline constexpr int COUNT;
+//   const char* call_name(ID);     (LABEL_X(name, label, result, params) gives the string)
+//   template <class F> void FOR_EACH(F&& f): f(CallEntry<ID::name, &TABLE::name>{}) in list order.
+#define WC_CALL_TABLE_MEMBER(name, label, result, params) result(WC_CALL_TABLE_CONV * name) params;
+#define WC_CALL_TABLE_ID(name, label, result, params) name,
+#define WC_CALL_TABLE_ONE(name, label, result, params) +1
+#define WC_CALL_TABLE_VISIT(name, label, result, params) f(CallEntry<CallId::name, &CallTable::name>{});
+#define WC_CALL_TABLE_NAME_IS_ENTRY(name, label, result, params) #name,
+#define WC_CALL_TABLE_NAME_IS_LABEL(name, label, result, params) #label,
+#define WC_CALL_TABLE(TABLE, ID, COUNT, FOR_EACH, LIST, LABEL_X) \
+  struct TABLE {                                                \
+    LIST(WC_CALL_TABLE_MEMBER)                                  \
+  };                                                            \
+  enum class ID { LIST(WC_CALL_TABLE_ID) };                     \
+  inline constexpr int COUNT = 0 LIST(WC_CALL_TABLE_ONE);       \
+  constexpr const char* call_name(ID c) noexcept {              \
+    constexpr const char* kNames[] = {LIST(LABEL_X)};           \
+    return kNames[static_cast<int>(c)];                         \
+  }                                                             \
+  template <class F>                                            \
+  constexpr void FOR_EACH(F&& f) {                              \
+    using CallTable = TABLE;                                    \
+    using CallId = ID;                                          \
+    LIST(WC_CALL_TABLE_VISIT)                                   \
+  }

@@ -36,45 +36,9 @@ static_assert(sizeof(off_t) == 8, "32-bit builds need -D_FILE_OFFSET_BITS=64 (CM
 constexpr off_t kInUseOffset = off_t{1} << 62;
 
 constexpr PosixCalls kDefaultCalls = {
-    .open = [](const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); },
-    .close = ::close,
-    .fstat = ::fstat,
-    .pread = ::pread,
-    .pwrite = ::pwrite,
-    .lseek = ::lseek,
-    .ioctl = [](int fd, unsigned long request, void* arg) { return ::ioctl(fd, request, arg); },
-    .posix_fallocate = ::posix_fallocate,
-    .ftruncate = ::ftruncate,
-    .fdatasync = ::fdatasync,
-    .fsync = ::fsync,
-    .rename = ::rename,
-    .mmap = ::mmap,
-    .munmap = ::munmap,
-    .mprotect = ::mprotect,
-    .msync = ::msync,
-    .flock = ::flock,
-    .stat = [](const char* path, struct stat* st) { return ::stat(path, st); },
-    .lstat = [](const char* path, struct stat* st) { return ::lstat(path, st); },
-    .fcntl = [](int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); },
-    .fcntl_lock = [](int fd, int cmd, struct flock* lock) { return ::fcntl(fd, cmd, lock); },
-    .unlink = ::unlink,
-    .futimens = ::futimens,
-#if defined(__linux__)
-    .memfd_create = [](const char* name, unsigned flags) { return ::memfd_create(name, flags); },
-#else
-    .memfd_create = [](const char*, unsigned) { return (errno = ENOSYS, -1); },
-#endif
-    .madvise = ::madvise,
-    .getrlimit = [](int resource, struct rlimit* rl) {
-      return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
-    },
-    .sysconf = ::sysconf,
-    .getpid = ::getpid,
-    .opendir = ::opendir,
-    .readdir = ::readdir,
-    .closedir = ::closedir,
-    .fstatfs = ::fstatfs,
-    .clock_gettime = ::clock_gettime,
+#define WC_POSIX_CALL_DEFAULT(name, impl, result, params) .name = impl,
+    WC_POSIX_CALLS(WC_POSIX_CALL_DEFAULT)
+#undef WC_POSIX_CALL_DEFAULT
 };
 // Designated initializers let an entry go missing (as a null pointer) without a word.
 constexpr bool every_entry_set(const PosixCalls& t) {

@@ -14,90 +14,93 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
+#include <cstdio>
 
-// The table's entries, in order, as X(name, result, parameters). The table, its enumerators, their
-// names and the iteration below are all generated from this list: adding an entry here is the
-// whole change (posix.cpp then refuses to compile until the entry has a default).
+namespace weightcache::platform::posix_default {
+
+inline int open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
+inline int ioctl(int fd, unsigned long request, void* arg) { return ::ioctl(fd, request, arg); }
+inline int stat(const char* path, struct stat* st) { return ::stat(path, st); }
+inline int lstat(const char* path, struct stat* st) { return ::lstat(path, st); }
+inline int fcntl(int fd, int cmd, int arg) { return ::fcntl(fd, cmd, arg); }
+inline int fcntl_lock(int fd, int cmd, struct flock* lock) { return ::fcntl(fd, cmd, lock); }
+inline int memfd_create(const char* name, unsigned flags) {
+#if defined(__linux__)
+  return ::memfd_create(name, flags);
+#else
+  (void)name;
+  (void)flags;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+inline int getrlimit(int resource, struct rlimit* rl) {
+  return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
+}
+
+}  // namespace weightcache::platform::posix_default
+
+// The table's entries, in order, as X(name, default, result, parameters). The table, its
+// enumerators, their names, the iteration below and the libc defaults are all generated from
+// this list (as SQLite's aSyscall[] keeps each call's name beside its default): adding an entry
+// here is the whole change. A default is libc's function where its type is the entry's, else
+// an adapter in posix_default (variadic or overloaded calls, and one that may be missing).
 #define WC_POSIX_CALLS(X)                                                                               \
-  X(open, int, (const char* path, int flags, mode_t mode))                                              \
-  X(close, int, (int fd))                                                                               \
-  X(fstat, int, (int fd, struct stat* st))                                                              \
-  X(pread, ssize_t, (int fd, void* buf, size_t n, off_t off))                                           \
-  X(pwrite, ssize_t, (int fd, const void* buf, size_t n, off_t off))                                    \
+  X(open, posix_default::open, int, (const char* path, int flags, mode_t mode))                         \
+  X(close, ::close, int, (int fd))                                                                      \
+  X(fstat, ::fstat, int, (int fd, struct stat* st))                                                     \
+  X(pread, ::pread, ssize_t, (int fd, void* buf, size_t n, off_t off))                                  \
+  X(pwrite, ::pwrite, ssize_t, (int fd, const void* buf, size_t n, off_t off))                          \
   /* SEEK_HOLE only: reads and writes say their offset */                                               \
-  X(lseek, off_t, (int fd, off_t off, int whence))                                                      \
+  X(lseek, ::lseek, off_t, (int fd, off_t off, int whence))                                             \
   /* FS_IOC_FIEMAP only */                                                                              \
-  X(ioctl, int, (int fd, unsigned long request, void* arg))                                             \
+  X(ioctl, posix_default::ioctl, int, (int fd, unsigned long request, void* arg))                       \
   /* returns an error number, as libc's */                                                              \
-  X(posix_fallocate, int, (int fd, off_t off, off_t len))                                               \
-  X(ftruncate, int, (int fd, off_t len))                                                                \
-  X(fdatasync, int, (int fd))                                                                           \
-  X(fsync, int, (int fd))                                                                               \
-  X(rename, int, (const char* from, const char* to))                                                    \
-  X(mmap, void*, (void* addr, size_t len, int prot, int flags, int fd, off_t off))                      \
-  X(munmap, int, (void* addr, size_t len))                                                              \
-  X(mprotect, int, (void* addr, size_t len, int prot))                                                  \
-  X(msync, int, (void* addr, size_t len, int flags))                                                    \
-  X(flock, int, (int fd, int op))                                                                       \
-  X(stat, int, (const char* path, struct stat* st))                                                     \
-  X(lstat, int, (const char* path, struct stat* st))                                                    \
+  X(posix_fallocate, ::posix_fallocate, int, (int fd, off_t off, off_t len))                            \
+  X(ftruncate, ::ftruncate, int, (int fd, off_t len))                                                   \
+  X(fdatasync, ::fdatasync, int, (int fd))                                                              \
+  X(fsync, ::fsync, int, (int fd))                                                                      \
+  X(rename, ::rename, int, (const char* from, const char* to))                                          \
+  X(mmap, ::mmap, void*, (void* addr, size_t len, int prot, int flags, int fd, off_t off))              \
+  X(munmap, ::munmap, int, (void* addr, size_t len))                                                    \
+  X(mprotect, ::mprotect, int, (void* addr, size_t len, int prot))                                      \
+  X(msync, ::msync, int, (void* addr, size_t len, int flags))                                           \
+  X(flock, ::flock, int, (int fd, int op))                                                              \
+  X(stat, posix_default::stat, int, (const char* path, struct stat* st))                                \
+  X(lstat, posix_default::lstat, int, (const char* path, struct stat* st))                              \
   /* the commands with an int argument (F_GETFL, F_SETFL) */                                            \
-  X(fcntl, int, (int fd, int cmd, int arg))                                                             \
+  X(fcntl, posix_default::fcntl, int, (int fd, int cmd, int arg))                                       \
   /* F_OFD_SETLK, F_OFD_GETLK */                                                                        \
-  X(fcntl_lock, int, (int fd, int cmd, struct flock* lock))                                             \
-  X(unlink, int, (const char* path))                                                                    \
-  X(futimens, int, (int fd, const struct timespec times[2]))                                            \
+  X(fcntl_lock, posix_default::fcntl_lock, int, (int fd, int cmd, struct flock* lock))                  \
+  X(unlink, ::unlink, int, (const char* path))                                                          \
+  X(futimens, ::futimens, int, (int fd, const struct timespec times[2]))                                \
   /* Linux; ENOSYS elsewhere */                                                                         \
-  X(memfd_create, int, (const char* name, unsigned flags))                                              \
-  X(madvise, int, (void* addr, size_t len, int advice))                                                 \
-  X(getrlimit, int, (int resource, struct rlimit* rl))                                                  \
-  X(sysconf, long, (int name))                                                                          \
-  X(getpid, pid_t, ())                                                                                  \
-  X(opendir, DIR*, (const char* path))                                                                  \
-  X(readdir, struct dirent*, (DIR* dir))                                                                \
-  X(closedir, int, (DIR* dir))                                                                          \
+  X(memfd_create, posix_default::memfd_create, int, (const char* name, unsigned flags))                 \
+  X(madvise, ::madvise, int, (void* addr, size_t len, int advice))                                      \
+  X(getrlimit, posix_default::getrlimit, int, (int resource, struct rlimit* rl))                        \
+  X(sysconf, ::sysconf, long, (int name))                                                               \
+  X(getpid, ::getpid, pid_t, ())                                                                        \
+  X(opendir, ::opendir, DIR*, (const char* path))                                                       \
+  X(readdir, ::readdir, struct dirent*, (DIR* dir))                                                     \
+  X(closedir, ::closedir, int, (DIR* dir))                                                              \
   /* the file system a file is on (is it local?) and the clock its change times come from */          \
-  X(fstatfs, int, (int fd, struct statfs* st))                                                          \
-  X(clock_gettime, int, (clockid_t clock, struct timespec* ts))
+  X(fstatfs, ::fstatfs, int, (int fd, struct statfs* st))                                               \
+  X(clock_gettime, ::clock_gettime, int, (clockid_t clock, struct timespec* ts))
 
 namespace weightcache::platform {
 
-struct PosixCalls {
-#define WC_POSIX_CALL_MEMBER(name, result, params) result(*name) params;
-  WC_POSIX_CALLS(WC_POSIX_CALL_MEMBER)
-#undef WC_POSIX_CALL_MEMBER
-};
-
-/// The entries by name: PosixCall::open is PosixCalls::open.
-enum class PosixCall {
-#define WC_POSIX_CALL_ID(name, result, params) name,
-  WC_POSIX_CALLS(WC_POSIX_CALL_ID)
-#undef WC_POSIX_CALL_ID
-};
-
-#define WC_POSIX_CALL_ONE(name, result, params) +1
-inline constexpr int kPosixCallCount = 0 WC_POSIX_CALLS(WC_POSIX_CALL_ONE);
-#undef WC_POSIX_CALL_ONE
-
-/// The entry's name ("open", "posix_fallocate", ...).
-constexpr const char* call_name(PosixCall c) noexcept {
-  constexpr const char* kNames[] = {
-#define WC_POSIX_CALL_NAME(name, result, params) #name,
-      WC_POSIX_CALLS(WC_POSIX_CALL_NAME)
-#undef WC_POSIX_CALL_NAME
-  };
-  return kNames[static_cast<int>(c)];
-}
-
-/// Calls f(CallEntry<PosixCall::x, &PosixCalls::x>{}) for every entry x, in table order.
-template <class F>
-constexpr void for_each_posix_call(F&& f) {
-#define WC_POSIX_CALL_VISIT(name, result, params) f(CallEntry<PosixCall::name, &PosixCalls::name>{});
-  WC_POSIX_CALLS(WC_POSIX_CALL_VISIT)
-#undef WC_POSIX_CALL_VISIT
-}
+// PosixCalls (the table), PosixCall (an enumerator per entry: PosixCall::open), kPosixCallCount,
+// call_name(PosixCall) ("open", "posix_fallocate", ...) and for_each_posix_call.
+#define WC_CALL_TABLE_CONV
+WC_CALL_TABLE(PosixCalls, PosixCall, kPosixCallCount, for_each_posix_call, WC_POSIX_CALLS, WC_CALL_TABLE_NAME_IS_ENTRY)
+#undef WC_CALL_TABLE_CONV
 
 /// The table in use (mutable for tests; swap entries only while no cache is open).
 PosixCalls& posix_calls() noexcept;

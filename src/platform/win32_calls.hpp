@@ -90,40 +90,12 @@ struct Win32MemoryRange {
   /* ntdll.dll: the access a caller's handle was granted (ObjectBasicInformation); an NTSTATUS */                   \
   X(nt_query_object, NtQueryObject, LONG, (HANDLE h, int info_class, PVOID info, ULONG size, PULONG returned))
 
-struct Win32Calls {
-#define WC_WIN32_CALL_MEMBER(name, function, result, params) result(WINAPI* name) params;
-  WC_WIN32_CALLS(WC_WIN32_CALL_MEMBER)
-#undef WC_WIN32_CALL_MEMBER
-};
-
-/// The entries by name: Win32Call::create_file_w is Win32Calls::create_file_w.
-enum class Win32Call {
-#define WC_WIN32_CALL_ID(name, function, result, params) name,
-  WC_WIN32_CALLS(WC_WIN32_CALL_ID)
-#undef WC_WIN32_CALL_ID
-};
-
-#define WC_WIN32_CALL_ONE(name, function, result, params) +1
-inline constexpr int kWin32CallCount = 0 WC_WIN32_CALLS(WC_WIN32_CALL_ONE);
-#undef WC_WIN32_CALL_ONE
-
-/// The Win32 function behind the entry ("CreateFileW", ...).
-constexpr const char* call_name(Win32Call c) noexcept {
-  constexpr const char* kNames[] = {
-#define WC_WIN32_CALL_NAME(name, function, result, params) #function,
-      WC_WIN32_CALLS(WC_WIN32_CALL_NAME)
-#undef WC_WIN32_CALL_NAME
-  };
-  return kNames[static_cast<int>(c)];
-}
-
-/// Calls f(CallEntry<Win32Call::x, &Win32Calls::x>{}) for every entry x, in table order.
-template <class F>
-constexpr void for_each_win32_call(F&& f) {
-#define WC_WIN32_CALL_VISIT(name, function, result, params) f(CallEntry<Win32Call::name, &Win32Calls::name>{});
-  WC_WIN32_CALLS(WC_WIN32_CALL_VISIT)
-#undef WC_WIN32_CALL_VISIT
-}
+// Win32Calls (the table), Win32Call (an enumerator per entry: Win32Call::create_file_w),
+// kWin32CallCount, call_name(Win32Call) (the Win32 function: "CreateFileW", ...) and
+// for_each_win32_call.
+#define WC_CALL_TABLE_CONV WINAPI
+WC_CALL_TABLE(Win32Calls, Win32Call, kWin32CallCount, for_each_win32_call, WC_WIN32_CALLS, WC_CALL_TABLE_NAME_IS_LABEL)
+#undef WC_CALL_TABLE_CONV
 
 /// The table in use (mutable for tests; swap entries only while no cache is open, and after
 /// the platform's first use: its one-time probe of placeholder support goes through it too).
