@@ -276,6 +276,8 @@ void print_summary(std::FILE* out) {
              false);
   ratio_line(&lines, "  same without verify-ahead (checksums on one core)", "model/load_warm_one_thread",
              "model/pack_heap", 0, 0, true);
+  ratio_line(&lines, "  Verify::shared (default), after one verified launch, vs pack to heap", "model/load_warm_shared",
+             "model/pack_heap", 0, 0, true);
   ratio_line(&lines, "  lazy warm load (Verify::none, nothing read) vs pack to heap", "model/load_warm_lazy",
              "model/pack_heap", 0, 0, true);
   ratio_line(&lines, "  warm load + read every byte again vs pack to heap", "model/load_warm_read", "model/pack_heap",
