@@ -293,6 +293,12 @@ Result<void> Core::init_descriptor() {
   if (!h) return h.error();
   fd_ = std::move(h).value();
   fd_.set_path(opts_.path);  // "fd N" or ":memory:" already, unless the caller gave it a label
+  if (!memory && opts_.durability != Durability::none && pf_.vanishes_with_holders(fd_)) {
+    // Another process's ":memory:" cache, joined through its descriptor or handle: as for its
+    // creator, nothing of it outlives its processes.
+    log::debug("'{}' is an anonymous file (a ':memory:' cache's): nothing is flushed for it", opts_.path);
+    opts_.durability = Durability::none;
+  }
   if (!opts_.read_only) {
     leases_own_file_ = true;  // the writer lease: the file's own flock
     if (auto id = pf_.stat_file(fd_)) lock_identity_ = {id->device, id->inode};

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // Declared by newer SDKs only; the values are part of the Windows ABI.
@@ -292,6 +293,21 @@ std::string handle_label(const void* h) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "handle 0x%llx", static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(h)));
   return buf;
+}
+
+// The names create_anonymous gives ":memory:" files: "<name>-<process id>-<serial>.tmp", where the
+// core passes "weightcache" as the name.
+bool is_anonymous_name(std::wstring_view name) {
+  constexpr std::wstring_view kPrefix = L"weightcache-", kSuffix = L".tmp";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.substr(0, kPrefix.size()) != kPrefix ||
+      name.substr(name.size() - kSuffix.size()) != kSuffix)
+    return false;
+  name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());  // "<pid>-<serial>"
+  const auto dash = name.find(L'-');
+  auto digits = [](std::wstring_view d) {
+    return !d.empty() && std::all_of(d.begin(), d.end(), [](wchar_t c) { return c >= L'0' && c <= L'9'; });
+  };
+  return dash != std::wstring_view::npos && digits(name.substr(0, dash)) && digits(name.substr(dash + 1));
 }
 
 // The access rights `h` was granted. Asked of the caller's handle because ReOpenFile checks the
@@ -666,6 +682,25 @@ class Win32Platform final : public Platform {
     if (!info.regular)
       return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file; pass a cache file's handle"};
     return file;
+  }
+
+  bool vanishes_with_holders(const File& f) noexcept override {
+    HANDLE h = as_handle(f);
+    FILE_STANDARD_INFO standard{};
+    if (sys().get_file_information_by_handle_ex(h, FileStandardInfo, &standard, sizeof standard) &&
+        standard.DeletePending)
+      return true;  // deleted once its last handle closes, whoever made it
+    // A ":memory:" file of this library, by its name (create_anonymous below): the temporary
+    // attribute and delete-on-close belong to the creator's file object or are not kept
+    // everywhere (Wine keeps neither), the name is the file's own.
+    union {
+      FILE_NAME_INFO info;
+      unsigned char bytes[sizeof(FILE_NAME_INFO) + 2 * MAX_PATH * sizeof(wchar_t)];
+    } buf{};
+    if (!sys().get_file_information_by_handle_ex(h, FileNameInfo, &buf.info, sizeof buf)) return false;
+    std::wstring_view name(buf.info.FileName, buf.info.FileNameLength / sizeof(wchar_t));
+    if (const auto slash = name.find_last_of(L"\\/"); slash != std::wstring_view::npos) name.remove_prefix(slash + 1);
+    return is_anonymous_name(name);
   }
 
   Result<File> create_anonymous(const char* name) override {
