@@ -51,6 +51,11 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
     const bool want_file =
         (!options.path.empty() || caller_file) && options.backing != Backing::heap && !options.private_cache;
+    if (want_file && !caller_file && options.path == kMemoryPath && options.read_only)
+      return fail({Errc::invalid_argument, 0,
+                   "a new ':memory:' cache cannot be read-only: it starts empty, and nobody else has it yet. A reader "
+                   "joins an existing one through the descriptor (wc_options.fd) or handle (wc_options.handle) its "
+                   "creator hands over, with read_only"});
     std::optional<Error> file_error;
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);

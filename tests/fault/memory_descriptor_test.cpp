@@ -1,7 +1,8 @@
 // The anonymous cache's edges on Linux (the Windows counterparts are in
 // tests/windows/memory_edges_test.cpp): a cache that joins a ":memory:" cache through its
 // descriptor flushes nothing, as its creator, while a cache file on disk joined the same way is
-// flushed (the flush calls are counted through the call table).
+// flushed (the flush calls are counted through the call table); ":memory:" with read_only, or
+// given to wc_compact, is a caller's mistake.
 #include "hooks.hpp"
 #include "temp_dir.hpp"
 
@@ -72,6 +73,28 @@ TEST(MemoryDescriptor, AJoinerFlushesNothingAsItsCreator) {
   ASSERT_GE(disk, 0);
   EXPECT_GT(flushes_of_a_joiner(disk), 0) << "a cache file on disk was not flushed";
   ::close(disk);
+}
+
+TEST(MemoryDescriptor, ReadOnlyMemoryAndCompactingMemoryAreInvalidArguments) {
+  for (Backing b : {Backing::file, Backing::automatic}) {
+    Options o = memory_options();
+    o.backing = b;
+    o.read_only = true;
+    auto c = WeightCache::open(o);
+    ASSERT_FALSE(c.ok()) << "a read-only ':memory:' cache opened";
+    EXPECT_EQ(c.error().code, Errc::invalid_argument) << c.error().message;
+    EXPECT_NE(c.error().message.find("read-only"), std::string::npos) << c.error().message;
+  }
+  wc_options w;
+  wc_options_init(&w);
+  w.path = ":memory:";
+  w.read_only = 1;
+  wc_cache* out = nullptr;
+  EXPECT_EQ(wc_open(&w, &out), WC_ERR_INVALID_ARGUMENT) << wc_last_error();
+  EXPECT_EQ(out, nullptr);
+  w.read_only = 0;
+  EXPECT_EQ(wc_compact(&w), WC_ERR_INVALID_ARGUMENT) << wc_last_error();
+  EXPECT_NE(std::string(wc_last_error()).find("no file to compact"), std::string::npos) << wc_last_error();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The anonymous cache's edges on Windows (the Linux counterparts are in
 // tests/fault/memory_descriptor_test.cpp): a process that joins a ":memory:" cache by its handle
-// flushes nothing, as its creator (the flush calls counted through the call table).
+// flushes nothing, as its creator (the flush calls counted through the call table); and
+// ":memory:" with read_only, or given to wc_compact, is a caller's mistake.
 #include "temp_dir.hpp"
 #include "win32_hooks.hpp"
 #include "windows_test_util.hpp"
@@ -77,6 +78,28 @@ TEST(WindowsMemory, AProcessJoiningByHandleFlushesNothingAsItsCreator) {
   ASSERT_NE(disk, INVALID_HANDLE_VALUE);
   EXPECT_GT(flushes_of_a_joiner(disk), 0) << "a cache file on disk was not flushed";
   ::CloseHandle(disk);
+}
+
+TEST(WindowsMemory, ReadOnlyMemoryAndCompactingMemoryAreInvalidArguments) {
+  for (Backing b : {Backing::file, Backing::automatic}) {
+    Options o = suite_options(kMemoryPath);
+    o.backing = b;
+    o.read_only = true;
+    auto c = WeightCache::open(o);
+    ASSERT_FALSE(c.ok()) << "a read-only ':memory:' cache opened";
+    EXPECT_EQ(c.error().code, Errc::invalid_argument) << c.error().message;
+    EXPECT_NE(c.error().message.find("read-only"), std::string::npos) << c.error().message;
+  }
+  wc_options w;
+  wc_options_init(&w);
+  w.path = ":memory:";
+  w.read_only = 1;
+  wc_cache* out = nullptr;
+  EXPECT_EQ(wc_open(&w, &out), WC_ERR_INVALID_ARGUMENT) << wc_last_error();
+  EXPECT_EQ(out, nullptr);
+  w.read_only = 0;
+  EXPECT_EQ(wc_compact(&w), WC_ERR_INVALID_ARGUMENT) << wc_last_error();
+  EXPECT_NE(std::string(wc_last_error()).find("no file to compact"), std::string::npos) << wc_last_error();
 }
 
 }  // namespace
