@@ -254,6 +254,9 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
   try {
     platform::Platform& pf = platform::os();
     if (options.path.empty()) return Error{Errc::invalid_argument, 0, "compact: no path given"};
+    if (options.path == kMemoryPath)
+      return Error{Errc::invalid_argument, 0,
+                   "a ':memory:' cache has no file to compact (it lives only while processes hold it open)"};
     const std::string& path = options.path;
     auto opened = pf.open_file(path, platform::OpenMode::read_write, options.file_mode, options.allow_symlink);
     if (!opened) return opened.error();

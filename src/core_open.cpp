@@ -51,6 +51,11 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
       return fail({Errc::invalid_argument, 0, "backing=file needs a path; leave it empty only for a heap cache"});
     const bool want_file =
         (!options.path.empty() || caller_file) && options.backing != Backing::heap && !options.private_cache;
+    if (want_file && !caller_file && options.path == kMemoryPath && options.read_only)
+      return fail({Errc::invalid_argument, 0,
+                   "a new ':memory:' cache cannot be read-only: it starts empty, and nobody else has it yet. A reader "
+                   "joins an existing one through the descriptor (wc_options.fd) or handle (wc_options.handle) its "
+                   "creator hands over, with read_only"});
     std::optional<Error> file_error;
     if (want_file) {
       auto core = std::make_shared<Core>(options, pf);
@@ -293,6 +298,12 @@ Result<void> Core::init_descriptor() {
   if (!h) return h.error();
   fd_ = std::move(h).value();
   fd_.set_path(opts_.path);  // "fd N" or ":memory:" already, unless the caller gave it a label
+  if (!memory && opts_.durability != Durability::none && pf_.vanishes_with_holders(fd_)) {
+    // Another process's ":memory:" cache, joined through its descriptor or handle: as for its
+    // creator, nothing of it outlives its processes.
+    log::debug("'{}' is an anonymous file (a ':memory:' cache's): nothing is flushed for it", opts_.path);
+    opts_.durability = Durability::none;
+  }
   if (!opts_.read_only) {
     leases_own_file_ = true;  // the writer lease: the file's own flock
     if (auto id = pf_.stat_file(fd_)) lock_identity_ = {id->device, id->inode};

@@ -200,7 +200,10 @@ typedef struct wc_options {
                          Windows) that behaves like a cache file: same format and checksums,
                          shareable with other processes through wc_get_fd (wc_get_handle on
                          Windows); it lives while any process has it open. durability is ignored
-                         (nothing of it outlives its processes, so nothing is flushed). Linux: its
+                         (nothing of it outlives its processes, so nothing is flushed), also by
+                         the caches other processes open on its descriptor or handle. It cannot
+                         be read_only (WC_ERR_INVALID_ARGUMENT: a new one is empty; a reader
+                         joins one through fd or handle) nor compacted. Linux: its
                          size is sealed against shrinking (F_SEAL_SHRINK), so no holder of the
                          descriptor can cut pages from under a reader (no SIGBUS); writes are not
                          sealed (the writer keeps a writable mapping): give readers a read-only
@@ -249,10 +252,12 @@ typedef struct wc_options {
              memfd, opened read-write, or read-only with read_only) to use instead of opening
              path, for sandboxes that cannot open paths. The library opens its own description of
              it (through /proc/self/fd, else dup), so the caller keeps, and may close, its own.
-             path may then be NULL (messages say "fd N") or a label; with a path, the lease also
-             takes "<path>.lock", otherwise the writer lease and the in-use lock are taken on the
-             file itself. An empty file is initialised; a corrupt or incompatible one is rebuilt
-             in place only when no other process has it open; it is never compacted at open
+             path may then be NULL (messages say "fd N") or a label used in messages only: nothing
+             is opened or created at it, no "<path>.lock" either; the writer lease and the in-use
+             lock are taken on the file itself. Not a regular file (nor a memfd):
+             WC_ERR_INVALID_ARGUMENT (a heap cache with WC_BACKING_AUTO). An empty file is
+             initialised; a corrupt or incompatible one is rebuilt in place only when no other
+             process has it open; it is never compacted at open
              (it cannot be renamed). Such a cache is not shared through the process-wide registry:
              each wc_open gets a cache of its own. POSIX only: on Windows the open fails as for
              a file it cannot use (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO);
@@ -263,9 +268,17 @@ typedef struct wc_options {
                    use instead of opening path, as fd does on POSIX. The library reopens it
                    (ReOpenFile) as a file object of its own, so its locks are its own, and never
                    with more access than the handle has: a handle without write access gives a
-                   read-only cache (WC_ERR_READ_ONLY with WC_BACKING_FILE). The caller keeps its
-                   handle and may close it as soon as wc_open returns. path, the lease and the
-                   in-use lock, rebuilding, the registry: as for fd. Setting both fd and handle is
+                   read-only cache (WC_ERR_READ_ONLY with WC_BACKING_FILE). Where the file's ACL
+                   refuses ReOpenFile although the handle grants access (a sandboxed process
+                   given a brokered handle), it uses a duplicate of the handle, which shares the
+                   caller's file object: the handle must then be synchronous (no
+                   FILE_FLAG_OVERLAPPED, no FILE_FLAG_NO_BUFFERING; else WC_ERR_INVALID_ARGUMENT);
+                   see docs/PLATFORMS.md. The caller keeps its handle and may close it as soon as
+                   wc_open returns. A handle of anything but a regular disk file (a directory, a
+                   pipe, a console, an event, a closed handle): WC_ERR_INVALID_ARGUMENT (a heap
+                   cache with WC_BACKING_AUTO). path (a
+                   label only, no "<path>.lock"), the lease and the in-use lock on the file
+                   itself, rebuilding, the registry: as for fd. Setting both fd and handle is
                    WC_ERR_INVALID_ARGUMENT. On POSIX the open fails as for a file it cannot use
                    (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO), as fd does on
                    Windows. */

@@ -89,6 +89,12 @@ class Platform {
   virtual Result<File> reopen_os_handle(void* /*os_handle*/, bool /*writable*/) {
     return Error{Errc::unsupported, 0, "wc_options.handle is a Windows HANDLE; on this system pass a descriptor (fd)"};
   }
+  /// Whether nothing of the file can outlive the processes holding it open, so that flushing it
+  /// is pointless: a Linux memfd created sealable (what ":memory:" makes); on Windows a file
+  /// already pending deletion, or a ":memory:" file of this library (by its name). What a cache
+  /// opened on a descriptor or handle asks, to treat a ":memory:" file as its creator does.
+  /// False when it cannot tell.
+  virtual bool vanishes_with_holders(const File& /*f*/) noexcept { return false; }
   /// The OS handle behind a file (wc_get_handle): a HANDLE on Windows, nullptr elsewhere.
   virtual void* native_os_handle(const File& /*f*/) const noexcept { return nullptr; }
   /// Whether a file this process holds open can be renamed over (POSIX: yes; Windows: not

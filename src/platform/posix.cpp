@@ -372,6 +372,19 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  bool vanishes_with_holders(const File& f) noexcept override {
+#if defined(__linux__) && defined(F_GET_SEALS)
+    // Every shmem file answers F_GET_SEALS, and one that is not a sealable memfd (a tmpfs file,
+    // a memfd made without MFD_ALLOW_SEALING) answers F_SEAL_SEAL alone, which it can never
+    // lose. Anything else is a memfd made sealable, ":memory:"'s among them (F_SEAL_SHRINK).
+    const int seals = sys().fcntl(fd_of(f), F_GET_SEALS, 0);
+    return seals >= 0 && seals != F_SEAL_SEAL;
+#else
+    (void)f;
+    return false;
+#endif
+  }
+
   int native_descriptor(const File& f) const noexcept override { return fd_of(f); }
   Result<std::uint64_t> first_hole(const File& f, std::uint64_t offset, std::uint64_t len) override {
     const std::uint64_t end = offset + len;

@@ -5,6 +5,7 @@
 //
 // The address space (reservations, and the views, placeholders and holes inside them) is
 // managed in win32_segments.{hpp,cpp}; what both halves share is in win32_common.hpp.
+#include "log.hpp"
 #include "platform/errors.hpp"
 #include "platform/platform.hpp"
 #include "platform/win32_calls.hpp"
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 // Declared by newer SDKs only; the values are part of the Windows ABI.
@@ -62,6 +64,7 @@ using VirtualAlloc2Fn = decltype(Win32Calls::virtual_alloc2);
 using MapViewOfFile3Fn = decltype(Win32Calls::map_view_of_file3);
 using PrefetchVirtualMemoryFn = decltype(Win32Calls::prefetch_virtual_memory);
 using NtQueryObjectFn = decltype(Win32Calls::nt_query_object);
+using NtQueryInformationFileFn = decltype(Win32Calls::nt_query_information_file);
 
 template <class Fn>
 Fn proc(HMODULE m, const char* name) {
@@ -74,6 +77,7 @@ struct Resolved {
   MapViewOfFile3Fn map_view3 = nullptr;
   PrefetchVirtualMemoryFn prefetch = nullptr;
   NtQueryObjectFn query_object = nullptr;
+  NtQueryInformationFileFn query_information_file = nullptr;
 };
 
 const Resolved& resolved() {
@@ -86,6 +90,8 @@ const Resolved& resolved() {
     HMODULE k32 = ::GetModuleHandleW(L"kernel32.dll");
     out.prefetch = proc<PrefetchVirtualMemoryFn>(k32, "PrefetchVirtualMemory");
     out.query_object = proc<NtQueryObjectFn>(::GetModuleHandleW(L"ntdll.dll"), "NtQueryObject");
+    out.query_information_file =
+        proc<NtQueryInformationFileFn>(::GetModuleHandleW(L"ntdll.dll"), "NtQueryInformationFile");
     return out;
   }();
   return r;
@@ -125,6 +131,11 @@ LONG WINAPI default_nt_query_object(HANDLE h, int info_class, PVOID info, ULONG 
   return resolved().query_object(h, info_class, info, size, returned);
 }
 
+LONG WINAPI default_nt_query_information_file(HANDLE h, void* io_status, PVOID info, ULONG size, int info_class) {
+  if (resolved().query_information_file == nullptr) return kStatusNotImplemented;
+  return resolved().query_information_file(h, io_status, info, size, info_class);
+}
+
 Win32Calls make_default_calls() {
   Win32Calls c{};
 #define WC_WIN32_CALL_DEFAULT(name, function, result, params) c.name = ::function;
@@ -134,6 +145,7 @@ Win32Calls make_default_calls() {
   c.map_view_of_file3 = default_map_view_of_file3;
   c.prefetch_virtual_memory = default_prefetch_virtual_memory;
   c.nt_query_object = default_nt_query_object;
+  c.nt_query_information_file = default_nt_query_information_file;
   return c;
 }
 
@@ -283,6 +295,21 @@ std::string handle_label(const void* h) {
   return buf;
 }
 
+// The names create_anonymous gives ":memory:" files: "<name>-<process id>-<serial>.tmp", where the
+// core passes "weightcache" as the name.
+bool is_anonymous_name(std::wstring_view name) {
+  constexpr std::wstring_view kPrefix = L"weightcache-", kSuffix = L".tmp";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.substr(0, kPrefix.size()) != kPrefix ||
+      name.substr(name.size() - kSuffix.size()) != kSuffix)
+    return false;
+  name = name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());  // "<pid>-<serial>"
+  const auto dash = name.find(L'-');
+  auto digits = [](std::wstring_view d) {
+    return !d.empty() && std::all_of(d.begin(), d.end(), [](wchar_t c) { return c >= L'0' && c <= L'9'; });
+  };
+  return dash != std::wstring_view::npos && digits(name.substr(0, dash)) && digits(name.substr(dash + 1));
+}
+
 // The access rights `h` was granted. Asked of the caller's handle because ReOpenFile checks the
 // file's ACL, not the handle it starts from: a read-only handle (a host's way of keeping a
 // reader from writing) would otherwise come back writable.
@@ -303,6 +330,69 @@ Result<ACCESS_MASK> granted_access(HANDLE h, const std::string& label) {
   if (status == kStatusInvalidHandle)
     return Error{Errc::invalid_argument, EBADF, std::string(text) + "; pass an open handle of the cache file"};
   return Error{Errc::io, EIO, text};
+}
+
+// What a caller's handle refers to must be a regular disk file: asked first, so that a directory,
+// a pipe, a console or an object that is no file at all (an event, a mutex, a section, a thread)
+// is refused as such, not as an access or I/O error of a later step.
+Result<void> check_file_handle(HANDLE h, const std::string& label) {
+  const std::string pass = "; pass the handle of a cache file (a regular file on a local or network disk)";
+  ::SetLastError(NO_ERROR);  // GetFileType's FILE_TYPE_UNKNOWN is a failure only with an error
+  const DWORD type = sys().get_file_type(h);
+  const DWORD err = ::GetLastError();
+  if (type == FILE_TYPE_PIPE) return Error{Errc::invalid_argument, EINVAL, "'" + label + "' is a pipe or a socket" + pass};
+  if (type == FILE_TYPE_CHAR)
+    return Error{Errc::invalid_argument, EINVAL, "'" + label + "' is a character device (a console)" + pass};
+  if (type != FILE_TYPE_DISK) {
+    // Closed, never opened, or a handle of something else than a file.
+    std::string why = "'" + label + "' is not the handle of an open file";
+    if (err != NO_ERROR) why += " (GetFileType: " + win_message(err) + ")";
+    return Error{Errc::invalid_argument, EBADF, why + pass};
+  }
+  BY_HANDLE_FILE_INFORMATION bi{};
+  if (!sys().get_file_information_by_handle(h, &bi)) return win_error(::GetLastError(), "cannot query", label);
+  if ((bi.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY) != 0)
+    return Error{Errc::invalid_argument, EISDIR, "'" + label + "' is a directory" + pass};
+  return {};
+}
+
+// The fallback when ReOpenFile is refused (ERROR_ACCESS_DENIED: the file's ACL refuses this
+// process's token, as a sandbox's may, although its handle grants access): a duplicate of the
+// caller's handle, which shares the caller's file object (docs/DESIGN.md, "The library's own
+// description", says what that changes). Only for a synchronous handle: the backend's reads,
+// writes and locks are synchronous, and a duplicate keeps the object's mode.
+Result<HANDLE> duplicate_caller_handle(HANDLE from, const std::string& label) {
+  constexpr int kFileModeInformation = 16;  // FILE_INFORMATION_CLASS
+  constexpr ULONG kNoIntermediateBuffering = 0x08, kSynchronousAlert = 0x10,
+                  kSynchronousNonAlert = 0x20;  // FILE_MODE_INFORMATION.Mode bits (wdm.h)
+  struct {  // IO_STATUS_BLOCK
+    union {
+      LONG status;
+      PVOID pointer;
+    };
+    ULONG_PTR information;
+  } io{};
+  ULONG mode = 0;
+  const std::string refused = "'" + label + "' cannot be reopened as a file object of the library's own (ReOpenFile: "
+                              "access denied, as for a sandboxed process whose token the file's ACL refuses)";
+  const LONG status = sys().nt_query_information_file(from, &io, &mode, sizeof mode, kFileModeInformation);
+  if (status < 0) {
+    char text[64];
+    std::snprintf(text, sizeof text, "NTSTATUS 0x%08lx", static_cast<unsigned long>(status));
+    return Error{Errc::io, EACCES, refused + ", and its mode cannot be asked (NtQueryInformationFile failed with " + text + ")"};
+  }
+  if ((mode & (kSynchronousAlert | kSynchronousNonAlert)) == 0)
+    return Error{Errc::invalid_argument, EINVAL,
+                 refused + ", and it was opened for overlapped I/O, which a duplicate would keep: pass a synchronous "
+                           "handle (opened without FILE_FLAG_OVERLAPPED)"};
+  if ((mode & kNoIntermediateBuffering) != 0)
+    return Error{Errc::invalid_argument, EINVAL,
+                 refused + ", and it was opened with FILE_FLAG_NO_BUFFERING, which a duplicate would keep (reads "
+                           "and writes must then be sector-aligned): pass a handle opened without it"};
+  HANDLE dup = nullptr;
+  if (!sys().duplicate_handle(::GetCurrentProcess(), from, ::GetCurrentProcess(), &dup, 0, FALSE, DUPLICATE_SAME_ACCESS))
+    return win_error(::GetLastError(), "cannot duplicate", label);
+  return dup;
 }
 
 // ReadFile and WriteFile take at most this many bytes at once.
@@ -554,6 +644,7 @@ class Win32Platform final : public Platform {
     const std::string label = handle_label(os_handle);
     if (from == INVALID_HANDLE_VALUE)
       return Error{Errc::invalid_argument, EBADF, "wc_options.handle is INVALID_HANDLE_VALUE; pass an open file handle"};
+    if (auto r = check_file_handle(from, label); !r) return r.error();
     auto granted = granted_access(from, label);
     if (!granted) return granted.error();
     if ((granted.value() & FILE_READ_DATA) == 0)
@@ -562,28 +653,54 @@ class Win32Platform final : public Platform {
       return Error{Errc::read_only, EACCES,
                    "'" + label + "' was opened without write access: pass a handle opened with GENERIC_WRITE to add "
                    "entries, or set read_only"};
-    // A file object of our own, not a duplicate: byte-range locks belong to the file object, and
-    // a duplicate would share the caller's (two caches of one process on one handle would both
-    // hold the lease). Synchronous whatever the caller's handle is.
+    // A file object of our own where the file's ACL allows, not a duplicate: byte-range locks
+    // belong to the file object, and a duplicate shares the caller's. Synchronous whatever the
+    // caller's handle is.
     HANDLE h = sys().re_open_file(from, GENERIC_READ | (writable ? GENERIC_WRITE : 0),
                                   FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, 0);
     if (h == INVALID_HANDLE_VALUE) {
       const DWORD err = ::GetLastError();
-      return win_error(err, "cannot reopen", label,
-                       err == ERROR_SHARING_VIOLATION
-                           ? "Open the file with FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, so that "
-                             "others may open and map it too."
-                           : nullptr);
+      if (err != ERROR_ACCESS_DENIED)
+        return win_error(err, "cannot reopen", label,
+                         err == ERROR_SHARING_VIOLATION
+                             ? "Open the file with FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, so that "
+                               "others may open and map it too."
+                             : nullptr);
+      // The ACL refuses what the handle grants (a brokered handle in a sandbox): use the handle.
+      auto dup = duplicate_caller_handle(from, label);
+      if (!dup) return dup.error();
+      h = dup.value();
+      log::debug("'{}': ReOpenFile was refused (access denied); using a duplicate of the handle, which shares the "
+                 "caller's file object",
+                 label);
+    } else {
+      log::debug("'{}': reopened as a file object of the library's own (ReOpenFile)", label);
     }
+    File file(*this, reinterpret_cast<Handle>(h), label);  // closed on the ways out below
     FileInfo info;
-    const bool queried = info_of(h, &info);
-    const DWORD err = queried ? NO_ERROR : ::GetLastError();
-    if (!queried || !info.regular) {
-      sys().close_handle(h);
-      if (!queried) return win_error(err, "cannot query", label);
+    if (!info_of(h, &info)) return win_error(::GetLastError(), "cannot query", label);
+    if (!info.regular)
       return Error{Errc::invalid_argument, 0, "'" + label + "' is not a regular file; pass a cache file's handle"};
-    }
-    return File(*this, reinterpret_cast<Handle>(h), label);
+    return file;
+  }
+
+  bool vanishes_with_holders(const File& f) noexcept override {
+    HANDLE h = as_handle(f);
+    FILE_STANDARD_INFO standard{};
+    if (sys().get_file_information_by_handle_ex(h, FileStandardInfo, &standard, sizeof standard) &&
+        standard.DeletePending)
+      return true;  // deleted once its last handle closes, whoever made it
+    // A ":memory:" file of this library, by its name (create_anonymous below): the temporary
+    // attribute and delete-on-close belong to the creator's file object or are not kept
+    // everywhere (Wine keeps neither), the name is the file's own.
+    union {
+      FILE_NAME_INFO info;
+      unsigned char bytes[sizeof(FILE_NAME_INFO) + 2 * MAX_PATH * sizeof(wchar_t)];
+    } buf{};
+    if (!sys().get_file_information_by_handle_ex(h, FileNameInfo, &buf.info, sizeof buf)) return false;
+    std::wstring_view name(buf.info.FileName, buf.info.FileNameLength / sizeof(wchar_t));
+    if (const auto slash = name.find_last_of(L"\\/"); slash != std::wstring_view::npos) name.remove_prefix(slash + 1);
+    return is_anonymous_name(name);
   }
 
   Result<File> create_anonymous(const char* name) override {

@@ -75,8 +75,8 @@ struct Win32MemoryRange {
   X(get_current_process_id, GetCurrentProcessId, DWORD, ())
 
 // Looked up at run time: where the OS lacks one, its default fails with
-// ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it; NtQueryObject with
-// STATUS_NOT_IMPLEMENTED).
+// ERROR_CALL_NOT_IMPLEMENTED (and the placeholder probe with it; NtQueryObject and
+// NtQueryInformationFile with STATUS_NOT_IMPLEMENTED).
 #define WC_WIN32_LOOKED_UP_CALLS(X)                                                                                  \
   /* Windows 10 1803+ (kernelbase.dll) */                                                                           \
   X(virtual_alloc2, VirtualAlloc2, PVOID,                                                                            \
@@ -88,7 +88,11 @@ struct Win32MemoryRange {
   X(prefetch_virtual_memory, PrefetchVirtualMemory, BOOL,                                                            \
     (HANDLE process, ULONG_PTR count, Win32MemoryRange* ranges, ULONG flags))                                       \
   /* ntdll.dll: the access a caller's handle was granted (ObjectBasicInformation); an NTSTATUS */                   \
-  X(nt_query_object, NtQueryObject, LONG, (HANDLE h, int info_class, PVOID info, ULONG size, PULONG returned))
+  X(nt_query_object, NtQueryObject, LONG, (HANDLE h, int info_class, PVOID info, ULONG size, PULONG returned))       \
+  /* ntdll.dll: a caller's handle's mode (FileModeInformation: synchronous or overlapped); an NTSTATUS. */           \
+  /* io_status is an IO_STATUS_BLOCK (winternl.h) */                                                                \
+  X(nt_query_information_file, NtQueryInformationFile, LONG,                                                         \
+    (HANDLE h, void* io_status, PVOID info, ULONG size, int info_class))
 
 // Win32Calls (the table), Win32Call (an enumerator per entry: Win32Call::create_file_w),
 // kWin32CallCount, call_name(Win32Call) (the Win32 function: "CreateFileW", ...) and

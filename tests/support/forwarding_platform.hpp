@@ -70,6 +70,7 @@ class ForwardingPlatform : public platform::Platform {
   std::uint64_t address_space_limit() const noexcept override { return os_.address_space_limit(); }
   Result<File> reopen_os_handle(void* h, bool w) override { return ours(os_.reopen_os_handle(h, w)); }
   void* native_os_handle(const File& f) const noexcept override { return os_.native_os_handle(f); }
+  bool vanishes_with_holders(const File& f) noexcept override { return os_.vanishes_with_holders(f); }
   bool boot_id(std::uint8_t (&out)[16]) noexcept override { return os_.boot_id(out); }
   std::int64_t change_clock_ns() noexcept override { return os_.change_clock_ns(); }
   bool tracks_changes(const File& f) noexcept override { return os_.tracks_changes(f); }

@@ -141,7 +141,8 @@ class Win32Hooks {
   static R failure() {
     if constexpr (C == WinCall::create_file_w || C == WinCall::re_open_file || C == WinCall::find_first_file_w)
       return INVALID_HANDLE_VALUE;
-    else if constexpr (C == WinCall::nt_query_object) return static_cast<LONG>(0xC0000001);  // STATUS_UNSUCCESSFUL
+    else if constexpr (C == WinCall::nt_query_object || C == WinCall::nt_query_information_file)
+      return static_cast<LONG>(0xC0000001);  // STATUS_UNSUCCESSFUL
     else if constexpr (C == WinCall::get_file_attributes_w) return INVALID_FILE_ATTRIBUTES;
     else return R{};  // FALSE, a null pointer, 0 (GetFileType's FILE_TYPE_UNKNOWN, GetFullPathNameW's)
   }
