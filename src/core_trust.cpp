@@ -62,7 +62,7 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
     t->writable = true;
   } else if (!lock_path_.empty()) {
     // A read-only opener reads the record but never writes it (read_only changes nothing).
-    auto f = pf_.open_file(lock_path_, platform::OpenMode::read, 0, opts_.allow_symlink);
+    auto f = pf_.open_file(lock_path_, platform::OpenMode::read, 0, /*follow=*/false);
     if (!f) return;
     t->own_record = std::move(f).value();
     t->record = &t->own_record;
@@ -75,6 +75,15 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
                opts_.path);
     return;
   }
+  // The lock file must be the cache's own: one name, the one beside the cache, not a symlink. A
+  // record is written into it, and a hard or symbolic link planted at "<path>.lock" would have
+  // the library overwrite somebody else's file.
+  auto named = pf_.stat_path(lock_path_, /*follow=*/false);
+  if (lock_info->links != 1 || !named || named->symlink || named->device != lock_info->device ||
+      named->inode != lock_info->inode) {
+    log::debug("'{}': its lock file has other names or is a link; verifying per process", opts_.path);
+    return;
+  }
 
   t->entries.assign(st.records.size(), nullptr);
   for (std::size_t i = 0; i < st.records.size(); ++i) {
@@ -85,6 +94,24 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   }
 
   auto rec = read_record(pf_, *t->record, st.records.size());
+  // Never written over: a lock file holding something that is not a record (a file of another
+  // program that happens to have this name). A damaged record of ours still reads as one.
+  if (t->writable && !rec && lock_info->size != 0) {
+    std::byte head[kRecordFixedBytes];
+    if (lock_info->size < sizeof head || !pf_.read_at(*t->record, head, sizeof head, 0) ||
+        !record_size_if_header(head, lock_info->size)) {
+      log::debug("'{}': its lock file holds something else than a verification record; not writing one", opts_.path);
+      t->writable = false;
+    }
+  }
+  // A store through a shared mapping to a page that is already dirty moves no change time; only
+  // the fault a clean page takes does. So before this process hashes anything it may record,
+  // every page of the committed bytes is written back (clean in every process's mapping): any
+  // store after this faults and moves the change time past the stamp's.
+  if (t->writable && t->publishable && !pf_.write_back(fd_, 0, s.committed_size)) {
+    log::debug("'{}': cannot write back its pages; its verification is not recorded", opts_.path);
+    t->publishable = false;
+  }
   // A read-only opener is done with the lock file: it never writes the record.
   if (!t->writable) {
     t->own_record = platform::File();

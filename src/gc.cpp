@@ -25,16 +25,17 @@ using platform::FileInfo;
 
 bool same_file(const FileInfo& a, const FileInfo& b) noexcept { return a.device == b.device && a.inode == b.inode; }
 
-// Empty, or starting with a verification record's magic: what the library leaves in a lock file.
+// Empty, or starting with a verification record (its magic, version and an entry count the
+// file's size holds): what the library leaves in a lock file.
 bool holds_nothing_but_a_record(platform::Platform& pf, const std::string& lock_path, const FileInfo& seen) {
   if (seen.size == 0) return true;
   if (seen.size < kRecordFixedBytes + 8) return false;
   auto f = pf.open_file(lock_path, platform::OpenMode::read, 0, false);
   if (!f) return false;
-  std::byte magic[4];
+  std::byte head[kRecordFixedBytes];
   auto info = pf.stat_file(f.value());
-  if (!info || !same_file(info.value(), seen) || !pf.read_at(f.value(), magic, sizeof magic, 0)) return false;
-  return format::get_u32(magic) == kRecordMagic;
+  if (!info || !same_file(info.value(), seen) || !pf.read_at(f.value(), head, sizeof head, 0)) return false;
+  return record_size_if_header(head, info->size).has_value();
 }
 
 bool refused(const Error& e) noexcept {

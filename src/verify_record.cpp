@@ -78,6 +78,15 @@ std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::
   return decode_record(all.data(), all.size(), max_entries);
 }
 
+std::optional<std::uint64_t> record_size_if_header(const std::byte* head, std::uint64_t file_size) noexcept {
+  if (format::get_u32(head) != kRecordMagic || format::get_u32(head + 4) != kRecordVersion) return std::nullopt;
+  const std::uint64_t entries = format::get_u64(head + 88);
+  if (file_size < kRecordFixedBytes + 8 || entries > (file_size - kRecordFixedBytes - 8) * 8) return std::nullopt;
+  const std::uint64_t size = record_bytes(entries);
+  if (size > file_size) return std::nullopt;
+  return size;
+}
+
 bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns) noexcept {
   constexpr std::int64_t kSecond = 1000000000;
   if (ctime_ns <= 0 || clock_ns <= 0) return false;

@@ -54,6 +54,11 @@ std::vector<std::byte> encode_record(const VerifyRecord& r);
 /// checksum fails, or it names more than `max_entries` entries.
 std::optional<VerifyRecord> decode_record(const std::byte* bytes, std::size_t size, std::uint64_t max_entries);
 
+/// The size of the record whose first kRecordFixedBytes bytes are `head`, if they are a record's
+/// (its magic, its version, an entry count whose bits fit `file_size`); nullopt otherwise. What
+/// gc asks of a lock file before it takes it for the cache's own.
+std::optional<std::uint64_t> record_size_if_header(const std::byte* head, std::uint64_t file_size) noexcept;
+
 /// Reads the record of the lock file open at `h`; nullopt when there is none that decodes (an
 /// empty lock file, a torn or foreign record, a read error). Allocates at most for
 /// `max_entries` bits.

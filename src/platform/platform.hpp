@@ -27,6 +27,7 @@ struct FileInfo {
   std::int64_t ctime_ns = 0;  // last change of data or metadata (POSIX st_ctim; 0 where unknown)
   std::uint32_t owner = 0;    // owning user (POSIX st_uid; 0 on Windows)
   std::uint32_t group = 0;    // owning group (POSIX st_gid; 0 on Windows)
+  std::uint64_t links = 0;    // names the file has (POSIX st_nlink; 0 where not asked)
   std::uint64_t allocated = 0;  // disk space the file takes (POSIX st_blocks; Windows: its size)
 };
 
@@ -173,6 +174,11 @@ class Platform {
   /// a fallocate) moves its change time, as this process sees it at once: a local file system
   /// (not NFS, SMB, FUSE, 9p, Ceph, ...) that keeps change times. False when it cannot tell.
   virtual bool tracks_changes(const File& /*f*/) noexcept { return false; }
+  /// Writes back the dirty pages of [offset, offset + size) of the file and waits for them, so
+  /// that every page of it is clean: a later store through any process's shared mapping of it
+  /// then faults, and the fault moves the file's change time (a store to a page that stays
+  /// dirty would not). No flush to the device. False where it cannot (nothing is then trusted).
+  virtual bool write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept { return false; }
 };
 
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.

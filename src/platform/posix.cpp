@@ -63,6 +63,7 @@ FileInfo info_of(const struct stat& st) {
   i.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   i.owner = static_cast<std::uint32_t>(st.st_uid);
   i.group = static_cast<std::uint32_t>(st.st_gid);
+  i.links = static_cast<std::uint64_t>(st.st_nlink);
   i.allocated = static_cast<std::uint64_t>(st.st_blocks) * 512;  // st_blocks counts 512-byte units
   return i;
 }
@@ -584,6 +585,24 @@ class PosixPlatform final : public Platform {
     return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 #else
     return 0;
+#endif
+  }
+
+  bool write_back(const File& f, std::uint64_t offset, std::uint64_t size) noexcept override {
+#if defined(__linux__)
+    if (size == 0) return true;
+    const unsigned flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+    for (;;) {
+      if (sys().sync_file_range(static_cast<int>(f.handle()), static_cast<off_t>(offset), static_cast<off_t>(size),
+                                flags) == 0)
+        return true;
+      if (errno != EINTR) return false;
+    }
+#else
+    (void)f;
+    (void)offset;
+    (void)size;
+    return false;
 #endif
   }
 

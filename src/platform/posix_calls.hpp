@@ -41,6 +41,18 @@ inline int memfd_create(const char* name, unsigned flags) {
   return -1;
 #endif
 }
+inline int sync_file_range(int fd, off_t off, off_t n, unsigned flags) {
+#if defined(__linux__)
+  return ::sync_file_range(fd, off, n, flags);
+#else
+  (void)fd;
+  (void)off;
+  (void)n;
+  (void)flags;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
 inline int getrlimit(int resource, struct rlimit* rl) {
   return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
 }
@@ -92,7 +104,9 @@ inline int getrlimit(int resource, struct rlimit* rl) {
   X(closedir, ::closedir, int, (DIR* dir))                                                              \
   /* the file system a file is on (is it local?) and the clock its change times come from */          \
   X(fstatfs, ::fstatfs, int, (int fd, struct statfs* st))                                               \
-  X(clock_gettime, ::clock_gettime, int, (clockid_t clock, struct timespec* ts))
+  X(clock_gettime, ::clock_gettime, int, (clockid_t clock, struct timespec* ts))                       \
+  /* Linux; ENOSYS elsewhere: clean pages before a verification is recorded */                         \
+  X(sync_file_range, posix_default::sync_file_range, int, (int fd, off_t off, off_t n, unsigned flags))
 
 namespace weightcache::platform {
 

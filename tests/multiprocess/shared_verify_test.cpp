@@ -16,6 +16,7 @@
 #include <thread>
 
 #if defined(__linux__)
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
@@ -425,6 +426,62 @@ TEST(SharedVerifyTmpfs, VerificationStaysPerProcessOnTmpfs) {
   EXPECT_EQ(std::filesystem::file_size(path + ".lock"), 0u);
 }
 
+// ---- a page kept dirty through a shared mapping ----
+
+// A store to a page that is already dirty takes no fault, so it moves no change time. Another
+// program keeps such a mapping of the cache: it dirties a page of entry 7 (which moves the time
+// once), waits, and once a process verified the file, changes the byte through the same page.
+TEST_F(SharedVerify, AStoreThroughAPageKeptDirtyInAForeignMappingIsNeverTrusted) {
+  const std::string key = own_key("v", 7);
+  const std::uint64_t at = offset_of_key(path, key) + 500;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const auto size = static_cast<std::size_t>(std::filesystem::file_size(path));
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* byte = static_cast<volatile unsigned char*>(m) + at;
+  *byte = *byte;  // the same value: the page is dirty now, the bytes unchanged
+  let_change_time_settle(path);
+  auto first = verify_in_child(dir, path);  // verifies this state (and records it)
+  EXPECT_EQ(first["verify_failures"], 0u);
+  *byte = static_cast<unsigned char>(*byte ^ 0x5a);  // through the same page
+  auto next = verify_in_child(dir, path, {.missing = "7"});
+  EXPECT_EQ(next["verify_failures"], 1u) << "a byte changed through a dirty page was served on an earlier verification";
+  ::munmap(m, size);
+}
+
+// ---- the lock file is written only when it is the cache's own ----
+
+TEST_F(SharedVerify, ALockFileWithOtherContentIsNeverWrittenOver) {
+  const std::string lock = path + ".lock";
+  const std::string foreign = "12345\nsomebody else's pid file\n";
+  std::filesystem::resize_file(lock, 0);
+  write_bytes_at(lock, 0, foreign);
+  auto r = verify_in_child(dir, path);
+  EXPECT_EQ(r["hits"], kCount);
+  EXPECT_EQ(r["trusted_entries"], 0u);
+  EXPECT_EQ(read_file(lock), foreign) << "the record was written over a file that is not a record";
+}
+
+TEST_F(SharedVerify, ALockFileHardLinkedToAnotherFileIsNeverWritten) {
+  const std::string lock = path + ".lock";
+  const std::string other = dir.file("someone-elses-file");
+  {
+    std::FILE* f = std::fopen(other.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);  // empty, as a fresh lock file is
+  }
+  std::filesystem::remove(lock);
+  std::filesystem::create_hard_link(other, lock);
+  for (int i = 0; i < 2; ++i) {
+    auto r = verify_in_child(dir, path);
+    EXPECT_EQ(r["hits"], kCount);
+    EXPECT_EQ(r["trusted_entries"], 0u);
+  }
+  EXPECT_EQ(std::filesystem::file_size(other), 0u) << "a record was written into a file linked at the lock file's name";
+}
+
 // ---- gc collects a cache whose lock file holds a record ----
 
 TEST_F(SharedVerify, GcRemovesACacheWhoseLockFileHoldsARecord) {
@@ -434,6 +491,17 @@ TEST_F(SharedVerify, GcRemovesACacheWhoseLockFileHoldsARecord) {
   EXPECT_EQ(report->removed_files, 1u);
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".lock")) << "the lock file with the record stays behind";
+}
+
+TEST_F(SharedVerify, GcTakesALockFileForARecordOnlyIfItsHeaderIsOne) {
+  // The magic alone is not enough: the version and an entry count the file holds must match too.
+  const std::string lock = path + ".lock";
+  std::filesystem::resize_file(lock, 0);
+  write_bytes_at(lock, 0, "WCVR" + std::string(300, '\xff'));
+  auto report = gc(dir.path().string(), 0);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  EXPECT_TRUE(std::filesystem::exists(lock)) << "removed a file that only starts like a record";
+  EXPECT_EQ(report->removed_files, 0u);
 }
 
 TEST_F(SharedVerify, GcLeavesALockFileWithForeignBytesAlone) {
