@@ -70,7 +70,8 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
     return;
   }
   auto lock_info = pf_.stat_file(*t->record);
-  if (!lock_info || !lock_info->regular || !record_as_trusted_as_file(lock_info.value(), info.value())) {
+  if (!lock_info || !lock_info->regular || !record_as_trusted_as_file(lock_info.value(), info.value()) ||
+      pf_.has_access_list(*t->record)) {
     log::debug("'{}': its lock file may be written by others than the cache file's writers; verifying per process",
                opts_.path);
     return;

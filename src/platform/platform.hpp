@@ -179,6 +179,9 @@ class Platform {
   /// then faults, and the fault moves the file's change time (a store to a page that stays
   /// dirty would not). No flush to the device. False where it cannot (nothing is then trusted).
   virtual bool write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept { return false; }
+  /// Whether the file's access may go beyond its owner, group and mode bits (a POSIX access
+  /// control list); true when it cannot tell.
+  virtual bool has_access_list(const File& /*f*/) noexcept { return true; }
 };
 
 /// The real OS implementation (POSIX or Win32, chosen at build time). Lives forever.

@@ -606,6 +606,12 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  bool has_access_list(const File& f) noexcept override {
+    const ssize_t n = sys().fgetxattr(static_cast<int>(f.handle()), "system.posix_acl_access", nullptr, 0);
+    if (n >= 0) return true;
+    return errno != ENODATA && errno != ENOTSUP;  // absent, or a file system without ACLs
+  }
+
   bool tracks_changes(const File& f) noexcept override {
     struct statfs fs {};
     if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return false;

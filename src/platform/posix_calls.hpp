@@ -17,6 +17,9 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#if defined(__linux__)
+#include <sys/xattr.h>
+#endif
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +53,18 @@ inline int sync_file_range(int fd, off_t off, off_t n, unsigned flags) {
   (void)n;
   (void)flags;
   errno = ENOSYS;
+  return -1;
+#endif
+}
+inline ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
+#if defined(__linux__)
+  return ::fgetxattr(fd, name, value, size);
+#else
+  (void)fd;
+  (void)name;
+  (void)value;
+  (void)size;
+  errno = ENOTSUP;
   return -1;
 #endif
 }
@@ -106,7 +121,9 @@ inline int getrlimit(int resource, struct rlimit* rl) {
   X(fstatfs, ::fstatfs, int, (int fd, struct statfs* st))                                               \
   X(clock_gettime, ::clock_gettime, int, (clockid_t clock, struct timespec* ts))                       \
   /* Linux; ENOSYS elsewhere: clean pages before a verification is recorded */                         \
-  X(sync_file_range, posix_default::sync_file_range, int, (int fd, off_t off, off_t n, unsigned flags))
+  X(sync_file_range, posix_default::sync_file_range, int, (int fd, off_t off, off_t n, unsigned flags)) \
+  /* Linux; ENOTSUP elsewhere: does a lock file carry an access control list? */                        \
+  X(fgetxattr, posix_default::fgetxattr, ssize_t, (int fd, const char* name, void* value, size_t size))
 
 namespace weightcache::platform {
 

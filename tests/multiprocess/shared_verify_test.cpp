@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 #endif
@@ -252,6 +253,39 @@ TEST_F(SharedVerify, ALockFileAnotherGroupMayWriteIsNotTrusted) {
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   if (::chown(lock.c_str(), static_cast<uid_t>(-1), st.st_gid + 1) != 0) GTEST_SKIP() << "cannot change the lock file's group";
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "another group may write the record";
+}
+
+// A POSIX access ACL in its extended-attribute form: version 2, then (tag, perm, id) entries
+// sorted by tag: the owner rw, user `uid` rw, the group r, the mask rw, others r.
+std::string access_acl_granting_write_to(std::uint32_t uid) {
+  std::string out;
+  auto u32 = [&](std::uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
+  auto entry = [&](std::uint16_t tag, std::uint16_t perm, std::uint32_t id) {
+    out.append(reinterpret_cast<const char*>(&tag), 2);
+    out.append(reinterpret_cast<const char*>(&perm), 2);
+    u32(id);
+  };
+  u32(2);
+  entry(0x01, 6, 0xffffffffu);  // ACL_USER_OBJ
+  entry(0x02, 6, uid);          // ACL_USER
+  entry(0x04, 6, 0xffffffffu);  // ACL_GROUP_OBJ
+  entry(0x10, 6, 0xffffffffu);  // ACL_MASK
+  entry(0x20, 4, 0xffffffffu);  // ACL_OTHER
+  return out;
+}
+
+TEST_F(SharedVerify, ALockFileWithAnAccessListIsNotTrusted) {
+  const std::string lock = path + ".lock";
+  ASSERT_EQ(::chmod(path.c_str(), 0664), 0);
+  ASSERT_EQ(::chmod(lock.c_str(), 0664), 0);
+  let_change_time_settle(path);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount) << "the same modes without a list: trusted";
+  // Another user may now write the lock file, not the cache file: the mode bits do not say so.
+  const std::string acl = access_acl_granting_write_to(65534);
+  if (::setxattr(lock.c_str(), "system.posix_acl_access", acl.data(), acl.size(), 0) != 0)
+    GTEST_SKIP() << "this file system takes no access lists";
+  EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u) << "a record another user may write was trusted";
 }
 
 TEST_F(SharedVerify, AWriterThatAddsEntriesLeavesNoRecordOfTheOldState) {

@@ -75,6 +75,7 @@ class ForwardingPlatform : public platform::Platform {
   std::int64_t change_clock_ns() noexcept override { return os_.change_clock_ns(); }
   bool tracks_changes(const File& f) noexcept override { return os_.tracks_changes(f); }
   bool write_back(const File& f, std::uint64_t o, std::uint64_t n) noexcept override { return os_.write_back(f, o, n); }
+  bool has_access_list(const File& f) noexcept override { return os_.has_access_list(f); }
 
  protected:
   /// A file the backend opened, handed over to this platform.
