@@ -47,6 +47,7 @@ struct Candidate {
   std::string name, path;
   FileInfo data;
   bool has_lock = false;  // a regular "<path>.lock" beside it
+  bool foreign_lock = false;  // "<path>.lock" is there but holds another program's data
   FileInfo lock;
   std::uint64_t bytes = 0;
   std::int64_t last_used = 0;
@@ -84,8 +85,11 @@ Result<bool> scan(platform::Platform& pf, const std::string& path, Candidate* ou
   // A lock file holds nothing or a verification record (verify_record.hpp): "<name>.lock" with
   // anything else in it is somebody's file (maybe a cache of its own, scanned on its own), never
   // this cache's to remove with it.
-  if (auto lk = pf.stat_path(path + ".lock", false);
-      lk && lk->regular && !lk->symlink && holds_nothing_but_a_record(pf, path + ".lock", lk.value())) {
+  if (auto lk = pf.stat_path(path + ".lock", false); lk && lk->regular && !lk->symlink) {
+    if (!holds_nothing_but_a_record(pf, path + ".lock", lk.value())) {
+      out->foreign_lock = true;
+      return true;
+    }
     out->has_lock = true;
     out->lock = lk.value();
     out->bytes += lk->allocated;
@@ -127,7 +131,12 @@ Attempt try_remove(platform::Platform& pf, const Candidate& c, GcReport* report)
   std::string lock_note;
   if (!opened_lock && c.has_lock) lock_note = "its lock file was removed meanwhile";
   // A lock file that appeared since the scan is an opener's: it is about to use the file.
-  if (lk.is_open() && !c.has_lock) return keep(GcReason::changed, "being opened by another process");
+  if (lk.is_open() && !c.has_lock) {
+    if (c.foreign_lock)
+      return keep(GcReason::failed, "'" + lock_path + "' holds another program's data, not a weightcache lock file; "
+                                    "remove or rename it if it is not needed");
+    return keep(GcReason::changed, "being opened by another process");
+  }
   if (lk.is_open()) {
     auto lease = pf.try_lock(lk);
     if (!lease) return keep(GcReason::failed, "cannot lock its lock file: " + lease.error().message);

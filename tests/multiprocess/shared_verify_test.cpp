@@ -547,6 +547,9 @@ TEST_F(SharedVerify, GcLeavesALockFileWithForeignBytesAlone) {
   ASSERT_TRUE(std::filesystem::exists(path + ".lock")) << "removed a file that is not a weightcache lock file";
   EXPECT_EQ(read_file(path + ".lock").substr(0, foreign.size()), foreign);
   EXPECT_EQ(report->removed_files, 0u);
+  ASSERT_EQ(report->files.size(), 1u);
+  EXPECT_NE(report->files[0].detail.find("another program's data"), std::string::npos)
+      << "kept, but for the wrong reason: " << report->files[0].detail;
 }
 
 TEST(SharedVerifyAhead, TheVerifyAheadThreadRecordsWhileItsProcessStillRuns) {
