@@ -28,6 +28,13 @@
 
 namespace weightcache::platform::posix_default {
 
+// A call this system does not have: fails with `err`, as the missing call would.
+template <class R = int, class... Args>
+inline R unavailable(int err, const Args&... /*args*/) {
+  errno = err;
+  return R(-1);
+}
+
 inline int open(const char* path, int flags, mode_t mode) { return ::open(path, flags, mode); }
 inline int ioctl(int fd, unsigned long request, void* arg) { return ::ioctl(fd, request, arg); }
 inline int stat(const char* path, struct stat* st) { return ::stat(path, st); }
@@ -38,34 +45,21 @@ inline int memfd_create(const char* name, unsigned flags) {
 #if defined(__linux__)
   return ::memfd_create(name, flags);
 #else
-  (void)name;
-  (void)flags;
-  errno = ENOSYS;
-  return -1;
+  return unavailable(ENOSYS, name, flags);
 #endif
 }
 inline int sync_file_range(int fd, off_t off, off_t n, unsigned flags) {
 #if defined(__linux__)
   return ::sync_file_range(fd, off, n, flags);
 #else
-  (void)fd;
-  (void)off;
-  (void)n;
-  (void)flags;
-  errno = ENOSYS;
-  return -1;
+  return unavailable(ENOSYS, fd, off, n, flags);
 #endif
 }
 inline ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
 #if defined(__linux__)
   return ::fgetxattr(fd, name, value, size);
 #else
-  (void)fd;
-  (void)name;
-  (void)value;
-  (void)size;
-  errno = ENOTSUP;
-  return -1;
+  return unavailable<ssize_t>(ENOTSUP, fd, name, value, size);
 #endif
 }
 inline int getrlimit(int resource, struct rlimit* rl) {
