@@ -645,6 +645,54 @@ TEST_P(AllocationFailure, EveryAllocationPointFailedOnceNeitherAbortsNorServesWr
 
 INSTANTIATE_TEST_SUITE_P(Shards, AllocationFailure, ::testing::Range(0, kShards));
 
+// An unnamed kernel's insert that runs out of memory part-way leaves no half-recorded entry:
+// after the address is unbound, a look-up for new weights there misses instead of finding the
+// old bytes. And a private heap that could not be created is tried again at the next call.
+TEST(AllocationFailureAdapter, AnUnnamedInsertThatFailsLeavesNothingBehindAtItsAddress) {
+  warm_up();
+  static unsigned char kernel[16];
+  for (int in_insert = 0; in_insert <= 1; ++in_insert)  // fail in reserve_space, then in the insert
+  for (long n = 1; n <= 200; ++n) {
+    wc_options o;
+    wc_options_init(&o);
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK);
+    wc_xnn_adapter* a = nullptr;
+    ASSERT_EQ(wc_xnn_adapter_create(c, &a), WC_OK);
+    auto* p = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(a));
+    wc_xnn_weights_cache_look_up_key key{1, kernel, nullptr, 2};
+    ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+    // The first reservation creates the private heap: fail inside that too (then retried).
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = in_insert ? 0 : n;
+    void* mem = p->reserve_space(p->context, 64);
+    g_fail_at = 0;
+    const bool failed_in_reserve = g_failed.load();
+    if (mem == nullptr) {
+      ASSERT_TRUE(failed_in_reserve);
+      ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+      mem = p->reserve_space(p->context, 64);
+      ASSERT_NE(mem, nullptr) << "allocation " << n << ": a failure to create the private heap is permanent";
+    }
+    std::memset(mem, 1, 64);
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = in_insert ? n : 0;
+    const std::size_t off = p->look_up_or_insert(p->context, &key, mem, 64);
+    g_fail_at = 0;
+    const bool reached = failed_in_reserve || (in_insert && g_failed.load());
+    // New weights at that address: unbind it (xnnpack.h), then look up.
+    ASSERT_EQ(wc_xnn_adapter_name_buffer(a, kernel, nullptr), WC_OK);
+    EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX)
+        << "allocation " << n << ": old packed bytes served for new weights at an unbound address (insert "
+        << (off == SIZE_MAX ? "failed" : "succeeded") << ")";
+    wc_xnn_adapter_destroy(a);
+    wc_close(c);
+    if (!reached) break;
+  }
+}
+
 #if defined(__GLIBC__)
 // A thread's first failing calls, and reading its last error, register no thread_local
 // destructor: glibc allocates for each registration and aborts the host when that fails.
