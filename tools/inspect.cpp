@@ -181,7 +181,7 @@ std::uint64_t Inspection::payload_bytes() const noexcept {
   return n;
 }
 
-std::uint64_t Inspection::dead_bytes() const noexcept {
+std::uint64_t Inspection::dead_bytes() const {  // allocates: may throw std::bad_alloc
   // Union of what is in use, so that overlapping entries of a damaged file are not counted twice.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> used;
   if (format == FileFormat::weightcache) {

@@ -74,7 +74,7 @@ struct Inspection {
   std::uint64_t payload_bytes() const noexcept;
   /// File bytes used by nothing live: not the header, not a live entry, not the index + footer
   /// in use. Replaced entries, old trailers, alignment padding and any uncommitted tail.
-  std::uint64_t dead_bytes() const noexcept;
+  std::uint64_t dead_bytes() const;
   /// Largest power of two (up to 2^24) dividing every entry offset; 0 without entries.
   std::uint64_t offset_alignment() const noexcept;
 };
