@@ -16,8 +16,9 @@
 namespace weightcache {
 
 /// Call only inside a catch block: records the exception in flight as this thread's last error
-/// ("<call>: out of memory" and the like), logs it, and returns its code. Never throws.
-Errc absorb_exception(const char* call) noexcept;
+/// ("<call>: out of memory", followed by " ('<path>')" when the call is about a file), logs it,
+/// and returns its code. Never throws, and allocates nothing for the message.
+Errc absorb_exception(const char* call, const char* path = nullptr) noexcept;
 
 /// Records a caller error ("wc_open: options must not be NULL") as this thread's last error and
 /// returns WC_ERR_INVALID_ARGUMENT; for the checks a call makes before its own guard. Never

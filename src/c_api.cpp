@@ -37,6 +37,11 @@ bool has_field(const wc_options* o, const T wc_options::*field) {
   return o->struct_size >= offset + sizeof(T);
 }
 
+// The file a call about `o` is about, for its error message; NULL when there is none.
+const char* path_of(const wc_options* o) noexcept {
+  return o != nullptr && o->path != nullptr && o->path[0] != '\0' ? o->path : nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -131,7 +136,7 @@ wc_status wc_open(const wc_options* o, wc_cache** out) {
     *out = new wc_cache{std::move(core.value())};
     return WC_OK;
   } catch (...) {
-    return static_cast<wc_status>(absorb_exception("wc_open"));
+    return static_cast<wc_status>(absorb_exception("wc_open", path_of(o)));
   }
 }
 
@@ -169,7 +174,7 @@ wc_status wc_compact_ex(const wc_options* o, unsigned flags, wc_compact_report* 
     }
     return WC_OK;
   } catch (...) {
-    return static_cast<wc_status>(absorb_exception("wc_compact"));
+    return static_cast<wc_status>(absorb_exception("wc_compact", path_of(o)));
   }
 }
 
@@ -260,7 +265,7 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
 
 const char* wc_status_string(wc_status s) { return errc_text(static_cast<Errc>(s)); }
 
-const char* wc_last_error(void) { return last_error().message.c_str(); }
+const char* wc_last_error(void) { return last_error_message(); }
 
 void wc_set_log_level(wc_log_level level) {
   const int v = raw_enum(level);

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <new>
 #include <random>
+#include <type_traits>
 
 namespace weightcache {
 
@@ -17,8 +19,46 @@ using namespace core_detail;
 
 namespace {
 
+// This thread's last error. Plain data on purpose: a thread_local with a destructor makes the C++
+// runtime register that destructor at the thread's first use, and glibc allocates for that
+// registration and aborts the process when it cannot ("failed to register TLS destructor"), so
+// a thread's first failure under memory pressure would kill the host. Zero-initialised, it needs
+// no constructor either; the message is truncated (visibly) to the buffer.
+struct LastError {
+  Errc code;
+  int sys_errno;
+  char message[kLastErrorCapacity];  // NUL-terminated UTF-8
+};
+static_assert(std::is_trivially_destructible_v<LastError>, "a TLS destructor would allocate at first use");
+thread_local LastError t_last_error{};
 
-thread_local Error t_last_error;
+constexpr char kTruncated[] = "... [truncated]";
+
+// Appends text to `out` (NUL-terminated, `used` bytes so far) within kLastErrorCapacity; false
+// when it did not fit (then `out` ends in kTruncated).
+bool append_message(char* out, std::size_t& used, const char* text, std::size_t size) noexcept {
+  constexpr std::size_t cap = kLastErrorCapacity - 1;  // room for the NUL
+  if (used + size <= cap) {
+    std::memcpy(out + used, text, size);
+    used += size;
+    out[used] = '\0';
+    return true;
+  }
+  constexpr std::size_t mark = sizeof kTruncated - 1;
+  std::size_t keep = used + size < cap - mark ? size : (cap - mark > used ? cap - mark - used : 0);
+  // Cut at a UTF-8 character boundary: never leave half a character before the mark.
+  while (keep > 0 && keep < size && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;
+  if (used > cap - mark) {
+    used = cap - mark;
+    while (used > 0 && (static_cast<unsigned char>(out[used]) & 0xC0) == 0x80) --used;
+  }
+  std::memcpy(out + used, text, keep);
+  used += keep;
+  std::memcpy(out + used, kTruncated, mark);
+  used += mark;
+  out[used] = '\0';
+  return false;
+}
 
 // Seeds the index's key hash: a hostile file cannot pick keys that collide in this process's
 // tables without knowing it.
@@ -137,28 +177,45 @@ const char* errc_text(Errc code) noexcept {
 
 
 void set_last_error(const Error& e) noexcept {
-  try {
-    if (e.message.empty()) throw std::bad_alloc();  // say at least what kind of failure
-    t_last_error = e;
-  } catch (...) {
-    // No memory for the message: the code, and a message that fits without any.
-    t_last_error.code = e.code;
-    t_last_error.sys_errno = e.sys_errno;
+  if (e.message.empty()) {  // no message (building it ran out of memory): say the kind of failure
     const ErrcNames* n = names_of(e.code);
-    t_last_error.message.assign(n != nullptr ? n->brief : "error");
+    set_last_error(e.code, e.sys_errno, n != nullptr ? n->text : "error");
+    return;
+  }
+  LastError& le = t_last_error;
+  le.code = e.code;
+  le.sys_errno = e.sys_errno;
+  std::size_t used = 0;
+  le.message[0] = '\0';
+  append_message(le.message, used, e.message.data(), e.message.size());
+}
+
+void set_last_error(Errc code, int sys_errno, std::initializer_list<const char*> parts) noexcept {
+  LastError& le = t_last_error;
+  le.code = code;
+  le.sys_errno = sys_errno;
+  std::size_t used = 0;
+  le.message[0] = '\0';
+  for (const char* part : parts) {
+    if (part != nullptr && !append_message(le.message, used, part, std::strlen(part))) return;
   }
 }
 
+void set_last_error(Errc code, int sys_errno, const char* what, const char* path) noexcept {
+  if (what == nullptr) what = "error";
+  if (path == nullptr) set_last_error(code, sys_errno, {what});
+  else set_last_error(code, sys_errno, {what, " '", path, "'"});
+}
+
+const char* last_error_message() noexcept { return t_last_error.message; }
+Errc last_error_code() noexcept { return t_last_error.code; }
+
 wc_status refuse_argument(const char* what) noexcept {
-  try {
-    set_last_error({Errc::invalid_argument, 0, what});
-  } catch (...) {
-    set_last_error({Errc::invalid_argument, 0, {}});
-  }
+  set_last_error(Errc::invalid_argument, 0, what);
   return WC_ERR_INVALID_ARGUMENT;
 }
 
-Errc absorb_exception(const char* call) noexcept {
+Errc absorb_exception(const char* call, const char* path) noexcept {
   Errc code = Errc::io;
   const char* what = "unexpected failure";
   try {
@@ -170,11 +227,12 @@ Errc absorb_exception(const char* call) noexcept {
     what = e.what();  // lives as long as the exception, which the caller's catch block holds
   } catch (...) {
   }
+  // Composed in place: building a string is what may have failed.
+  if (path != nullptr) set_last_error(code, 0, {call, ": ", what, " ('", path, "')"});
+  else set_last_error(code, 0, {call, ": ", what});
   try {
-    set_last_error({code, 0, std::string(call) + ": " + what});
-    log::warn("{}: {}", call, what);
+    log::warn("{}", last_error_message());
   } catch (...) {
-    set_last_error({code, 0, {}});
   }
   return code;
 }
@@ -184,7 +242,16 @@ Error fail(Error e) {
   return e;
 }
 
-const Error& last_error() noexcept { return t_last_error; }
+Error last_error() noexcept {
+  const LastError& le = t_last_error;
+  Error e{le.code, le.sys_errno, {}};
+  try {
+    e.message.assign(le.message);
+  } catch (...) {
+    // No memory for the copy: the code says what kind of failure; wc_last_error has the text.
+  }
+  return e;
+}
 
 std::size_t StripedCounter::stripe() noexcept {
   static std::atomic<std::size_t> next{0};

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -30,6 +31,17 @@ namespace weightcache {
 /// Sets this thread's last error and returns it (for `return fail(...)`).
 Error fail(Error e);
 void set_last_error(const Error& e) noexcept;
+/// Sets this thread's last error to `what`, followed by " '<path>'" when path is not NULL,
+/// without allocating: for the out-of-memory paths, where building a std::string may be what
+/// failed. Text beyond kLastErrorCapacity is cut and ends in "... [truncated]".
+void set_last_error(Errc code, int sys_errno, const char* what, const char* path = nullptr) noexcept;
+/// The same with the message made of `parts` (NULL parts are skipped), also without allocating.
+void set_last_error(Errc code, int sys_errno, std::initializer_list<const char*> parts) noexcept;
+/// This thread's last error message (what wc_last_error returns) and code.
+const char* last_error_message() noexcept;
+Errc last_error_code() noexcept;
+/// Bytes of this thread's last-error message, its terminating NUL included.
+inline constexpr std::size_t kLastErrorCapacity = 1024;
 /// "WC_ERR_NO_SPACE" etc.: the C name of a code, for log lines users grep for.
 const char* errc_name(Errc code) noexcept;
 /// "corrupt cache file" etc.: what wc_status_string says.

@@ -181,7 +181,7 @@ std::uint64_t Inspection::payload_bytes() const noexcept {
   return n;
 }
 
-std::uint64_t Inspection::dead_bytes() const noexcept {
+std::uint64_t Inspection::dead_bytes() const {  // allocates: may throw std::bad_alloc
   // Union of what is in use, so that overlapping entries of a damaged file are not counted twice.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> used;
   if (format == FileFormat::weightcache) {
@@ -258,10 +258,13 @@ Result<Inspection> inspect(const InputFile& f) {
 }
 
 Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::uint64_t size, Progress* progress,
-                                 const std::function<Result<void>(const std::byte*, std::size_t)>& sink) {
+                                 const std::function<Result<void>(const std::byte*, std::size_t)>& sink,
+                                 std::vector<std::byte>* scratch) {
   try {
-    // One buffer for the whole run: a cache holds thousands of entries.
-    static thread_local std::vector<std::byte> buf;
+    // No thread_local buffer: its destructor would be registered at first use, an allocation
+    // glibc aborts on when it fails. A caller hashing many entries passes one buffer instead.
+    std::vector<std::byte> own;
+    std::vector<std::byte>& buf = scratch != nullptr ? *scratch : own;
     const auto need = static_cast<std::size_t>(std::min<std::uint64_t>(std::max<std::uint64_t>(size, 1), kChunk));
     if (buf.size() < need) buf.resize(need);
     if (size <= kChunk) {
@@ -292,9 +295,10 @@ Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::
 
 Result<std::uint64_t> check_checksums(const InputFile& f, Inspection* in, Progress* progress) {
   std::uint64_t hashed = 0;
+  std::vector<std::byte> buf;  // one read buffer for every entry
   for (const auto& e : in->entries) {
     if (!e.checksum || !e.in_bounds) continue;
-    auto h = hash_range(f, e.offset, e.size, progress);
+    auto h = hash_range(f, e.offset, e.size, progress, {}, &buf);
     if (!h) return h.error();
     hashed += e.size;
     if (h.value() != *e.checksum)

@@ -74,7 +74,7 @@ struct Inspection {
   std::uint64_t payload_bytes() const noexcept;
   /// File bytes used by nothing live: not the header, not a live entry, not the index + footer
   /// in use. Replaced entries, old trailers, alignment padding and any uncommitted tail.
-  std::uint64_t dead_bytes() const noexcept;
+  std::uint64_t dead_bytes() const;
   /// Largest power of two (up to 2^24) dividing every entry offset; 0 without entries.
   std::uint64_t offset_alignment() const noexcept;
 };
@@ -85,9 +85,12 @@ Result<Inspection> inspect(const InputFile& file);
 
 /// Hashes `size` bytes at `offset` with XXH3-64 (the library's entry checksum), reading in
 /// chunks. `sink`, if set, receives every chunk in order (used to copy while hashing).
+/// `scratch`, if set, is the read buffer, kept by the caller across calls (a check of thousands
+/// of entries reuses one); otherwise the call uses its own.
 Result<std::uint64_t> hash_range(const InputFile& file, std::uint64_t offset, std::uint64_t size,
                                  Progress* progress,
-                                 const std::function<Result<void>(const std::byte*, std::size_t)>& sink = {});
+                                 const std::function<Result<void>(const std::byte*, std::size_t)>& sink = {},
+                                 std::vector<std::byte>* scratch = nullptr);
 
 /// Checks the checksum of every in-bounds entry that has one; appends a finding per mismatch.
 /// Returns the number of bytes hashed.

@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <new>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -36,7 +37,7 @@ constexpr const char* kExitCodesHelp =
     "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use\n"
     "     (compact); gc: files in use were kept and the directory is still over the budget\n"
     "  5  other I/O failure (creating, writing, syncing or renaming the new file; gc: files\n"
-    "     that could not be removed left the directory over the budget)\n";
+    "     that could not be removed left the directory over the budget); out of memory\n";
 
 constexpr const char* kMainHelp =
     "usage: weightcache COMMAND [OPTIONS] ARGS...\n"
@@ -633,6 +634,9 @@ int main(int argc, char** argv) {
   if (std::getenv("WEIGHTCACHE_LOG_LEVEL") == nullptr) weightcache::set_log_level(weightcache::LogLevel::off);
   try {
     return weightcache::cli::run(argc, argv);
+  } catch (const std::bad_alloc&) {
+    // Nothing here may end in std::terminate: out of memory is an exit code like any failure.
+    std::fputs("weightcache: out of memory\n", stderr);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weightcache: unexpected failure: %s\n", e.what());
   } catch (...) {

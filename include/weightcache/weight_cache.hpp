@@ -329,9 +329,12 @@ WC_API void set_log_level(LogLevel level) noexcept;
 /// is not running. See wc_log_callback and wc_set_log_callback.
 WC_API void set_log_callback(wc_log_callback callback, void* user) noexcept;
 
-/// This thread's last error: what the last call that failed on this thread said (code ok and an
-/// empty message before any). The reference is valid for the thread's life; the Error changes
-/// only when a call fails on this thread (calls that succeed leave it alone), as wc_last_error.
-WC_API const Error& last_error() noexcept;
+/// A copy of this thread's last error: what the last call that failed on this thread said (code
+/// ok and an empty message before any). It changes only when a call fails on this thread (calls
+/// that succeed leave it alone), as wc_last_error, whose text it holds. A copy, not a reference:
+/// the per-thread state is plain data, so a thread's first failure never allocates (a
+/// thread_local with a destructor would, and glibc aborts when that allocation fails). Without
+/// memory for the copy, the message is empty and the code still says what failed.
+WC_API Error last_error() noexcept;
 
 }  // namespace weightcache

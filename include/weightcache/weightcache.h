@@ -635,7 +635,9 @@ WC_API const char* wc_status_string(wc_status status);
  * NUL-terminated); "" on a thread where nothing failed yet. Never NULL. The string belongs to
  * the thread: the pointer and the text stay valid and unchanged until the next call of this
  * library that fails on the same thread (calls that succeed, and failures on other threads,
- * leave it alone), or until the thread exits. Copy it to keep it longer.
+ * leave it alone), or until the thread exits. Copy it to keep it longer. The text lives in a
+ * fixed per-thread buffer (recording it never allocates, so it is there after an out-of-memory
+ * failure too): a message longer than about 1000 bytes is cut and ends in "... [truncated]".
  */
 WC_API const char* wc_last_error(void);
 

@@ -118,7 +118,6 @@ struct wc_xnn_adapter {
   // The private heap: unnamed weights, and the rare entry the cache could not commit.
   mutable std::shared_mutex local_mu;
   wc_cache* heap = nullptr;  // opened on first use
-  bool heap_failed = false;
   std::unordered_map<std::string, std::size_t> local_by_key;  // key bytes -> handle index
   std::vector<std::size_t> local_offsets;                     // handle index -> heap offset
   std::unordered_map<std::size_t, std::size_t> local_by_offset;
@@ -192,8 +191,7 @@ struct wc_xnn_adapter {
   // ---- the private heap ----
 
   bool ensure_heap_locked() {
-    if (heap != nullptr) return true;
-    if (heap_failed) return false;
+    if (heap != nullptr) return true;  // else try again: a failure to create it may have been passing
     wc_options o;
     wc_options_init(&o);
     o.private_cache = 1;
@@ -202,7 +200,6 @@ struct wc_xnn_adapter {
     o.max_file_bytes = sizeof(void*) >= 8 ? std::uint64_t{64} << 30 : std::uint64_t{1} << 30;
     if (wc_open(&o, &heap) != WC_OK) {
       heap = nullptr;
-      heap_failed = true;
       weightcache::log::error("XNNPACK weights cache: cannot create the private heap: {}", wc_last_error());
       return false;
     }
@@ -238,24 +235,69 @@ struct wc_xnn_adapter {
                               wc_last_error());
       return SIZE_MAX;
     }
+    // The tables change all together or not at all: a key left in local_by_key without its
+    // address in local_keys_by_address would outlive a re-binding of that address and serve
+    // the old bytes to new weights there.
     std::size_t index;
+    bool new_index = false;
     if (auto it = local_by_offset.find(off); it != local_by_offset.end()) {
       index = it->second;
     } else {
       if (local_offsets.size() >= kMaxLocal) {
-        weightcache::set_last_error({weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights"});
+        weightcache::set_last_error(weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights");
         weightcache::log::error("XNNPACK weights cache: more than {} unnamed weights; name the weight buffers",
                                 kMaxLocal);
         return SIZE_MAX;
       }
       index = local_offsets.size();
       local_offsets.push_back(off);
-      local_by_offset.emplace(off, index);
+      try {
+        local_by_offset.emplace(off, index);
+      } catch (...) {
+        local_offsets.pop_back();
+        throw;
+      }
+      new_index = true;
     }
-    auto [it, fresh] = local_by_key.insert_or_assign(key.bytes, index);
-    if (fresh) {
-      for (const void* a : key.addresses)
-        if (a != nullptr) local_keys_by_address.emplace(a, it->first);
+    auto undo_index = [&]() noexcept {
+      if (!new_index) return;
+      local_by_offset.erase(off);
+      local_offsets.pop_back();
+    };
+    auto found = local_by_key.find(key.bytes);
+    if (found != local_by_key.end()) {
+      found->second = index;  // its addresses are in the key, so already in local_keys_by_address
+    } else {
+      std::unordered_map<std::string, std::size_t>::iterator it;
+      try {
+        it = local_by_key.emplace(key.bytes, index).first;
+      } catch (...) {
+        undo_index();
+        throw;
+      }
+      std::size_t added = 0;
+      try {
+        for (const void* a : key.addresses) {
+          if (a == nullptr) continue;
+          local_keys_by_address.emplace(a, it->first);
+          ++added;
+        }
+      } catch (...) {
+        for (const void* a : key.addresses) {
+          if (a == nullptr || added == 0) continue;
+          auto [first, last] = local_keys_by_address.equal_range(a);
+          for (auto e = first; e != last; ++e) {
+            if (e->second == it->first) {
+              local_keys_by_address.erase(e);
+              --added;
+              break;
+            }
+          }
+        }
+        local_by_key.erase(it);
+        undo_index();
+        throw;
+      }
     }
     unnamed_inserts.fetch_add(1, std::memory_order_relaxed);
     return handle_of(index);
@@ -311,6 +353,23 @@ struct wc_xnn_adapter {
 
   std::size_t look_up_or_insert(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
     if (ptr == nullptr) return look_up(k);
+    try {
+      return insert_reserved(k, ptr, size);
+    } catch (...) {
+      // Nothing will commit the reservation at `ptr` now: give it back to whichever cache made
+      // it (the other refuses it harmlessly), or it stays outstanding as dead space.
+      (void)wc_release_space(cache, ptr);
+      if (wc_cache* h = heap_if_open()) (void)wc_release_space(h, ptr);
+      throw;
+    }
+  }
+
+  wc_cache* heap_if_open() const {
+    std::shared_lock<std::shared_mutex> lock(local_mu);
+    return heap;
+  }
+
+  std::size_t insert_reserved(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
     inserts.fetch_add(1, std::memory_order_relaxed);
     if (k == nullptr) {
       weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, "look_up_or_insert: NULL key"});

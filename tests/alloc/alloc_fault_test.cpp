@@ -15,8 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +31,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 // ---- the counting allocator --------------------------------------------------------------------
@@ -99,6 +102,27 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+
+#if defined(__GLIBC__)
+// A thread_local with a destructor has it registered at the thread's first use of it, through
+// __cxa_thread_atexit (the library is linked into this binary, so this definition is the one its
+// code calls): glibc allocates a record (calloc) and, when that fails, ends the process ("Fatal
+// glibc error: failed to register TLS destructor: out of memory"). Each registration is an
+// allocation point here too, and failing it does what glibc does.
+std::atomic<long> g_tls_destructors{0};  // registrations seen
+extern "C" int __cxa_thread_atexit(void (*dtor)(void*), void* obj, void* dso_symbol) noexcept {
+  g_tls_destructors.fetch_add(1);
+  if (should_fail()) {
+    static const char msg[] = "Fatal glibc error: failed to register TLS destructor: out of memory\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    std::abort();
+  }
+  using Fn = int (*)(void (*)(void*), void*, void*);
+  static const Fn real = reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, "__cxa_thread_atexit"));
+  if (real == nullptr) std::abort();
+  return real(dtor, obj, dso_symbol);
+}
+#endif
 
 namespace weightcache::test {
 namespace {
@@ -264,6 +288,31 @@ void adapter_phase(wc_cache* c) {
   wc_xnn_adapter_destroy(a);
 }
 
+// A thread that has not called the library before: its first calls fail (a caller error, then
+// whatever runs out of memory), and it reads its last error. Per-thread state set up at a
+// thread's first failure must not need memory the host may not have.
+struct NewThread {
+  Child* ch;
+  wc_cache* c;
+};
+void* new_thread_body(void* arg) {
+  auto* t = static_cast<NewThread*>(arg);
+  wc_cache* none = nullptr;
+  (void)wc_open(nullptr, &none);
+  (void)wc_last_error();
+  (void)weightcache::last_error();
+  t->ch->insert(t->c, 7, 2);
+  (void)wc_last_error();
+  t->ch->check_hit(t->c, 7, wc_look_up(t->c, "w7", 2));
+  return nullptr;
+}
+void new_thread_phase(Child& ch, wc_cache* c) {
+  NewThread t{&ch, c};
+  pthread_t thread;
+  if (::pthread_create(&thread, nullptr, new_thread_body, &t) != 0) return;
+  ::pthread_join(thread, nullptr);
+}
+
 // With WC_ALLOC_ONLY set, says where the scenario is (by allocation count) on stderr.
 void phase(const char* name) {
   if (std::getenv("WC_ALLOC_ONLY") != nullptr) std::fprintf(stderr, "phase %s at allocation %ld\n", name, g_count.load());
@@ -298,6 +347,8 @@ void scenario(const std::string& dir, const std::string& path, Child& ch) {
       ch.look_up_all(second);
       wc_close(second);
     }
+  phase("new-thread");
+    new_thread_phase(ch, c);
   phase("adapter");
     adapter_phase(c);
     wc_close(c);
@@ -593,6 +644,75 @@ TEST_P(AllocationFailure, EveryAllocationPointFailedOnceNeitherAbortsNorServesWr
 }
 
 INSTANTIATE_TEST_SUITE_P(Shards, AllocationFailure, ::testing::Range(0, kShards));
+
+// An unnamed kernel's insert that runs out of memory part-way leaves no half-recorded entry:
+// after the address is unbound, a look-up for new weights there misses instead of finding the
+// old bytes. And a private heap that could not be created is tried again at the next call.
+TEST(AllocationFailureAdapter, AnUnnamedInsertThatFailsLeavesNothingBehindAtItsAddress) {
+  warm_up();
+  static unsigned char kernel[16];
+  for (int in_insert = 0; in_insert <= 1; ++in_insert)  // fail in reserve_space, then in the insert
+  for (long n = 1; n <= 200; ++n) {
+    wc_options o;
+    wc_options_init(&o);
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK);
+    wc_xnn_adapter* a = nullptr;
+    ASSERT_EQ(wc_xnn_adapter_create(c, &a), WC_OK);
+    auto* p = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(a));
+    wc_xnn_weights_cache_look_up_key key{1, kernel, nullptr, 2};
+    ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+    // The first reservation creates the private heap: fail inside that too (then retried).
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = in_insert ? 0 : n;
+    void* mem = p->reserve_space(p->context, 64);
+    g_fail_at = 0;
+    const bool failed_in_reserve = g_failed.load();
+    if (mem == nullptr) {
+      ASSERT_TRUE(failed_in_reserve);
+      ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+      mem = p->reserve_space(p->context, 64);
+      ASSERT_NE(mem, nullptr) << "allocation " << n << ": a failure to create the private heap is permanent";
+    }
+    std::memset(mem, 1, 64);
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = in_insert ? n : 0;
+    const std::size_t off = p->look_up_or_insert(p->context, &key, mem, 64);
+    g_fail_at = 0;
+    const bool reached = failed_in_reserve || (in_insert && g_failed.load());
+    // New weights at that address: unbind it (xnnpack.h), then look up.
+    ASSERT_EQ(wc_xnn_adapter_name_buffer(a, kernel, nullptr), WC_OK);
+    EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX)
+        << "allocation " << n << ": old packed bytes served for new weights at an unbound address (insert "
+        << (off == SIZE_MAX ? "failed" : "succeeded") << ")";
+    wc_xnn_adapter_destroy(a);
+    wc_close(c);
+    if (!reached) break;
+  }
+}
+
+#if defined(__GLIBC__)
+// A thread's first failing calls, and reading its last error, register no thread_local
+// destructor: glibc allocates for each registration and aborts the host when that fails.
+TEST(AllocationFailureThreads, AThreadsFirstFailureRegistersNoTlsDestructor) {
+  warm_up();
+  TempDir dir("wc-alloc");
+  const std::string path = dir.file("cache.wc");
+  long registered = -1;
+  std::thread([&] {
+    const long before = g_tls_destructors.load();
+    wc_cache* none = nullptr;
+    EXPECT_EQ(wc_open(nullptr, &none), WC_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(wc_last_error()), "");
+    EXPECT_EQ(wc_refresh(nullptr), WC_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(weightcache::last_error().code, Errc::invalid_argument);
+    registered = g_tls_destructors.load() - before;
+  }).join();
+  EXPECT_EQ(registered, 0) << "a thread_local with a destructor is set up at a thread's first failure";
+}
+#endif
 
 // weightcache.h, "Errors": "When memory runs out, any call that allocates may fail with
 // WC_ERR_NO_MEMORY (in wc_last_error where it returns NULL or WC_NOT_FOUND), whatever its own
