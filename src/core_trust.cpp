@@ -25,6 +25,31 @@ bool record_as_trusted_as_file(const platform::FileInfo& lock, const platform::F
   return (lock.mode & 022u & ~(file.mode & 022u)) == 0;
 }
 
+enum class LockFile { untrusted, other_content, ours };
+
+// Whether the lock file open at `lock` may hold a record for the cache file `cache`, and be
+// written with one. Asked at open and again just before every write: the lock file may have
+// been given another name, a link or other content meanwhile.
+LockFile examine_lock_file(platform::Platform& pf, const std::string& lock_path, const platform::File& lock,
+                           const platform::FileInfo& cache) {
+  auto info = pf.stat_file(lock);
+  if (!info || !info->regular || !record_as_trusted_as_file(info.value(), cache) || pf.has_access_list(lock))
+    return LockFile::untrusted;
+  // The cache's own: one name, the one beside the cache, not a symlink. A record is written into
+  // it, and a hard or symbolic link planted at "<path>.lock" would have the library overwrite
+  // somebody else's file.
+  auto named = pf.stat_path(lock_path, /*follow=*/false);
+  if (info->links != 1 || !named || named->symlink || named->device != info->device || named->inode != info->inode)
+    return LockFile::untrusted;
+  // Never written over: a lock file holding something that is not a record (a file of another
+  // program that happens to have this name). A damaged record of ours still has a record's header.
+  if (info->size == 0) return LockFile::ours;
+  std::byte head[kRecordFixedBytes];
+  if (info->size < sizeof head || !pf.read_at(lock, head, sizeof head, 0) || !record_size_if_header(head, info->size))
+    return LockFile::other_content;
+  return LockFile::ours;
+}
+
 }  // namespace
 
 void Core::adopt_verification(const CommittedState& st) {
@@ -69,21 +94,16 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   } else {
     return;
   }
-  auto lock_info = pf_.stat_file(*t->record);
-  if (!lock_info || !lock_info->regular || !record_as_trusted_as_file(lock_info.value(), info.value()) ||
-      pf_.has_access_list(*t->record)) {
-    log::debug("'{}': its lock file may be written by others than the cache file's writers; verifying per process",
+  const LockFile lock = examine_lock_file(pf_, lock_path_, *t->record, info.value());
+  if (lock == LockFile::untrusted) {
+    log::debug("'{}': its lock file may be written by others than the cache file's writers, or has other names; "
+               "verifying per process",
                opts_.path);
     return;
   }
-  // The lock file must be the cache's own: one name, the one beside the cache, not a symlink. A
-  // record is written into it, and a hard or symbolic link planted at "<path>.lock" would have
-  // the library overwrite somebody else's file.
-  auto named = pf_.stat_path(lock_path_, /*follow=*/false);
-  if (lock_info->links != 1 || !named || named->symlink || named->device != lock_info->device ||
-      named->inode != lock_info->inode) {
-    log::debug("'{}': its lock file has other names or is a link; verifying per process", opts_.path);
-    return;
+  if (lock == LockFile::other_content) {
+    log::debug("'{}': its lock file holds something else than a verification record; not writing one", opts_.path);
+    t->writable = false;
   }
 
   t->entries.assign(st.records.size(), nullptr);
@@ -95,16 +115,6 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   }
 
   auto rec = read_record(pf_, *t->record, st.records.size());
-  // Never written over: a lock file holding something that is not a record (a file of another
-  // program that happens to have this name). A damaged record of ours still reads as one.
-  if (t->writable && !rec && lock_info->size != 0) {
-    std::byte head[kRecordFixedBytes];
-    if (lock_info->size < sizeof head || !pf_.read_at(*t->record, head, sizeof head, 0) ||
-        !record_size_if_header(head, lock_info->size)) {
-      log::debug("'{}': its lock file holds something else than a verification record; not writing one", opts_.path);
-      t->writable = false;
-    }
-  }
   // A store through a shared mapping to a page that is already dirty moves no change time; only
   // the fault a clean page takes does. So before this process hashes anything it may record,
   // every page of the committed bytes is written back (clean in every process's mapping): any
@@ -196,6 +206,13 @@ void Core::publish_verification() noexcept {
       std::size_t after = 0;
       for (bool b : rec.verified) after += b ? 1 : 0;
       if (after == before) return;  // nothing new: leave the lock file alone
+    }
+    // Still the cache's own lock file, with nothing but a record in it (see examine_lock_file).
+    if (examine_lock_file(pf_, lock_path_, *t->record, now.value()) != LockFile::ours) {
+      log::debug("'{}': its lock file changed since open (another name, a link or other content); its verification "
+                 "is not recorded",
+                 opts_.path);
+      return;
     }
     const auto bytes = encode_record(rec);
     if (auto r = pf_.write_at(*t->record, bytes.data(), bytes.size(), 0); !r)

@@ -622,6 +622,11 @@ class PosixPlatform final : public Platform {
     switch (static_cast<std::uint64_t>(fs.f_type)) {
       case 0x01021994:  // tmpfs (and /dev/shm)
       case 0x858458f6:  // ramfs
+      // Stacked file systems: the pages are the lower file's, so writing back through this
+      // descriptor leaves them dirty (write_back cannot make a store fault).
+      case 0x794c7630:  // overlayfs (containers' root)
+      case 0x61756673:  // aufs
+      case 0xf15f:      // eCryptfs
       case 0x6969:      // NFS
       case 0xfe534d42:  // SMB2
       case 0xff534d42:  // CIFS

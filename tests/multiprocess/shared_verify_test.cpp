@@ -516,6 +516,33 @@ TEST_F(SharedVerify, ALockFileHardLinkedToAnotherFileIsNeverWritten) {
   EXPECT_EQ(std::filesystem::file_size(other), 0u) << "a record was written into a file linked at the lock file's name";
 }
 
+// The checks are made again just before the record is written: what the lock file became while
+// the cache was open counts, not what it was at open.
+TEST_F(SharedVerify, ALockFileThatChangedWhileTheCacheWasOpenIsNotWritten) {
+  const std::string lock = path + ".lock";
+  const std::string foreign = "pid=4242 owner=otherapp\n";
+  const std::string link = dir.file("another-name");
+  for (int variant = 0; variant < 2; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "other content written into it" : "a second name linked to it");
+    empty_the_record(path);
+    {
+      auto opened = WeightCache::open(shared_options(path));
+      ASSERT_TRUE(opened.ok()) << opened.error().message;
+      for (std::size_t j = 0; j < kCount; ++j) EXPECT_EQ(check_entry(opened.value(), own_key("v", j), kSize), "");
+      if (variant == 0)
+        write_bytes_at(lock, 0, foreign);
+      else
+        std::filesystem::create_hard_link(lock, link);
+    }  // close would record what it verified
+    if (variant == 0) {
+      EXPECT_EQ(read_file(lock), foreign) << "the record was written over content that appeared while open";
+    } else {
+      EXPECT_EQ(std::filesystem::file_size(link), 0u) << "the record was written into a file with a second name";
+      std::filesystem::remove(link);
+    }
+  }
+}
+
 // ---- gc collects a cache whose lock file holds a record ----
 
 TEST_F(SharedVerify, GcRemovesACacheWhoseLockFileHoldsARecord) {
