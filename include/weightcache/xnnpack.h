@@ -79,9 +79,12 @@
  *   cache cannot provide memory. Once reserve_space succeeded, look_up_or_insert does not fail:
  *   if the cache cannot commit the entry, the bytes are copied to the adapter's private heap
  *   and the cache's reservation is released; wc_last_error on that thread then says why the
- *   cache refused them (the one call that sets it without failing). Only if that heap cannot
- *   take them either does look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK does
- *   not check it).
+ *   cache refused them (the one call that sets it without failing). If that heap cannot
+ *   take them, or memory runs out so that no table can, the bytes are served in place from
+ *   their reservation (kept, uncached, not shared, until the cache closes; a file reservation
+ *   kept so holds the writer lease until then), logged as an error. Only after 256 such
+ *   failures in one adapter does look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK
+ *   does not check it).
  *
  * ---------------------------------------------------------------------------------------------
  * Lifetimes and threads

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <array>
 #include <new>
 #include <shared_mutex>
 #include <string>
@@ -70,6 +71,13 @@ constexpr std::uint8_t kRefUnique = 3;   // u64 counter: never shared (NULL kern
 constexpr std::size_t kMaxLocal = std::size_t{1} << 20;
 constexpr std::size_t handle_of(std::size_t index) { return SIZE_MAX - 1 - index; }
 constexpr bool is_handle(std::size_t off) { return off != SIZE_MAX && SIZE_MAX - 1 - off < kMaxLocal; }
+// Below them, the handles of weights no table could take (out of memory between reserve_space and
+// look_up_or_insert): served in place from their reservation, never cached.
+constexpr std::size_t kMaxInPlace = 256;
+constexpr std::size_t in_place_handle(std::size_t slot) { return SIZE_MAX - 1 - kMaxLocal - slot; }
+constexpr bool is_in_place(std::size_t off) {
+  return off != SIZE_MAX && SIZE_MAX - 1 - off >= kMaxLocal && SIZE_MAX - 1 - off < kMaxLocal + kMaxInPlace;
+}
 
 void put_u32(std::string& s, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -124,6 +132,11 @@ struct wc_xnn_adapter {
   std::unordered_multimap<const void*, std::string> local_keys_by_address;
   std::atomic<std::uint64_t> local_fallbacks{0};  // named keys kept in the heap
   std::atomic<std::uint64_t> unique_counter{0};
+
+  // What look_up_or_insert hands XNNPACK when memory ran out after reserve_space succeeded: the
+  // reservation itself, kept (never released, so never reused) until the caches close. Filled
+  // without allocating: the slots exist from the adapter's creation.
+  std::array<std::atomic<void*>, kMaxInPlace> in_place{};
 
   std::atomic<bool> warned_fallback{false};
   std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0},
@@ -353,15 +366,38 @@ struct wc_xnn_adapter {
 
   std::size_t look_up_or_insert(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
     if (ptr == nullptr) return look_up(k);
+    std::size_t off = SIZE_MAX;
     try {
-      return insert_reserved(k, ptr, size);
-    } catch (...) {
-      // Nothing will commit the reservation at `ptr` now: give it back to whichever cache made
-      // it (the other refuses it harmlessly), or it stays outstanding as dead space.
-      (void)wc_release_space(cache, ptr);
-      if (wc_cache* h = heap_if_open()) (void)wc_release_space(h, ptr);
-      throw;
+      off = insert_reserved(k, ptr, size);
+    } catch (const std::bad_alloc&) {
+      off = SIZE_MAX;
     }
+    if (off != SIZE_MAX || k == nullptr) return off;
+    // No table could take the bytes. XNNPACK does not check this result (it would dereference
+    // offset_to_addr(SIZE_MAX) == NULL), and xnnpack.h promises a successful reserve_space is
+    // never followed by a failure here: serve the packed bytes where they are, uncached.
+    if (const std::size_t h = keep_in_place(ptr); h != SIZE_MAX) return h;
+    // Every slot taken (hundreds of such failures): give the reservation back to whichever cache
+    // made it (the other refuses it harmlessly), or it stays outstanding as dead space.
+    (void)wc_release_space(cache, ptr);
+    if (wc_cache* heap_cache = heap_if_open()) (void)wc_release_space(heap_cache, ptr);
+    weightcache::log::error("XNNPACK weights cache: out of memory for packed weights ({} bytes) and no slot left to "
+                            "serve them in place; returning SIZE_MAX, which XNNPACK does not check",
+                            size);
+    return SIZE_MAX;
+  }
+
+  std::size_t keep_in_place(void* ptr) noexcept {
+    for (std::size_t slot = 0; slot < kMaxInPlace; ++slot) {
+      void* empty = nullptr;
+      if (in_place[slot].compare_exchange_strong(empty, ptr, std::memory_order_acq_rel)) {
+        weightcache::log::error("XNNPACK weights cache: out of memory while recording packed weights; serving them "
+                                "from their reservation, uncached ({})",
+                                wc_last_error());
+        return in_place_handle(slot);
+      }
+    }
+    return SIZE_MAX;
   }
 
   wc_cache* heap_if_open() const {
@@ -393,26 +429,21 @@ struct wc_xnn_adapter {
       // will never be committed. Give it back, or it stays outstanding as dead space. A pointer
       // that is no longer an outstanding reservation is refused harmlessly; keep the error that
       // explains the fallback for wc_last_error.
-      const weightcache::Error why = weightcache::last_error();
-      (void)wc_release_space(cache, ptr);
-      weightcache::set_last_error(why);
+      // (Only once the heap has them: otherwise they are served from `ptr`, see look_up_or_insert.)
+      if (off != SIZE_MAX) {
+        const weightcache::Error why = weightcache::last_error();
+        (void)wc_release_space(cache, ptr);
+        weightcache::set_last_error(why);
+      }
     } else {
       off = insert_local(key, ptr, size);
     }
-    if (off == SIZE_MAX) {
-      // The one way SIZE_MAX reaches XNNPACK after a successful reserve_space (the heap itself
-      // could not take the bytes). XNNPACK does not check it: say what will happen next.
-      weightcache::log::error(
-          "XNNPACK weights cache: packed weights (seed {:#x}, {} bytes) could be kept neither in the cache nor in "
-          "this process's heap ({}); returning SIZE_MAX to XNNPACK, which does not check it: offset_to_addr will "
-          "return NULL for this operator",
-          k->seed, size, wc_last_error());
-    }
-    return off;
+    return off;  // SIZE_MAX: look_up_or_insert serves the bytes in place
   }
 
   void* offset_to_addr(std::size_t offset) const {
     if (offset == SIZE_MAX) return nullptr;
+    if (is_in_place(offset)) return in_place[SIZE_MAX - 1 - kMaxLocal - offset].load(std::memory_order_acquire);
     // An offset XNNPACK holds stays usable even if its key was replaced since (two threads that
     // both missed and packed different bytes): XNNPACK would dereference a null. The bytes are
     // the ones it was given for that operator, and stay mapped until close.

@@ -693,6 +693,51 @@ TEST(AllocationFailureAdapter, AnUnnamedInsertThatFailsLeavesNothingBehindAtItsA
   }
 }
 
+// xnnpack.h: once reserve_space succeeded, look_up_or_insert does not fail. XNNPACK does not
+// check it: SIZE_MAX would become a NULL pointer it dereferences. Every allocation point of the
+// insert, failed once, for a named weight (the file cache, then the private heap as fallback)
+// and an unnamed one (the private heap): a usable offset whose bytes are the packed ones.
+TEST(AllocationFailureAdapter, LookUpOrInsertAfterASuccessfulReserveNeverFails) {
+  warm_up();
+  TempDir dir("wc-alloc");
+  static unsigned char kernel[16];
+  for (int named = 0; named <= 1; ++named)
+  for (long n = 1; n <= 300; ++n) {
+    SCOPED_TRACE(std::string(named ? "named" : "unnamed") + " weight, allocation " + std::to_string(n));
+    const std::string path = dir.file("adapter" + std::to_string(named) + "-" + std::to_string(n) + ".wc");
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    o.compat_key = "alloc-adapter";
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_xnn_adapter* a = nullptr;
+    ASSERT_EQ(wc_xnn_adapter_create(c, &a), WC_OK);
+    if (named) {
+      ASSERT_EQ(wc_xnn_adapter_name_buffer(a, kernel, "layer0.weight"), WC_OK);
+    }
+    auto* p = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(a));
+    wc_xnn_weights_cache_look_up_key key{7, kernel, nullptr, 3};
+    ASSERT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+    void* mem = p->reserve_space(p->context, 4096);
+    ASSERT_NE(mem, nullptr);
+    std::memset(mem, 0x5c, 4096);
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = n;
+    const std::size_t off = p->look_up_or_insert(p->context, &key, mem, 4096);
+    g_fail_at = 0;
+    const bool reached = g_failed.load();
+    ASSERT_NE(off, SIZE_MAX) << "look_up_or_insert failed after a successful reserve_space";
+    const auto* bytes = static_cast<const unsigned char*>(p->offset_to_addr(p->context, off));
+    ASSERT_NE(bytes, nullptr);
+    for (std::size_t i = 0; i < 4096; ++i) ASSERT_EQ(bytes[i], 0x5c) << "byte " << i;
+    wc_xnn_adapter_destroy(a);
+    wc_close(c);
+    if (!reached) break;
+  }
+}
+
 #if defined(__GLIBC__)
 // A thread's first failing calls, and reading its last error, register no thread_local
 // destructor: glibc allocates for each registration and aborts the host when that fails.
