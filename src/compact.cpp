@@ -2,6 +2,7 @@
 
 #include "core.hpp"
 #include "log.hpp"
+#include "platform/errors.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,7 @@ Result<TempFile> TempFile::create(platform::Platform& pf, const std::string& pat
     if (!f) return f.error();
     return TempFile(pf, path, std::move(f).value());
   } catch (const std::bad_alloc&) {
-    return Error{Errc::no_memory, 0, "out of memory while naming a temporary file"};
+    return platform::no_memory_error("out of memory while naming a temporary file for", path);
   }
 }
 
@@ -300,7 +301,7 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
       log::info("compacted '{}': {} -> {} bytes, {} entries", path, out.bytes_before, out.bytes_after, out.entries);
     return out;
   } catch (const std::bad_alloc&) {
-    return Error{Errc::no_memory, 0, "out of memory while compacting"};
+    return platform::no_memory_error("out of memory while compacting", options.path);
   }
 }
 

@@ -30,6 +30,7 @@ namespace weightcache {
 
 /// Sets this thread's last error and returns it (for `return fail(...)`).
 Error fail(Error e);
+
 void set_last_error(const Error& e) noexcept;
 /// Sets this thread's last error to `what`, followed by " '<path>'" when path is not NULL,
 /// without allocating: for the out-of-memory paths, where building a std::string may be what

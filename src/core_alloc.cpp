@@ -255,7 +255,7 @@ void* Core::reserve(std::size_t size) {
     reservations_[region->offset] = Reservation{cap, region->heap};
     return addr(region->offset);
   } catch (...) {
-    set_last_error({Errc::no_memory, 0, "out of memory while reserving"});
+    set_last_error(Errc::no_memory, 0, "out of memory while reserving space in", opts_.path.c_str());
     return nullptr;
   }
 }

@@ -158,7 +158,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     finalized_.store(false, std::memory_order_release);
     return static_cast<std::size_t>(raw->offset);
   } catch (...) {
-    set_last_error({Errc::no_memory, 0, "out of memory while inserting"});
+    set_last_error(Errc::no_memory, 0, "out of memory while inserting into", opts_.path.c_str());
     return kNotFound;
   }
 }

@@ -5,6 +5,7 @@
 #include "compact.hpp"
 #include "file_state.hpp"
 #include "log.hpp"
+#include "platform/errors.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -94,7 +95,7 @@ Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platf
     }
     return core;
   } catch (const std::bad_alloc&) {
-    return fail({Errc::no_memory, 0, "out of memory while opening the cache"});
+    return fail(platform::no_memory_error("out of memory while opening the cache", options.path));
   } catch (...) {
     return fail({Errc::io, 0, "unexpected failure while opening the cache"});
   }

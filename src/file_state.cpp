@@ -1,6 +1,7 @@
 #include "file_state.hpp"
 
 #include "log.hpp"
+#include "platform/errors.hpp"
 
 #include <memory>
 #include <new>
@@ -87,7 +88,7 @@ Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform
   try {
     return decode_header_at(pf, fd, nullptr);
   } catch (const std::bad_alloc&) {
-    return Error{Errc::no_memory, 0, "out of memory while reading the header"};
+    return platform::no_memory_error("out of memory while reading the header of", fd.path());
   }
 }
 

@@ -3,6 +3,7 @@
 #include "core.hpp"
 #include "file_state.hpp"
 #include "log.hpp"
+#include "platform/errors.hpp"
 #include "format/format.hpp"
 #include "verify_record.hpp"
 
@@ -298,7 +299,7 @@ Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir,
   try {
     return collect(pf, dir, max_bytes);
   } catch (const std::bad_alloc&) {
-    return Error{Errc::no_memory, 0, "gc: out of memory"};
+    return platform::no_memory_error("out of memory while collecting garbage in", dir);
   } catch (...) {
     return Error{Errc::io, 0, "gc: unexpected failure while reading '" + dir + "'"};
   }
@@ -360,7 +361,7 @@ wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report) {
     }
     return WC_OK;
   } catch (...) {
-    set_last_error({Errc::no_memory, 0, "wc_gc: out of memory"});
+    set_last_error(Errc::no_memory, 0, "wc_gc: out of memory while collecting garbage in", dir);
     return WC_ERR_NO_MEMORY;
   }
 }

@@ -1,6 +1,7 @@
 #include "registry.hpp"
 
 #include "log.hpp"
+#include "platform/errors.hpp"
 
 #include <filesystem>
 #include <map>
@@ -130,8 +131,10 @@ Result<std::shared_ptr<Core>> open(const Options& options) {
       it = it->second.use_count() == 1 && it->second != gate ? reg.opening.erase(it) : std::next(it);
     }
     return core;
+  } catch (const std::bad_alloc&) {
+    return fail(platform::no_memory_error("out of memory while opening the cache", options.path));
   } catch (...) {
-    return fail({Errc::no_memory, 0, "out of memory while opening the cache"});
+    return fail({Errc::io, 0, "unexpected failure while opening the cache"});
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 namespace weightcache::platform {
 
@@ -44,6 +45,22 @@ Error not_a_regular_file(const std::string& path) {
 
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint) {
   return Error{errc_of_errno(err), err, error_message(what, path, std::strerror(err), hint)};
+}
+
+Error no_memory_error(const char* what, const std::string& path) noexcept {
+  Error e;
+  e.code = Errc::no_memory;
+  try {
+    e.message.reserve(std::strlen(what) + path.size() + 3);
+    e.message.append(what).append(" '").append(path).append("'");
+  } catch (const std::bad_alloc&) {
+    try {
+      e.message = what;
+    } catch (const std::bad_alloc&) {
+      e.message.clear();
+    }
+  }
+  return e;
 }
 
 }  // namespace weightcache::platform

@@ -22,4 +22,9 @@ Errc errc_of_errno(int err) noexcept;
 /// Something other than a regular file is at `path`.
 Error not_a_regular_file(const std::string& path);
 
+/// An out-of-memory error that says what ran out and names the file: "<what> '<path>'". Never
+/// throws: if even that message cannot be built, `what` alone, or no message (set_last_error
+/// then says "out of memory").
+Error no_memory_error(const char* what, const std::string& path) noexcept;
+
 }  // namespace weightcache::platform

@@ -738,6 +738,55 @@ TEST(AllocationFailureAdapter, LookUpOrInsertAfterASuccessfulReserveNeverFails) 
   }
 }
 
+// Issue 13: an error about a file names it, out of memory included. Each allocation point of
+// opening a new cache, reserving and inserting into it, and compacting it, failed once: every
+// WC_ERR_NO_MEMORY those calls return says which file.
+TEST(AllocationFailureMessages, OutOfMemoryErrorsAboutAFileNameIt) {
+  warm_up();
+  TempDir dir("wc-alloc");
+  long named = 0, reached_points = 0;
+  for (long n = 1; n <= 2000; ++n) {
+    const std::string path = dir.file("messages-" + std::to_string(n) + ".wc");
+    auto check = [&](bool no_memory, const std::string& message, const char* call) {
+      if (!no_memory) return;
+      EXPECT_NE(message.find(path), std::string::npos)
+          << call << ", allocation " << n << ": '" << message << "' does not name the file";
+      ++named;
+    };
+    Options o;
+    o.path = path;
+    o.compat_key = "alloc-messages";
+    o.backing = Backing::file;
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = n;
+    {
+      auto opened = WeightCache::open(o);
+      if (!opened) {
+        check(opened.error().code == Errc::no_memory, opened.error().message, "open");
+      } else {
+        void* p = opened->reserve(4096);
+        if (p == nullptr) check(last_error().code == Errc::no_memory, last_error().message, "reserve");
+        if (opened->insert("k", "value") == kNotFound)
+          check(last_error().code == Errc::no_memory, last_error().message, "insert");
+        if (p != nullptr) (void)opened->release(p);
+        (void)opened->finalize();
+      }
+    }
+    wc_options w;
+    wc_options_init(&w);
+    w.path = path.c_str();
+    w.compat_key = "alloc-messages";
+    const wc_status compacted = wc_compact(&w);
+    check(compacted == WC_ERR_NO_MEMORY, wc_last_error(), "wc_compact");
+    g_fail_at = 0;
+    if (!g_failed.load()) break;
+    ++reached_points;
+  }
+  EXPECT_GT(reached_points, 50) << "the scenario failed too few allocations to mean anything";
+  EXPECT_GT(named, 0) << "no call reported running out of memory";
+}
+
 #if defined(__GLIBC__)
 // A thread's first failing calls, and reading its last error, register no thread_local
 // destructor: glibc allocates for each registration and aborts the host when that fails.
