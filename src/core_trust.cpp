@@ -197,15 +197,13 @@ void Core::publish_verification() noexcept {
       log::debug("'{}' changed since it was opened; its verification is not recorded", opts_.path);
       return;
     }
-    std::size_t before = 0;
     if (auto old = read_record(pf_, *t->record, t->entries.size()); old && old->stamp == t->stamp) {
+      bool news = false;
       for (std::size_t i = 0; i < rec.verified.size(); ++i) {
-        before += old->verified[i] ? 1 : 0;
+        news = news || (rec.verified[i] && !old->verified[i]);
         rec.verified[i] = rec.verified[i] || old->verified[i];
       }
-      std::size_t after = 0;
-      for (bool b : rec.verified) after += b ? 1 : 0;
-      if (after == before) return;  // nothing new: leave the lock file alone
+      if (!news) return;  // nothing new: leave the lock file alone
     }
     // Still the cache's own lock file, with nothing but a record in it (see examine_lock_file).
     if (examine_lock_file(pf_, lock_path_, *t->record, now.value()) != LockFile::ours) {

@@ -151,7 +151,8 @@ bool Core::in_forked_child() const noexcept {
 }
 
 void Core::start_verify_ahead() {
-  if ((opts_.verify != Verify::first_use && opts_.verify != Verify::shared) || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
+  const bool on_first_use = opts_.verify == Verify::first_use || opts_.verify == Verify::shared;
+  if (!on_first_use || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;
   try {
     std::vector<Entry*> todo;
     std::uint64_t bytes = 0;
