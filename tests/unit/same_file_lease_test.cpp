@@ -2,13 +2,13 @@
 // (wc_options.fd). Both take the writer lease on the file itself, so while one holds it the
 // other must be told at once that its own process holds it (busy), never wait lease_timeout for
 // itself; once the holder finalizes, the other writes.
+#include "lease_exclusion.hpp"
 #include "unit_test_util.hpp"
 
 #ifndef _WIN32
 #include <weightcache/weight_cache.hpp>
 
 #include <chrono>
-#include <cstring>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -50,23 +50,6 @@ class SameFileLease : public ::testing::Test {
     fd_cache = std::move(by_fd.value());
   }
 
-  // `holder` takes the lease (a reservation past the committed end keeps it until finalize);
-  // `other` is refused at once, then writes once the holder finalized.
-  void check(WeightCache& holder, WeightCache& other) {
-    void* held = holder.reserve(4096);
-    ASSERT_NE(held, nullptr) << last_error().message;
-    std::memset(held, 'h', 4096);
-    EXPECT_EQ(other.reserve(4096), nullptr) << "both caches wrote at once";
-    EXPECT_EQ(last_error().code, Errc::busy);
-    EXPECT_NE(last_error().message.find("this process already holds the writer lease"), std::string::npos)
-        << last_error().message;
-    EXPECT_EQ(other.stats().lease_timeouts, 0u) << "waited lease_timeout for its own process";
-    ASSERT_NE(holder.look_up_or_insert("held", held, 4096), kNotFound);
-    ASSERT_TRUE(holder.finalize().ok()) << last_error().message;
-    EXPECT_NE(other.insert("other", std::string(4096, 'o')), kNotFound) << last_error().message;
-    ASSERT_TRUE(other.finalize().ok()) << last_error().message;
-  }
-
   TempDir dir{"wc-lease-self"};
   std::string path;
   Fd fd;
@@ -74,11 +57,11 @@ class SameFileLease : public ::testing::Test {
 };
 
 TEST_F(SameFileLease, ADescriptorCacheIsRefusedAtOnceWhileAPathCacheOfTheFileHoldsTheLease) {
-  check(path_cache, fd_cache);
+  expect_refused_until_holder_finalizes(path_cache, fd_cache, "this process already holds the writer lease");
 }
 
 TEST_F(SameFileLease, APathCacheIsRefusedAtOnceWhileADescriptorCacheOfTheFileHoldsTheLease) {
-  check(fd_cache, path_cache);
+  expect_refused_until_holder_finalizes(fd_cache, path_cache, "this process already holds the writer lease");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // regular file is an invalid argument, whatever it is.
 #include "temp_dir.hpp"
 #include "win32_hooks.hpp"
+#include "lease_exclusion.hpp"
 #include "windows_test_util.hpp"
 
 #include "platform/platform.hpp"
@@ -24,12 +25,6 @@ namespace weightcache::test {
 namespace {
 
 using wctest::WinCall;
-
-constexpr DWORD kShareAll = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
-
-HANDLE open_handle(const std::string& path, DWORD access, DWORD disposition, DWORD flags = FILE_ATTRIBUTE_NORMAL) {
-  return ::CreateFileW(wide(path).c_str(), access, kShareAll, nullptr, disposition, flags, nullptr);
-}
 
 Options on_handle(HANDLE h) {
   Options o = suite_options("");
@@ -109,16 +104,8 @@ TEST(WindowsHandleSandbox, RefusedReopenUsesADuplicateThatServesFinalizesAndStil
     EXPECT_FALSE(::LockFileEx(hy, LOCKFILE_EXCLUSIVE_LOCK | LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &scratch))
         << "an exclusive lock of one file object did not exclude another handle of it";
     ASSERT_TRUE(::UnlockFileEx(hx, 0, 1, 0, &scratch));
-    void* held = x->reserve(1000);  // takes the lease
-    ASSERT_NE(held, nullptr) << last_error().message;
-    EXPECT_EQ(y->reserve(1000), nullptr) << "both caches held the lease through one file object";
-    EXPECT_EQ(last_error().code, Errc::busy) << last_error().message;
-    std::memset(held, 1, 1000);
-    ASSERT_NE(x->look_up_or_insert("x", held, 1000), kNotFound);
-    ASSERT_TRUE(x->finalize().ok()) << last_error().message;  // lets the lease go
-    ASSERT_NE(y->insert("y", "after x"), kNotFound) << last_error().message;
-    ASSERT_TRUE(y->finalize().ok()) << last_error().message;
-    EXPECT_EQ(y->stats().heap_bytes, 0u);
+    // Both caches share one file object: the lease still excludes.
+    expect_refused_until_holder_finalizes(x.value(), y.value(), "this process already holds the writer lease");
   }
   ASSERT_TRUE(::CloseHandle(mine));
   // What went through the duplicates is an ordinary cache file.
@@ -127,8 +114,8 @@ TEST(WindowsHandleSandbox, RefusedReopenUsesADuplicateThatServesFinalizesAndStil
   auto r = WeightCache::open(by_path);
   ASSERT_TRUE(r.ok()) << r.error().message;
   for (const auto& e : entries) EXPECT_EQ(entry_problem(*r, e), "");
-  EXPECT_NE(r->look_up("x"), kNotFound);
-  EXPECT_NE(r->look_up("y"), kNotFound);
+  EXPECT_NE(r->look_up("held"), kNotFound);
+  EXPECT_NE(r->look_up("other"), kNotFound);
 }
 
 // A duplicate keeps the file object's mode: an overlapped handle cannot serve the backend's

@@ -4,6 +4,7 @@
 // child started with CreateProcess, given the handle by inheritance, finds every entry of a
 // ":memory:" cache in the same pages without packing, and a read-only child changes no byte.
 #include "temp_dir.hpp"
+#include "lease_exclusion.hpp"
 #include "windows_test_util.hpp"
 
 #include <weightcache/weight_cache.hpp>
@@ -22,12 +23,6 @@ namespace weightcache::test {
 namespace {
 
 const std::string kChild = win_child_exe();
-
-constexpr DWORD kShareAll = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
-
-HANDLE open_handle(const std::string& path, DWORD access, DWORD disposition) {
-  return ::CreateFileW(wide(path).c_str(), access, kShareAll, nullptr, disposition, FILE_ATTRIBUTE_NORMAL, nullptr);
-}
 
 Options on_handle(HANDLE h) {
   Options o = suite_options("");
@@ -126,17 +121,7 @@ TEST(WindowsHandle, TwoCachesOnOneHandleExcludeEachOtherThroughTheLease) {
   ASSERT_TRUE(x.ok()) << x.error().message;
   ASSERT_TRUE(y.ok()) << y.error().message;
   EXPECT_NE(x->file_handle(), y->file_handle());
-  void* held = x->reserve(1000);  // takes the lease
-  ASSERT_NE(held, nullptr) << last_error().message;
-  EXPECT_EQ(y->reserve(1000), nullptr) << "both caches held the lease";
-  EXPECT_EQ(last_error().code, Errc::busy) << last_error().message;
-  EXPECT_NE(last_error().message.find("same file"), std::string::npos) << last_error().message;
-  std::memset(held, 1, 1000);
-  ASSERT_NE(x->look_up_or_insert("x", held, 1000), kNotFound);
-  ASSERT_TRUE(x->finalize().ok()) << last_error().message;  // lets the lease go
-  ASSERT_NE(y->insert("y", "after x"), kNotFound) << last_error().message;
-  ASSERT_TRUE(y->finalize().ok()) << last_error().message;
-  EXPECT_EQ(y->stats().heap_bytes, 0u);
+  expect_refused_until_holder_finalizes(x.value(), y.value(), "same file");
 }
 
 // A handle without write access never becomes a writable cache: ReOpenFile checks the file's

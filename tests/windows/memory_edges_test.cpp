@@ -22,11 +22,6 @@ namespace {
 
 using wctest::WinCall;
 
-HANDLE open_handle(const std::string& path, DWORD access, DWORD disposition) {
-  return ::CreateFileW(wide(path).c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                       disposition, FILE_ATTRIBUTE_NORMAL, nullptr);
-}
-
 Options on_handle(HANDLE h) {
   Options o = suite_options("");
   o.handle = h;

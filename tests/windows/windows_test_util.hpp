@@ -106,6 +106,13 @@ inline std::vector<PatternEntry> shared_entries(std::size_t count) {
 }
 
 #ifdef _WIN32
+/// Opens `path` with every sharing mode (so the library can reopen the handle as its own).
+constexpr DWORD kShareAll = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
+
+inline HANDLE open_handle(const std::string& path, DWORD access, DWORD disposition,
+                          DWORD flags = FILE_ATTRIBUTE_NORMAL) {
+  return ::CreateFileW(wide(path).c_str(), access, kShareAll, nullptr, disposition, flags, nullptr);
+}
 
 /// A handle as a command-line argument, and back.
 inline std::string handle_arg(HANDLE h) { return std::to_string(reinterpret_cast<std::uintptr_t>(h)); }
