@@ -26,15 +26,12 @@ namespace {
 
 using wctest::WinCall;
 
-Options on_handle(HANDLE h) {
-  Options o = suite_options("");
-  o.handle = h;
+// A wait for the lease, were there one, is short here.
+Options sandbox_options(HANDLE h) {
+  Options o = on_handle(h);
   o.lease_timeout = std::chrono::milliseconds(100);
   return o;
 }
-
-// The platform probes its mapping mode once per process through the call table: before any hook.
-void warm_up() { (void)platform::os().map_granularity(); }
 
 // Debug messages of the library while it lives.
 struct DebugLog {
@@ -80,7 +77,7 @@ TEST(WindowsHandleSandbox, RefusedReopenUsesADuplicateThatServesFinalizesAndStil
   {
     DebugLog log;
     SandboxedReopen sandbox;
-    auto x = WeightCache::open(on_handle(mine));
+    auto x = WeightCache::open(sandbox_options(mine));
     ASSERT_TRUE(x.ok()) << "the cache could not be opened on a handle ReOpenFile refuses: " << x.error().message;
     EXPECT_GE(sandbox.reopens.load(), 1) << "ReOpenFile was not tried first";
     EXPECT_NE(log.all().find("duplicate"), std::string::npos) << "no debug message says which path was taken:\n"
@@ -92,7 +89,7 @@ TEST(WindowsHandleSandbox, RefusedReopenUsesADuplicateThatServesFinalizesAndStil
 
     // A second cache of this process on the same caller's handle: another duplicate of the same
     // file object, whose byte-range locks are the first one's too. The lease must still exclude.
-    auto y = WeightCache::open(on_handle(mine));
+    auto y = WeightCache::open(sandbox_options(mine));
     ASSERT_TRUE(y.ok()) << y.error().message;
     for (const auto& e : entries) EXPECT_EQ(entry_problem(*y, e), "");
     // The OS's part of it, on a byte of no use to the library: an exclusive byte-range lock taken
@@ -129,7 +126,7 @@ TEST(WindowsHandleSandbox, RefusedReopenOfAnOverlappedHandleIsAnInvalidArgument)
   {
     SandboxedReopen sandbox;
     for (bool read_only : {false, true}) {
-      Options o = on_handle(mine);
+      Options o = sandbox_options(mine);
       o.read_only = read_only;
       auto c = WeightCache::open(o);
       ASSERT_FALSE(c.ok()) << "a cache opened on a duplicate of an overlapped handle";
@@ -139,7 +136,7 @@ TEST(WindowsHandleSandbox, RefusedReopenOfAnOverlappedHandleIsAnInvalidArgument)
     }
   }
   // Not refused where ReOpenFile works: the reopened file object is synchronous.
-  auto c = WeightCache::open(on_handle(mine));
+  auto c = WeightCache::open(sandbox_options(mine));
   EXPECT_TRUE(c.ok()) << c.error().message;
   ::CloseHandle(mine);
 }
@@ -168,7 +165,7 @@ TEST(WindowsHandleSandbox, HandlesOfWhatIsNoRegularFileAreInvalidArguments) {
                {"mutex", mutex, "not the handle of an open file"}};
   for (const auto& k : cases) {
     for (bool read_only : {false, true}) {
-      Options o = on_handle(k.h);
+      Options o = sandbox_options(k.h);
       o.read_only = read_only;
       auto c = WeightCache::open(o);
       ASSERT_FALSE(c.ok()) << k.what << " opened as a cache";

@@ -24,12 +24,6 @@ namespace {
 
 const std::string kChild = win_child_exe();
 
-Options on_handle(HANDLE h) {
-  Options o = suite_options("");
-  o.handle = h;
-  return o;
-}
-
 
 // Every byte of the file behind `h`, read through the handle.
 std::string contents(HANDLE h) {

@@ -22,15 +22,6 @@ namespace {
 
 using wctest::WinCall;
 
-Options on_handle(HANDLE h) {
-  Options o = suite_options("");
-  o.handle = h;
-  return o;
-}
-
-// The platform probes its mapping mode once per process through the call table: before any hook.
-void warm_up() { (void)platform::os().map_granularity(); }
-
 // Calls that write a cache's pages or metadata out to the disk, while the counter lives.
 struct FlushCounter {
   std::atomic<int> flushes{0};

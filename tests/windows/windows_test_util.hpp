@@ -13,6 +13,7 @@
 #include <vector>
 
 #ifdef _WIN32
+#include "platform/platform.hpp"
 #include "spawn.hpp"  // <windows.h>, wide(), under_wine(), spawn_process()
 #endif
 
@@ -108,6 +109,17 @@ inline std::vector<PatternEntry> shared_entries(std::size_t count) {
 #ifdef _WIN32
 /// Opens `path` with every sharing mode (so the library can reopen the handle as its own).
 constexpr DWORD kShareAll = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE;
+
+/// The suite's options for a cache on the caller's handle `h`.
+inline Options on_handle(HANDLE h) {
+  Options o = suite_options("");
+  o.handle = h;
+  return o;
+}
+
+/// The platform probes its mapping mode once per process through the call table: call this
+/// before hooking any entry, so the probe is not what a hook sees first.
+inline void warm_up() { (void)platform::os().map_granularity(); }
 
 inline HANDLE open_handle(const std::string& path, DWORD access, DWORD disposition,
                           DWORD flags = FILE_ATTRIBUTE_NORMAL) {
