@@ -103,6 +103,26 @@ TEST(CApi, VersionIsTheUnreleasedOneTheHeadersName) {
   EXPECT_STREQ(busy, "busy");
 }
 
+// weightcache.h: a message longer than about 1000 bytes is cut and ends in "... [truncated]"
+// (the thread's last error is a fixed buffer, so that no failure needs an allocation to say so).
+TEST(CApi, ALongLastErrorIsCutVisibly) {
+  TempDir dir;
+  std::string deep = dir.file("missing");
+  for (int i = 0; i < 8; ++i) deep += "/" + std::string(200, static_cast<char>('a' + i));
+  const std::string path = deep + "/cache.wcache";  // 1,600+ bytes in a directory that is not there
+  wc_options f = c_options(path);
+  f.backing = WC_BACKING_FILE;
+  wc_cache* c = nullptr;
+  EXPECT_NE(wc_open(&f, &c), WC_OK);
+  EXPECT_EQ(c, nullptr);
+  const std::string message = wc_last_error();
+  const std::string tail = "... [truncated]";
+  EXPECT_LE(message.size(), 1024u) << message;
+  ASSERT_GE(message.size(), tail.size()) << message;
+  EXPECT_EQ(message.substr(message.size() - tail.size()), tail) << message;
+  EXPECT_NE(message.find(dir.file("missing")), std::string::npos) << "the start of the path is kept: " << message;
+}
+
 TEST(CApi, LastErrorExplainsFailedOpen) {
   TempDir dir;
   const std::string path = dir.file("cache.wcache");  // outlives every wc_options naming it
