@@ -327,7 +327,7 @@ void Core::trim_on_close_locked() {
       has_lease_ = true;
       if (auto info = pf_.stat_file(fd_); info) {
         std::vector<format::IndexRecord> records;
-        if (auto slot = read_latest_slot(0, &records, info->size); slot && info->size > slot->committed_size)
+        if (auto slot = read_latest_slot(0, &records, &info.value()); slot && info->size > slot->committed_size)
           (void)pf_.truncate(fd_, slot->committed_size);
       }
       release_lease_locked();
@@ -410,7 +410,7 @@ Result<void> Core::refresh_locked() {
   auto info = pf_.stat_file(fd_);
   if (!info) return info.error();
   std::vector<format::IndexRecord> records;
-  auto slot = read_latest_slot(committed_.sequence, &records, info->size);
+  auto slot = read_latest_slot(committed_.sequence, &records, &info.value());
   if (!slot) {
     log::warn("'{}': cannot read entries committed by other processes: {}", opts_.path, slot.error().message);
     return slot.error();

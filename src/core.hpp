@@ -193,8 +193,10 @@ class Core {
   const platform::File& lease_file() const noexcept { return leases_own_file_ ? fd_ : lock_fd_; }
   static const Core* lease_holder(const Identity& lock) noexcept;
   void set_lease_holder(const Identity& lock, const Core* holder) noexcept;
+  /// The newest commit past `newer_than`, read against `*info` (an fstat of fd_, updated when a
+  /// commit by another writer moved the size meanwhile).
   Result<format::CommitSlot> read_latest_slot(std::uint64_t newer_than, std::vector<format::IndexRecord>* records,
-                                              std::uint64_t file_size);
+                                              platform::FileInfo* info);
 
   // writer side (write_mu_ held)
   /// Takes the writer lease, waiting up to lease_timeout. While it waits it unlocks *lk (if

@@ -533,12 +533,10 @@ bool Core::compact_in_place(const CommittedState& st) {
 Result<CommittedState> Core::read_state() {
   auto info = pf_.stat_file(fd_);
   if (!info) return info.error();
-  if (info->size < format::kHeaderSize)
-    return Error{Errc::corrupt, 0, "file is shorter than its header (" + std::to_string(info->size) + " bytes)"};
+  auto st = read_committed_current(pf_, fd_, &info.value(), file_span_, 0);
   state_size_ = info->size;
   state_mode_ = info->mode;
   identity_ = {info->device, info->inode};
-  auto st = read_committed(pf_, fd_, info->size, file_span_, 0);
   if (!st) return st.error();
   if (st->fixed.compat_hash != compat_hash_)
     return Error{Errc::incompatible, 0, "written for another compatibility key"};
@@ -603,8 +601,8 @@ Result<void> Core::try_attach_locked() {
 
 Result<format::CommitSlot> Core::read_latest_slot(std::uint64_t newer_than,
                                                   std::vector<format::IndexRecord>* records,
-                                                  std::uint64_t file_size) {
-  auto st = read_committed(pf_, fd_, file_size, file_span_, newer_than);
+                                                  platform::FileInfo* info) {
+  auto st = read_committed_current(pf_, fd_, info, file_span_, newer_than);
   if (!st) return st.error();
   if (st->fixed.compat_hash != compat_hash_)
     return Error{Errc::incompatible, 0, "written for another compatibility key"};

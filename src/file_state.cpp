@@ -92,6 +92,21 @@ Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform
   }
 }
 
+Result<CommittedState> read_committed_current(platform::Platform& pf, const platform::File& fd,
+                                              platform::FileInfo* info, std::uint64_t max_bytes,
+                                              std::uint64_t newer_than) {
+  // Each retry needs a commit by another process between two fstat()s; a writer committing in a
+  // tight loop could in theory outrun a few, so the bound only keeps a reader from spinning.
+  constexpr int kAttempts = 16;
+  for (int attempt = 1;; ++attempt) {
+    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than);
+    if (st || st.error().code != Errc::corrupt || attempt == kAttempts) return st;
+    auto seen = pf.stat_file(fd);
+    if (!seen || seen->size == info->size) return st;  // damage: nothing moved
+    *info = seen.value();
+  }
+}
+
 int next_slot_index(const format::DecodedHeader& h) noexcept {
   if (!h.slot_valid[0]) return 0;
   if (!h.slot_valid[1]) return 1;

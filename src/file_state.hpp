@@ -46,6 +46,16 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
                                       std::uint64_t max_bytes, std::uint64_t newer_than,
                                       Diagnosis* diagnosis = nullptr);
 
+/// read_committed on the file's current size: reads against `*info` (an fstat of `fd` the caller
+/// made), and when the result is corrupt but a new fstat shows another size, reads again. A writer on another name of the same
+/// file (a hard link, or a path renamed since) may grow the file and commit between the fstat and
+/// the header read; the newest slot then points past the size seen. Writers grow the file before
+/// they write a slot and never cut it below a commit, so a moved size means a commit landed, not
+/// damage. On return `*info` is the fstat the result was read against.
+Result<CommittedState> read_committed_current(platform::Platform& pf, const platform::File& fd,
+                                              platform::FileInfo* info, std::uint64_t max_bytes,
+                                              std::uint64_t newer_than);
+
 /// Which header slot the next commit goes to: a slot that never verified, else the one holding
 /// the lower sequence, so the newest commit is never overwritten.
 int next_slot_index(const format::DecodedHeader& h) noexcept;
