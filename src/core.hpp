@@ -212,7 +212,9 @@ class Core {
   Result<void> refresh_locked() WC_REQUIRES(write_mu_);
   Result<void> ensure_mapped_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
   Result<void> grow_file_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
-  Result<Region> allocate_locked(std::uint64_t size, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
+  /// Space for `size` bytes: in the file (grown as needed) under the lease, else in heap memory.
+  /// `for_stores`: a reservation the caller fills through the mapping (see prepare_for_stores).
+  Result<Region> allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) WC_REQUIRES(write_mu_);
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
   void merge_records_locked(std::vector<format::IndexRecord>& records) WC_REQUIRES(write_mu_);

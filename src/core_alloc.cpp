@@ -198,7 +198,7 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) {
   return file_span_ + r.value();
 }
 
-Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
+Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back,
                                            MutexLock& lk) {
   *fell_back = false;
   Error why{Errc::ok, 0, {}};
@@ -207,6 +207,9 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool* fell_back,
     if (lease) {
       const std::uint64_t off = align_up(cursor_, offset_align());
       auto r = grow_file_locked(off + size);
+      // Space past the cursor is no entry's, and the lease keeps other writers out. (Not for a
+      // copy: its source may be a released reservation that this very space reuses.)
+      if (r && for_stores) r = pf_.prepare_for_stores(fd_, off, size);
       if (r) {
         cursor_ = off + size;
         return Region{off, false};
@@ -247,7 +250,7 @@ void* Core::reserve(std::size_t size) {
     MutexLock lock(write_mu_);
     const std::uint64_t cap = round_size(size);
     bool fell_back = false;
-    auto region = allocate_locked(cap, &fell_back, lock);
+    auto region = allocate_locked(cap, /*for_stores=*/true, &fell_back, lock);
     if (!region) {
       set_last_error(region.error());
       return nullptr;

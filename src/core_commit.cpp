@@ -110,7 +110,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     } else {
       bool fell_back = false;
       const std::uint64_t cap = round_size(size);
-      auto r = allocate_locked(cap, &fell_back, lock);
+      auto r = allocate_locked(cap, /*for_stores=*/false, &fell_back, lock);
       if (!r) {
         set_last_error(r.error());
         return kNotFound;
@@ -148,6 +148,14 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     if (raw->in_file) {
       mapped_bytes_ += size;
       pending_.push_back(raw);
+      // Its bytes are final: have the OS write them while the host packs the next ones, so the
+      // finalize that makes them durable waits for less. Whole pages only: the next entry may
+      // share a page with this one's ends, and storing to a page under write-back may wait.
+      if (opts_.durability != Durability::none) {
+        const std::uint64_t page = pf_.map_granularity();
+        const std::uint64_t lo = align_up(region.offset, page), hi = (region.offset + size) / page * page;
+        if (hi > lo) pf_.start_write_back(fd_, lo, hi - lo);
+      }
     } else {
       heap_bytes_ += size;
       if (persist_wanted()) {

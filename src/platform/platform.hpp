@@ -179,6 +179,18 @@ class Platform {
   /// then faults, and the fault moves the file's change time (a store to a page that stays
   /// dirty would not). No flush to the device. False where it cannot (nothing is then trusted).
   virtual bool write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept { return false; }
+  /// Readies [offset, offset + len) of the file, space just handed out for a caller to fill with
+  /// stores through its mapping: POSIX writes zeros there with write(), so the page cache holds
+  /// the pages before the stores come and each store takes a minor fault. A store into a page
+  /// the file system must first read or zero is far slower: on Linux's ext4 in fallocated space,
+  /// packing 700 MiB took 4x as long (docs/BENCHMARKS.md). Only for space no entry, index or
+  /// other writer uses. Errors are write errors (a full disk: the space is not there after all).
+  virtual Result<void> prepare_for_stores(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*len*/) {
+    return {};
+  }
+  /// Starts writing back the dirty pages of [offset, offset + size) of the file, without waiting
+  /// (advisory: the finalize that follows then has less to wait for). Errors are ignored.
+  virtual void start_write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept {}
   /// Whether the file's access may go beyond its owner, group and mode bits (a POSIX access
   /// control list); true when it cannot tell.
   virtual bool has_access_list(const File& /*f*/) noexcept { return true; }

@@ -588,6 +588,31 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  Result<void> prepare_for_stores(const File& f, std::uint64_t offset, std::uint64_t len) override {
+    // Never written: its pages stay the kernel's shared zero page, costing no memory.
+    alignas(4096) static std::byte zeros[1 << 20];
+    while (len > 0) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, sizeof zeros));
+      if (auto r = write_at(f, zeros, n, offset); !r) return r;
+      offset += n;
+      len -= n;
+    }
+    return {};
+  }
+
+  void start_write_back(const File& f, std::uint64_t offset, std::uint64_t size) noexcept override {
+#if defined(__linux__)
+    if (size > 0)
+      (void)sys().sync_file_range(static_cast<int>(f.handle()), static_cast<off_t>(offset), static_cast<off_t>(size),
+                                  SYNC_FILE_RANGE_WRITE);
+#else
+    // Elsewhere no range write-back without a mapping: the finalize does it all.
+    (void)f;
+    (void)offset;
+    (void)size;
+#endif
+  }
+
   bool write_back(const File& f, std::uint64_t offset, std::uint64_t size) noexcept override {
 #if defined(__linux__)
     if (size == 0) return true;

@@ -76,6 +76,12 @@ class ForwardingPlatform : public platform::Platform {
   bool tracks_changes(const File& f) noexcept override { return os_.tracks_changes(f); }
   bool write_back(const File& f, std::uint64_t o, std::uint64_t n) noexcept override { return os_.write_back(f, o, n); }
   bool has_access_list(const File& f) noexcept override { return os_.has_access_list(f); }
+  Result<void> prepare_for_stores(const File& f, std::uint64_t o, std::uint64_t n) override {
+    return os_.prepare_for_stores(f, o, n);
+  }
+  void start_write_back(const File& f, std::uint64_t o, std::uint64_t n) noexcept override {
+    os_.start_write_back(f, o, n);
+  }
 
  protected:
   /// A file the backend opened, handed over to this platform.

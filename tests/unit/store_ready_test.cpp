@@ -1,0 +1,118 @@
+// Space a reservation hands out is ready for the caller's stores: its pages are already in the
+// page cache (written as zeros), so packing into the mapping takes minor faults instead of
+// having the file system read or zero each page first (4x slower for 700 MiB on ext4). And an
+// entry's whole pages start writing back once it is inserted, so a durable finalize waits for
+// less; never a page the next entry may share.
+#include "core.hpp"
+#include "forwarding_platform.hpp"
+#include "key_content.hpp"
+#include "temp_dir.hpp"
+
+#include <gtest/gtest.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace weightcache::test {
+namespace {
+
+class RecordingPlatform final : public ForwardingPlatform {
+ public:
+  void start_write_back(const File& f, std::uint64_t o, std::uint64_t n) noexcept override {
+    written_back.emplace_back(o, n);
+    ForwardingPlatform::start_write_back(f, o, n);
+  }
+  Result<void> prepare_for_stores(const File& f, std::uint64_t o, std::uint64_t n) override {
+    prepared.emplace_back(o, n);
+    return ForwardingPlatform::prepare_for_stores(f, o, n);
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> written_back, prepared;
+};
+
+Options file_options(const std::string& path, Durability d = Durability::full) {
+  Options o;
+  o.path = path;
+  o.backing = Backing::file;
+  o.durability = d;
+  o.verify_ahead = false;
+  return o;
+}
+
+#ifdef __linux__
+TEST(StoreReady, AReservationsPagesAreInThePageCacheBeforeTheCallerStores) {
+  TempDir dir("wc-store-ready");
+  auto c = WeightCache::open(file_options(dir.file("c.wc")));
+  ASSERT_TRUE(c) << c.error().message;
+  constexpr std::size_t kSize = 8 << 20;
+  void* p = c->reserve(kSize);
+  ASSERT_NE(p, nullptr);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const std::size_t span = reinterpret_cast<std::uintptr_t>(p) + kSize - start;
+  std::vector<unsigned char> resident((span + page - 1) / page);
+  ASSERT_EQ(::mincore(reinterpret_cast<void*>(start), span, resident.data()), 0);
+  std::size_t missing = 0;
+  for (unsigned char r : resident) missing += (r & 1) ? 0 : 1;
+  EXPECT_EQ(missing, 0u) << "of " << resident.size() << " pages, these are not in the page cache yet";
+  // And the space reads as zeros: nothing of anyone's was there.
+  const auto* b = static_cast<const unsigned char*>(p);
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < kSize; i += 4096) nonzero += b[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+}
+#endif
+
+TEST(StoreReady, OnlyReservationsArePreparedAndOnlyAnEntrysWholePagesWriteBack) {
+  TempDir dir("wc-store-ready");
+  RecordingPlatform pf;
+  auto opened = Core::open(file_options(dir.file("c.wc")), pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  const std::uint64_t page = pf.map_granularity();
+
+  // A reservation not starting or ending on a page boundary (the first entry follows the header).
+  const std::size_t size = 3 * page + 100;
+  void* p = core.reserve(size);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(pf.prepared.size(), 1u);
+  fill_for_key("a", p, size);
+  const std::size_t off = core.look_up_or_insert("a", p, size);
+  ASSERT_NE(off, kNotFound);
+  EXPECT_EQ(pf.prepared[0].first, off);
+  EXPECT_GE(pf.prepared[0].second, size);
+  ASSERT_EQ(pf.written_back.size(), 1u);
+  const auto [wb_off, wb_len] = pf.written_back[0];
+  EXPECT_EQ(wb_off % page, 0u);
+  EXPECT_EQ(wb_len % page, 0u);
+  EXPECT_GE(wb_off, off) << "wrote back a page the entry shares with what precedes it";
+  EXPECT_LE(wb_off + wb_len, off + size) << "wrote back a page the next entry may share";
+  EXPECT_GE(wb_len, size - 2 * page) << "left whole pages of the entry out";
+
+  // A copy into the cache is not prepared: its source may be the very space it lands in.
+  const std::string bytes = bytes_for_key("b", 2 * page);
+  ASSERT_NE(core.look_up_or_insert("b", const_cast<char*>(bytes.data()), bytes.size()), kNotFound);
+  EXPECT_EQ(pf.prepared.size(), 1u);
+  ASSERT_TRUE(core.finalize().ok());
+}
+
+TEST(StoreReady, WithoutDurabilityNothingIsWrittenBackEarly) {
+  TempDir dir("wc-store-ready");
+  RecordingPlatform pf;
+  auto opened = Core::open(file_options(dir.file("c.wc"), Durability::none), pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  const std::size_t size = 4 * pf.map_granularity();
+  void* p = core.reserve(size);
+  ASSERT_NE(p, nullptr);
+  fill_for_key("a", p, size);
+  ASSERT_NE(core.look_up_or_insert("a", p, size), kNotFound);
+  EXPECT_TRUE(pf.written_back.empty());
+}
+
+}  // namespace
+}  // namespace weightcache::test
