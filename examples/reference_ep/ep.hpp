@@ -1,12 +1,17 @@
 // The reference execution provider: a small CPU runtime that creates one fully-connected
-// operator per layer and runs the model from the packed panels. Where the packed weights come
-// from is the mode:
-//  - adapter: through the XNNPACK-shaped weights-cache provider (wc_xnn_adapter), its function
-//    pointers called exactly as XNNPACK's operator-creation path calls them;
+// operator per layer and runs the model from the packed weights. Two backends compute:
+//  - xnnpack (xnn_backend.hpp, when the build has XNNPACK): XNNPACK's own operators, which pack
+//    the weights themselves;
+//  - gemm (here): the provider's own packer and GEMM (pack_panels, gemm_packed in model.hpp).
+// Where the packed weights come from is the mode:
+//  - adapter: through the XNNPACK-shaped weights-cache provider (wc_xnn_adapter); the gemm
+//    backend calls its function pointers exactly as XNNPACK's operator-creation path does, the
+//    xnnpack backend hands it to XNNPACK;
 //  - c_abi:   through the C ABI directly (wc_look_up, wc_reserve_space, wc_look_up_or_insert),
-//    as a backend that packs its own weights would;
-//  - direct:  no weightcache at all: packed by the same function into private memory of the
-//    session's own (the baseline every output is compared with).
+//    as a backend that packs its own weights would (gemm backend only: XNNPACK talks to a
+//    weights-cache provider, not to this ABI);
+//  - direct:  no weightcache at all: packed into private memory of the session's own (the
+//    baseline every output of the same backend is compared with).
 #pragma once
 
 #include "model.hpp"
@@ -27,6 +32,9 @@
 namespace refep {
 
 enum class Mode { adapter, c_abi, direct };
+enum class Backend { xnnpack, gemm };
+
+inline const char* backend_name(Backend b) { return b == Backend::xnnpack ? "xnnpack" : "gemm"; }
 
 inline const char* mode_name(Mode m) {
   switch (m) {
@@ -77,19 +85,55 @@ struct LoadCounts {
   std::size_t hits = 0;    // operators whose packed weights came from the cache
 };
 
+/// Creates the adapter over `cache` and names every weight and bias buffer of `source` after its
+/// tensor in the model: the cache keys are built from these names, never from the buffers'
+/// addresses. On failure *out may hold an adapter the caller still destroys.
+inline std::string open_adapter(wc_cache* cache, const SourceModel& source, wc_xnn_adapter** out) {
+  if (wc_xnn_adapter_create(cache, out) != WC_OK) return std::string("adapter: ") + wc_last_error();
+  for (const auto& t : source.tensors()) {
+    if (wc_xnn_adapter_name_buffer(*out, t.data, t.name.c_str()) != WC_OK)
+      return "naming " + t.name + ": " + wc_last_error();
+  }
+  return {};
+}
+
+/// What a session drives, whatever the backend: init, create_operators, finalize, reshape, then
+/// run as often as it likes. Every call that can fail returns what failed (empty: success).
 class ExecutionProvider {
  public:
-  /// `cache` (NULL in direct mode) and `source` are borrowed and must outlive the provider.
-  ExecutionProvider(Mode mode, wc_cache* cache, SourceModel* source, const Config& config)
-      : mode_(mode), cache_(cache), source_(source), config_(config), layers_(model_layers(config)) {}
-  ~ExecutionProvider() { wc_xnn_adapter_destroy(adapter_); }
-  ExecutionProvider(const ExecutionProvider&) = delete;
-  ExecutionProvider& operator=(const ExecutionProvider&) = delete;
+  virtual ~ExecutionProvider() = default;
+  /// Adapter mode: the adapter, its buffers named. Direct mode: whatever private memory needs.
+  virtual std::string init() = 0;
+  /// Creates one fully-connected operator per layer, packing (or finding) its weights.
+  virtual std::string create_operators(LoadCounts* counts) = 0;
+  /// The runtime's own job with a cache: finalize before setup (with the XNNPACK-shaped
+  /// provider, setup is refused until is_finalized says so).
+  virtual std::string finalize() = 0;
+  /// Resolves every operator's packed weights for the configured batch of tokens.
+  virtual std::string reshape() = 0;
+  /// One forward pass over `tokens` rows of activations.
+  virtual std::string run(const std::vector<float>& input, std::vector<float>* output) = 0;
+  /// Where every operator's packed weights are (after reshape): [address, address + bytes).
+  virtual std::vector<std::pair<const void*, std::size_t>> packed_ranges() const = 0;
+  virtual std::size_t packed_total() const = 0;
+  /// The adapter (adapter mode), else NULL.
+  virtual wc_xnn_adapter* adapter() const = 0;
+  virtual std::size_t operators() const = 0;
+  virtual Backend backend() const = 0;
+};
 
-  /// Adapter mode: creates the adapter and names every weight and bias buffer after its tensor
-  /// in the model: the cache keys are built from these names, never from the buffers' addresses.
+/// The gemm backend: the provider's own packer (pack_panels) and GEMM.
+class GemmProvider final : public ExecutionProvider {
+ public:
+  /// `cache` (NULL in direct mode) and `source` are borrowed and must outlive the provider.
+  GemmProvider(Mode mode, wc_cache* cache, SourceModel* source, const Config& config)
+      : mode_(mode), cache_(cache), source_(source), config_(config), layers_(model_layers(config)) {}
+  ~GemmProvider() override { wc_xnn_adapter_destroy(adapter_); }
+  GemmProvider(const GemmProvider&) = delete;
+  GemmProvider& operator=(const GemmProvider&) = delete;
+
   /// Direct mode: allocates the private memory every layer is packed into.
-  std::string init() {
+  std::string init() override {
     if (mode_ == Mode::direct) {
       std::size_t total = 0;
       for (const Linear& l : layers_) total += align64(packed_bytes(l));
@@ -97,17 +141,13 @@ class ExecutionProvider {
       return private_.data() != nullptr ? std::string() : "cannot allocate " + std::to_string(total) + " bytes";
     }
     if (mode_ == Mode::c_abi) return {};
-    if (wc_xnn_adapter_create(cache_, &adapter_) != WC_OK) return std::string("adapter: ") + wc_last_error();
+    std::string err = open_adapter(cache_, *source_, &adapter_);
     provider_ = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(adapter_));
-    for (const auto& t : source_->tensors()) {
-      if (wc_xnn_adapter_name_buffer(adapter_, t.data, t.name.c_str()) != WC_OK)
-        return "naming " + t.name + ": " + wc_last_error();
-    }
-    return {};
+    return err;
   }
 
-  /// Creates one fully-connected operator per layer. Operators keep offsets, not pointers.
-  std::string create_operators(LoadCounts* counts) {
+  /// Operators keep offsets, not pointers.
+  std::string create_operators(LoadCounts* counts) override {
     ops_.assign(layers_.size(), Op{});
     std::size_t direct_offset = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -161,9 +201,7 @@ class ExecutionProvider {
     return {};
   }
 
-  /// The runtime's own job with a cache: finalize before setup (with the XNNPACK-shaped
-  /// provider, setup is refused until is_finalized says so).
-  std::string finalize() {
+  std::string finalize() override {
     if (mode_ == Mode::direct) return {};
     const bool finalized =
         mode_ == Mode::adapter ? provider_->is_finalized(provider_->context) : wc_is_finalized(cache_) != 0;
@@ -172,8 +210,8 @@ class ExecutionProvider {
     return {};
   }
 
-  /// Reshape: resolve every operator's packed weights (XNNPACK does this at every reshape).
-  std::string reshape() {
+  /// As XNNPACK does at every reshape: offset_to_addr for every operator.
+  std::string reshape() override {
     if (mode_ == Mode::direct) return {};
     if (mode_ == Mode::adapter && !provider_->is_finalized(provider_->context))
       return "setup refused: the weights cache is not finalized";
@@ -186,20 +224,18 @@ class ExecutionProvider {
     return {};
   }
 
-  /// Where every operator's packed weights are (after reshape): [address, address + bytes).
-  std::vector<std::pair<const void*, std::size_t>> packed_ranges() const {
+  std::vector<std::pair<const void*, std::size_t>> packed_ranges() const override {
     std::vector<std::pair<const void*, std::size_t>> out;
     for (std::size_t i = 0; i < ops_.size(); ++i) out.emplace_back(ops_[i].packed, packed_bytes(layers_[i]));
     return out;
   }
-  std::size_t packed_total() const {
+  std::size_t packed_total() const override {
     std::size_t n = 0;
     for (const Linear& l : layers_) n += packed_bytes(l);
     return n;
   }
 
-  /// One forward pass over `tokens` rows of activations.
-  void run(const std::vector<float>& input, std::vector<float>* output) const {
+  std::string run(const std::vector<float>& input, std::vector<float>* output) override {
     const std::size_t m = config_.tokens, d = config_.dim, h = config_.hidden;
     std::vector<float> x = input, normed(m * d), up(m * h), down(m * d);
     for (std::size_t b = 0; b < config_.layers; ++b) {
@@ -212,10 +248,12 @@ class ExecutionProvider {
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += down[i];
     }
     *output = std::move(x);
+    return {};
   }
 
-  wc_xnn_adapter* adapter() const { return adapter_; }
-  std::size_t operators() const { return layers_.size(); }
+  wc_xnn_adapter* adapter() const override { return adapter_; }
+  std::size_t operators() const override { return layers_.size(); }
+  Backend backend() const override { return Backend::gemm; }
 
  private:
   struct Op {

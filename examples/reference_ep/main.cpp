@@ -1,11 +1,14 @@
 // weightcache-ref-ep: a reference CPU execution provider that runs a stack of transformer-style
-// MLP blocks (f32) with its weights packed through weightcache's XNNPACK-shaped provider (or
-// its C ABI, or, as the baseline, without weightcache at all). Run it twice: the first run
-// packs into the cache file, the second maps the packed weights. See --help, and
-// docs/INTEGRATION.md.
+// MLP blocks (f32) in a real XNNPACK when the build has one (else, and on request, with its own
+// GEMM), its weights packed through weightcache's XNNPACK-shaped provider (or its C ABI, or, as
+// the baseline, without weightcache at all). Run it twice: the first run packs into the cache
+// file, the second maps the packed weights. See --help, and docs/INTEGRATION.md.
 #include "proc_smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
+#if WEIGHTCACHE_REF_EP_XNNPACK
+#include "xnn_backend.hpp"
+#endif
 
 #include <weightcache/weightcache.h>
 #include <weightcache/xnnpack.h>
@@ -48,15 +51,29 @@ std::string human(std::uint64_t bytes) {
 
 // ---- arguments --------------------------------------------------------------------------------
 
+#if WEIGHTCACHE_REF_EP_XNNPACK
+constexpr bool kHaveXnnpack = true;
+#define REFEP_BACKEND_HELP                                                                                 \
+  "  --backend B      xnnpack (the default): XNNPACK's operators, 2 threads; gemm: the provider's own\n" \
+  "                   packer and single-threaded GEMM (implied by --c-abi)\n"
+#else
+constexpr bool kHaveXnnpack = false;
+#define REFEP_BACKEND_HELP                                                                                 \
+  "  --backend B      gemm (the only one here): the provider's own packer and GEMM; xnnpack needs a\n"   \
+  "                   build configured with WEIGHTCACHE_XNNPACK_SOURCE_DIR\n"
+#endif
+
 const char kUsage[] =
-    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--c-abi] [--fresh]\n"
+    "usage: weightcache-ref-ep [--cache FILE | --no-cache] [--c-abi] [--fresh] [--backend xnnpack|gemm]\n"
     "                          [--size-mib N | --layers N] [--dim N] [--hidden N] [--tokens N] [--seed N]\n"
     "                          [--sessions K] [--processes N] [--report FILE]\n"
     "\n"
-    "A reference CPU execution provider: runs a stack of transformer-style MLP blocks (f32 GEMM from\n"
-    "packed weight panels, bias, GELU) whose weights are packed through weightcache's XNNPACK-shaped\n"
-    "weights-cache provider. The first run packs into the cache file; later runs, and other\n"
-    "processes, map the packed weights instead. Outputs are bit-identical in every mode.\n"
+    "A reference CPU execution provider: runs a stack of transformer-style MLP blocks (f32\n"
+    "fully-connected layers from packed weights, bias, GELU) whose weights are packed through\n"
+    "weightcache's XNNPACK-shaped weights-cache provider. With the xnnpack backend a real XNNPACK\n"
+    "packs and computes; with the gemm backend the provider's own packer and GEMM do. The first run\n"
+    "packs into the cache file; later runs, and other processes, map the packed weights instead.\n"
+    "Outputs of one backend are bit-identical in every mode (the two backends' differ).\n"
     "\n"
     "  --cache FILE     cache file (default $XDG_CACHE_HOME/weightcache/ref-ep.wcache, else\n"
     "                   ~/.cache/weightcache/ref-ep.wcache)\n"
@@ -65,6 +82,7 @@ const char kUsage[] =
     "  --c-abi          pack through the C ABI (wc_look_up, wc_reserve_space, wc_look_up_or_insert)\n"
     "                   instead of the XNNPACK-shaped provider, as a backend packing on its own would\n"
     "  --fresh          delete the cache file first (a cold start)\n"
+    REFEP_BACKEND_HELP
     "  --size-mib N     weights in MiB, rounded to whole blocks (default 512)\n"
     "  --layers N       number of MLP blocks (default 16)\n"
     "  --dim N          model width (default 1024)\n"
@@ -81,6 +99,8 @@ struct Args {
   refep::Config config;
   std::string cache_path;
   refep::Mode mode = refep::Mode::adapter;
+  refep::Backend backend = kHaveXnnpack ? refep::Backend::xnnpack : refep::Backend::gemm;
+  bool backend_set = false;
   bool no_cache = false;  // mode == direct
   bool c_abi = false;
   bool fresh = false;
@@ -129,6 +149,22 @@ int parse_args(int argc, char** argv, Args* a) {
       a->c_abi = true;
     } else if (arg == "--fresh") {
       a->fresh = true;
+    } else if (arg == "--backend" && next != nullptr) {
+      const std::string b = next;
+      ++i;
+      if (b == "gemm") {
+        a->backend = refep::Backend::gemm;
+      } else if (b == "xnnpack" && kHaveXnnpack) {
+        a->backend = refep::Backend::xnnpack;
+      } else if (b == "xnnpack") {
+        std::fprintf(stderr, "weightcache-ref-ep: --backend xnnpack: this build has no XNNPACK (configure it with "
+                             "-DWEIGHTCACHE_XNNPACK_SOURCE_DIR=<checkout>)\n");
+        return 2;
+      } else {
+        std::fprintf(stderr, "weightcache-ref-ep: --backend takes xnnpack or gemm, not '%s'\n", b.c_str());
+        return 2;
+      }
+      a->backend_set = true;
     } else if (arg == "--size-mib") {
       if (!number(&a->size_mib)) return 2;
     } else if (arg == "--layers") {
@@ -164,6 +200,15 @@ int parse_args(int argc, char** argv, Args* a) {
     return 2;
   }
   a->mode = a->no_cache ? refep::Mode::direct : a->c_abi ? refep::Mode::c_abi : refep::Mode::adapter;
+  if (a->c_abi) {
+    // XNNPACK packs through a weights-cache provider only: the C ABI is for a backend that packs
+    // its own weights.
+    if (a->backend_set && a->backend == refep::Backend::xnnpack) {
+      std::fprintf(stderr, "weightcache-ref-ep: --c-abi packs with the gemm backend; it excludes --backend xnnpack\n");
+      return 2;
+    }
+    a->backend = refep::Backend::gemm;
+  }
   if (a->size_mib != 0 && !a->layers_set) {
     const double per_layer = static_cast<double>(refep::layer_weight_bytes(a->config));
     a->config.layers = std::max<std::size_t>(1, static_cast<std::size_t>(a->size_mib * double(1 << 20) / per_layer + 0.5));
@@ -223,9 +268,26 @@ std::uint64_t process_rss() {
 
 // ---- sessions ---------------------------------------------------------------------------------
 
-std::string compat_key(const refep::Config& c) {
+std::string packer_id(refep::Backend backend) {
+#if WEIGHTCACHE_REF_EP_XNNPACK
+  if (backend == refep::Backend::xnnpack) return refep::XnnpackProvider::packer_id();
+#endif
+  (void)backend;
+  return std::string(refep::kPackerId);
+}
+
+std::unique_ptr<refep::ExecutionProvider> make_provider(const Args& a, wc_cache* cache, refep::SourceModel* source) {
+#if WEIGHTCACHE_REF_EP_XNNPACK
+  if (a.backend == refep::Backend::xnnpack)
+    return std::make_unique<refep::XnnpackProvider>(a.mode, cache, source, a.config);
+#endif
+  return std::make_unique<refep::GemmProvider>(a.mode, cache, source, a.config);
+}
+
+std::string compat_key(const refep::Config& c, refep::Backend backend) {
   // Everything the packed bytes depend on: the model's identity (here, the parameters that
-  // generate it; a real runtime would use the model file's digest), the packer, the CPU.
+  // generate it; a real runtime would use the model file's digest), the packer (the backend's:
+  // XNNPACK's build identifier, or the gemm packer's name), the CPU.
 #if defined(__x86_64__)
   const char* cpu = "x86_64";
 #elif defined(__aarch64__)
@@ -235,7 +297,7 @@ std::string compat_key(const refep::Config& c) {
 #endif
   return "weightcache-ref-ep|model:seed=" + std::to_string(c.seed) + ",layers=" + std::to_string(c.layers) +
          ",dim=" + std::to_string(c.dim) + ",hidden=" + std::to_string(c.hidden) + "|packer=" +
-         std::string(refep::kPackerId) + "|cpu=" + cpu;
+         packer_id(backend) + "|cpu=" + cpu;
 }
 
 struct Session {
@@ -295,13 +357,15 @@ void release_when_all(int announce_fd, int release_fd, std::size_t count) {
 int run_sessions(const Args& args) {
   const refep::Config& cfg = args.config;
   Reporter report(args.report);
-  const std::string key = compat_key(cfg);
+  const std::string key = compat_key(cfg, args.backend);
+  const char* backend = refep::backend_name(args.backend);
   const auto input = refep::make_input(cfg);
   const std::uint64_t weight_bytes = refep::layer_weight_bytes(cfg) * cfg.layers;
   const long pid = static_cast<long>(::getpid());
   const bool cached = args.mode != refep::Mode::direct;
-  std::printf("[pid %ld] model: %zu MLP blocks, dim %zu, hidden %zu, %s of f32 weights, %zu tokens; %s\n", pid,
-              cfg.layers, cfg.dim, cfg.hidden, human(weight_bytes).c_str(), cfg.tokens,
+  std::printf("[pid %ld] model: %zu MLP blocks, dim %zu, hidden %zu, %s of f32 weights, %zu tokens; backend %s; %s\n",
+              pid, cfg.layers, cfg.dim, cfg.hidden, human(weight_bytes).c_str(), cfg.tokens,
+              args.backend == refep::Backend::xnnpack ? "xnnpack (XNNPACK operators, 2 threads)" : "gemm (own GEMM)",
               cached ? (std::string(refep::mode_name(args.mode)) + " over " + args.cache_path).c_str()
                      : "no cache: every session packs into private memory");
   std::fflush(stdout);
@@ -329,7 +393,7 @@ int run_sessions(const Args& args) {
       std::fprintf(stderr, "weightcache-ref-ep: cannot map %s for the model\n", human(weight_bytes).c_str());
       return 2;
     }
-    s->ep = std::make_unique<refep::ExecutionProvider>(args.mode, s->cache, s->source.get(), cfg);
+    s->ep = make_provider(args, s->cache, s->source.get());
     refep::LoadCounts counts;
     std::string err = s->ep->init();
     if (err.empty()) err = s->ep->create_operators(&counts);
@@ -343,7 +407,11 @@ int run_sessions(const Args& args) {
 
     const auto t1 = Clock::now();
     std::vector<float> out;
-    s->ep->run(input, &out);
+    err = s->ep->run(input, &out);
+    if (!err.empty()) {
+      std::fprintf(stderr, "weightcache-ref-ep: session %zu: run: %s\n", k, err.c_str());
+      return 2;
+    }
     const double run_ms = ms_since(t1);
     char hash[17];
     std::snprintf(hash, sizeof hash, "%016" PRIx64, refep::fnv1a(out.data(), out.size() * sizeof(float)));
@@ -366,17 +434,22 @@ int run_sessions(const Args& args) {
     std::printf("[pid %ld session %zu/%zu] load %.1f ms: %zu operators, %zu packed, %zu from the cache; run %.1f ms; "
                 "output %s\n",
                 pid, k, args.sessions, load_ms, s->ep->operators(), counts.packed, counts.hits, run_ms, hash);
+    if (s->ep->adapter() != nullptr)
+      std::printf("    adapter: %" PRIu64 " look-ups, %" PRIu64 " hits, %" PRIu64 " reservations%s\n", as.look_ups,
+                  as.hits, as.reservations,
+                  as.reservations == 0 && as.hits == as.look_ups ? " (nothing packed: every look-up hit)" : "");
     print_table(("weights (" + human(s->ep->packed_total()) + " packed)").c_str(), cached, human(cs.mapped_bytes),
                 mapped, human(private_bytes), priv);
     std::fflush(stdout);
-    char line[640];
+    char line[768];
     std::snprintf(line, sizeof line,
-                  "pid=%ld session=%zu mode=%s hash=%s load_ms=%.3f run_ms=%.3f packed=%zu hits=%zu reserves=%" PRIu64
+                  "pid=%ld session=%zu backend=%s mode=%s hash=%s load_ms=%.3f run_ms=%.3f packed=%zu hits=%zu "
+                  "look_ups=%" PRIu64 " adapter_hits=%" PRIu64 " reserves=%" PRIu64
                   " weights=%zu mapped_bytes=%" PRIu64 " heap_bytes=%" PRIu64 " unnamed_bytes=%" PRIu64 " rss=%" PRIu64
                   " pss=%" PRIu64 " private_dirty=%" PRIu64 " heap_rss=%" PRIu64 " heap_pss=%" PRIu64
                   " heap_private_dirty=%" PRIu64,
-                  pid, k, args.mode == refep::Mode::adapter ? "adapter" : cached ? "c-abi" : "direct", hash, load_ms,
-                  run_ms, counts.packed, counts.hits, reserves, s->ep->packed_total(), cs.mapped_bytes, private_bytes,
+                  pid, k, backend, args.mode == refep::Mode::adapter ? "adapter" : cached ? "c-abi" : "direct", hash,
+                  load_ms, run_ms, counts.packed, counts.hits, as.look_ups, as.hits, reserves, s->ep->packed_total(), cs.mapped_bytes, private_bytes,
                   as.unnamed_bytes, mapped.rss, mapped.pss, mapped.private_dirty, priv.rss, priv.pss,
                   priv.private_dirty);
     report.line(line);
@@ -539,10 +612,10 @@ int run_processes(int argc, char** argv, const Args& args) {
     std::fprintf(stderr, "weightcache-ref-ep: processes produced different outputs\n");
     return 1;
   }
-  std::printf("%zu processes x %zu session(s): every output %s\n"
+  std::printf("%zu processes x %zu session(s), backend %s: every output %s\n"
               "    weights across processes: cache file mappings Rss %s, Pss %s (shared pages count once in Pss); "
               "private memory Rss %s, Pss %s\n",
-              args.processes, args.sessions, hash.c_str(), human(rss).c_str(), human(pss).c_str(),
+              args.processes, args.sessions, refep::backend_name(args.backend), hash.c_str(), human(rss).c_str(), human(pss).c_str(),
               human(heap_rss).c_str(), human(heap_pss).c_str());
   return rc;
 }

@@ -24,6 +24,13 @@ using Line = std::map<std::string, std::string>;
 // About 3 MiB of weights: 4 blocks of 160 -> 640 -> 160.
 const std::vector<std::string> kModel = {"--layers", "4", "--dim", "160", "--hidden", "640", "--tokens", "3"};
 constexpr std::uint64_t kOperators = 8;
+// Whatever backend computes (xnnpack when the build has XNNPACK, else gemm), the promises below
+// hold for it; the C-ABI test pins the gemm backend, the only one that packs through that ABI.
+#if WEIGHTCACHE_REF_EP_XNNPACK
+constexpr const char* kDefaultBackend = "xnnpack";
+#else
+constexpr const char* kDefaultBackend = "gemm";
+#endif
 
 class RefEpTest : public ::testing::Test {
  protected:
@@ -74,6 +81,7 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
   std::vector<Line> s;
   ASSERT_EQ(run({"--no-cache"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["backend"], kDefaultBackend);
   EXPECT_EQ(s[0]["mode"], "direct");
   const std::string reference = s[0]["hash"];
   ASSERT_EQ(reference.size(), 16u);
@@ -91,6 +99,7 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
   // Cold: everything packed, straight into the cache file; nothing in private memory.
   ASSERT_EQ(run({"--cache", cache_, "--fresh"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["backend"], kDefaultBackend);
   EXPECT_EQ(s[0]["mode"], "adapter");
   EXPECT_EQ(s[0]["hash"], reference);
   EXPECT_EQ(num(s[0], "packed"), kOperators);
@@ -135,13 +144,17 @@ TEST_F(RefEpTest, OutputsAreBitIdenticalWithAndWithoutTheCacheColdAndWarm) {
 }
 
 TEST_F(RefEpTest, TheCAbiPathComputesTheSameOutputColdAndWarm) {
+  // The C ABI is the gemm backend's (XNNPACK packs through a provider only): --c-abi implies it,
+  // and the gemm backend's outputs are compared with each other.
   std::vector<Line> s;
-  ASSERT_EQ(run({"--no-cache"}, &s), 0);
+  ASSERT_EQ(run({"--no-cache", "--backend", "gemm"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["backend"], "gemm");
   const std::string reference = s[0]["hash"];
 
   ASSERT_EQ(run({"--cache", cache_, "--fresh", "--c-abi"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0]["backend"], "gemm");
   EXPECT_EQ(s[0]["mode"], "c-abi");
   EXPECT_EQ(s[0]["hash"], reference);
   EXPECT_EQ(num(s[0], "packed"), kOperators);
@@ -155,7 +168,7 @@ TEST_F(RefEpTest, TheCAbiPathComputesTheSameOutputColdAndWarm) {
   EXPECT_EQ(num(s[0], "heap_rss"), 0u);
 
   // Its keys are its own: the adapter finds nothing of it in the same file, packs, and agrees.
-  ASSERT_EQ(run({"--cache", cache_}, &s), 0);
+  ASSERT_EQ(run({"--cache", cache_, "--backend", "gemm"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);
   EXPECT_EQ(s[0]["hash"], reference);
   EXPECT_EQ(num(s[0], "packed"), kOperators);
@@ -195,6 +208,14 @@ TEST_F(RefEpTest, TheOutputHashDependsOnTheWeights) {
   ASSERT_EQ(a.size(), 1u);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_NE(a[0]["hash"], b[0]["hash"]);
+}
+
+TEST_F(RefEpTest, BadBackendArgumentsAreRefused) {
+  std::vector<Line> s;
+  EXPECT_EQ(run({"--no-cache", "--backend", "cuda"}, &s), 2);
+  // The C ABI is the gemm backend's (and a build without XNNPACK has no xnnpack backend at all).
+  EXPECT_EQ(run({"--cache", cache_, "--c-abi", "--backend", "xnnpack"}, &s), 2);
+  EXPECT_TRUE(s.empty());
 }
 
 }  // namespace
