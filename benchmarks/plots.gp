@@ -118,3 +118,39 @@ if (system("test -s ".data."/strategy.dat && echo 1") eq "1") {
        "" using 3 lc rgb "#c0392b" title "ftruncate + mmap per reserve (10,000 VMAs)"
   unset logscale
 }
+
+# ---- a current XNNPACK: runtime creation in fresh processes (weightcache-xnn-bench) ------------
+if (system("test -s ".data."/xnn_launch.dat && echo 1") eq "1") {
+  set output out."/xnn_launch.png"
+  set terminal pngcairo size 980,520 font "sans,10" noenhanced
+  set title "XNNPACK runtime creation, fresh processes: median ms (log scale, lower is better)"
+  unset xlabel
+  set ylabel "ms (wall)"
+  set logscale y
+  set yrange [0.1:*]
+  set style data histograms
+  set style histogram clustered gap 1
+  set style fill solid 0.85 border -1
+  set key outside right top
+  plot data."/xnn_launch.dat" using 2:xtic(1) lc rgb "#c0392b" title "XNNPACK packs (no cache)", \
+       "" using 3 lc rgb "#e67e22" title "cold: packs into the cache", \
+       "" using 4 lc rgb "#f1c40f" title "warm, first process (verifies)", \
+       "" using 5 lc rgb "#27ae60" title "warm, later processes (shared)", \
+       "" using 6 lc rgb "#2e86c1" title "warm, first_use (per process)"
+  unset logscale
+  set yrange [*:*]
+  set key top left
+  set terminal pngcairo size 820,460 font "sans,10" noenhanced
+}
+if (system("test -s ".data."/xnn_kth.dat && echo 1") eq "1") {
+  set output out."/xnn_kth.png"
+  set title "The k-th process to create the XNNPACK runtime after a change (median ms, log)"
+  set xlabel "k (1 packs, 2 verifies, later ones trust that verification)"
+  set ylabel "ms (wall)"
+  set logscale y
+  set xtics 1
+  plot for [i=2:5] data."/xnn_kth.dat" using 1:i with linespoints lw 2 pt 7 title columnhead(i)
+  unset logscale
+  set xtics autofreq
+  unset xlabel
+}
