@@ -285,6 +285,14 @@ void Core::release_reservation_locked(std::uint64_t offset, const Reservation& r
   } else if (has_lease_ && offset + r.capacity == cursor_) {
     cursor_ = offset;
   }
+  // Nothing left for a finalize to commit (the reservation given back, or an insert that found
+  // its bytes already committed by another process): the cache stays finalized, so a host that
+  // finalizes only an unfinalized cache never calls finalize. Let go of the lease, or other
+  // processes wait lease_timeout for it. The file keeps any tail grown for it (the next
+  // finalize or close trims it): cutting it here would leave the given-back space past the end
+  // of the file, where a read through the mapping faults.
+  if (has_lease_ && pending_.empty() && unpersisted_entries_.load(std::memory_order_relaxed) == 0)
+    release_lease_if_safe_locked();
 }
 
 

@@ -302,6 +302,47 @@ TEST(MultiProcess, AFileInUseIsNeverRebuiltOrCompactedUnderItsUser) {
   EXPECT_EQ(rebuilt->stats().entries, 0u);
 }
 
+// XNNPACK, racing another process cold: it misses a key, reserves (taking the lease, and with it
+// the other process's commit of that key), packs, and look_up_or_insert finds the same bytes
+// there. Nothing new was inserted, so the cache stays finalized and a runtime that finalizes only
+// an unfinalized cache never calls finalize: the lease must not stay held until the cache closes.
+TEST(MultiProcess, AnInsertThatFindsItsBytesAlreadyCommittedLetsGoOfTheLease) {
+  TempDir dir("wc-mp");
+  const std::string path = dir.file("cache.wcache");
+  Options o = cache_options(path);
+  auto opened = WeightCache::open(o);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  WeightCache& slow = opened.value();
+  {
+    Children kids;
+    kids.start("pack", {arg("path", path), arg("tag", "fast"), arg("shared", 1), arg("size", kSize)});
+    ASSERT_TRUE(kids.all_succeed());
+  }
+  const std::string key = shared_key(0);
+  ASSERT_EQ(slow.look_up(key), kNotFound) << "the test needs this process not to know the other's commit yet";
+  void* p = slow.reserve(kSize);
+  ASSERT_NE(p, nullptr) << last_error().message;
+  fill_for_key(key, p, kSize);
+  ASSERT_NE(slow.look_up_or_insert(key, p, kSize), kNotFound) << last_error().message;
+  EXPECT_TRUE(slow.is_finalized()) << "nothing new was inserted";
+  EXPECT_EQ(check_entry(slow, key, kSize), "");
+
+  // A third process packs a key of its own: the lease is free, it waits for nobody (a wait of
+  // more than lease_ms would send it to the heap, and it fails on a heap fallback).
+  Children kids;
+  kids.start("pack", {arg("path", path), arg("tag", "third"), arg("own", 1), arg("size", kSize), arg("lease_ms", 2000)});
+  EXPECT_TRUE(kids.all_succeed()) << "the lease stayed with a process that had nothing to commit";
+  // The same in place: a reservation given back with nothing else pending.
+  void* q = slow.reserve(kSize);
+  ASSERT_NE(q, nullptr) << last_error().message;
+  ASSERT_TRUE(slow.release(q).ok());
+  kids.start("pack", {arg("path", path), arg("tag", "fourth"), arg("own", 1), arg("size", kSize), arg("lease_ms", 2000)});
+  EXPECT_TRUE(kids.all_succeed()) << "the lease stayed with a process that gave its reservation back";
+  const FileIndex fi = decode_file(path);
+  ASSERT_EQ(fi.problem, "");
+  EXPECT_EQ(fi.keys(), set_union(set_union({key}, own_keys("third", 1)), own_keys("fourth", 1)));
+}
+
 #ifndef _WIN32
 // A process that holds the lease through a cache whose file was since replaced, and opens the
 // path again (a new file, a new cache), must not wait lease_timeout for its own lease.
