@@ -214,6 +214,8 @@ class Core {
   Result<void> grow_file_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
   /// Space for `size` bytes: in the file (grown as needed) under the lease, else in heap memory.
   /// `for_stores`: a reservation the caller fills through the mapping (see prepare_for_stores).
+  /// prepare_for_stores over what of a reservation at `off` is not yet prepared, and ahead of it.
+  Result<void> prepare_locked(std::uint64_t off, std::uint64_t size) WC_REQUIRES(write_mu_);
   Result<Region> allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) WC_REQUIRES(write_mu_);
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
@@ -312,6 +314,7 @@ class Core {
   std::uint64_t file_size_ WC_GUARDED_BY(write_mu_) = 0;     // current size of the file
   std::uint64_t mapped_end_ WC_GUARDED_BY(write_mu_) = 0;    // file bytes [0, mapped_end_) are mapped
   std::uint64_t cursor_ WC_GUARDED_BY(write_mu_) = 0;        // next free file offset (valid with the lease)
+  std::uint64_t prepared_end_ WC_GUARDED_BY(write_mu_) = 0;  // prepare_locked wrote up to here (this lease)
   std::uint64_t flush_from_ WC_GUARDED_BY(write_mu_) = 0;    // start of data not yet flushed
   std::uint64_t heap_cursor_ WC_GUARDED_BY(write_mu_) = 0;   // arena offset
   format::CommitSlot committed_ WC_GUARDED_BY(write_mu_){};  // latest slot we wrote or read

@@ -191,6 +191,20 @@ Result<void> Core::grow_file_locked(std::uint64_t end) {
   return ensure_mapped_locked(end);
 }
 
+Result<void> Core::prepare_locked(std::uint64_t off, std::uint64_t size) {
+  // Space at or past the cursor (`off` is) holds no entry or index, and the lease keeps other
+  // writers out. Space this process prepared since it took the lease is never written again: a
+  // released reservation there may be what the caller copies from next.
+  constexpr std::uint64_t kAhead = 1 << 20;  // many small reservations, one write
+  const std::uint64_t end = off + size;
+  if (end <= prepared_end_) return {};
+  const std::uint64_t from = std::max(off, prepared_end_);
+  const std::uint64_t to = std::min(std::max(end, from + kAhead), file_size_);
+  if (auto r = pf_.prepare_for_stores(fd_, from, to - from); !r) return r;
+  prepared_end_ = to;
+  return {};
+}
+
 Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) {
   auto r = heap_.place(heap_cursor_, size, align_, gran_);
   if (!r) return r.error();
@@ -207,9 +221,8 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool for_stores, 
     if (lease) {
       const std::uint64_t off = align_up(cursor_, offset_align());
       auto r = grow_file_locked(off + size);
-      // Space past the cursor is no entry's, and the lease keeps other writers out. (Not for a
-      // copy: its source may be a released reservation that this very space reuses.)
-      if (r && for_stores) r = pf_.prepare_for_stores(fd_, off, size);
+      // Not for a copy: its source may be a released reservation that this very space reuses.
+      if (r && for_stores) r = prepare_locked(off, size);
       if (r) {
         cursor_ = off + size;
         return Region{off, false};

@@ -322,6 +322,7 @@ void Core::maybe_trim_locked() {
     file_size_ = keep;
     publish_sizes_locked();
     cursor_ = committed_.committed_size;
+    prepared_end_ = std::min(prepared_end_, keep);
   }
 }
 

@@ -88,6 +88,7 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   // reuse. Our own outstanding reservations always lie below it (see release_lease_if_safe_locked).
   cursor_ = align_up(committed_.committed_size, offset_align());
   flush_from_ = cursor_;
+  prepared_end_ = cursor_;  // others may have written past it while we did not hold the lease
   return {};
 }
 

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -97,6 +98,45 @@ TEST(StoreReady, OnlyReservationsArePreparedAndOnlyAnEntrysWholePagesWriteBack) 
   const std::string bytes = bytes_for_key("b", 2 * page);
   ASSERT_NE(core.look_up_or_insert("b", const_cast<char*>(bytes.data()), bytes.size()), kNotFound);
   EXPECT_EQ(pf.prepared.size(), 1u);
+  ASSERT_TRUE(core.finalize().ok());
+}
+
+TEST(StoreReady, ManySmallReservationsArePreparedInAFewWritesAndNeverOverAnEntry) {
+  TempDir dir("wc-store-ready");
+  RecordingPlatform pf;
+  auto opened = Core::open(file_options(dir.file("c.wc")), pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  constexpr int kCount = 2000;
+  constexpr std::size_t kSize = 64;
+  std::uint64_t lowest = UINT64_MAX, highest = 0;
+  for (int i = 0; i < kCount; ++i) {
+    const std::string key = "small/" + std::to_string(i);
+    void* p = core.reserve(kSize);
+    ASSERT_NE(p, nullptr);
+    fill_for_key(key, p, kSize);
+    const std::size_t off = core.look_up_or_insert(key, p, kSize);
+    ASSERT_NE(off, kNotFound);
+    lowest = std::min<std::uint64_t>(lowest, off);
+    highest = std::max<std::uint64_t>(highest, off + kSize);
+    // Every byte inserted so far is still there: nothing prepared later wrote over it.
+    if (i % 97 == 0)
+      for (int j = 0; j <= i; j += 13) {
+        const std::string k = "small/" + std::to_string(j);
+        ASSERT_EQ(std::string(static_cast<const char*>(core.offset_to_addr(core.look_up(k))), kSize),
+                  bytes_for_key(k, kSize))
+            << k;
+      }
+  }
+  // 2,000 reservations of 128 bytes each (rounded) in at most a few 1 MiB writes.
+  EXPECT_LE(pf.prepared.size(), 4u);
+  EXPECT_GE(pf.prepared.size(), 1u);
+  std::uint64_t covered = 0;
+  for (const auto& [o, n] : pf.prepared) {
+    EXPECT_GE(o, lowest) << "prepared space below the first entry";
+    covered += n;
+  }
+  EXPECT_GE(covered, highest - lowest) << "a reservation was handed out unprepared";
   ASSERT_TRUE(core.finalize().ok());
 }
 
