@@ -131,7 +131,9 @@ if (system("test -s ".data."/xnn_launch.dat && echo 1") eq "1") {
   set style data histograms
   set style histogram clustered gap 1
   set style fill solid 0.85 border -1
-  set key outside right top
+  set boxwidth 0.9 relative
+  set xtics font ",9"
+  set key outside bottom center horizontal maxrows 2
   plot data."/xnn_launch.dat" using 2:xtic(1) lc rgb "#c0392b" title "XNNPACK packs (no cache)", \
        "" using 3 lc rgb "#e67e22" title "cold: packs into the cache", \
        "" using 4 lc rgb "#f1c40f" title "warm, first process (verifies)", \
@@ -140,12 +142,14 @@ if (system("test -s ".data."/xnn_launch.dat && echo 1") eq "1") {
   unset logscale
   set yrange [*:*]
   set key top left
+  set xtics font ",10"
   set terminal pngcairo size 820,460 font "sans,10" noenhanced
 }
 if (system("test -s ".data."/xnn_kth.dat && echo 1") eq "1") {
   set output out."/xnn_kth.png"
   set title "The k-th process to create the XNNPACK runtime after a change (median ms, log)"
   set xlabel "k (1 packs, 2 verifies, later ones trust that verification)"
+  set key inside top right vertical maxrows auto
   set ylabel "ms (wall)"
   set logscale y
   set xtics 1
