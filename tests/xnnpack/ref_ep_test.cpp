@@ -3,6 +3,7 @@
 // must compute bit-identical outputs, and warm runs must pack nothing. "Without the cache" is
 // --no-cache: weightcache is not used at all (same packer, private memory), so the reference
 // output owes nothing to the library under test.
+#include "ep_report.hpp"
 #include "spawn.hpp"
 #include "temp_dir.hpp"
 
@@ -19,7 +20,9 @@
 namespace {
 
 using weightcache::test::TempDir;
-using Line = std::map<std::string, std::string>;
+using weightcache::test::read_ep_report;
+using weightcache::test::report_number;
+using Line = weightcache::test::ReportLine;
 
 // About 3 MiB of weights: 4 blocks of 160 -> 640 -> 160.
 const std::vector<std::string> kModel = {"--layers", "4", "--dim", "160", "--hidden", "640", "--tokens", "3"};
@@ -44,32 +47,11 @@ class RefEpTest : public ::testing::Test {
     const auto st = weightcache::test::run_process(WEIGHTCACHE_REF_EP, args);
     sessions->clear();
     if (summaries != nullptr) summaries->clear();
-    std::ifstream in(report_);
-    std::string text;
-    std::size_t n = 0;
-    while (std::getline(in, text)) {
-      if (n++ < consumed_) continue;
-      Line kv;
-      std::istringstream ss(text);
-      std::string tok;
-      while (ss >> tok) {
-        const auto eq = tok.find('=');
-        if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
-      }
-      if (kv.count("summary") != 0) {
-        if (summaries != nullptr) summaries->push_back(kv);
-      } else {
-        sessions->push_back(kv);
-      }
-    }
-    consumed_ = n;
+    read_ep_report(report_, &consumed_, sessions, summaries);
     return st.exited ? st.code : -1;
   }
 
-  static std::uint64_t num(const Line& l, const std::string& k) {
-    auto it = l.find(k);
-    return it == l.end() ? UINT64_MAX : std::strtoull(it->second.c_str(), nullptr, 10);
-  }
+  static std::uint64_t num(const Line& l, const std::string& k) { return report_number(l, k); }
 
   TempDir dir_{"weightcache-ref-ep"};
   std::string cache_ = dir_.file("ref-ep.wcache");

@@ -3,6 +3,7 @@
 // and a later process maps them. Cold, warm in a new process and without any weights cache
 // (XNNPACK packing into private memory), the outputs must be bit-identical, the warm process
 // must pack nothing, and every run must say that XNNPACK computed it.
+#include "ep_report.hpp"
 #include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -21,7 +22,9 @@
 namespace {
 
 using weightcache::test::TempDir;
-using Line = std::map<std::string, std::string>;
+using weightcache::test::read_ep_report;
+using weightcache::test::report_number;
+using Line = weightcache::test::ReportLine;
 
 // About 2 MiB of weights in shapes that are not multiples of XNNPACK's tiles: 3 blocks of
 // 136 -> 520 -> 136, 5 tokens.
@@ -52,21 +55,7 @@ class RefEpXnnpackTest : public ::testing::Test {
     while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
     const int status = ::pclose(p);
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(report_);
-    std::string text;
-    std::size_t line = 0;
-    while (std::getline(in, text)) {
-      if (line++ < consumed_) continue;
-      Line kv;
-      std::istringstream ss(text);
-      std::string tok;
-      while (ss >> tok) {
-        const auto eq = tok.find('=');
-        if (eq != std::string::npos) kv[tok.substr(0, eq)] = tok.substr(eq + 1);
-      }
-      (kv.count("summary") != 0 ? r.summaries : r.sessions).push_back(kv);
-    }
-    consumed_ = line;
+    read_ep_report(report_, &consumed_, &r.sessions, &r.summaries);
     return r;
   }
 
@@ -75,10 +64,7 @@ class RefEpXnnpackTest : public ::testing::Test {
     for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
     return q + "'";
   }
-  static std::uint64_t num(const Line& l, const std::string& k) {
-    auto it = l.find(k);
-    return it == l.end() ? UINT64_MAX : std::strtoull(it->second.c_str(), nullptr, 10);
-  }
+  static std::uint64_t num(const Line& l, const std::string& k) { return report_number(l, k); }
   static std::string str(const Line& l, const std::string& k) {
     auto it = l.find(k);
     return it == l.end() ? "<missing>" : it->second;
