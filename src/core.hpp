@@ -138,6 +138,9 @@ class Core {
   void* os_handle() const noexcept { return file_backed() && fd_.is_open() ? pf_.native_os_handle(fd_) : nullptr; }
 
   bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
+  /// Opened before this process was forked from its opener: the registry hands it to no new
+  /// open, and its writer lease is the parent's, never this process's.
+  bool inherited_across_fork() const noexcept { return in_forked_child(); }
   Identity identity() const noexcept { return identity_; }
   std::uint64_t compat_hash() const noexcept { return compat_hash_; }
   bool read_only() const noexcept { return opts_.read_only; }
@@ -315,6 +318,7 @@ class Core {
   std::uint64_t mapped_end_ WC_GUARDED_BY(write_mu_) = 0;    // file bytes [0, mapped_end_) are mapped
   std::uint64_t cursor_ WC_GUARDED_BY(write_mu_) = 0;        // next free file offset (valid with the lease)
   std::uint64_t prepared_end_ WC_GUARDED_BY(write_mu_) = 0;  // prepare_locked wrote up to here (this lease)
+  std::uint64_t allocated_end_ WC_GUARDED_BY(write_mu_) = 0; // disk space allocated up to here (this lease)
   std::uint64_t flush_from_ WC_GUARDED_BY(write_mu_) = 0;    // start of data not yet flushed
   std::uint64_t heap_cursor_ WC_GUARDED_BY(write_mu_) = 0;   // arena offset
   format::CommitSlot committed_ WC_GUARDED_BY(write_mu_){};  // latest slot we wrote or read

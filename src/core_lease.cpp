@@ -32,7 +32,9 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
     if (auto id = pf_.stat_file(fd_)) file_id = {id->device, id->inode};
   const Core* holder = lease_holder(lock_identity_);
   if (holder == nullptr || holder == this) holder = lease_holder(file_id);
-  if (holder != nullptr && holder != this)
+  // A cache inherited across fork holds the parent's lease, which this process must wait for as
+  // any other process's (its flock is on the parent's open file description, not ours).
+  if (holder != nullptr && holder != this && !holder->in_forked_child())
     return Error{Errc::busy, 0,
                  "this process already holds the writer lease on '" + lease_file().path() +
                      "' through another cache open on the same file (by path, descriptor or handle, or a file "
@@ -89,6 +91,7 @@ Result<void> Core::acquire_lease_locked(MutexLock* lk, bool catch_up) {
   cursor_ = align_up(committed_.committed_size, offset_align());
   flush_from_ = cursor_;
   prepared_end_ = cursor_;  // others may have written past it while we did not hold the lease
+  allocated_end_ = cursor_;  // and the tail past it may have been grown, or made sparse, by anyone
   return {};
 }
 

@@ -25,11 +25,19 @@ Registry& instance() {
   return *r;
 }
 
+// A cache opened by the process this one was forked from is the parent's: its lease, lock
+// descriptors and reservations are shared with the parent. A child that opens the file gets a
+// cache of its own (weightcache.h, "fork()").
+std::shared_ptr<Core> live(const std::weak_ptr<Core>& w) {
+  auto core = w.lock();
+  return core && !core->inherited_across_fork() ? core : nullptr;
+}
+
 std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::uint64_t compat) {
   auto st = platform::os().stat_path(options.path, options.allow_symlink);
   if (!st) return nullptr;
   auto it = reg.caches.find(Key{st->device, st->inode, compat, options.read_only});
-  if (it != reg.caches.end()) return it->second.lock();
+  if (it != reg.caches.end()) return live(it->second);
   // A symlink to a file this process already has open as a cache names that cache: share it.
   // Nothing is opened or created through the link, so the refusal of symlinks (which guards
   // against being steered into writing some other file) does not apply.
@@ -37,7 +45,7 @@ std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::ui
   auto target = platform::os().stat_path(options.path, true);
   if (!target) return nullptr;
   it = reg.caches.find(Key{target->device, target->inode, compat, options.read_only});
-  return it == reg.caches.end() ? nullptr : it->second.lock();
+  return it == reg.caches.end() ? nullptr : live(it->second);
 }
 
 // Whether this file is open in this process under another compatibility key. Opening it would
@@ -47,7 +55,7 @@ bool open_with_other_key_locked(Registry& reg, const Options& options, std::uint
   auto st = platform::os().stat_path(options.path, options.allow_symlink);
   if (!st) return false;
   for (const auto& [k, w] : reg.caches)
-    if (std::get<0>(k) == st->device && std::get<1>(k) == st->inode && std::get<2>(k) != compat && !w.expired())
+    if (std::get<0>(k) == st->device && std::get<1>(k) == st->inode && std::get<2>(k) != compat && live(w))
       return true;
   return false;
 }
@@ -121,7 +129,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) {
       const auto id = core.value()->identity();
       auto& slot = reg.caches[Key{id.device, id.inode, compat, options.read_only}];
       // Another spelling of the same file (a hard link) may have won the race: use its cache.
-      if (auto existing = slot.lock()) return share(std::move(existing), options);
+      if (auto existing = live(slot)) return share(std::move(existing), options);
       slot = core.value();
     }
     for (auto it = reg.caches.begin(); it != reg.caches.end();) {

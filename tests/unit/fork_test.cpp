@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,46 @@ TEST(Fork, AChildClosingLeavesTheParentsLeaseAndReservationAlone) {
   WeightCache again = open_or_fail(file_options(path));
   EXPECT_EQ(verify_entry(again, "packed", expected, "packed"), "");
   EXPECT_EQ(verify_entry(again, "committed", std::string(5000, 'c'), "committed"), "");
+}
+
+// weightcache.h: "Do not use a wc_cache across fork(); open a new one in the child." The child's
+// open must be a cache of its own, not the parent's inherited one: that one holds the parent's
+// lease, cursor and reservations, so a finalize through it would commit where the parent is
+// about to pack, and the parent's next commit would overwrite it.
+TEST(Fork, AChildsOwnOpenIsACacheOfItsOwnThatWaitsForTheParentsLease) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  const std::string parent_bytes(4096, 'p');
+  void* p = cache.reserve(parent_bytes.size());  // the parent now holds the lease, past a cursor
+  ASSERT_NE(p, nullptr) << last_error().message;
+  std::memcpy(p, parent_bytes.data(), parent_bytes.size());
+  ASSERT_NE(cache.look_up_or_insert("parent/1", p, parent_bytes.size()), kNotFound);
+
+  const int status = in_child([&] {
+    Options o = file_options(path);
+    o.lease_timeout = std::chrono::milliseconds(200);
+    auto own = WeightCache::open(o);
+    if (!own) return kChildCacheError;
+    if (own->look_up("parent/1") != kNotFound) return kChildMismatch;  // the parent's uncommitted entry
+    // The parent holds the lease: with backing file the entry has nowhere to go (busy); either
+    // way nothing is committed, and finalize says so.
+    if (own->insert("child/1", std::string(3000, 'c')) == kNotFound)
+      return last_error().code == Errc::busy ? kChildOk : kChildCacheError;
+    return own->finalize().ok() ? kChildMismatch : kChildOk;
+  });
+  EXPECT_TRUE(exited_zero(status)) << "child status " << status
+                                   << " (12: the child's open was the parent's cache, or its finalize claimed success)";
+
+  const std::string more(8192, 'q');
+  ASSERT_NE(cache.insert("parent/2", more), kNotFound) << last_error().message;
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  cache = WeightCache{};
+  WeightCache again = open_or_fail(file_options(path));
+  EXPECT_EQ(verify_entry(again, "parent/1", parent_bytes, "parent/1"), "");
+  EXPECT_EQ(verify_entry(again, "parent/2", more, "parent/2"), "");
+  EXPECT_EQ(again.look_up("child/1"), kNotFound);
 }
 
 // The verify-ahead thread is held inside its first populate (MADV_POPULATE_READ) call, so
