@@ -174,6 +174,20 @@ Result<void> Core::ensure_mapped_locked(std::uint64_t end) {
 
 Result<void> Core::grow_file_locked(std::uint64_t end) {
   if (end > file_span_) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
+  if (const std::uint64_t inside = std::min(end, file_size_); inside > allocated_end_) {
+    // Inside the file, past what this lease allocated: a tail another writer grew, or one made
+    // sparse since (a crash, then a sparse copy). A store through the mapping into a hole the
+    // disk cannot back is SIGBUS: allocate it first, as growth does, and fail here instead.
+    // The whole tail in one call; on a full disk, just what this allocation needs.
+    const std::uint64_t from = std::max(allocated_end_, cursor_);
+    std::uint64_t upto = file_size_;
+    if (from < inside) {
+      auto r = pf_.allocate(fd_, from, upto - from);
+      if (!r) r = pf_.allocate(fd_, from, (upto = inside) - from);
+      if (!r) return r.error();
+    }
+    allocated_end_ = std::max(allocated_end_, upto);
+  }
   if (end > file_size_) {
     // Geometric growth keeps the number of mappings logarithmic; on a full disk retry with just
     // what is needed before giving up.
@@ -186,6 +200,7 @@ Result<void> Core::grow_file_locked(std::uint64_t end) {
     }
     if (!r) return r.error();
     file_size_ = target;
+    allocated_end_ = target;
     publish_sizes_locked();
   }
   return ensure_mapped_locked(end);

@@ -323,6 +323,7 @@ void Core::maybe_trim_locked() {
     publish_sizes_locked();
     cursor_ = committed_.committed_size;
     prepared_end_ = std::min(prepared_end_, keep);
+    allocated_end_ = std::min(allocated_end_, keep);
   }
 }
 
