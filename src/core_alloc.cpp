@@ -208,8 +208,9 @@ Result<void> Core::grow_file_locked(std::uint64_t end) {
 
 Result<void> Core::prepare_locked(std::uint64_t off, std::uint64_t size) {
   // Space at or past the cursor (`off` is) holds no entry or index, and the lease keeps other
-  // writers out. Space this process prepared since it took the lease is never written again: a
-  // released reservation there may be what the caller copies from next.
+  // writers out. Space this process prepared since it took the lease is never written again, so
+  // a released reservation there still holds its bytes for this process's next copy (when no
+  // other writer took the lease meanwhile: released memory is not the caller's to read).
   constexpr std::uint64_t kAhead = 1 << 20;  // many small reservations, one write
   const std::uint64_t end = off + size;
   if (end <= prepared_end_) return {};
