@@ -178,15 +178,12 @@ Result<void> Core::grow_file_locked(std::uint64_t end) {
     // Inside the file, past what this lease allocated: a tail another writer grew, or one made
     // sparse since (a crash, then a sparse copy). A store through the mapping into a hole the
     // disk cannot back is SIGBUS: allocate it first, as growth does, and fail here instead.
-    // The whole tail in one call; on a full disk, just what this allocation needs.
+    // Only what this allocation needs: the tail may claim far more than the disk has (a hostile
+    // or damaged file: a 1 TiB hole), and a failed fallocate may keep what it got.
     const std::uint64_t from = std::max(allocated_end_, cursor_);
-    std::uint64_t upto = file_size_;
-    if (from < inside) {
-      auto r = pf_.allocate(fd_, from, upto - from);
-      if (!r) r = pf_.allocate(fd_, from, (upto = inside) - from);
-      if (!r) return r.error();
-    }
-    allocated_end_ = std::max(allocated_end_, upto);
+    if (from < inside)
+      if (auto r = pf_.allocate(fd_, from, inside - from); !r) return r.error();
+    allocated_end_ = inside;
   }
   if (end > file_size_) {
     // Geometric growth keeps the number of mappings logarithmic; on a full disk retry with just
