@@ -1,5 +1,5 @@
 # A current XNNPACK, built from a user's checkout for the tests, benchmarks and examples only.
-# The library itself never links it: weightcache's XNNPACK adapter declares its own mirror of the
+# libweightcache itself never links it (only the ONNX Runtime EP does): weightcache's XNNPACK adapter declares its own mirror of the
 # provider interface (include/weightcache/xnnpack.h), so libweightcache has no XNNPACK dependency.
 #
 # Inputs (cache variables):
@@ -65,6 +65,8 @@ set(_wc_xnn_args
   -DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}
   -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
   -DXNNPACK_LIBRARY_TYPE=static
+  # Position-independent: the ONNX Runtime execution provider links it into a shared library.
+  -DCMAKE_POSITION_INDEPENDENT_CODE=ON
   -DXNNPACK_BUILD_TESTS=OFF
   -DXNNPACK_BUILD_BENCHMARKS=OFF
   -DXNNPACK_BUILD_ALL_MICROKERNELS=OFF

@@ -1,0 +1,128 @@
+#include "identity.hpp"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+
+#include <sys/stat.h>
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace weightcache::ort {
+
+namespace {
+
+// A file changed this recently may change again within the same timestamp tick (2 s covers the
+// coarsest file system, FAT); its identity is not trusted and its bytes are hashed instead.
+constexpr std::int64_t kRecentChangeWindowNs = 2'000'000'000;
+
+std::string shape_suffix(const WeightSource& w) {
+  std::string s = "|t" + std::to_string(w.element_type) + "|";
+  for (std::size_t i = 0; i < w.dims.size(); ++i) s += (i ? "x" : "") + std::to_string(w.dims[i]);
+  s += "|b" + std::to_string(w.bytes);
+  return s;
+}
+
+std::int64_t ns_of(const struct timespec& ts) {
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+std::string hex_digest(const void* data, std::size_t size) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, size)));
+  return buf;
+}
+
+std::string weight_identity(const WeightSource& w, IdentityKind* kind) {
+  if (!w.external_path.empty()) {
+    struct stat st {};
+    struct timespec now {};
+    if (::stat(w.external_path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::clock_gettime(CLOCK_REALTIME, &now) == 0 && ns_of(now) - ns_of(st.st_ctim) >= kRecentChangeWindowNs &&
+        w.external_offset >= 0 &&
+        static_cast<std::uint64_t>(w.external_offset) + w.bytes <= static_cast<std::uint64_t>(st.st_size)) {
+      if (kind != nullptr) *kind = IdentityKind::file;
+      return "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+             std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
+             std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim)) + "|o" +
+             std::to_string(w.external_offset) + shape_suffix(w);
+    }
+  }
+  if (kind != nullptr) *kind = IdentityKind::content;
+  const XXH128_hash_t h = XXH3_128bits(w.data, w.bytes);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return std::string("xxh3|") + buf + shape_suffix(w);
+}
+
+std::string default_cache_path(const std::string& model_path) {
+  std::string dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] == '/') {
+    dir = xdg;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && home[0] != '\0') {
+    dir = std::string(home) + "/.cache";
+  } else {
+    return {};
+  }
+  dir += "/weightcache/ort";
+  std::string name = "unnamed-model";
+  if (!model_path.empty()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(model_path, ec);
+    const std::string full = ec ? model_path : abs.lexically_normal().string();
+    std::string stem = std::filesystem::path(full).stem().string();
+    if (stem.size() > 64) stem.resize(64);
+    for (char& c : stem)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) c = '_';
+    name = (stem.empty() ? std::string("model") : stem) + "-" + hex_digest(full.data(), full.size());
+  }
+  return dir + "/" + name + ".wcache";
+}
+
+std::string cpu_features() {
+#if defined(__x86_64__) || defined(__i386__)
+  std::string s =
+#if defined(__x86_64__)
+      "x86_64:";
+#else
+      "i386:";
+#endif
+  __builtin_cpu_init();
+  struct Feature {
+    const char* name;
+    int on;
+  };
+  const Feature features[] = {
+      {"sse4.1", __builtin_cpu_supports("sse4.1")},   {"avx", __builtin_cpu_supports("avx")},
+      {"avx2", __builtin_cpu_supports("avx2")},       {"fma", __builtin_cpu_supports("fma")},
+      {"f16c", __builtin_cpu_supports("f16c")},       {"avx512f", __builtin_cpu_supports("avx512f")},
+      {"avx512bw", __builtin_cpu_supports("avx512bw")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
+      {"avx512dq", __builtin_cpu_supports("avx512dq")}, {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
+  };
+  bool first = true;
+  for (const Feature& f : features) {
+    if (!f.on) continue;
+    s += (first ? "" : ",");
+    s += f.name;
+    first = false;
+  }
+  return s;
+#elif defined(__aarch64__) && defined(__linux__)
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "aarch64:hwcap=%lx,%lx", ::getauxval(AT_HWCAP), ::getauxval(AT_HWCAP2));
+  return buf;
+#else
+  return "other";
+#endif
+}
+
+}  // namespace weightcache::ort

@@ -1,0 +1,293 @@
+// The provider's layers: XNNPACK fully-connected operators packing through weightcache's XNNPACK
+// adapter, or the provider's own packer and GEMM packing through wc_reserve_space.
+#include "kernels.hpp"
+
+#include "ort_util.hpp"
+
+#include <weightcache/xnnpack.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+#include <pthreadpool.h>
+#include <xnnpack.h>
+#endif
+
+namespace weightcache::ort {
+
+void apply_epilogue(float* y, std::size_t count, float alpha, Activation activation, bool relu_done) noexcept {
+  if (alpha != 1.0f)
+    for (std::size_t i = 0; i < count; ++i) y[i] *= alpha;
+  if (activation == Activation::relu && !relu_done) {
+    for (std::size_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+  } else if (activation == Activation::gelu) {
+    // The exact (erf) form, as ONNX's Gelu with approximate="none" and com.microsoft.Gelu.
+    constexpr float kInvSqrt2 = 0.70710678118654752440f;
+    for (std::size_t i = 0; i < count; ++i) y[i] = 0.5f * y[i] * (1.0f + std::erf(y[i] * kInvSqrt2));
+  }
+}
+
+// ---- the provider's own packer and GEMM ------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t kPanel = 8;  // output columns per packed panel
+
+// Packed layout (key "ort-builtin/1"): ceil(N/8) panels of K x 8 floats (columns 8p..8p+7, zero
+// beyond N), then the bias rounded up to whole panels (zero when the layer has none).
+std::size_t builtin_packed_floats(std::size_t k, std::size_t n) {
+  const std::size_t panels = (n + kPanel - 1) / kPanel;
+  return panels * kPanel * k + panels * kPanel;
+}
+
+void builtin_pack(const LinearSpec& s, float* out) {
+  const std::size_t panels = (s.n + kPanel - 1) / kPanel;
+  const auto* w = static_cast<const float*>(s.weights);
+  for (std::size_t p = 0; p < panels; ++p) {
+    float* panel = out + p * kPanel * s.k;
+    for (std::size_t kk = 0; kk < s.k; ++kk)
+      for (std::size_t j = 0; j < kPanel; ++j) {
+        const std::size_t col = p * kPanel + j;
+        panel[kk * kPanel + j] = col >= s.n ? 0.0f : s.weights_kn ? w[kk * s.n + col] : w[col * s.k + kk];
+      }
+  }
+  float* bias = out + panels * kPanel * s.k;
+  for (std::size_t j = 0; j < panels * kPanel; ++j) bias[j] = j < s.bias.size() ? s.bias[j] : 0.0f;
+}
+
+class BuiltinLinear final : public Linear {
+ public:
+  BuiltinLinear(const LinearSpec& s, const float* packed, std::vector<float> heap)
+      : k_(s.k), n_(s.n), alpha_(s.alpha), activation_(s.activation), packed_(packed), heap_(std::move(heap)) {
+    if (packed_ == nullptr) packed_ = heap_.data();
+  }
+
+  void run(const float* a, std::size_t m, float* y) override {
+    const std::size_t panels = (n_ + kPanel - 1) / kPanel;
+    const float* bias = packed_ + panels * kPanel * k_;
+    for (std::size_t row = 0; row < m; ++row) {
+      const float* x = a + row * k_;
+      float* out = y + row * n_;
+      for (std::size_t p = 0; p < panels; ++p) {
+        const float* panel = packed_ + p * kPanel * k_;
+        float acc[kPanel];
+        for (std::size_t j = 0; j < kPanel; ++j) acc[j] = 0.0f;
+        for (std::size_t kk = 0; kk < k_; ++kk) {
+          const float xv = x[kk];
+          const float* wrow = panel + kk * kPanel;
+          for (std::size_t j = 0; j < kPanel; ++j) acc[j] += xv * wrow[j];
+        }
+        const std::size_t cols = std::min(kPanel, n_ - p * kPanel);
+        for (std::size_t j = 0; j < cols; ++j) out[p * kPanel + j] = acc[j] + bias[p * kPanel + j];
+      }
+    }
+    apply_epilogue(y, m * n_, alpha_, activation_, false);
+  }
+
+ private:
+  std::size_t k_, n_;
+  float alpha_;
+  Activation activation_;
+  const float* packed_;      // in the cache (valid until it closes) or heap_
+  std::vector<float> heap_;  // the fallback when the cache could not take the packed weights
+};
+
+}  // namespace
+
+std::unique_ptr<Linear> create_builtin(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
+  if (s.kind != LinearSpec::Kind::f32)
+    throw OrtError{ORT_NOT_IMPLEMENTED, "the built-in GEMM computes f32 layers only"};
+  const std::size_t floats = builtin_packed_floats(s.k, s.n);
+  const std::size_t bytes = floats * sizeof(float);
+  report->bytes = bytes;
+  // The key names the layout and everything packing reads: the weights' and the bias's identity.
+  std::string key = "ort-builtin/1|" + std::to_string(s.k) + "x" + std::to_string(s.n) + (s.weights_kn ? "|kn|" : "|nk|");
+  key += std::to_string(s.weights_name.size()) + ":" + s.weights_name + "|";
+  key += std::to_string(s.bias_name.size()) + ":" + s.bias_name;
+  if (t.use_cache && t.cache != nullptr) {
+    std::size_t off = wc_look_up(t.cache, key.data(), key.size());
+    if (off == SIZE_MAX) {
+      if (void* p = wc_reserve_space(t.cache, bytes); p != nullptr) {
+        builtin_pack(s, static_cast<float*>(p));
+        off = wc_look_up_or_insert(t.cache, key.data(), key.size(), p, bytes);
+        if (off == SIZE_MAX) (void)wc_release_space(t.cache, p);
+        report->packed = true;
+      }
+    }
+    if (off != SIZE_MAX) {
+      if (const void* p = wc_offset_to_addr(t.cache, off); p != nullptr)
+        return std::make_unique<BuiltinLinear>(s, static_cast<const float*>(p), std::vector<float>{});
+    }
+  }
+  std::vector<float> heap(floats);
+  builtin_pack(s, heap.data());
+  report->packed = true;
+  report->in_heap = true;
+  return std::make_unique<BuiltinLinear>(s, nullptr, std::move(heap));
+}
+
+// ---- XNNPACK -------------------------------------------------------------------------------------
+
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+
+namespace {
+
+bool xnn_ready() noexcept {
+  static const bool ok = xnn_initialize(nullptr) == xnn_status_success;
+  return ok;
+}
+
+std::uint16_t to_bf16(float f) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (scales are finite)
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+struct XnnOp {
+  xnn_operator_t op = nullptr;
+  ~XnnOp() {
+    if (op != nullptr) xnn_delete_operator(op);
+  }
+};
+
+class XnnLinear final : public Linear {
+ public:
+  XnnLinear(const LinearSpec& s, pthreadpool_t pool, bool relu_fused)
+      : k_(s.k), n_(s.n), alpha_(s.alpha), activation_(s.activation), relu_fused_(relu_fused),
+        quantized_(s.kind == LinearSpec::Kind::nbits4), pool_(pool) {}
+
+  XnnOp fc, convert;
+
+  void run(const float* a, std::size_t m, float* y) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!quantized_) {
+      check_xnn(xnn_reshape_fully_connected_nc_f32(fc.op, m, pool_), "reshape");
+      check_xnn(xnn_setup_fully_connected_nc_f32(fc.op, a, y), "setup");
+      check_xnn(xnn_run_operator(fc.op, pool_), "run");
+    } else {
+      // Activations are quantized per row to int8 (XNNPACK's qd8), as its subgraph runtime does.
+      q_.resize(m * k_ + XNN_EXTRA_BYTES);
+      params_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
+      row_sum_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
+      check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "reshape convert");
+      check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "setup convert");
+      check_xnn(xnn_run_operator(convert.op, pool_), "run convert");
+      std::size_t workspace = 0;
+      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "reshape");
+      workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+      check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+                "setup");
+      check_xnn(xnn_run_operator(fc.op, pool_), "run");
+    }
+    apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
+  }
+
+  static void check_xnn(xnn_status st, const char* what) {
+    if (st != xnn_status_success)
+      throw OrtError{ORT_FAIL, std::string("XNNPACK fully-connected ") + what + " failed (xnn_status " +
+                                   std::to_string(static_cast<int>(st)) + ")"};
+  }
+
+ private:
+  std::size_t k_, n_;
+  float alpha_;
+  Activation activation_;
+  bool relu_fused_, quantized_;
+  pthreadpool_t pool_;
+  std::mutex mu_;  // an XNNPACK operator is reshaped, set up and run by one thread at a time
+  std::vector<std::int8_t> q_;
+  std::vector<xnn_quantization_params> params_;
+  std::vector<float> row_sum_;
+  std::vector<std::uint64_t> workspace_;
+};
+
+// Creates the fully-connected operator with or without the cache's provider.
+xnn_status create_fc(const LinearSpec& s, const std::vector<std::uint16_t>& scales_bf16, const float* bias, float lo,
+                     float hi, xnn_weights_cache_t cache, xnn_operator_t* op) {
+  if (s.kind == LinearSpec::Kind::f32)
+    return xnn_create_fully_connected_nc_f32(s.k, s.n, s.k, s.n, static_cast<const float*>(s.weights), bias, lo, hi,
+                                             s.weights_kn ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, cache, op);
+  return xnn_create_fully_connected_nc_qd8_f32_qb4w(s.k, s.n, s.k, s.n, s.block_size, /*kernel_zero_point=*/8,
+                                                    scales_bf16.data(), s.weights, bias, lo, hi, 0, cache, op);
+}
+
+}  // namespace
+
+bool have_xnnpack() noexcept { return xnn_ready(); }
+
+std::string xnnpack_build_id() {
+  if (!xnn_ready()) return {};
+  const auto* p = static_cast<const char*>(xnn_experimental_get_build_identifier_data());
+  return std::string(p, xnn_experimental_get_build_identifier_size());
+}
+
+bool nbits_supported(std::size_t k, std::size_t n, std::size_t block_size) noexcept {
+  return block_size >= XNN_MIN_BLOCKSIZE && block_size % XNN_MIN_BLOCKSIZE == 0 && k % block_size == 0 && n > 0;
+}
+
+std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
+  if (!xnn_ready()) throw OrtError{ORT_FAIL, "XNNPACK could not be initialized on this CPU"};
+  const bool relu_fused = s.activation == Activation::relu && s.alpha == 1.0f;
+  const float lo = relu_fused ? 0.0f : -std::numeric_limits<float>::infinity();
+  const float hi = std::numeric_limits<float>::infinity();
+  std::vector<std::uint16_t> scales;
+  if (s.kind == LinearSpec::Kind::nbits4) {
+    const std::size_t count = s.n * (s.k / s.block_size);
+    scales.resize(count);
+    for (std::size_t i = 0; i < count; ++i) scales[i] = to_bf16(s.scales[i]);
+  }
+  const float* bias = s.bias.empty() ? nullptr : s.bias.data();
+  auto layer = std::make_unique<XnnLinear>(s, static_cast<pthreadpool_t>(t.threadpool), relu_fused);
+  xnn_status st = xnn_status_invalid_state;
+  if (t.use_cache && t.adapter != nullptr) {
+    // Keys are names, never addresses: name the buffers XNNPACK will pass in the look-up key for
+    // as long as the operator is created, then unbind them (their memory may be freed and reused).
+    wc_xnn_adapter_stats before;
+    wc_xnn_adapter_stats_init(&before);
+    (void)wc_xnn_adapter_get_stats(t.adapter, &before);
+    bool named = wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK;
+    if (named && bias != nullptr) named = wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
+    if (named) {
+      st = create_fc(s, scales, bias, lo, hi, static_cast<xnn_weights_cache_t>(wc_xnn_adapter_provider(t.adapter)),
+                     &layer->fc.op);
+    }
+    (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
+    if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);
+    wc_xnn_adapter_stats after;
+    wc_xnn_adapter_stats_init(&after);
+    (void)wc_xnn_adapter_get_stats(t.adapter, &after);
+    report->packed = after.reservations > before.reservations;
+    report->in_heap = after.unnamed_inserts > before.unnamed_inserts;
+  }
+  if (st != xnn_status_success) {
+    // No cache, or the cache could not give memory (reserve_space refused: disk full, no
+    // memory): XNNPACK packs into memory of its own, as without weightcache.
+    if (layer->fc.op != nullptr) {
+      xnn_delete_operator(layer->fc.op);
+      layer->fc.op = nullptr;
+    }
+    st = create_fc(s, scales, bias, lo, hi, nullptr, &layer->fc.op);
+    XnnLinear::check_xnn(st, "create");
+    report->packed = true;
+    report->in_heap = true;
+  }
+  if (s.kind == LinearSpec::Kind::nbits4) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "create convert");
+  return layer;
+}
+
+#else  // no XNNPACK in this build: the built-in GEMM computes every layer
+
+bool have_xnnpack() noexcept { return false; }
+std::string xnnpack_build_id() { return {}; }
+bool nbits_supported(std::size_t, std::size_t, std::size_t) noexcept { return false; }
+std::unique_ptr<Linear> create_xnnpack(const LinearSpec&, const PackTarget&, CreateReport*) {
+  throw OrtError{ORT_NOT_IMPLEMENTED, "this build of the provider has no XNNPACK"};
+}
+
+#endif
+
+}  // namespace weightcache::ort

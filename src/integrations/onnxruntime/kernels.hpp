@@ -1,0 +1,83 @@
+// The provider's compute: one fully-connected layer (y = alpha * (a x W) + bias, then Relu or
+// Gelu) whose packed weights come from a weightcache. Two implementations:
+// - XNNPACK's fully-connected operators (f32, and 4-bit blockwise weights with dynamically
+//   quantized activations), packing through weightcache's XNNPACK adapter (when the build has
+//   XNNPACK: WEIGHTCACHE_ORT_EP_XNNPACK);
+// - the provider's own packer and GEMM (f32 only), packing through wc_reserve_space directly.
+#pragma once
+
+#include <weightcache/weightcache.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+struct wc_xnn_adapter;
+
+namespace weightcache::ort {
+
+enum class Activation { none, relu, gelu };
+
+/// One layer's weights and epilogue, as GetCapability/Compile found them in the graph.
+struct LinearSpec {
+  enum class Kind { f32, nbits4 } kind = Kind::f32;
+  std::size_t k = 0, n = 0;
+  // f32: the weights, K x N row-major when weights_kn (MatMul's B, Gemm's B with transB = 0),
+  // else N x K. nbits4: MatMulNBits' B, N x K/2 bytes (element 2i in the low nibble).
+  // Valid only while the kernel is created: it is read on a cache miss, named on every create.
+  const void* weights = nullptr;
+  bool weights_kn = true;
+  std::string weights_name;  // the weight's identity (keys.hpp): what the packed bytes are keyed by
+  // nbits4 only: the per-block scales (N x K/block_size, f32) and the block size.
+  const float* scales = nullptr;
+  std::size_t block_size = 0;
+  // Bias of N values (already beta * C / alpha for Gemm), or empty; and its identity.
+  std::vector<float> bias;
+  std::string bias_name;
+  float alpha = 1.0f;
+  Activation activation = Activation::none;
+};
+
+/// Counts of one kernel's creation.
+struct CreateReport {
+  bool packed = false;      // this process packed the weights (a miss)
+  bool in_heap = false;     // the packed weights live in private heap memory, not the cache file
+  std::size_t bytes = 0;    // packed bytes (0 when unknown)
+};
+
+/// A created layer. run() may be called from several threads; calls are serialized per layer.
+class Linear {
+ public:
+  virtual ~Linear() = default;
+  /// y[m x n] = epilogue(a[m x k] x W); a and y are dense row-major.
+  virtual void run(const float* a, std::size_t m, float* y) = 0;
+};
+
+/// Where a session packs: its cache (may be a heap cache standing in for a file) and, for
+/// XNNPACK, its own adapter (finalization is per adapter, so sessions never block each other).
+struct PackTarget {
+  wc_cache* cache = nullptr;
+  wc_xnn_adapter* adapter = nullptr;  // XNNPACK builds only
+  bool use_cache = true;              // false: XNNPACK packs into its own memory (weights_cache=off)
+  void* threadpool = nullptr;         // XNNPACK: the session's pthreadpool (NULL: the calling thread)
+};
+
+/// Whether this build computes with XNNPACK.
+bool have_xnnpack() noexcept;
+/// XNNPACK's build identifier (empty without XNNPACK); part of the compatibility key.
+std::string xnnpack_build_id();
+/// Whether XNNPACK accepts this 4-bit layer (block size, scales finite and positive).
+bool nbits_supported(std::size_t k, std::size_t n, std::size_t block_size) noexcept;
+
+/// Creates the layer, packing (or finding) its weights. Throws OrtError with a message when
+/// neither the cache nor a heap fallback can make it.
+std::unique_ptr<Linear> create_xnnpack(const LinearSpec& spec, const PackTarget& target, CreateReport* report);
+std::unique_ptr<Linear> create_builtin(const LinearSpec& spec, const PackTarget& target, CreateReport* report);
+
+/// Applies alpha, Relu or Gelu to y in place (the parts the GEMM did not fuse).
+void apply_epilogue(float* y, std::size_t count, float alpha, Activation activation, bool relu_done) noexcept;
+
+}  // namespace weightcache::ort

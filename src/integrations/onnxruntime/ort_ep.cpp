@@ -1,0 +1,1078 @@
+// The WeightCache plugin execution provider for ONNX Runtime (include/weightcache/onnxruntime.h).
+//
+// Shape: ORT loads this library and calls CreateEpFactories once; the one factory creates one
+// OrtEp per session. GetCapability claims each fully-connected layer (MatMul with a constant B,
+// Gemm, MatMulNBits) together with the bias Add and the Relu/Gelu that only it feeds, as one
+// fused partition; Compile packs every layer's weights through the session's own XNNPACK adapter
+// (or the built-in packer) into the cache the factory shares between sessions, then finalizes it
+// before CreateSession returns. Compute runs the layer on the packed weights.
+//
+// Nothing here may throw into ORT or abort the host: every entry point goes through boundary().
+#include "identity.hpp"
+#include "kernels.hpp"
+#include "ort_util.hpp"
+
+#include <weightcache/onnxruntime.h>
+#include <weightcache/weightcache.h>
+#include <weightcache/xnnpack.h>
+
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+#include <pthreadpool.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#ifndef WEIGHTCACHE_ORT_EP_VERSION
+#define WEIGHTCACHE_ORT_EP_VERSION "0.1.0"
+#endif
+
+namespace weightcache::ort {
+
+Api& api() {
+  static Api a;
+  return a;
+}
+
+void log(const OrtLogger* logger, OrtLoggingLevel level, const std::string& message) noexcept {
+  if (logger == nullptr || api().ort == nullptr) return;
+  try {
+    const std::string m = "WeightCache EP: " + message;
+    OrtStatus* st = api().ort->Logger_LogMessage(logger, level, m.c_str(), ORT_TSTR("weightcache_ort_ep"), 0,
+                                                 "WeightCache");
+    if (st != nullptr) api().ort->ReleaseStatus(st);
+  } catch (...) {
+  }
+}
+
+namespace {
+
+// ---- process-wide counters (wc_ort_ep_get_stats) -------------------------------------------------
+
+struct Counters {
+  std::atomic<std::uint64_t> sessions{0}, nodes{0}, weights{0}, packed{0}, from_cache{0}, packed_bytes{0},
+      heap_weights{0}, cache_failures{0}, caches_open{0};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+constexpr const char* kEpName = WC_ORT_EP_NAME;
+constexpr const char* kVendor = "weightcache";
+constexpr const char* kMsDomain = "com.microsoft";
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct Options {
+  std::optional<std::string> cache_path;  // unset: the default per-user path for the model
+  std::string compat_key;
+  wc_verify verify = WC_VERIFY_SHARED;
+  wc_backing backing = WC_BACKING_AUTO;
+  wc_durability durability = WC_DURABILITY_FULL;
+  bool weights_cache = true;   // false: XNNPACK packs into its own memory (a baseline)
+  bool use_xnnpack = true;     // kernels=xnnpack (default when built with it) or builtin
+  std::size_t threads = 1;
+  std::uint32_t lease_timeout_ms = 1000;
+};
+
+constexpr const char* kOptionList =
+    "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
+    "(none|async|full), kernels (xnnpack|builtin), threads (1-256), weights_cache (on|off), lease_timeout_ms";
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+[[noreturn]] void bad_option(const std::string& key, const std::string& value, const char* accepted) {
+  throw OrtError{ORT_INVALID_ARGUMENT, "option " + key + "='" + value + "' is not valid; accepted: " + accepted};
+}
+
+void set_option(Options& o, const std::string& key, const std::string& value) {
+  if (key == "cache_path") {
+    o.cache_path = value;
+  } else if (key == "compat_key") {
+    o.compat_key = value;
+  } else if (key == "verify") {
+    static const std::pair<const char*, wc_verify> v[] = {
+        {"none", WC_VERIFY_NONE}, {"first_use", WC_VERIFY_FIRST_USE}, {"shared", WC_VERIFY_SHARED}, {"open", WC_VERIFY_ON_OPEN}};
+    for (auto& [n, e] : v)
+      if (value == n) return void(o.verify = e);
+    bad_option(key, value, "none, first_use, shared, open");
+  } else if (key == "backing") {
+    static const std::pair<const char*, wc_backing> v[] = {
+        {"auto", WC_BACKING_AUTO}, {"file", WC_BACKING_FILE}, {"heap", WC_BACKING_HEAP}};
+    for (auto& [n, e] : v)
+      if (value == n) return void(o.backing = e);
+    bad_option(key, value, "auto, file, heap");
+  } else if (key == "durability") {
+    static const std::pair<const char*, wc_durability> v[] = {
+        {"none", WC_DURABILITY_NONE}, {"async", WC_DURABILITY_ASYNC}, {"full", WC_DURABILITY_FULL}};
+    for (auto& [n, e] : v)
+      if (value == n) return void(o.durability = e);
+    bad_option(key, value, "none, async, full");
+  } else if (key == "kernels") {
+    if (value == "xnnpack") o.use_xnnpack = true;
+    else if (value == "builtin") o.use_xnnpack = false;
+    else bad_option(key, value, "xnnpack, builtin");
+  } else if (key == "weights_cache") {
+    if (value == "on") o.weights_cache = true;
+    else if (value == "off") o.weights_cache = false;
+    else bad_option(key, value, "on, off");
+  } else if (key == "threads") {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long v = std::strtoul(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || v < 1 || v > 256) bad_option(key, value, "1 to 256");
+    o.threads = v;
+  } else if (key == "lease_timeout_ms") {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long v = std::strtoul(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || v > 600000) bad_option(key, value, "0 to 600000");
+    o.lease_timeout_ms = static_cast<std::uint32_t>(v);
+  } else {
+    throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
+  }
+}
+
+// The provider's options: ORT stores SessionOptionsAppendExecutionProvider_V2's pairs in the session
+// options as "ep.<provider name in lower case>.<key>".
+Options parse_options(const OrtSessionOptions* so) {
+  Options o;
+  OrtKeyValuePairs* kvps = nullptr;
+  check(api().ort->GetSessionOptionsConfigEntries(so, &kvps), "reading the session options");
+  struct Release {
+    OrtKeyValuePairs* p;
+    ~Release() { api().ort->ReleaseKeyValuePairs(p); }
+  } release{kvps};
+  const char* const* keys = nullptr;
+  const char* const* values = nullptr;
+  std::size_t n = 0;
+  api().ort->GetKeyValuePairs(kvps, &keys, &values, &n);
+  const std::string prefix = "ep." + lower(kEpName) + ".";
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string key = keys[i] != nullptr ? keys[i] : "";
+    if (key.size() <= prefix.size() || lower(key.substr(0, prefix.size())) != prefix) continue;
+    set_option(o, key.substr(prefix.size()), values[i] != nullptr ? values[i] : "");
+  }
+  if (o.use_xnnpack && !have_xnnpack()) o.use_xnnpack = false;
+  return o;
+}
+
+// ---- caches shared by the factory's sessions -------------------------------------------------------
+
+struct SharedCache {
+  wc_cache* cache = nullptr;
+  std::string path;         // what the options asked for ("" = heap)
+  bool stand_in = false;    // a heap cache standing in for a file that could not be used
+  std::string why;          // why, when stand_in
+  std::mutex finalize_mu;   // one finalize at a time per cache (each commits what all inserted)
+  ~SharedCache() {
+    wc_close(cache);
+    counters().caches_open.fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
+std::string compat_key_for(const Options& o) {
+  // Everything the packed bytes depend on besides each entry's own key: the provider's layouts
+  // (its version, XNNPACK's build and the CPU features XNNPACK dispatches on) and the user's part.
+  const std::string build = have_xnnpack() && o.use_xnnpack ? xnnpack_build_id() : std::string("builtin-gemm/1");
+  const std::string layout = std::string("weightcache-ort-ep/") + WEIGHTCACHE_ORT_EP_VERSION;
+  std::string options = cpu_features() + "|user:" + o.compat_key;
+  if (options.size() > WC_XNN_COMPAT_PART_MAX_SIZE) options = cpu_features() + "|user-digest:" + hex_digest(o.compat_key.data(), o.compat_key.size());
+  std::string key(WC_XNN_COMPAT_KEY_MAX_SIZE, '\0');
+  std::size_t size = 0;
+  if (wc_xnn_compat_key(build.data(), build.size(), layout.data(), layout.size(), options.data(), options.size(),
+                        key.data(), key.size(), &size) != WC_OK)
+    throw OrtError{ORT_FAIL, std::string("cannot build the compatibility key: ") + wc_last_error()};
+  key.resize(size);
+  return key;
+}
+
+class Factory;
+
+// ---- one fused layer ---------------------------------------------------------------------------
+
+struct Layer {
+  std::unique_ptr<Linear> linear;
+  std::size_t k = 0, n = 0;
+  std::size_t input_index = 0;  // of the activation among the fused node's inputs
+  bool gemm = false;            // A must be 2-D
+};
+
+struct ComputeInfo : OrtNodeComputeInfo {
+  std::shared_ptr<Layer> layer;
+};
+
+// ---- the execution provider (one per session) ------------------------------------------------------
+
+class Ep : public OrtEp {
+ public:
+  Ep(Factory& factory, Options options, const OrtLogger* logger);
+  ~Ep();
+
+  Factory& factory_;
+  Options options_;
+  const OrtLogger* logger_;
+  std::shared_ptr<SharedCache> cache_;
+  wc_xnn_adapter* adapter_ = nullptr;
+  void* pool_ = nullptr;  // pthreadpool_t with more than one thread
+  std::mutex mu_;         // GetCapability and Compile of one session may not overlap; to be safe
+
+  OrtStatus* get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info);
+  OrtStatus* compile(const OrtGraph** graphs, const OrtNode** fused, std::size_t count, OrtNodeComputeInfo** out);
+  void ensure_cache(const OrtGraph* graph);
+};
+
+class Factory : public OrtEpFactory {
+ public:
+  explicit Factory(const OrtLogger* logger);
+
+  const OrtLogger* default_logger_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::weak_ptr<SharedCache>> caches_;
+
+  std::shared_ptr<SharedCache> acquire(const Options& o, const std::string& path, const OrtLogger* logger);
+};
+
+std::shared_ptr<SharedCache> Factory::acquire(const Options& o, const std::string& path, const OrtLogger* logger) {
+  const std::string compat = compat_key_for(o);
+  const std::string want_path = o.backing == WC_BACKING_HEAP ? std::string() : path;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = caches_[{want_path, compat}];
+  if (auto existing = slot.lock()) return existing;
+  auto sc = std::make_shared<SharedCache>();
+  counters().caches_open.fetch_add(1, std::memory_order_relaxed);
+  sc->path = want_path;
+  wc_options wo;
+  wc_options_init(&wo);
+  wo.compat_key = compat.data();
+  wo.compat_key_size = compat.size();
+  wo.verify = o.verify;
+  wo.durability = o.durability;
+  wo.lease_timeout_ms = o.lease_timeout_ms;
+  wo.refresh_on_miss = 1;  // a long-lived process sees what other processes committed since
+  wo.alignment = 128;      // the largest XNN_ALLOCATION_ALIGNMENT
+  wc_status st = WC_ERR_INVALID_ARGUMENT;
+  std::string why;
+  if (!want_path.empty()) {
+    if (want_path != ":memory:") {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(want_path).parent_path(), ec);
+    }
+    wo.path = want_path.c_str();
+    // Try the file alone first: when it cannot be used, this provider says why through ORT's
+    // logger and decides the fallback itself (auto: a heap cache; file: an error).
+    wo.backing = WC_BACKING_FILE;
+    st = wc_open(&wo, &sc->cache);
+    if (st != WC_OK) {
+      why = wc_last_error();
+      if (o.backing == WC_BACKING_FILE)
+        throw OrtError{ORT_FAIL, "cannot use the cache file '" + want_path + "' (backing=file): " + why};
+      counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
+      log(logger, ORT_LOGGING_LEVEL_WARNING,
+          "cannot use the cache file '" + want_path + "': " + why +
+              "; this process packs its weights into heap memory instead (outputs are unaffected). Fix the path "
+              "or its permissions, free disk space, or pass another cache_path");
+    }
+  }
+  if (st != WC_OK) {
+    wo.path = nullptr;
+    wo.backing = WC_BACKING_HEAP;
+    if (wc_open(&wo, &sc->cache) != WC_OK)
+      throw OrtError{ORT_FAIL, std::string("cannot open even a heap cache: ") + wc_last_error()};
+    sc->stand_in = !want_path.empty();
+    sc->why = why;
+  }
+  slot = sc;
+  return sc;
+}
+
+// ---- graph inspection helpers -------------------------------------------------------------------
+
+struct TensorInfo {
+  bool known = false;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  bool rank_known = false;
+  std::vector<std::int64_t> dims;  // -1 for a symbolic dimension
+};
+
+TensorInfo tensor_info(const OrtValueInfo* vi) {
+  TensorInfo t;
+  if (vi == nullptr) return t;
+  const OrtTypeInfo* ti = nullptr;
+  if (OrtStatus* s = api().ort->GetValueInfoTypeInfo(vi, &ti); s != nullptr || ti == nullptr) {
+    take_message(s);
+    return t;
+  }
+  const OrtTensorTypeAndShapeInfo* tsi = nullptr;
+  if (OrtStatus* s = api().ort->CastTypeInfoToTensorInfo(ti, &tsi); s != nullptr || tsi == nullptr) {
+    take_message(s);
+    return t;
+  }
+  t.known = true;
+  check(api().ort->GetTensorElementType(tsi, &t.type), "element type");
+  std::size_t rank = 0;
+  if (OrtStatus* s = api().ort->GetDimensionsCount(tsi, &rank); s != nullptr) {
+    take_message(s);
+    return t;
+  }
+  t.dims.resize(rank);
+  check(api().ort->GetDimensions(tsi, t.dims.data(), rank), "dimensions");
+  t.rank_known = true;
+  return t;
+}
+
+std::string value_name(const OrtValueInfo* vi) {
+  const char* name = nullptr;
+  check(api().ort->GetValueInfoName(vi, &name), "value name");
+  return name != nullptr ? name : "";
+}
+
+std::vector<const OrtValueInfo*> node_inputs(const OrtNode* node) {
+  std::size_t n = 0;
+  check(api().ort->Node_GetNumInputs(node, &n), "inputs");
+  std::vector<const OrtValueInfo*> v(n);
+  if (n) check(api().ort->Node_GetInputs(node, v.data(), n), "inputs");
+  return v;
+}
+
+std::vector<const OrtValueInfo*> node_outputs(const OrtNode* node) {
+  std::size_t n = 0;
+  check(api().ort->Node_GetNumOutputs(node, &n), "outputs");
+  std::vector<const OrtValueInfo*> v(n);
+  if (n) check(api().ort->Node_GetOutputs(node, v.data(), n), "outputs");
+  return v;
+}
+
+std::string op_type(const OrtNode* node) {
+  const char* t = nullptr;
+  check(api().ort->Node_GetOperatorType(node, &t), "operator type");
+  return t != nullptr ? t : "";
+}
+
+std::string domain(const OrtNode* node) {
+  const char* d = nullptr;
+  check(api().ort->Node_GetDomain(node, &d), "domain");
+  std::string s = d != nullptr ? d : "";
+  return s == "ai.onnx" ? std::string() : s;
+}
+
+bool is_constant(const OrtValueInfo* vi) {
+  if (vi == nullptr) return false;
+  bool c = false;
+  if (OrtStatus* s = api().ort->ValueInfo_IsConstantInitializer(vi, &c); s != nullptr) {
+    take_message(s);
+    return false;
+  }
+  return c;
+}
+
+bool is_graph_output(const OrtValueInfo* vi) {
+  bool o = false;
+  if (OrtStatus* s = api().ort->ValueInfo_IsGraphOutput(vi, &o); s != nullptr) {
+    take_message(s);
+    return true;  // when unsure, do not fuse past it
+  }
+  return o;
+}
+
+// The only consumer of a value, or NULL when it has none, several, or is a graph output.
+const OrtNode* sole_consumer(const OrtValueInfo* vi) {
+  if (is_graph_output(vi)) return nullptr;
+  std::size_t n = 0;
+  check(api().ort->ValueInfo_GetValueNumConsumers(vi, &n), "consumers");
+  if (n != 1) return nullptr;
+  const OrtNode* node = nullptr;
+  std::int64_t input_index = 0;
+  check(api().ort->ValueInfo_GetValueConsumers(vi, &node, &input_index, 1), "consumers");
+  return node;
+}
+
+std::optional<std::int64_t> int_attr(const OrtNode* node, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
+  if (s != nullptr || attr == nullptr) {
+    take_message(s);
+    return std::nullopt;
+  }
+  std::int64_t v = 0;
+  std::size_t size = 0;
+  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof v, &size); r != nullptr) {
+    take_message(r);
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<float> float_attr(const OrtNode* node, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
+  if (s != nullptr || attr == nullptr) {
+    take_message(s);
+    return std::nullopt;
+  }
+  float v = 0;
+  std::size_t size = 0;
+  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &v, sizeof v, &size); r != nullptr) {
+    take_message(r);
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<std::string> string_attr(const OrtNode* node, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
+  if (s != nullptr || attr == nullptr) {
+    take_message(s);
+    return std::nullopt;
+  }
+  std::size_t size = 0;
+  OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &size);
+  take_message(r);  // reports the size needed
+  std::string v(size, '\0');
+  if (OrtStatus* r2 = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, v.data(), v.size(), &size); r2 != nullptr) {
+    take_message(r2);
+    return std::nullopt;
+  }
+  v.resize(std::min(size, v.size()));
+  while (!v.empty() && v.back() == '\0') v.pop_back();
+  return v;
+}
+
+std::int64_t numel(const std::vector<std::int64_t>& dims) {
+  std::int64_t n = 1;
+  for (auto d : dims) {
+    if (d < 0) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+bool is_f32(const TensorInfo& t) { return t.known && t.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+
+// A constant that adds one value per output column: shape [N], [1, N], [1, 1, N] ... (or a scalar).
+bool is_row_bias(const OrtValueInfo* vi, std::int64_t n) {
+  if (!is_constant(vi)) return false;
+  const TensorInfo t = tensor_info(vi);
+  if (!is_f32(t) || !t.rank_known) return false;
+  const std::int64_t count = numel(t.dims);
+  if (count == 1) return true;
+  if (count != n || t.dims.empty() || t.dims.back() != n) return false;
+  return true;
+}
+
+// ---- the layers the provider claims ---------------------------------------------------------------
+
+enum class Core { matmul, gemm, nbits };
+
+// One claimed layer, as found by GetCapability (and again by Compile on its own graph).
+struct Plan {
+  Core core = Core::matmul;
+  const OrtNode* core_node = nullptr;
+  const OrtNode* add_node = nullptr;   // the fused bias Add, if any
+  const OrtNode* act_node = nullptr;   // the fused Relu / Gelu, if any
+  Activation activation = Activation::none;
+  std::int64_t k = 0, n = 0;
+  std::vector<const OrtNode*> nodes() const {
+    std::vector<const OrtNode*> v{core_node};
+    if (add_node) v.push_back(add_node);
+    if (act_node) v.push_back(act_node);
+    return v;
+  }
+};
+
+std::optional<Activation> activation_of(const OrtNode* node) {
+  const std::string t = op_type(node), d = domain(node);
+  if (t == "Relu" && d.empty()) return Activation::relu;
+  if (t == "Gelu" && d == kMsDomain) return Activation::gelu;
+  if (t == "Gelu" && d.empty()) {
+    const auto approx = string_attr(node, "approximate");
+    if (!approx || *approx == "none") return Activation::gelu;
+  }
+  return std::nullopt;
+}
+
+// Whether `node` is a layer the provider computes, and with what shape.
+std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
+  const std::string t = op_type(node), d = domain(node);
+  const auto in = node_inputs(node);
+  const auto out = node_outputs(node);
+  if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return std::nullopt;
+  Plan p;
+  p.core_node = node;
+  if (t == "MatMul" && d.empty() && in.size() == 2) {
+    const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
+    if (!is_f32(a) || !a.rank_known || a.dims.size() < 2 || !is_f32(b) || b.dims.size() != 2) return std::nullopt;
+    if (!is_constant(in[1]) || b.dims[0] <= 0 || b.dims[1] <= 0) return std::nullopt;
+    if (a.dims.back() >= 0 && a.dims.back() != b.dims[0]) return std::nullopt;
+    p.core = Core::matmul;
+    p.k = b.dims[0];
+    p.n = b.dims[1];
+    return p;
+  }
+  if (t == "Gemm" && d.empty() && (in.size() == 2 || in.size() == 3)) {
+    const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
+    if (!is_f32(a) || !a.rank_known || a.dims.size() != 2 || !is_f32(b) || b.dims.size() != 2) return std::nullopt;
+    if (!is_constant(in[1]) || int_attr(node, "transA").value_or(0) != 0) return std::nullopt;
+    const bool trans_b = int_attr(node, "transB").value_or(0) != 0;
+    p.k = trans_b ? b.dims[1] : b.dims[0];
+    p.n = trans_b ? b.dims[0] : b.dims[1];
+    if (p.k <= 0 || p.n <= 0 || (a.dims[1] >= 0 && a.dims[1] != p.k)) return std::nullopt;
+    if (float_attr(node, "alpha").value_or(1.0f) == 0.0f) return std::nullopt;
+    if (in.size() == 3 && in[2] != nullptr && !is_row_bias(in[2], p.n)) return std::nullopt;
+    p.core = Core::gemm;
+    return p;
+  }
+  if (nbits_ok && t == "MatMulNBits" && d == kMsDomain && in.size() >= 3) {
+    const auto k = int_attr(node, "K"), n = int_attr(node, "N"), bits = int_attr(node, "bits"),
+               block = int_attr(node, "block_size");
+    if (!k || !n || !block || bits.value_or(4) != 4 || *k <= 0 || *n <= 0) return std::nullopt;
+    if (!nbits_supported(static_cast<std::size_t>(*k), static_cast<std::size_t>(*n), static_cast<std::size_t>(*block)))
+      return std::nullopt;
+    const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]), s = tensor_info(in[2]);
+    if (!is_f32(a) || !a.rank_known || a.dims.size() < 2) return std::nullopt;
+    if (!is_constant(in[1]) || !b.known || b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) return std::nullopt;
+    if (numel(b.dims) != *n * (*k / 2)) return std::nullopt;
+    if (!is_constant(in[2]) || !is_f32(s) || numel(s.dims) != *n * (*k / *block)) return std::nullopt;
+    // zero_points (3), g_idx (4): only the default symmetric layout (zero point 8) is claimed.
+    if (in.size() > 3 && in[3] != nullptr) return std::nullopt;
+    if (in.size() > 4 && in[4] != nullptr) return std::nullopt;
+    if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return std::nullopt;
+    p.core = Core::nbits;
+    p.k = *k;
+    p.n = *n;
+    return p;
+  }
+  return std::nullopt;
+}
+
+// Extends a core plan with the bias Add and the activation that only it feeds.
+void fuse_epilogue(Plan& p) {
+  const OrtValueInfo* cur = node_outputs(p.core_node)[0];
+  bool has_bias = false;
+  if (p.core == Core::gemm) {
+    const auto in = node_inputs(p.core_node);
+    has_bias = in.size() == 3 && in[2] != nullptr;
+  } else if (p.core == Core::nbits) {
+    const auto in = node_inputs(p.core_node);
+    has_bias = in.size() > 5 && in[5] != nullptr;
+  }
+  if (const OrtNode* next = sole_consumer(cur); next != nullptr && !has_bias) {
+    if (op_type(next) == "Add" && domain(next).empty()) {
+      const auto in = node_inputs(next);
+      const auto out = node_outputs(next);
+      if (in.size() == 2 && out.size() == 1 && is_f32(tensor_info(out[0]))) {
+        const OrtValueInfo* other = in[0] == cur ? in[1] : in[1] == cur ? in[0] : nullptr;
+        // The sum keeps the layer's shape only when the bias is a row vector of N values.
+        if (other != nullptr && is_row_bias(other, p.n) && numel(tensor_info(other).dims) == p.n) {
+          p.add_node = next;
+          cur = out[0];
+        }
+      }
+    }
+  }
+  if (const OrtNode* next = sole_consumer(cur); next != nullptr) {
+    if (auto act = activation_of(next); act) {
+      const auto out = node_outputs(next);
+      if (out.size() == 1 && is_f32(tensor_info(out[0]))) {
+        p.act_node = next;
+        p.activation = *act;
+      }
+    }
+  }
+}
+
+// ---- reading weights -------------------------------------------------------------------------
+
+struct Weight {
+  WeightSource source;
+  std::string identity;
+};
+
+Weight read_weight(const OrtValueInfo* vi, const std::filesystem::path& model_dir) {
+  Weight w;
+  const OrtValue* value = nullptr;
+  check(api().ort->ValueInfo_GetInitializerValue(vi, &value), "reading an initializer");
+  if (value == nullptr) throw OrtError{ORT_FAIL, "initializer '" + value_name(vi) + "' has no value"};
+  check(api().ort->GetTensorData(value, &w.source.data), "initializer data");
+  check(api().ort->GetTensorSizeInBytes(value, &w.source.bytes), "initializer size");
+  OrtTensorTypeAndShapeInfo* tsi = nullptr;
+  check(api().ort->GetTensorTypeAndShape(value, &tsi), "initializer shape");
+  ONNXTensorElementDataType type{};
+  std::size_t rank = 0;
+  OrtStatus* s = api().ort->GetTensorElementType(tsi, &type);
+  if (s == nullptr) s = api().ort->GetDimensionsCount(tsi, &rank);
+  if (s == nullptr) {
+    w.source.dims.resize(rank);
+    s = api().ort->GetDimensions(tsi, w.source.dims.data(), rank);
+  }
+  api().ort->ReleaseTensorTypeAndShapeInfo(tsi);
+  check(s, "initializer shape");
+  w.source.element_type = static_cast<int>(type);
+  OrtExternalInitializerInfo* ext = nullptr;
+  if (OrtStatus* e = api().ort->ValueInfo_GetExternalInitializerInfo(vi, &ext); e != nullptr) {
+    take_message(e);
+    ext = nullptr;
+  }
+  if (ext != nullptr) {
+    const ORTCHAR_T* rel = api().ort->ExternalInitializerInfo_GetFilePath(ext);
+    const std::filesystem::path p = rel != nullptr ? std::filesystem::path(rel) : std::filesystem::path();
+    if (!p.empty()) w.source.external_path = (p.is_absolute() ? p : model_dir / p).string();
+    w.source.external_offset = api().ort->ExternalInitializerInfo_GetFileOffset(ext);
+    if (api().ort->ExternalInitializerInfo_GetByteSize(ext) != w.source.bytes) w.source.external_path.clear();
+    api().ort->ReleaseExternalInitializerInfo(ext);
+  }
+  w.identity = weight_identity(w.source);
+  return w;
+}
+
+std::filesystem::path model_dir_of(const OrtGraph* graph, std::string* model_path) {
+  const ORTCHAR_T* p = nullptr;
+  if (OrtStatus* s = api().ort->Graph_GetModelPath(graph, &p); s != nullptr) {
+    take_message(s);
+    p = nullptr;
+  }
+  const std::string path = p != nullptr ? std::string(p) : std::string();
+  if (model_path != nullptr) *model_path = path;
+  if (path.empty()) return std::filesystem::current_path();
+  std::error_code ec;
+  return std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
+}
+
+std::vector<float> read_bias(const OrtValueInfo* vi, std::int64_t n, const std::filesystem::path& dir, std::string* identity) {
+  const Weight w = read_weight(vi, dir);
+  const auto* f = static_cast<const float*>(w.source.data);
+  const std::size_t count = w.source.bytes / sizeof(float);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[i] = count == 1 ? f[0] : f[i];
+  *identity = w.identity;
+  return v;
+}
+
+// ---- entry points ------------------------------------------------------------------------------
+
+Ep* as_ep(OrtEp* e) { return static_cast<Ep*>(e); }
+Factory* as_factory(OrtEpFactory* f) { return static_cast<Factory*>(f); }
+
+const char* ORT_API_CALL ep_get_name(const OrtEp*) noexcept { return kEpName; }
+
+OrtStatus* ORT_API_CALL ep_get_capability(OrtEp* e, const OrtGraph* graph, OrtEpGraphSupportInfo* info) noexcept {
+  return boundary("GetCapability", [&] { return as_ep(e)->get_capability(graph, info); });
+}
+
+OrtStatus* ORT_API_CALL ep_compile(OrtEp* e, const OrtGraph** graphs, const OrtNode** fused, size_t count,
+                                   OrtNodeComputeInfo** infos, OrtNode** ep_context_nodes) noexcept {
+  if (ep_context_nodes != nullptr)
+    for (size_t i = 0; i < count; ++i) ep_context_nodes[i] = nullptr;
+  return boundary("Compile", [&] { return as_ep(e)->compile(graphs, fused, count, infos); });
+}
+
+void ORT_API_CALL ep_release_compute_infos(OrtEp*, OrtNodeComputeInfo** infos, size_t count) noexcept {
+  for (size_t i = 0; i < count; ++i) delete static_cast<ComputeInfo*>(infos[i]);
+}
+
+OrtStatus* ORT_API_CALL ep_concurrent_run(OrtEp*, bool* supported) noexcept {
+  *supported = true;  // each layer serializes its own runs
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL ci_create_state(OrtNodeComputeInfo* self, OrtNodeComputeContext*, void** state) noexcept {
+  *state = static_cast<ComputeInfo*>(self)->layer.get();
+  return nullptr;
+}
+
+void ORT_API_CALL ci_release_state(OrtNodeComputeInfo*, void*) noexcept {}
+
+OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelContext* ctx) noexcept {
+  return boundary("Compute", [&]() -> OrtStatus* {
+    auto* layer = static_cast<Layer*>(state);
+    const OrtValue* input = nullptr;
+    check(api().ort->KernelContext_GetInput(ctx, layer->input_index, &input), "input");
+    OrtTensorTypeAndShapeInfo* tsi = nullptr;
+    check(api().ort->GetTensorTypeAndShape(input, &tsi), "input shape");
+    std::size_t rank = 0;
+    OrtStatus* s = api().ort->GetDimensionsCount(tsi, &rank);
+    std::vector<std::int64_t> dims(rank);
+    if (s == nullptr) s = api().ort->GetDimensions(tsi, dims.data(), rank);
+    api().ort->ReleaseTensorTypeAndShapeInfo(tsi);
+    check(s, "input shape");
+    if (rank < 2 || (layer->gemm && rank != 2) || dims.back() != static_cast<std::int64_t>(layer->k))
+      throw OrtError{ORT_INVALID_ARGUMENT, "input of rank " + std::to_string(rank) + " does not fit a layer of " +
+                                                std::to_string(layer->k) + " inputs"};
+    std::size_t m = 1;
+    for (std::size_t i = 0; i + 1 < rank; ++i) m *= static_cast<std::size_t>(dims[i]);
+    dims.back() = static_cast<std::int64_t>(layer->n);
+    OrtValue* output = nullptr;
+    check(api().ort->KernelContext_GetOutput(ctx, 0, dims.data(), dims.size(), &output), "output");
+    const void* a = nullptr;
+    void* y = nullptr;
+    check(api().ort->GetTensorData(input, &a), "input data");
+    check(api().ort->GetTensorMutableData(output, &y), "output data");
+    if (m != 0) layer->linear->run(static_cast<const float*>(a), m, static_cast<float*>(y));
+    return nullptr;
+  });
+}
+
+Ep::Ep(Factory& factory, Options options, const OrtLogger* logger)
+    : OrtEp{}, factory_(factory), options_(std::move(options)), logger_(logger) {
+  ort_version_supported = ORT_API_VERSION;
+  GetName = ep_get_name;
+  GetCapability = ep_get_capability;
+  Compile = ep_compile;
+  ReleaseNodeComputeInfos = ep_release_compute_infos;
+  IsConcurrentRunSupported = ep_concurrent_run;
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+  if (options_.use_xnnpack && options_.threads > 1) pool_ = pthreadpool_create(options_.threads);
+#endif
+}
+
+Ep::~Ep() {
+  // ORT released every compute info (and with them the XNNPACK operators) before the provider.
+  wc_xnn_adapter_destroy(adapter_);
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+  if (pool_ != nullptr) pthreadpool_destroy(static_cast<pthreadpool_t>(pool_));
+#endif
+}
+
+OrtStatus* Ep::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  check(api().ort->Graph_GetNumNodes(graph, &n), "nodes");
+  std::vector<const OrtNode*> nodes(n);
+  if (n) check(api().ort->Graph_GetNodes(graph, nodes.data(), n), "nodes");
+  std::vector<const OrtNode*> taken;
+  const bool nbits_ok = options_.use_xnnpack;
+  for (const OrtNode* node : nodes) {
+    if (std::find(taken.begin(), taken.end(), node) != taken.end()) continue;
+    auto plan = core_plan(node, nbits_ok);
+    if (!plan) continue;
+    fuse_epilogue(*plan);
+    auto group = plan->nodes();
+    bool clash = false;
+    for (const OrtNode* g : group) clash = clash || std::find(taken.begin(), taken.end(), g) != taken.end();
+    if (clash) continue;
+    OrtNodeFusionOptions fusion{};
+    fusion.ort_version_supported = ORT_API_VERSION;
+    fusion.drop_constant_initializers = true;  // the provider keeps the packed copy; ORT frees its own
+    check(api().ep->EpGraphSupportInfo_AddNodesToFuse(info, group.data(), group.size(), &fusion), "claiming nodes");
+    taken.insert(taken.end(), group.begin(), group.end());
+  }
+  return nullptr;
+}
+
+void Ep::ensure_cache(const OrtGraph* graph) {
+  if (cache_) return;
+  std::string model_path;
+  (void)model_dir_of(graph, &model_path);
+  std::string path;
+  if (options_.cache_path) {
+    path = *options_.cache_path;
+  } else if (options_.backing != WC_BACKING_HEAP) {
+    path = default_cache_path(model_path);
+    if (path.empty())
+      log(logger_, ORT_LOGGING_LEVEL_WARNING,
+          "no per-user cache directory (neither XDG_CACHE_HOME nor HOME is set); packing into heap memory. Pass "
+          "cache_path");
+  }
+  cache_ = factory_.acquire(options_, path, logger_);
+  if (options_.use_xnnpack && options_.weights_cache) {
+    if (wc_xnn_adapter_create(cache_->cache, &adapter_) != WC_OK)
+      throw OrtError{ORT_FAIL, std::string("cannot create the XNNPACK adapter: ") + wc_last_error()};
+  }
+}
+
+OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size_t count, OrtNodeComputeInfo** out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (std::size_t i = 0; i < count; ++i) out[i] = nullptr;
+  if (count == 0) return nullptr;
+  ensure_cache(graphs[0]);
+  std::vector<std::unique_ptr<ComputeInfo>> made;
+  std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
+  for (std::size_t g = 0; g < count; ++g) {
+    std::string model_path;
+    const std::filesystem::path dir = model_dir_of(graphs[g], &model_path);
+    std::size_t nn = 0;
+    check(api().ort->Graph_GetNumNodes(graphs[g], &nn), "nodes");
+    std::vector<const OrtNode*> nodes(nn);
+    if (nn) check(api().ort->Graph_GetNodes(graphs[g], nodes.data(), nn), "nodes");
+    std::optional<Plan> plan;
+    for (const OrtNode* node : nodes)
+      if ((plan = core_plan(node, options_.use_xnnpack))) break;
+    if (!plan) throw OrtError{ORT_FAIL, "a fused partition holds no layer this provider computes"};
+    // Compile's graph holds exactly the nodes GetCapability grouped: find them again.
+    for (const OrtNode* node : nodes) {
+      if (node == plan->core_node) continue;
+      if (op_type(node) == "Add") plan->add_node = node;
+      else if (auto act = activation_of(node)) {
+        plan->act_node = node;
+        plan->activation = *act;
+      }
+    }
+    nodes_claimed += nodes.size();
+    const auto in = node_inputs(plan->core_node);
+    LinearSpec spec;
+    spec.k = static_cast<std::size_t>(plan->k);
+    spec.n = static_cast<std::size_t>(plan->n);
+    spec.activation = plan->activation;
+    const Weight w = read_weight(in[1], dir);
+    spec.weights = w.source.data;
+    const std::string layout = plan->core == Core::nbits ? "nbits4" : "f32";
+    spec.weights_name = "w|" + layout + "|" + w.identity;
+    const OrtValueInfo* bias_vi = nullptr;
+    float beta = 1.0f;
+    if (plan->core == Core::matmul) {
+      spec.weights_kn = true;
+    } else if (plan->core == Core::gemm) {
+      spec.weights_kn = int_attr(plan->core_node, "transB").value_or(0) == 0;
+      spec.alpha = float_attr(plan->core_node, "alpha").value_or(1.0f);
+      beta = float_attr(plan->core_node, "beta").value_or(1.0f);
+      if (in.size() == 3 && in[2] != nullptr) bias_vi = in[2];
+    } else {
+      spec.kind = LinearSpec::Kind::nbits4;
+      spec.block_size = static_cast<std::size_t>(*int_attr(plan->core_node, "block_size"));
+      const Weight s = read_weight(in[2], dir);
+      spec.scales = static_cast<const float*>(s.source.data);
+      // The scales are packed with the weights: both identities name the packed bytes.
+      spec.weights_name += "|scales|" + s.identity + "|block" + std::to_string(spec.block_size);
+      if (in.size() > 5 && in[5] != nullptr) bias_vi = in[5];
+    }
+    if (plan->add_node != nullptr) {
+      const auto add_in = node_inputs(plan->add_node);
+      const OrtValueInfo* mm_out = node_outputs(plan->core_node)[0];
+      const std::string mm_name = value_name(mm_out);
+      bias_vi = value_name(add_in[0]) == mm_name ? add_in[1] : add_in[0];
+      beta = 1.0f;
+    }
+    if (bias_vi != nullptr) {
+      std::string id;
+      spec.bias = read_bias(bias_vi, plan->n, dir, &id);
+      // The bias is packed as beta * C / alpha (the GEMM output is scaled by alpha afterwards).
+      const float scale = beta / spec.alpha;
+      if (scale != 1.0f)
+        for (float& b : spec.bias) b *= scale;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "|scale%a", static_cast<double>(scale));
+      spec.bias_name = "b|" + id + buf;
+    }
+    PackTarget target;
+    target.cache = cache_->cache;
+    target.adapter = adapter_;
+    target.use_cache = options_.weights_cache;
+    target.threadpool = pool_;
+    CreateReport report;
+    auto layer = std::make_shared<Layer>();
+    layer->linear = options_.use_xnnpack ? create_xnnpack(spec, target, &report) : create_builtin(spec, target, &report);
+    layer->k = spec.k;
+    layer->n = spec.n;
+    layer->gemm = plan->core == Core::gemm;
+    // The activation is the fused node's one non-constant input (constants were dropped).
+    const std::string a_name = value_name(in[0]);
+    const auto fin = node_inputs(fused[g]);
+    bool found = false;
+    for (std::size_t j = 0; j < fin.size() && !found; ++j)
+      if (fin[j] != nullptr && value_name(fin[j]) == a_name) {
+        layer->input_index = j;
+        found = true;
+      }
+    if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
+    (report.packed ? packed : hits) += 1;
+    heap += report.in_heap ? 1 : 0;
+    bytes += report.bytes;
+    auto ci = std::make_unique<ComputeInfo>();
+    ci->ort_version_supported = ORT_API_VERSION;
+    ci->CreateState = ci_create_state;
+    ci->Compute = ci_compute;
+    ci->ReleaseState = ci_release_state;
+    ci->layer = std::move(layer);
+    made.push_back(std::move(ci));
+  }
+  // Durable before the session runs, so the next session or process finds every weight; a
+  // failure leaves the weights served from memory here and says why, once.
+  if (options_.weights_cache && packed > 0 && !cache_->stand_in && !cache_->path.empty()) {
+    std::lock_guard<std::mutex> fl(cache_->finalize_mu);
+    if (wc_finalize(cache_->cache) != WC_OK) {
+      counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
+      log(logger_, ORT_LOGGING_LEVEL_WARNING,
+          std::string("could not make the packed weights durable in '") + cache_->path + "': " + wc_last_error() +
+              "; this session computes from memory and the next process packs again");
+    }
+  } else if (options_.weights_cache && adapter_ != nullptr && packed > 0) {
+    (void)wc_finalize(cache_->cache);  // a heap cache: only ends the packing phase XNNPACK checks
+  }
+  for (std::size_t i = 0; i < made.size(); ++i) out[i] = made[i].release();
+  auto& c = counters();
+  c.nodes.fetch_add(nodes_claimed, std::memory_order_relaxed);
+  c.weights.fetch_add(packed + hits, std::memory_order_relaxed);
+  c.packed.fetch_add(packed, std::memory_order_relaxed);
+  c.from_cache.fetch_add(hits, std::memory_order_relaxed);
+  c.heap_weights.fetch_add(heap, std::memory_order_relaxed);
+  c.packed_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  log(logger_, ORT_LOGGING_LEVEL_INFO,
+      std::to_string(count) + " layers ready (" + std::to_string(packed) + " packed, " + std::to_string(hits) +
+          " from the cache" + (heap ? ", " + std::to_string(heap) + " in heap memory" : std::string()) + ") with " +
+          (options_.use_xnnpack ? "XNNPACK" : "the built-in GEMM") + "; cache '" +
+          (cache_->path.empty() ? std::string("(heap)") : cache_->path) + "'");
+  return nullptr;
+}
+
+// ---- the factory -------------------------------------------------------------------------------
+
+const char* ORT_API_CALL f_get_name(const OrtEpFactory*) noexcept { return kEpName; }
+const char* ORT_API_CALL f_get_vendor(const OrtEpFactory*) noexcept { return kVendor; }
+uint32_t ORT_API_CALL f_get_vendor_id(const OrtEpFactory*) noexcept { return 0; }
+const char* ORT_API_CALL f_get_version(const OrtEpFactory*) noexcept { return WEIGHTCACHE_ORT_EP_VERSION; }
+
+OrtStatus* ORT_API_CALL f_get_supported_devices(OrtEpFactory* f, const OrtHardwareDevice* const* devices,
+                                                size_t num_devices, OrtEpDevice** ep_devices, size_t max_ep_devices,
+                                                size_t* num_ep_devices) noexcept {
+  return boundary("GetSupportedDevices", [&]() -> OrtStatus* {
+    *num_ep_devices = 0;
+    for (size_t i = 0; i < num_devices && *num_ep_devices < max_ep_devices; ++i) {
+      if (api().ort->HardwareDevice_Type(devices[i]) != OrtHardwareDeviceType_CPU) continue;
+      OrtEpDevice* d = nullptr;
+      check(api().ep->CreateEpDevice(f, devices[i], nullptr, nullptr, &d), "creating the device");
+      ep_devices[(*num_ep_devices)++] = d;
+      break;  // one CPU device
+    }
+    return nullptr;
+  });
+}
+
+OrtStatus* ORT_API_CALL f_create_ep(OrtEpFactory* f, const OrtHardwareDevice* const*, const OrtKeyValuePairs* const*,
+                                    size_t, const OrtSessionOptions* so, const OrtLogger* logger, OrtEp** out) noexcept {
+  *out = nullptr;
+  return boundary("CreateEp", [&]() -> OrtStatus* {
+    Options o = parse_options(so);
+    if (!have_xnnpack())
+      log(logger, ORT_LOGGING_LEVEL_INFO, "this build has no XNNPACK: layers run on the built-in packer and GEMM");
+    auto ep = std::make_unique<Ep>(*as_factory(f), std::move(o), logger);
+    counters().sessions.fetch_add(1, std::memory_order_relaxed);
+    *out = ep.release();
+    return nullptr;
+  });
+}
+
+void ORT_API_CALL f_release_ep(OrtEpFactory*, OrtEp* ep) noexcept {
+  try {
+    delete as_ep(ep);
+  } catch (...) {
+  }
+}
+
+OrtStatus* ORT_API_CALL f_validate_compat(OrtEpFactory*, const OrtHardwareDevice* const*, size_t, const char*,
+                                          OrtCompiledModelCompatibility* c) noexcept {
+  *c = OrtCompiledModelCompatibility_EP_NOT_APPLICABLE;
+  return nullptr;
+}
+
+OrtStatus* ORT_API_CALL f_create_allocator(OrtEpFactory*, const OrtMemoryInfo*, const OrtKeyValuePairs*,
+                                           OrtAllocator** a) noexcept {
+  *a = nullptr;  // ORT's default CPU allocator
+  return nullptr;
+}
+void ORT_API_CALL f_release_allocator(OrtEpFactory*, OrtAllocator*) noexcept {}
+OrtStatus* ORT_API_CALL f_create_data_transfer(OrtEpFactory*, OrtDataTransferImpl** d) noexcept {
+  *d = nullptr;  // CPU memory only: nothing to transfer
+  return nullptr;
+}
+bool ORT_API_CALL f_is_stream_aware(const OrtEpFactory*) noexcept { return false; }
+OrtStatus* ORT_API_CALL f_create_stream(OrtEpFactory*, const OrtMemoryDevice*, const OrtKeyValuePairs*,
+                                        OrtSyncStreamImpl** s) noexcept {
+  *s = nullptr;
+  return nullptr;
+}
+OrtStatus* ORT_API_CALL f_num_domains(OrtEpFactory*, size_t* n) noexcept {
+  *n = 0;
+  return nullptr;
+}
+OrtStatus* ORT_API_CALL f_domains(OrtEpFactory*, OrtCustomOpDomain**, size_t) noexcept { return nullptr; }
+
+Factory::Factory(const OrtLogger* logger) : OrtEpFactory{}, default_logger_(logger) {
+  ort_version_supported = ORT_API_VERSION;
+  GetName = f_get_name;
+  GetVendor = f_get_vendor;
+  GetSupportedDevices = f_get_supported_devices;
+  CreateEp = f_create_ep;
+  ReleaseEp = f_release_ep;
+  GetVendorId = f_get_vendor_id;
+  GetVersion = f_get_version;
+  ValidateCompiledModelCompatibilityInfo = f_validate_compat;
+  CreateAllocator = f_create_allocator;
+  ReleaseAllocator = f_release_allocator;
+  CreateDataTransfer = f_create_data_transfer;
+  IsStreamAware = f_is_stream_aware;
+  CreateSyncStreamForDevice = f_create_stream;
+  GetNumCustomOpDomains = f_num_domains;
+  GetCustomOpDomains = f_domains;
+}
+
+}  // namespace
+}  // namespace weightcache::ort
+
+// ---- the library's exports ------------------------------------------------------------------
+
+#define WC_ORT_EXPORT extern "C" __attribute__((visibility("default")))
+
+WC_ORT_EXPORT OrtStatus* CreateEpFactories(const char* registration_name, const OrtApiBase* ort_api_base,
+                                           const OrtLogger* default_logger, OrtEpFactory** factories,
+                                           size_t max_factories, size_t* num_factories) {
+  using namespace weightcache::ort;
+  if (num_factories != nullptr) *num_factories = 0;
+  const OrtApi* ort = ort_api_base != nullptr ? ort_api_base->GetApi(ORT_API_VERSION) : nullptr;
+  if (ort == nullptr) return nullptr;  // an ONNX Runtime older than these headers: no factory (and no way to say so)
+  api().ort = ort;
+  api().ep = ort->GetEpApi();
+  return boundary("CreateEpFactories", [&]() -> OrtStatus* {
+    if (registration_name == nullptr || std::string(registration_name) != WC_ORT_EP_NAME)
+      log(default_logger, ORT_LOGGING_LEVEL_WARNING,
+          std::string("registered as '") + (registration_name ? registration_name : "") +
+              "'; the provider's own name is '" WC_ORT_EP_NAME "' (its options are ep.weightcache.*)");
+    if (max_factories < 1) return make_status(ORT_INVALID_ARGUMENT, "WeightCache EP: no room for its factory");
+    factories[0] = new Factory(default_logger);
+    *num_factories = 1;
+    return nullptr;
+  });
+}
+
+WC_ORT_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
+  delete static_cast<weightcache::ort::Factory*>(factory);
+  return nullptr;
+}
+
+WC_ORT_EXPORT wc_status wc_ort_ep_get_stats(wc_ort_ep_stats* out) {
+  using namespace weightcache::ort;
+  if (out == nullptr || out->struct_size < sizeof(std::size_t) || out->struct_size > (1u << 16))
+    return WC_ERR_INVALID_ARGUMENT;
+  wc_ort_ep_stats s{};
+  const auto& c = counters();
+  s.struct_size = out->struct_size;
+  s.sessions = c.sessions.load();
+  s.nodes = c.nodes.load();
+  s.weights = c.weights.load();
+  s.packed = c.packed.load();
+  s.from_cache = c.from_cache.load();
+  s.packed_bytes = c.packed_bytes.load();
+  s.heap_weights = c.heap_weights.load();
+  s.cache_failures = c.cache_failures.load();
+  s.caches_open = c.caches_open.load();
+  s.xnnpack = have_xnnpack() ? 1 : 0;
+  std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
+  return WC_OK;
+}

@@ -1,0 +1,457 @@
+#!/usr/bin/python3
+"""The ONNX models of the ONNX Runtime execution provider's tests and benchmarks, and their reference.
+
+Run it with /usr/bin/python3: it needs Debian's python3-onnx (1.12) and python3-numpy
+(scripts/ort-args installs them); another python3 first on PATH may have neither.
+
+  make_models.py --out DIR [--seed N] [--only NAME...]      the test models + DIR/manifest.json
+  make_models.py --out DIR --big [--dim D --hidden H --layers L] [--only big_mlp big_nbits]
+  make_models.py --check DIR --model NAME --outputs FILE [--batch B --seq S --input-seed N]
+                 [--rtol X --atol Y]
+
+Every weight is drawn from --seed (default 1) and the model's name, so a model's bytes depend on
+neither --only nor the order models are written in. Models are IR version 8, opset 17, plus
+com.microsoft version 1 where a contrib op (Gelu, MatMulNBits) is used. NAME.onnx embeds its
+weights; NAME.ext.onnx keeps them in NAME.ext.onnx.data (external data: ONNX Runtime maps that
+file, so weights seen by a provider stay where they are for the session's lifetime).
+
+--check recomputes a model's outputs in float64 with numpy (a tiny interpreter of the ops used
+here; MatMulNBits is dequantized exactly as ONNX Runtime does) from the inputs
+weightcache-ort-host feeds it, and compares them with the raw outputs the host wrote with --out.
+Exit status 0 within tolerance, 3 outside it, 1 on a usage error.
+
+The host's inputs, which --check regenerates (see input_values): input number i of the session
+(graph input order), element j, gets splitmix64(seed ^ (i + 1) * 0xD1B54A32D192ED03 +
+(j + 1) * 0x9E3779B97F4A7C15), top 24 bits, mapped to [-1, 1): exact in float32. Symbolic dims:
+"batch" takes --batch, "seq" takes --seq, any other name batch*seq (the rows of a 2-D input).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import zlib
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import onnx.mapping  # onnx 1.12 (Debian 12): helper.tensor_dtype_to_np_dtype came later
+
+IR_VERSION = 8
+OPSET = 17
+MS_DOMAIN = "com.microsoft"
+DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
+
+MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
+          "matmulnbits"]
+BIG_MODELS = ["big_mlp", "big_nbits"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+def rng_for(seed, name):
+    # One stream per (seed, model): --only or a new model never changes another model's weights.
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def dense(rng, k, n):
+    # Scaled like a trained layer's weights (variance 1/k) so activations stay O(1) layer after layer.
+    return (rng.standard_normal((k, n), dtype=np.float32) / np.float32(math.sqrt(k))).astype(np.float32)
+
+
+def vec(rng, n, scale=0.1):
+    return (rng.standard_normal(n, dtype=np.float32) * np.float32(scale)).astype(np.float32)
+
+
+def quantize_blocks(rng, k, n, block):
+    """Random 4-bit weights in MatMulNBits' layout: B uint8 [N, K/block, block/2] (element 2i in
+    the low nibble, 2i+1 in the high one), scales f32 [N * K/block], zero point 8 (the default)."""
+    assert k % block == 0 and block % 2 == 0
+    blocks = k // block
+    # q in 1..15, so q - 8 is symmetric (-7..7): with 0..15 every weight would lean by -0.5 and
+    # activations would grow layer after layer (8 layers: 1e7). Scaled to variance ~1/k like dense().
+    q = rng.integers(1, 16, size=(n, blocks, block), dtype=np.uint8)
+    b = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)
+    scales = (rng.uniform(0.75, 1.25, size=n * blocks) / (4.32 * math.sqrt(k))).astype(np.float32)
+    return b, scales
+
+
+def dequantize_nbits(b, scales, k, n, block, zero_point=8):
+    """W [K, N] float64 from MatMulNBits' B and scales: (q - zero_point) * scale, per block of K."""
+    blocks = k // block
+    low = (b & 0x0F).astype(np.int32)
+    high = (b >> 4).astype(np.int32)
+    q = np.empty((n, blocks, block), dtype=np.int32)
+    q[:, :, 0::2] = low
+    q[:, :, 1::2] = high
+    w = (q - zero_point).astype(np.float64) * scales.reshape(n, blocks, 1).astype(np.float64)
+    return w.reshape(n, k).T
+
+
+class Graph:
+    """Collects nodes and initializers for one model."""
+
+    def __init__(self, name):
+        self.name = name
+        self.nodes, self.inits, self.inputs, self.outputs = [], [], [], []
+        self.uses_ms = False
+        self.counter = 0
+
+    def tmp(self, prefix):
+        self.counter += 1
+        return f"{prefix}_{self.counter}"
+
+    def init(self, name, array):
+        self.inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def input(self, name, shape, elem=TensorProto.FLOAT):
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def output(self, name, shape, elem=TensorProto.FLOAT):
+        self.outputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def node(self, op, inputs, outputs=None, domain="", **attrs):
+        if domain == MS_DOMAIN:
+            self.uses_ms = True
+        outputs = outputs or [self.tmp(op.lower())]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=self.tmp(op), domain=domain, **attrs))
+        return outputs[0]
+
+    def model(self):
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.inits)
+        opsets = [helper.make_opsetid("", OPSET)]
+        if self.uses_ms:
+            opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+        m = helper.make_model(graph, opset_imports=opsets, producer_name="weightcache make_models.py")
+        m.ir_version = IR_VERSION
+        return m
+
+
+def matmul_nbits(g, x, w_b, w_scales, k, n, block=32):
+    return g.node("MatMulNBits", [x, w_b, w_scales], domain=MS_DOMAIN, K=k, N=n, bits=4, block_size=block,
+                  accuracy_level=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The models (each returns a Graph; `ext` says whether an external-data copy is written too)
+# ---------------------------------------------------------------------------------------------
+
+def build_mlp(seed):
+    rng, g = rng_for(seed, "mlp"), Graph("mlp")
+    d, h = 64, 256
+    x = g.input("X", ["batch", "seq", d])
+    t = g.node("MatMul", [x, g.init("W1", dense(rng, d, h))])
+    t = g.node("Add", [t, g.init("b1", vec(rng, h))])
+    t = g.node("Gelu", [t], domain=MS_DOMAIN)
+    t = g.node("MatMul", [t, g.init("W2", dense(rng, h, d))])
+    g.node("Add", [t, g.init("b2", vec(rng, d))], ["Y"])
+    g.output("Y", ["batch", "seq", d])
+    return g
+
+
+def build_gemm(seed, name="gemm"):
+    rng, g = rng_for(seed, name), Graph(name)
+    k, n = 96, 80
+    a = g.input("A", ["rows", k])
+    if name == "gemm":
+        g.node("Gemm", [a, g.init("B", dense(rng, k, n).T.copy()), g.init("C", vec(rng, n))], ["Y"],
+               alpha=0.75, beta=1.5, transA=0, transB=1)
+    elif name == "gemm_nobias":
+        g.node("Gemm", [a, g.init("B", dense(rng, k, n))], ["Y"], alpha=1.25, transA=0, transB=0)
+    else:  # gemm_relu
+        t = g.node("Gemm", [a, g.init("B", dense(rng, k, n).T.copy()), g.init("C", vec(rng, n))], transB=1)
+        g.node("Relu", [t], ["Y"])
+    g.output("Y", ["rows", n])
+    return g
+
+
+def build_shared_weight(seed):
+    # One initializer, two MatMul nodes: a provider keyed by tensor must pack it once.
+    rng, g = rng_for(seed, "shared_weight"), Graph("shared_weight")
+    d = 64
+    x = g.input("X", ["batch", "seq", d])
+    w = g.init("W", dense(rng, d, d))
+    t = g.node("MatMul", [x, w])
+    g.node("MatMul", [t, w], ["Y"])
+    g.output("Y", ["batch", "seq", d])
+    return g
+
+
+def build_matmul_input_b(seed):
+    # B of the first MatMul is a graph input (not a weight: never to be claimed); the second's is
+    # an initializer, so the graph is split between ONNX Runtime's CPU provider and another.
+    rng, g = rng_for(seed, "matmul_input_b"), Graph("matmul_input_b")
+    k, n, n2 = 32, 16, 24
+    x = g.input("X", ["batch", "seq", k])
+    b = g.input("B", [k, n])
+    t = g.node("MatMul", [x, b])
+    g.node("MatMul", [t, g.init("W", dense(rng, n, n2))], ["Y"])
+    g.output("Y", ["batch", "seq", n2])
+    return g
+
+
+def build_odd_shapes(seed):
+    # K and N that fit no vector width, a 4-D activation, and a one-column N.
+    rng, g = rng_for(seed, "odd_shapes"), Graph("odd_shapes")
+    k, n = 13, 7
+    x = g.input("X", [2, 3, 5, k])
+    g.node("MatMul", [x, g.init("W", dense(rng, k, n))], ["Y"])
+    g.node("MatMul", [x, g.init("W1", dense(rng, k, 1))], ["Y1"])
+    g.output("Y", [2, 3, 5, n])
+    g.output("Y1", [2, 3, 5, 1])
+    return g
+
+
+def build_matmulnbits(seed):
+    rng, g = rng_for(seed, "matmulnbits"), Graph("matmulnbits")
+    k, n, block = 128, 96, 32
+    x = g.input("A", ["batch", "seq", k])
+    b, scales = quantize_blocks(rng, k, n, block)
+    t = matmul_nbits(g, x, g.init("B_q4", b), g.init("B_scales", scales), k, n, block)
+    g.node("Add", [t, g.init("bias", vec(rng, n))], ["Y"])
+    g.output("Y", ["batch", "seq", n])
+    return g
+
+
+def build_big(seed, name, dim, hidden, layers, stream):
+    """`layers` transformer MLP blocks (MatMul + Add + Gelu + MatMul + Add), f32 or 4-bit: the
+    benchmark models. Weights go straight to the external data file (`stream`), never held all at
+    once: 704 MiB as numpy arrays and again as protobuf bytes would need twice that."""
+    rng, g = rng_for(seed, name), Graph(name)
+    x = g.input("X", ["batch", "seq", dim])
+    for layer in range(layers):
+        if name == "big_mlp":
+            t = g.node("MatMul", [x, stream(g, f"l{layer}.W1", dense(rng, dim, hidden))])
+        else:
+            b, s = quantize_blocks(rng, dim, hidden, 32)
+            t = matmul_nbits(g, x, stream(g, f"l{layer}.W1_q4", b), stream(g, f"l{layer}.W1_scales", s), dim, hidden)
+        t = g.node("Add", [t, stream(g, f"l{layer}.b1", vec(rng, hidden))])
+        t = g.node("Gelu", [t], domain=MS_DOMAIN)
+        if name == "big_mlp":
+            t = g.node("MatMul", [t, stream(g, f"l{layer}.W2", dense(rng, hidden, dim))])
+        else:
+            b, s = quantize_blocks(rng, hidden, dim, 32)
+            t = matmul_nbits(g, t, stream(g, f"l{layer}.W2_q4", b), stream(g, f"l{layer}.W2_scales", s), hidden, dim)
+        x = g.node("Add", [t, stream(g, f"l{layer}.b2", vec(rng, dim))], ["Y"] if layer == layers - 1 else None)
+    g.output("Y", ["batch", "seq", dim])
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+def save_both(model, out, name, ext):
+    onnx.save(model, os.path.join(out, f"{name}.onnx"))
+    files = [f"{name}.onnx"]
+    if ext:
+        # onnx.save moves the tensors' bytes to the data file in place: work on a copy.
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        data = f"{name}.ext.onnx.data"
+        if os.path.exists(os.path.join(out, data)):
+            os.remove(os.path.join(out, data))  # onnx 1.12 appends to an existing data file
+        onnx.save(m, os.path.join(out, f"{name}.ext.onnx"), save_as_external_data=True,
+                  all_tensors_to_one_file=True, location=data, size_threshold=0)
+        files.append(f"{name}.ext.onnx")
+    return files
+
+
+def write_big(out, name, seed, dim, hidden, layers):
+    model_file, data = f"{name}.ext.onnx", f"{name}.ext.onnx.data"
+    data_path = os.path.join(out, data)
+    with open(data_path + ".tmp", "wb") as f:
+        def stream(g, tensor_name, array):
+            # Each tensor at a 4 KiB-aligned offset: a page boundary, as a provider reading the
+            # mapped file would want (onnx.save packs them back to back).
+            pad = (-f.tell()) % 4096
+            f.write(b"\0" * pad)
+            offset = f.tell()
+            f.write(np.ascontiguousarray(array).tobytes())
+            t = TensorProto()
+            t.name = tensor_name
+            t.data_type = onnx.mapping.NP_TYPE_TO_TENSOR_TYPE[array.dtype]
+            t.dims.extend(array.shape)
+            t.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data), ("offset", str(offset)), ("length", str(array.nbytes))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+            g.inits.append(t)
+            return tensor_name
+        g = build_big(seed, name, dim, hidden, layers, stream)
+    os.replace(data_path + ".tmp", data_path)
+    onnx.save(g.model(), os.path.join(out, model_file))
+    return g, [model_file]
+
+
+def shape_for_tests(value_info, batch, seq):
+    dims = []
+    for d in value_info.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        else:
+            dims.append({"batch": batch, "seq": seq}.get(d.dim_param, batch * seq))
+    return dims
+
+
+def manifest_entry(g, files):
+    def io(v):
+        return {"name": v.name, "shape": shape_for_tests(v, DEFAULT_BATCH, DEFAULT_SEQ),
+                "symbolic_shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+                "dtype": onnx.mapping.TENSOR_TYPE_TO_NP_TYPE[v.type.tensor_type.elem_type].name}
+    ops = sorted({(n.domain + "." if n.domain else "") + n.op_type for n in g.nodes})
+    return {"files": files, "inputs": [io(v) for v in g.inputs], "outputs": [v.name for v in g.outputs],
+            "output_shapes": [shape_for_tests(v, DEFAULT_BATCH, DEFAULT_SEQ) for v in g.outputs], "ops": ops}
+
+
+def generate(args):
+    os.makedirs(args.out, exist_ok=True)
+    names = args.only or (BIG_MODELS if args.big else MODELS)
+    manifest_path = os.path.join(args.out, "manifest.json")
+    manifest = {"seed": args.seed, "batch": DEFAULT_BATCH, "seq": DEFAULT_SEQ, "models": {}}
+    if os.path.exists(manifest_path):  # --only adds to what an earlier run wrote
+        with open(manifest_path) as f:
+            manifest["models"] = json.load(f).get("models", {})
+    builders = {"mlp": build_mlp, "shared_weight": build_shared_weight, "matmul_input_b": build_matmul_input_b,
+                "odd_shapes": build_odd_shapes, "matmulnbits": build_matmulnbits,
+                "gemm": build_gemm, "gemm_nobias": lambda s: build_gemm(s, "gemm_nobias"),
+                "gemm_relu": lambda s: build_gemm(s, "gemm_relu")}
+    for name in names:
+        if name in BIG_MODELS:
+            if not args.big:
+                sys.exit(f"make_models.py: {name} needs --big")
+            g, files = write_big(args.out, name, args.seed, args.dim, args.hidden, args.layers)
+        elif name in builders:
+            g = builders[name](args.seed)
+            model = g.model()
+            onnx.checker.check_model(model)
+            files = save_both(model, args.out, name, ext=name in ("mlp", "matmulnbits"))
+        else:
+            sys.exit(f"make_models.py: unknown model {name} (known: {' '.join(MODELS + BIG_MODELS)})")
+        manifest["models"][name] = manifest_entry(g, files)
+        print(f"{name}: {' '.join(files)}", file=sys.stderr)
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(json.dumps(manifest))
+
+
+# ---------------------------------------------------------------------------------------------
+# --check: the float64 reference
+# ---------------------------------------------------------------------------------------------
+
+M64 = (1 << 64) - 1
+
+
+def input_values(index, count, seed):
+    """What weightcache-ort-host feeds input number `index`: see the module docstring."""
+    with np.errstate(over="ignore"):
+        base = np.uint64((seed ^ (((index + 1) * 0xD1B54A32D192ED03) & M64)) & M64)
+        z = base + (np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return ((z >> np.uint64(40)).astype(np.float64) / float(1 << 24) * 2.0 - 1.0).astype(np.float32)
+
+
+def erf(x):
+    v = np.vectorize(math.erf, otypes=[np.float64])
+    return v(x)
+
+
+def evaluate(model, feeds):
+    """The model's outputs in float64: the ops these models use, nothing else."""
+    env = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    env = {k: (v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in env.items()}
+    env.update({k: v.astype(np.float64) for k, v in feeds.items()})
+    for n in model.graph.node:
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        i = [env[x] for x in n.input if x]
+        if n.op_type == "MatMul":
+            r = np.matmul(i[0], i[1])
+        elif n.op_type == "Add":
+            r = i[0] + i[1]
+        elif n.op_type == "Relu":
+            r = np.maximum(i[0], 0.0)
+        elif n.op_type == "Gelu":
+            r = 0.5 * i[0] * (1.0 + erf(i[0] / math.sqrt(2.0)))
+        elif n.op_type == "Gemm":
+            A = i[0].T if a.get("transA", 0) else i[0]
+            B = i[1].T if a.get("transB", 0) else i[1]
+            r = a.get("alpha", 1.0) * (A @ B)
+            if len(i) > 2:
+                r = r + a.get("beta", 1.0) * i[2]
+        elif n.op_type == "MatMulNBits":
+            assert a["bits"] == 4 and len(i) == 3, "only 4-bit without zero points"
+            w = dequantize_nbits(i[1], i[2].astype(np.float32), a["K"], a["N"], a["block_size"])
+            r = np.matmul(i[0], w)
+        else:
+            raise SystemExit(f"make_models.py --check: no reference for {n.op_type}")
+        env[n.output[0]] = r
+    return [env[o.name] for o in model.graph.output]
+
+
+def check(args):
+    path = os.path.join(args.check, f"{args.model}.onnx")
+    if not os.path.exists(path):
+        path = os.path.join(args.check, f"{args.model}.ext.onnx")
+    model = onnx.load(path)  # loads external data too
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for index, v in enumerate(x for x in model.graph.input if x.name not in inits):
+        shape = shape_for_tests(v, args.batch, args.seq)
+        feeds[v.name] = input_values(index, int(np.prod(shape)), args.input_seed).reshape(shape)
+    refs = evaluate(model, feeds)
+    got = np.fromfile(args.outputs, dtype=np.float32)
+    want = sum(r.size for r in refs)
+    if got.size != want:
+        print(f"{args.model}: {args.outputs} holds {got.size} floats, the reference {want}", file=sys.stderr)
+        return 3
+    ref = np.concatenate([r.ravel() for r in refs])
+    err = np.abs(got.astype(np.float64) - ref)
+    rel = err / np.maximum(np.abs(ref), 1e-30)
+    bad = int(np.count_nonzero(err > args.atol + args.rtol * np.abs(ref)))
+    result = {"model": args.model, "elements": int(ref.size), "max_abs": float(err.max()),
+              "max_rel": float(rel[np.abs(ref) > args.atol].max(initial=0.0)), "max_ref": float(np.abs(ref).max()),
+              "out_of_tolerance": bad, "rtol": args.rtol, "atol": args.atol}
+    print(json.dumps(result))
+    return 3 if bad else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="directory to write the models and manifest.json into")
+    p.add_argument("--seed", type=int, default=1, help="weights' seed (default 1)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these models only")
+    p.add_argument("--big", action="store_true", help="the benchmark models (big_mlp, big_nbits) instead")
+    p.add_argument("--dim", type=int, default=2048, help="--big: model width D (default 2048)")
+    p.add_argument("--hidden", type=int, default=5632, help="--big: MLP width H (default 5632)")
+    p.add_argument("--layers", type=int, default=8, help="--big: MLP blocks (default 8)")
+    p.add_argument("--check", metavar="DIR", help="compare weightcache-ort-host --out with numpy for a model in DIR")
+    p.add_argument("--model", help="--check: the model's name (NAME.onnx, else NAME.ext.onnx)")
+    p.add_argument("--outputs", help="--check: the host's --out file")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--seq", type=int, default=DEFAULT_SEQ)
+    p.add_argument("--input-seed", type=int, default=1, help="--check: the host's --seed (default 1)")
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--atol", type=float, default=1e-5)
+    args = p.parse_args()
+    if args.check:
+        if not args.model or not args.outputs:
+            p.error("--check needs --model and --outputs")
+        return check(args)
+    if not args.out:
+        p.error("--out DIR (or --check DIR)")
+    if args.big and (args.dim % 32 or args.hidden % 32):
+        p.error("--dim and --hidden must be multiples of 32 (MatMulNBits' block)")
+    generate(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
