@@ -122,13 +122,19 @@ class Core {
   std::size_t look_up(std::string_view key);
   void* reserve(std::size_t size);
   Result<void> release(void* ptr);
-  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size);
+  /// With `awaits` (the XNNPACK adapter's per-adapter is_finalized): on success *awaits is the
+  /// value finalizes_started() must reach for the entry returned to have been through a finalize
+  /// that started after it was inserted (0: it already has); 0 on failure or for a look-up.
+  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size, std::uint64_t* awaits = nullptr);
   /// Address of the live entry at `offset`, or nullptr. With `replaced_too`, also of an entry
   /// since replaced under its key (its bytes stay mapped until close): for a caller that holds
   /// an offset it was given before the replacement and cannot take a null (the XNNPACK adapter).
   void* offset_to_addr(std::size_t offset, bool replaced_too = false) const;
   Result<void> finalize();
   bool is_finalized() const noexcept { return finalized_.load(std::memory_order_acquire); }
+  /// How many finalize calls have started (ended the packing phase) on this cache: counted under
+  /// write_mu_, the mutex that orders inserts, where finalized_ turns true.
+  std::uint64_t finalizes_started() const noexcept { return finalizes_started_.load(std::memory_order_acquire); }
   Result<void> refresh();
   Stats stats() const;
   std::size_t alignment() const noexcept { return align_; }
@@ -336,6 +342,7 @@ class Core {
 
   std::atomic<std::uint64_t> seen_file_size_{0}, seen_committed_{0}, seen_trailer_{0};
   std::atomic<bool> finalized_{true};
+  std::atomic<std::uint64_t> finalizes_started_{0};  // written under write_mu_ (finalize)
   StripedCounter hits_, misses_;
   const std::uint64_t opener_forks_;  // platform::fork_generation() at open (see in_forked_child)
   const int opener_pid_;               // the process that opened the cache (the fallback)

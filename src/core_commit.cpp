@@ -58,7 +58,8 @@ void Core::recount_durable_locked() {
 }
 
 
-std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t size) {
+std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t size, std::uint64_t* awaits) {
+  if (awaits != nullptr) *awaits = 0;
   if (ptr == nullptr) return look_up(key);
   if (key.empty() || key.size() > kMaxKeySize) {
     set_last_error({Errc::invalid_argument, 0,
@@ -98,6 +99,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
         wake_verify_waiters();
       else if (std::uint8_t trusted = kTrusted; old->state.compare_exchange_strong(trusted, kGood))
         wake_verify_waiters();
+      // The caller gets that entry: it has been finalized when that entry has.
+      if (awaits != nullptr) *awaits = old->awaits_finalize;
       return old;
     };
     if (Entry* old = same()) {
@@ -131,6 +134,8 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     raw->checksum = checksum;
     raw->in_file = !region.heap;
     raw->state.store(kGood);
+    // Only a finalize that starts from here on covers it (finalize counts under write_mu_).
+    raw->awaits_finalize = finalizes_started_.load(std::memory_order_relaxed) + 1;
     // Nothing may fail once the entry is published: make room first (geometrically; reserving
     // one more each time would copy the whole vector on every insert).
     if (pending_.size() == pending_.capacity()) pending_.reserve(std::max<std::size_t>(64, 2 * pending_.capacity()));
@@ -164,6 +169,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       }
     }
     finalized_.store(false, std::memory_order_release);
+    if (awaits != nullptr) *awaits = raw->awaits_finalize;
     return static_cast<std::size_t>(raw->offset);
   } catch (...) {
     set_last_error(Errc::no_memory, 0, "out of memory while inserting into", opts_.path.c_str());
@@ -191,6 +197,7 @@ Result<void> Core::migrate_heap_entries_locked() {
       raw->checksum = e->checksum;
       raw->in_file = true;
       raw->state.store(kGood, std::memory_order_relaxed);  // copied from our own private memory
+      raw->awaits_finalize = e->awaits_finalize;  // the same insert, whichever finalize moved it
       // Before publishing: a reader holding the heap entry's offset follows it to the file copy,
       // which decides whether that offset is still live (same key, same bytes).
       e->moved.store(raw, std::memory_order_release);
@@ -334,6 +341,10 @@ Result<void> Core::finalize() {
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);
+    // Every entry inserted before this point (awaits_finalize <= the new count) is finalized for
+    // whoever inserted it (the XNNPACK adapter's per-adapter is_finalized); an insert while the
+    // lease wait below lets go of write_mu_ waits for the next finalize, as finalized_ does.
+    finalizes_started_.store(finalizes_started_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     auto r = persist_all_locked(lock);
     if (r) return {};
     std::uint64_t entries = unpersisted_entries_.load(std::memory_order_relaxed) + pending_.size();

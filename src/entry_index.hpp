@@ -26,6 +26,9 @@ struct Entry {
   std::uint64_t size = 0;
   std::uint64_t checksum = 0;
   std::uint32_t number = 0;  // position in the EntryIndex's storage
+  // The value Core::finalizes_started() reaches with the first finalize that starts after this insert;
+  // 0 for entries that came committed (loaded or merged from an index). Under write_mu_ only.
+  std::uint64_t awaits_finalize = 0;
   bool in_file = false;
   std::atomic<bool> durable{false};    // named by a committed index (read by stats without write_mu_)
   std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad (core.cpp)

@@ -495,8 +495,9 @@ WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
 WC_API wc_status wc_finalize(wc_cache* cache);
 
 /** Nonzero when nothing was inserted in the cache (through any handle sharing it) since the last
- * wc_finalize call on it, or since it was opened, whatever that finalize returned: what XNNPACK
- * consults before setting up operators. 0 for a NULL cache. */
+ * wc_finalize call on it, or since it was opened, whatever that finalize returned. 0 for a NULL
+ * cache. The XNNPACK adapter's provider does not forward to it: its is_finalized answers for that
+ * adapter's own inserts only (see weightcache/xnnpack.h), and is false only while this is. */
 WC_API int wc_is_finalized(wc_cache* cache);
 
 /**

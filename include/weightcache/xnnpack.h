@@ -14,7 +14,7 @@
  * Typical use by a runtime that drives XNNPACK:
  *
  *   wc_cache* cache;  wc_open(&options, &cache);          // compat_key: see docs/INTEGRATION.md
- *   wc_xnn_adapter* adapter;  wc_xnn_adapter_create(cache, &adapter);
+ *   wc_xnn_adapter* adapter;  wc_xnn_adapter_create(cache, &adapter);  // one per runtime/session
  *   for (each static weight tensor t of the model)
  *     wc_xnn_adapter_name_buffer(adapter, t.data, t.name); // the tensor's name in the model file
  *   xnn_weights_cache_t wc = (xnn_weights_cache_t)wc_xnn_adapter_provider(adapter);
@@ -34,12 +34,25 @@
  *   look_up_or_insert(key, that memory, n). On a hit nothing else is called. Operators keep the
  *   returned offset and call offset_to_addr at every reshape.
  * - Setting a runtime or operator up consults is_finalized and fails with
- *   xnn_status_invalid_state while it returns false. is_finalized forwards to wc_is_finalized,
- *   which is false after every new insert. So the runtime MUST call wc_finalize(cache) between
- *   creating operators/runtimes and setting them up. Do NOT call XNNPACK's own
+ *   xnn_status_invalid_state while it returns false. The provider's is_finalized answers for
+ *   its adapter only: it is true when every entry this adapter's look_up_or_insert put into the
+ *   cache (or found there, packed by another thread) has been through a wc_finalize of that
+ *   cache that started after the entry was inserted (a wc_finalize through any handle sharing
+ *   the cache, by any adapter or thread), or when the adapter put nothing there. Weights kept in
+ *   the adapter's private heap (unnamed buffers) do not count: that memory never moves and there
+ *   is nothing to make durable. So the runtime MUST call wc_finalize(cache) between creating
+ *   operators/runtimes and setting them up, but another runtime's model loading into the same
+ *   cache through another adapter does not stop this one's setup. Do NOT call XNNPACK's own
  *   xnn_finalize_weights_cache on this provider: it is only for XNNPACK's built-in cache.
+ * - wc_is_finalized(cache) keeps its cache-wide meaning (nothing inserted by anyone since the
+ *   last wc_finalize). An adapter that is not finalized implies a cache that is not, so
+ *   "if (!wc_is_finalized(cache)) wc_finalize(cache);" is enough for every adapter.
  * - After a finalize, new weights still go look_up -> reserve_space -> look_up_or_insert:
- *   reserve keeps working, is_finalized turns false again until the next wc_finalize.
+ *   reserve keeps working, and the inserting adapter's is_finalized turns false again until the
+ *   next wc_finalize.
+ * - So give each runtime (each session, each model load) its own adapter over the shared cache:
+ *   one adapter's is_finalized is false while any of its runtimes' new weights await a finalize,
+ *   so runtimes sharing an adapter wait for each other's finalize.
  * - All provider functions may be called from many threads at once.
  *
  * ---------------------------------------------------------------------------------------------
@@ -71,7 +84,14 @@
  * - Open the wc_cache with an alignment of at least XNNPACK's XNN_ALLOCATION_ALIGNMENT (64 on
  *   x86, 128 on Hexagon, 16 elsewhere); the default of 64 suits every CPU but Hexagon. The
  *   adapter's private heap always uses 128.
- * - Bindings (names and aliases) are by address. When a buffer is freed and its address may be
+ * - Bindings (names and aliases) belong to the adapter: no other adapter sees them, and nothing
+ *   outside the adapter keeps them (no process-wide table). Alias bindings must not outlive the
+ *   runtime that made them (XNNPACK frees the converted buffer with the runtime, and the address
+ *   may then hold other weights): with one adapter per runtime, destroying the adapter after the
+ *   runtime drops its names and aliases together. An adapter shared by several runtimes keeps
+ *   the aliases of runtimes already deleted until it is destroyed (the host does not know the
+ *   converted buffers' addresses, so it cannot unbind them).
+ * - Bindings are by address. When a buffer is freed and its address may be
  *   reused for other weights, unbind it first (wc_xnn_adapter_name_buffer(adapter, data, NULL));
  *   re-binding an address (a new name, or an alias) also drops whatever the adapter held for the
  *   old binding. A look-up carries no size, so stale bindings cannot be detected otherwise.
@@ -152,7 +172,10 @@ typedef struct wc_xnn_weights_cache_provider {
    * NULL key it fails (SIZE_MAX, WC_ERR_INVALID_ARGUMENT in wc_last_error). */
   size_t (*look_up_or_insert)(void* context, const wc_xnn_weights_cache_look_up_key* cache_key, void* ptr,
                               size_t size);
-  /** wc_is_finalized of the cache: false from the first insert until the next wc_finalize. */
+  /** This adapter's finalization, not the whole cache's: false while an entry this adapter's
+   * look_up_or_insert put into (or found in) the cache has not been through a wc_finalize of the
+   * cache that started after the entry's insert (a wc_finalize through any handle sharing the
+   * cache counts); true when the adapter put nothing there. Its private heap does not count. */
   bool (*is_finalized)(void* context);
   /** Address of the packed weights at an offset from look_up / look_up_or_insert (an entry
    * replaced since under its key included: XNNPACK cannot take a NULL); NULL for SIZE_MAX and
@@ -174,14 +197,16 @@ typedef struct wc_xnn_adapter wc_xnn_adapter;
 /**
  * Creates an adapter over `cache` (that very handle must stay open until
  * wc_xnn_adapter_destroy) and stores it in *out; on failure *out is NULL (when out is not
- * NULL). Several adapters may share one cache; each has its own bindings and private heap.
+ * NULL). Several adapters may share one cache; each has its own bindings, private heap and
+ * finalization (the provider's is_finalized). Use one adapter per runtime (or per session):
+ * see "How XNNPACK calls the provider".
  * Statuses: WC_OK, WC_ERR_INVALID_ARGUMENT (NULL cache or out), WC_ERR_NO_MEMORY.
  */
 WC_API wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out);
 
 /**
- * Destroys the adapter, its provider struct and its private heap (memory the provider returned
- * from there becomes invalid). Call it only after every XNNPACK operator and runtime created
+ * Destroys the adapter, its provider struct, its bindings (names and aliases) and its private
+ * heap (memory the provider returned from there becomes invalid). Call it only after every XNNPACK operator and runtime created
  * with its provider has been deleted; the cache itself is not closed, and what the adapter put
  * there stays. NULL is ignored. Not to be called concurrently with any other call on the same
  * adapter or its provider.

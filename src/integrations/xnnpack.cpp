@@ -138,6 +138,12 @@ struct wc_xnn_adapter {
   // without allocating: the slots exist from the adapter's creation.
   std::array<std::atomic<void*>, kMaxInPlace> in_place{};
 
+  // Per-adapter finalization (the provider's is_finalized): the highest Core::finalizes_started()
+  // value that the cache entries this adapter's inserts returned wait for (0: none waits). The
+  // adapter is finalized once the cache's count reaches it: every such entry has been through a
+  // finalize that started after its insert, whoever called it. The private heap does not count.
+  std::atomic<std::uint64_t> awaits_finalize{0};
+
   std::atomic<bool> warned_fallback{false};
   std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0},
       unnamed_inserts{0};
@@ -415,7 +421,11 @@ struct wc_xnn_adapter {
     note_unnamed(*k, key);
     std::size_t off = SIZE_MAX;
     if (key.persistable) {
-      off = wc_look_up_or_insert(cache, key.bytes.data(), key.bytes.size(), ptr, size);
+      // The core directly (as wc_look_up_or_insert does, after its argument checks, which the key
+      // built here passes): it says which finalize the entry waits for.
+      std::uint64_t awaits = 0;
+      off = cache->core->look_up_or_insert(std::string_view(key.bytes), ptr, size, &awaits);
+      if (off != SIZE_MAX) note_awaits(awaits);
       if (off != SIZE_MAX && !is_handle(off)) return off;
       // XNNPACK does not check this result (it would feed SIZE_MAX to offset_to_addr later):
       // keep the bytes for this process instead of failing.
@@ -439,6 +449,18 @@ struct wc_xnn_adapter {
       off = insert_local(key, ptr, size);
     }
     return off;  // SIZE_MAX: look_up_or_insert serves the bytes in place
+  }
+
+  void note_awaits(std::uint64_t awaits) noexcept {
+    std::uint64_t cur = awaits_finalize.load(std::memory_order_relaxed);
+    while (cur < awaits && !awaits_finalize.compare_exchange_weak(cur, awaits, std::memory_order_acq_rel,
+                                                                  std::memory_order_relaxed)) {
+    }
+  }
+
+  bool is_finalized() const noexcept {
+    const std::uint64_t awaits = awaits_finalize.load(std::memory_order_acquire);
+    return awaits == 0 || cache->core->finalizes_started() >= awaits;
   }
 
   void* offset_to_addr(std::size_t offset) const {
@@ -512,7 +534,9 @@ std::size_t provider_look_up_or_insert(void* context, const wc_xnn_weights_cache
                             [&] { return adapter_of(context)->look_up_or_insert(key, ptr, size); });
 }
 
-bool provider_is_finalized(void* context) { return wc_is_finalized(adapter_of(context)->cache) != 0; }
+// This adapter's own inserts only (see wc_xnn_adapter::awaits_finalize), not the whole cache's:
+// another runtime's model loading into a shared cache must not stop this one's setup.
+bool provider_is_finalized(void* context) { return adapter_of(context)->is_finalized(); }
 
 void* provider_offset_to_addr(void* context, std::size_t offset) {
   return weightcache::guard("xnn provider offset_to_addr", static_cast<void*>(nullptr),

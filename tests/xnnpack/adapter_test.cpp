@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include <atomic>
+#include <barrier>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -210,6 +211,172 @@ TEST_F(XnnAdapterTest, ReserveKeepsWorkingAfterFinalizeAndIsFinalizedFollowsInse
   EXPECT_EQ(check_runtime(&rb, b), "");
   EXPECT_EQ(cache_stats(cache_).commits, 2u);
   EXPECT_EQ(cache_stats(cache_).entries, 7u);
+}
+
+// ---- is_finalized: per adapter ---------------------------------------------------------------
+
+// What XNNPACK does for one weight whose look-up missed: reserve, pack, insert. Returns the offset.
+std::size_t pack_through(wc_xnn_weights_cache_provider* p, const void* kernel, unsigned char fill) {
+  const wc_xnn_weights_cache_look_up_key key{7, kernel, nullptr, 1};
+  EXPECT_EQ(p->look_up(p->context, &key), SIZE_MAX);
+  void* mem = p->reserve_space(p->context, 256);
+  EXPECT_NE(mem, nullptr);
+  if (mem == nullptr) return SIZE_MAX;
+  std::memset(mem, fill, 256);
+  return p->look_up_or_insert(p->context, &key, mem, 256);
+}
+
+bool finalized(wc_xnn_weights_cache_provider* p) { return p->is_finalized(p->context); }
+
+// The provider's is_finalized answers for its adapter (xnnpack.h): true when every entry this
+// adapter put into the cache has been through a wc_finalize that started after the insert (by
+// anyone, through any handle sharing the cache), or when it put nothing there. wc_is_finalized
+// stays the whole cache's.
+TEST_F(XnnAdapterTest, IsFinalizedIsPerAdapterAndCountsOnlyFinalizesThatStartAfterItsInserts) {
+  Session a(cache_), b(cache_);
+  alignas(64) float wa[16], wa2[16], wa3[16], wb[16], shared_a[16], shared_b[16], unnamed[16];
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(a.adapter, wa, "a.w"), WC_OK);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(a.adapter, wa2, "a.w2"), WC_OK);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(a.adapter, wa3, "a.w3"), WC_OK);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(b.adapter, wb, "b.w"), WC_OK);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(a.adapter, shared_a, "shared.w"), WC_OK);
+  ASSERT_EQ(wc_xnn_adapter_name_buffer(b.adapter, shared_b, "shared.w"), WC_OK);
+  wc_xnn_weights_cache_provider* pa = a.mirror();
+  wc_xnn_weights_cache_provider* pb = b.mirror();
+  EXPECT_TRUE(finalized(pa));  // nothing inserted yet
+  EXPECT_TRUE(finalized(pb));
+
+  // A finalize that ran before A's insert does not count for it.
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  ASSERT_NE(pack_through(pa, wa, 0xa1), SIZE_MAX);
+  EXPECT_FALSE(finalized(pa));
+  EXPECT_TRUE(finalized(pb)) << "B inserted nothing: A's pending weights must not stop B's setup";
+  EXPECT_EQ(fxnn_setup(b.provider()), fxnn_status_success);
+  EXPECT_EQ(fxnn_setup(a.provider()), fxnn_status_invalid_state);
+  EXPECT_EQ(wc_is_finalized(cache_), 0) << "wc_is_finalized is the whole cache's";
+
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_TRUE(finalized(pa));
+  EXPECT_TRUE(finalized(pb));
+  EXPECT_EQ(wc_is_finalized(cache_), 1);
+
+  // A inserts again: A waits for the next finalize, B does not.
+  ASSERT_NE(pack_through(pa, wa2, 0xa2), SIZE_MAX);
+  EXPECT_FALSE(finalized(pa));
+  EXPECT_TRUE(finalized(pb));
+
+  // A reservation made before a finalize, inserted after it: the insert is what counts.
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_TRUE(finalized(pa));
+  const wc_xnn_weights_cache_look_up_key k3{7, wa3, nullptr, 1};
+  EXPECT_EQ(pa->look_up(pa->context, &k3), SIZE_MAX);
+  void* mem = pa->reserve_space(pa->context, 256);
+  ASSERT_NE(mem, nullptr);
+  std::memset(mem, 0xa3, 256);
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);  // before the insert: does not cover it
+  ASSERT_NE(pa->look_up_or_insert(pa->context, &k3, mem, 256), SIZE_MAX);
+  EXPECT_FALSE(finalized(pa));
+  EXPECT_TRUE(finalized(pb));
+
+  // B inserts too; a wc_finalize through another handle sharing the cache covers both.
+  ASSERT_NE(pack_through(pb, wb, 0xb1), SIZE_MAX);
+  EXPECT_FALSE(finalized(pb));
+  wc_cache* other = nullptr;
+  ASSERT_EQ(open_cache(path_, &other), WC_OK) << wc_last_error();
+  EXPECT_EQ(wc_is_finalized(other), 0) << "the second handle should share the first's cache";
+  ASSERT_EQ(wc_finalize(other), WC_OK);
+  EXPECT_TRUE(finalized(pa));
+  EXPECT_TRUE(finalized(pb));
+  wc_close(other);
+
+  // Two adapters that both missed and packed the same weights: the second insert finds the
+  // first's entry, which has not been finalized yet, so neither adapter is.
+  const std::size_t first = pack_through(pa, shared_a, 0x5a);
+  ASSERT_NE(first, SIZE_MAX);
+  const wc_xnn_weights_cache_look_up_key kb{7, shared_b, nullptr, 1};
+  void* raced = pb->reserve_space(pb->context, 256);
+  ASSERT_NE(raced, nullptr);
+  std::memset(raced, 0x5a, 256);
+  EXPECT_EQ(pb->look_up_or_insert(pb->context, &kb, raced, 256), first);
+  EXPECT_FALSE(finalized(pa));
+  EXPECT_FALSE(finalized(pb)) << "B was handed weights that no finalize has covered yet";
+  ASSERT_EQ(wc_finalize(cache_), WC_OK);
+  EXPECT_TRUE(finalized(pa));
+  EXPECT_TRUE(finalized(pb));
+  // Found again once finalized: nothing new waits.
+  void* again = pb->reserve_space(pb->context, 256);
+  ASSERT_NE(again, nullptr);
+  std::memset(again, 0x5a, 256);
+  EXPECT_EQ(pb->look_up_or_insert(pb->context, &kb, again, 256), first);
+  EXPECT_TRUE(finalized(pb));
+
+  // Weights kept in the adapter's private heap (an unnamed buffer) never make it unfinalized.
+  ASSERT_NE(pack_through(pb, unnamed, 0x77), SIZE_MAX);
+  EXPECT_EQ(b.stats().unnamed_inserts, 1u);
+  EXPECT_TRUE(finalized(pb));
+  EXPECT_EQ(wc_is_finalized(cache_), 1);
+  EXPECT_EQ(cache_stats(cache_).entries, 5u);
+}
+
+// One adapter per session, sessions on their own threads over one cache. Every round half of
+// them load (pack new weights, then finalize) while the other half serve weights finalized in an
+// earlier round: a serving session sets up while the loaders' weights await their finalize, and
+// is_finalized is polled while others insert and finalize (the suite's TSan build checks the
+// ordering). A loader's setup is refused until a finalize that follows its inserts.
+TEST_F(XnnAdapterTest, EachSessionsSetupWaitsOnlyForItsOwnInsertsAcrossThreads) {
+  constexpr int kThreads = 4, kRounds = 6;
+  std::vector<std::vector<std::vector<Linear>>> models(kThreads);
+  for (int t = 0; t < kThreads; ++t)
+    for (int r = 0; r < kRounds; ++r)
+      models[t].push_back(make_model(3000 + 100 * t + r, 3, "s" + std::to_string(t) + ".r" + std::to_string(r) + "."));
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::barrier sync(kThreads);
+  auto worker = [&](int t) {
+    auto fail = [&](int r, const std::string& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back("session " + std::to_string(t) + ", round " + std::to_string(r) + ": " + e);
+    };
+    Session s(cache_);
+    for (const auto& m : models[t])
+      if (!name_model(s.adapter, m)) fail(-1, "name_buffer failed");
+    auto poll_setup = [&](int r, fxnn_status want, const char* what) {
+      for (int poll = 0; poll < 20; ++poll)
+        if (fxnn_setup(s.provider()) != want) return fail(r, what);
+    };
+    std::vector<Runtime> runtimes(kRounds);
+    for (int r = 0; r < kRounds; ++r) {
+      const bool loads = (t + r) % 2 == 0;
+      bool created = false;
+      sync.arrive_and_wait();
+      if (loads) {  // new weights into the shared cache
+        created = create_runtime(s.provider(), models[t][r], &runtimes[r]) == fxnn_status_success;
+        if (!created) fail(r, "create");
+      } else {
+        poll_setup(r, fxnn_status_success, "a serving session's setup was refused while others packed");
+      }
+      sync.arrive_and_wait();  // every loader's weights are in the cache; nobody finalized them
+      if (loads)
+        poll_setup(r, fxnn_status_invalid_state, "set up before its new weights were finalized");
+      else
+        poll_setup(r, fxnn_status_success, "a serving session's setup was refused while others' weights await a finalize");
+      sync.arrive_and_wait();
+      if (loads) {
+        if (wc_finalize(cache_) != WC_OK) fail(r, std::string("finalize: ") + wc_last_error());
+        poll_setup(r, fxnn_status_success, "setup refused after its own finalize");
+        if (created)
+          if (auto e = check_runtime(&runtimes[r], models[t][r]); !e.empty()) fail(r, e);
+      } else {
+        poll_setup(r, fxnn_status_success, "a serving session's setup was refused while others finalized");
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+  EXPECT_EQ(cache_stats(cache_).entries, static_cast<std::uint64_t>(kThreads * kRounds / 2 * 3));
+  EXPECT_EQ(wc_is_finalized(cache_), 1);
 }
 
 // ---- a second process ----------------------------------------------------------------------
