@@ -80,6 +80,8 @@ typedef struct wc_ort_ep_stats {
   uint64_t cache_failures;    /* caches that could not be opened as files, finalizes that failed */
   uint64_t caches_open;       /* distinct (path, compatibility key) caches open now; current */
   uint64_t xnnpack;           /* 1 when the library computes with XNNPACK, 0 with its own GEMM */
+  uint64_t source_bytes_hashed; /* bytes of source weights read to key them: 0 for a warm session
+                                   on external data whose file has not changed */
 } wc_ort_ep_stats;
 
 /** Zeroes *stats and sets its struct_size. NULL is ignored. */

@@ -41,22 +41,22 @@ std::string hex_digest(const void* data, std::size_t size) {
   return buf;
 }
 
-std::string weight_identity(const WeightSource& w, IdentityKind* kind) {
-  if (!w.external_path.empty()) {
-    struct stat st {};
-    struct timespec now {};
-    if (::stat(w.external_path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-        ::clock_gettime(CLOCK_REALTIME, &now) == 0 && ns_of(now) - ns_of(st.st_ctim) >= kRecentChangeWindowNs &&
-        w.external_offset >= 0 &&
-        static_cast<std::uint64_t>(w.external_offset) + w.bytes <= static_cast<std::uint64_t>(st.st_size)) {
-      if (kind != nullptr) *kind = IdentityKind::file;
-      return "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
-             std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
-             std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim)) + "|o" +
-             std::to_string(w.external_offset) + shape_suffix(w);
-    }
-  }
-  if (kind != nullptr) *kind = IdentityKind::content;
+std::string file_identity(const WeightSource& w) {
+  if (w.external_path.empty()) return {};
+  struct stat st {};
+  struct timespec now {};
+  if (::stat(w.external_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
+  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < kRecentChangeWindowNs) return {};
+  if (w.external_offset < 0 ||
+      static_cast<std::uint64_t>(w.external_offset) + w.bytes > static_cast<std::uint64_t>(st.st_size))
+    return {};
+  return "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+         std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
+         std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim)) + "|o" +
+         std::to_string(w.external_offset) + shape_suffix(w);
+}
+
+std::string content_identity(const WeightSource& w) {
   const XXH128_hash_t h = XXH3_128bits(w.data, w.bytes);
   char buf[40];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),

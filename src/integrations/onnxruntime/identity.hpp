@@ -1,15 +1,17 @@
 // What a packed weight is keyed by, and where a model's cache lives by default.
 //
-// A weight's identity must change whenever its bytes may have changed, and must be found without
-// reading the bytes on a warm session (docs/DESIGN.md, "ONNX Runtime keys"):
-// - external data: the data file's identity (device, inode, size, mtime and ctime to the
-//   nanosecond) plus the offset and length inside it. Any write to the file moves its ctime, which
-//   no program can set back; a file replaced by rename has another inode. A file whose ctime is
-//   within kRecentChangeWindow of now is hashed instead, since a second write within one
-//   timestamp tick of the first would leave ctime unchanged;
-// - embedded data (or external data whose file cannot be examined): XXH3-128 of the bytes ONNX
-//   Runtime already parsed.
-// Both carry the element type and shape.
+// A weight is keyed by its content: XXH3-128 of its bytes, with its element type and shape. A
+// warm session must not read every source byte to find that key again (docs/DESIGN.md, "ONNX
+// Runtime keys"), so for external data the cache also keeps a small entry from the data file's
+// identity to the content key:
+// - the file identity is the data file's device, inode, size, mtime and ctime to the nanosecond,
+//   plus the offset and length inside it. Any write to the file moves its ctime, which no program
+//   can set back; a file replaced by rename has another inode;
+// - a file whose ctime is within kRecentChangeWindow of now gets no such entry (and none is
+//   trusted for it): a second write within one timestamp tick of the first would leave ctime
+//   unchanged. Its bytes are hashed instead, until the window has passed.
+// Keys never depend on which way they were found, so a file that ages past the window keeps
+// hitting the same packed entries.
 #pragma once
 
 #include <cstddef>
@@ -18,9 +20,6 @@
 #include <vector>
 
 namespace weightcache::ort {
-
-/// How a weight's identity was made.
-enum class IdentityKind { file, content };
 
 struct WeightSource {
   const void* data = nullptr;      // the bytes ORT has (valid during GetCapability/Compile only)
@@ -32,8 +31,12 @@ struct WeightSource {
   std::int64_t external_offset = 0;
 };
 
-/// The identity of one weight (deterministic across processes for the same bytes or file state).
-std::string weight_identity(const WeightSource& w, IdentityKind* kind = nullptr);
+/// The content key of one weight (reads all of its bytes).
+std::string content_identity(const WeightSource& w);
+
+/// The file identity of an external weight ("" when it has none that can be trusted: embedded,
+/// the file cannot be examined, or it changed within the last kRecentChangeWindow).
+std::string file_identity(const WeightSource& w);
 
 /// The default cache file for a model: <cache dir>/weightcache/ort/<stem>-<digest>.wcache, where
 /// the cache dir is $XDG_CACHE_HOME or $HOME/.cache; the digest is of the model's absolute path

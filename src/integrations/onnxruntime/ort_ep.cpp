@@ -64,7 +64,8 @@ namespace {
 
 struct Counters {
   std::atomic<std::uint64_t> sessions{0}, nodes{0}, weights{0}, packed{0}, from_cache{0}, packed_bytes{0},
-      heap_weights{0}, cache_failures{0}, caches_open{0};
+      heap_weights{0}, cache_failures{0}, caches_open{0},
+      source_bytes_hashed{0};
 };
 Counters& counters() {
   static Counters c;
@@ -171,6 +172,7 @@ Options parse_options(const OrtSessionOptions* so) {
     set_option(o, key.substr(prefix.size()), values[i] != nullptr ? values[i] : "");
   }
   if (o.use_xnnpack && !have_xnnpack()) o.use_xnnpack = false;
+  if (!o.weights_cache) o.backing = WC_BACKING_HEAP;  // the baseline touches no file
   return o;
 }
 
@@ -639,8 +641,36 @@ Weight read_weight(const OrtValueInfo* vi, const std::filesystem::path& model_di
     if (api().ort->ExternalInitializerInfo_GetByteSize(ext) != w.source.bytes) w.source.external_path.clear();
     api().ort->ReleaseExternalInitializerInfo(ext);
   }
-  w.identity = weight_identity(w.source);
   return w;
+}
+
+// The content key of a weight (identity.hpp). External data whose file identity the cache has
+// seen maps to its content key through a small entry, so a warm session reads none of its bytes;
+// otherwise the bytes are hashed, and the mapping recorded when the file identity can be trusted.
+// Returns whether it inserted such a mapping (the session then finalizes it).
+bool identify(Weight& w, wc_cache* cache) {
+  const std::string fid = file_identity(w.source);
+  std::string key;
+  if (!fid.empty() && cache != nullptr) {
+    key = "ort-file-identity/1|" + fid;
+    const std::size_t off = wc_look_up(cache, key.data(), key.size());
+    if (off != SIZE_MAX) {
+      const char* p = static_cast<const char*>(wc_offset_to_addr(cache, off));
+      // The value is the content key, NUL-terminated (its size is not stored apart).
+      if (p != nullptr && std::strncmp(p, "xxh3|", 5) == 0) {
+        const std::size_t n = strnlen(p, 4096);
+        if (n < 4096) {
+          w.identity.assign(p, n);
+          return false;
+        }
+      }
+    }
+  }
+  w.identity = content_identity(w.source);
+  counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
+  if (key.empty()) return false;
+  return wc_look_up_or_insert(cache, key.data(), key.size(), const_cast<char*>(w.identity.c_str()),
+                              w.identity.size() + 1) != SIZE_MAX;  // copied into the cache
 }
 
 std::filesystem::path model_dir_of(const OrtGraph* graph, std::string* model_path) {
@@ -656,8 +686,10 @@ std::filesystem::path model_dir_of(const OrtGraph* graph, std::string* model_pat
   return std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
 }
 
-std::vector<float> read_bias(const OrtValueInfo* vi, std::int64_t n, const std::filesystem::path& dir, std::string* identity) {
-  const Weight w = read_weight(vi, dir);
+std::vector<float> read_bias(const OrtValueInfo* vi, std::int64_t n, const std::filesystem::path& dir, std::string* identity,
+                             wc_cache* cache, bool* recorded) {
+  Weight w = read_weight(vi, dir);
+  *recorded = identify(w, cache) || *recorded;
   const auto* f = static_cast<const float*>(w.source.data);
   const std::size_t count = w.source.bytes / sizeof(float);
   std::vector<float> v(static_cast<std::size_t>(n));
@@ -805,6 +837,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   ensure_cache(graphs[0]);
   std::vector<std::unique_ptr<ComputeInfo>> made;
   std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
+  bool recorded = false;  // file-identity mappings inserted
   for (std::size_t g = 0; g < count; ++g) {
     std::string model_path;
     const std::filesystem::path dir = model_dir_of(graphs[g], &model_path);
@@ -831,7 +864,8 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     spec.k = static_cast<std::size_t>(plan->k);
     spec.n = static_cast<std::size_t>(plan->n);
     spec.activation = plan->activation;
-    const Weight w = read_weight(in[1], dir);
+    Weight w = read_weight(in[1], dir);
+    recorded = identify(w, cache_->cache) || recorded;
     spec.weights = w.source.data;
     const std::string layout = plan->core == Core::nbits ? "nbits4" : "f32";
     spec.weights_name = "w|" + layout + "|" + w.identity;
@@ -847,7 +881,8 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     } else {
       spec.kind = LinearSpec::Kind::nbits4;
       spec.block_size = static_cast<std::size_t>(*int_attr(plan->core_node, "block_size"));
-      const Weight s = read_weight(in[2], dir);
+      Weight s = read_weight(in[2], dir);
+      recorded = identify(s, cache_->cache) || recorded;
       spec.scales = static_cast<const float*>(s.source.data);
       // The scales are packed with the weights: both identities name the packed bytes.
       spec.weights_name += "|scales|" + s.identity + "|block" + std::to_string(spec.block_size);
@@ -862,7 +897,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     }
     if (bias_vi != nullptr) {
       std::string id;
-      spec.bias = read_bias(bias_vi, plan->n, dir, &id);
+      spec.bias = read_bias(bias_vi, plan->n, dir, &id, cache_->cache, &recorded);
       // The bias is packed as beta * C / alpha (the GEMM output is scaled by alpha afterwards).
       const float scale = beta / spec.alpha;
       if (scale != 1.0f)
@@ -905,7 +940,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   }
   // Durable before the session runs, so the next session or process finds every weight; a
   // failure leaves the weights served from memory here and says why, once.
-  if (options_.weights_cache && packed > 0 && !cache_->stand_in && !cache_->path.empty()) {
+  if ((packed > 0 || recorded) && !cache_->stand_in && !cache_->path.empty()) {
     std::lock_guard<std::mutex> fl(cache_->finalize_mu);
     if (wc_finalize(cache_->cache) != WC_OK) {
       counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
@@ -913,7 +948,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
           std::string("could not make the packed weights durable in '") + cache_->path + "': " + wc_last_error() +
               "; this session computes from memory and the next process packs again");
     }
-  } else if (options_.weights_cache && adapter_ != nullptr && packed > 0) {
+  } else if (packed > 0 || recorded) {
     (void)wc_finalize(cache_->cache);  // a heap cache: only ends the packing phase XNNPACK checks
   }
   for (std::size_t i = 0; i < made.size(); ++i) out[i] = made[i].release();
@@ -1072,6 +1107,7 @@ WC_ORT_EXPORT wc_status wc_ort_ep_get_stats(wc_ort_ep_stats* out) {
   s.heap_weights = c.heap_weights.load();
   s.cache_failures = c.cache_failures.load();
   s.caches_open = c.caches_open.load();
+  s.source_bytes_hashed = c.source_bytes_hashed.load();
   s.xnnpack = have_xnnpack() ? 1 : 0;
   std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
   return WC_OK;
