@@ -75,7 +75,8 @@ typedef struct wc_ort_ep_stats {
   uint64_t weights;           /* packed weights a session needed (one per claimed weight use) */
   uint64_t packed;            /* of those, the ones packed in this process (cache misses) */
   uint64_t from_cache;        /* of those, the ones found already packed (no packing) */
-  uint64_t packed_bytes;      /* bytes of packed weights sessions use, summed per weight */
+  uint64_t packed_bytes;      /* bytes of packed weights this process packed (into the cache or
+                                 heap memory; not counted when XNNPACK packed into its own) */
   uint64_t heap_weights;      /* weights held in private heap memory, not the cache file */
   uint64_t cache_failures;    /* caches that could not be opened as files, finalizes that failed */
   uint64_t caches_open;       /* distinct (path, compatibility key) caches open now; current */

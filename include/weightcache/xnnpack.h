@@ -251,6 +251,7 @@ typedef struct wc_xnn_adapter_stats {
   uint64_t unnamed_inserts;   /* inserts that went to the private heap because a buffer had no
                                  name (or, rarely, because the cache could not commit them) */
   uint64_t unnamed_bytes;     /* heap bytes held by the private heap's live entries; current */
+  uint64_t reserved_bytes;    /* bytes of the reserve_space calls that returned memory */
 } wc_xnn_adapter_stats;
 
 /** Zeroes *stats and sets stats->struct_size; call before wc_xnn_adapter_get_stats. NULL is

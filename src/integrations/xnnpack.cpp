@@ -145,7 +145,7 @@ struct wc_xnn_adapter {
   std::atomic<std::uint64_t> awaits_finalize{0};
 
   std::atomic<bool> warned_fallback{false};
-  std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0},
+  std::atomic<std::uint64_t> look_ups{0}, hits{0}, reservations{0}, reserve_failures{0}, inserts{0}, reserved_bytes{0},
       unnamed_inserts{0};
 
   ~wc_xnn_adapter() { wc_close(heap); }
@@ -367,6 +367,7 @@ struct wc_xnn_adapter {
     wc_cache* target = local ? heap_for_reserve() : cache;
     void* p = target != nullptr ? wc_reserve_space(target, n) : nullptr;
     (p != nullptr ? reservations : reserve_failures).fetch_add(1, std::memory_order_relaxed);
+    if (p != nullptr) reserved_bytes.fetch_add(n, std::memory_order_relaxed);
     return p;
   }
 
@@ -626,6 +627,7 @@ wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats
   s.reserve_failures = adapter->reserve_failures.load();
   s.inserts = adapter->inserts.load();
   s.unnamed_inserts = adapter->unnamed_inserts.load();
+  s.reserved_bytes = adapter->reserved_bytes.load();
   {
     std::shared_lock<std::shared_mutex> lock(adapter->bind_mu);
     s.named_buffers = adapter->named;

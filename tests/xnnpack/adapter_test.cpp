@@ -145,6 +145,7 @@ TEST_F(XnnAdapterTest, ColdCreationPacksOnceThenEveryRuntimeHits) {
   EXPECT_EQ(st.mapped_bytes, total_packed(model));
   EXPECT_EQ(st.heap_bytes, 0u);
   EXPECT_EQ(s.stats().unnamed_inserts, 0u);
+  EXPECT_EQ(s.stats().reserved_bytes, total_packed(model)) << "every reservation's size, counted once";
 
   // A second runtime over the same weights: look-ups only, same offsets, no finalize needed.
   Runtime second;
@@ -164,6 +165,7 @@ TEST_F(XnnAdapterTest, ColdCreationPacksOnceThenEveryRuntimeHits) {
   ASSERT_EQ(create_runtime(t.provider(), copy, &third), fxnn_status_success);
   EXPECT_EQ(t.count(fxnn_call_reserve_space), 0u);
   EXPECT_EQ(t.stats().hits, 12u);
+  EXPECT_EQ(t.stats().reserved_bytes, 0u);
   EXPECT_EQ(check_runtime(&third, copy), "");
 }
 

@@ -261,6 +261,7 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     wc_xnn_adapter_stats_init(&after);
     (void)wc_xnn_adapter_get_stats(t.adapter, &after);
     report->packed = after.reservations > before.reservations;
+    report->bytes = after.reserved_bytes - before.reserved_bytes;
     report->in_heap = after.unnamed_inserts > before.unnamed_inserts;
   }
   if (st != xnn_status_success) {

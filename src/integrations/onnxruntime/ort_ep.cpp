@@ -929,7 +929,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
     (report.packed ? packed : hits) += 1;
     heap += report.in_heap ? 1 : 0;
-    bytes += report.bytes;
+    if (report.packed) bytes += report.bytes;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
     ci->CreateState = ci_create_state;
