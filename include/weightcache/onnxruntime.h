@@ -30,8 +30,13 @@
  *   verify      none | first_use | shared | open (wc_verify; default shared)
  *   backing     auto | file | heap (wc_backing; default auto)
  *   durability  none | async | full (wc_durability; default full)
- * An unknown key or value fails session creation with ORT_INVALID_ARGUMENT and a message that
- * lists the accepted ones.
+ *   kernels     xnnpack | builtin (the provider's own packer and GEMM; default xnnpack when built
+ *               with it)
+ *   threads     compute threads per layer, 1 to 256 (default 1)
+ *   lease_timeout_ms  how long a session waits for another process's writer lease (default 1000)
+ *   weights_cache     on | off (off: XNNPACK packs into its own memory, the no-cache baseline)
+ * An unknown key or value fails session creation with a message that names it and lists the
+ * accepted values (ORT reports ORT_FAIL around the provider's INVALID_ARGUMENT).
  *
  * ---------------------------------------------------------------------------------------------
  * What it runs, and what never breaks a session
@@ -42,6 +47,7 @@
  * cannot be opened, written or trusted (a path that cannot be created, a full disk, a corrupt or
  * foreign file, another process holding the writer lease), the session is still created and
  * computes the same outputs from heap memory; one warning through ONNX Runtime's logger says why.
+ * While the provider is loaded, weightcache's own log goes through ONNX Runtime's logger.
  *
  * One cache per (cache path, compatibility key) per process is shared by every session the
  * provider's factory creates, on any thread. Each session's packed weights are finalized (made
@@ -77,7 +83,8 @@ typedef struct wc_ort_ep_stats {
   uint64_t from_cache;        /* of those, the ones found already packed (no packing) */
   uint64_t packed_bytes;      /* bytes of packed weights this process packed (into the cache or
                                  heap memory; not counted when XNNPACK packed into its own) */
-  uint64_t heap_weights;      /* weights held in private heap memory, not the cache file */
+  uint64_t heap_weights;      /* weights a session holds in private heap memory, not a cache file
+                                 (a heap cache, a heap fallback, or weights_cache=off) */
   uint64_t cache_failures;    /* caches that could not be opened as files, finalizes that failed */
   uint64_t caches_open;       /* distinct (path, compatibility key) caches open now; current */
   uint64_t xnnpack;           /* 1 when the library computes with XNNPACK, 0 with its own GEMM */

@@ -6,7 +6,10 @@
 #include <ctime>
 #include <filesystem>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
@@ -29,6 +32,26 @@ std::string shape_suffix(const WeightSource& w) {
   return s;
 }
 
+// File systems on which every change of a file's bytes moves its ctime, stores through a shared
+// writable mapping included once their pages have been written back (the page is write-protected
+// again, and the next store faults into page_mkwrite, which updates the times): ext4 (and ext2/3
+// through it), xfs, btrfs, f2fs. Not tmpfs (stores through a mapping never touch its times),
+// network or FUSE file systems (another host's writes), nor anything unknown: their external data
+// is hashed at every session.
+bool times_track_every_store(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53UL:      // ext2, ext3, ext4
+    case 0x58465342UL:  // xfs
+    case 0x9123683EUL:  // btrfs
+    case 0xF2F52010UL:  // f2fs
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::int64_t ns_of(const struct timespec& ts) {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
@@ -46,6 +69,7 @@ std::string file_identity(const WeightSource& w) {
   struct stat st {};
   struct timespec now {};
   if (::stat(w.external_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
+  if (!times_track_every_store(w.external_path)) return {};
   if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < kRecentChangeWindowNs) return {};
   if (w.external_offset < 0 ||
       static_cast<std::uint64_t>(w.external_offset) + w.bytes > static_cast<std::uint64_t>(st.st_size))
@@ -54,6 +78,14 @@ std::string file_identity(const WeightSource& w) {
          std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
          std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim)) + "|o" +
          std::to_string(w.external_offset) + shape_suffix(w);
+}
+
+bool write_back(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fdatasync(fd) == 0;
+  ::close(fd);
+  return ok;
 }
 
 std::string content_identity(const WeightSource& w) {

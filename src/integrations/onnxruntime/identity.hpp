@@ -9,7 +9,13 @@
 //   can set back; a file replaced by rename has another inode;
 // - a file whose ctime is within kRecentChangeWindow of now gets no such entry (and none is
 //   trusted for it): a second write within one timestamp tick of the first would leave ctime
-//   unchanged. Its bytes are hashed instead, until the window has passed.
+//   unchanged. Its bytes are hashed instead, until the window has passed;
+// - a store through a shared writable mapping moves ctime only when it faults, that is on the
+//   first store to a page after the page was written back. So before hashing the bytes it
+//   records a mapping for, the provider writes the file back (write_back), and it records the
+//   mapping only when the file identity is the same after hashing as before the write-back;
+// - only file systems whose times follow every store qualify (ext4, xfs, btrfs, f2fs); on any
+//   other the bytes are hashed at every session.
 // Keys never depend on which way they were found, so a file that ages past the window keeps
 // hitting the same packed entries.
 #pragma once
@@ -37,6 +43,11 @@ std::string content_identity(const WeightSource& w);
 /// The file identity of an external weight ("" when it has none that can be trusted: embedded,
 /// the file cannot be examined, or it changed within the last kRecentChangeWindow).
 std::string file_identity(const WeightSource& w);
+
+/// Writes the file's dirty pages back (fdatasync), so a store through any shared mapping of it
+/// faults again and moves its ctime. Done before the bytes behind a recorded file identity are
+/// hashed. False when the file cannot be opened or flushed.
+bool write_back(const std::string& path);
 
 /// The default cache file for a model: <cache dir>/weightcache/ort/<stem>-<digest>.wcache, where
 /// the cache dir is $XDG_CACHE_HOME or $HOME/.cache; the digest is of the model's absolute path

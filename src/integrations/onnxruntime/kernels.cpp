@@ -147,6 +147,50 @@ std::uint16_t to_bf16(float f) noexcept {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+// A provider that forwards to the session adapter's, except that reserve_space can be refused on
+// this thread: creating an operator in that mode succeeds only on a cache hit. The 4-bit layers
+// use it to find their packed weights without the real block scales, which XNNPACK reads (and
+// validates) before it looks the weights up: on a warm session the scales are never read.
+thread_local bool t_hit_only = false;
+
+struct ForwardingProvider {
+  wc_xnn_weights_cache_provider self{};
+  const wc_xnn_weights_cache_provider* inner = nullptr;
+
+  explicit ForwardingProvider(const wc_xnn_weights_cache_provider* to) : inner(to) {
+    self.context = this;
+    self.look_up = [](void* c, const wc_xnn_weights_cache_look_up_key* k) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->look_up(f->inner->context, k);
+    };
+    self.reserve_space = [](void* c, size_t n) -> void* {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return t_hit_only ? nullptr : f->inner->reserve_space(f->inner->context, n);
+    };
+    self.look_up_or_insert = [](void* c, const wc_xnn_weights_cache_look_up_key* k, void* p, size_t n) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->look_up_or_insert(f->inner->context, k, p, n);
+    };
+    self.is_finalized = [](void* c) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->is_finalized(f->inner->context);
+    };
+    self.offset_to_addr = [](void* c, size_t off) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->offset_to_addr(f->inner->context, off);
+    };
+    self.delete_cache = [](void* c) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->delete_cache(f->inner->context);
+    };
+    self.alias_data = [](void* c, void* alias, void* original) {
+      auto* f = static_cast<ForwardingProvider*>(c);
+      return f->inner->alias_data(f->inner->context, alias, original);
+    };
+  }
+  xnn_weights_cache_t get() { return reinterpret_cast<xnn_weights_cache_t>(&self); }
+};
+
 struct XnnOp {
   xnn_operator_t op = nullptr;
   ~XnnOp() {
@@ -161,6 +205,7 @@ class XnnLinear final : public Linear {
         quantized_(s.kind == LinearSpec::Kind::nbits4), pool_(pool) {}
 
   XnnOp fc, convert;
+  std::unique_ptr<ForwardingProvider> provider;  // the operator calls it at every reshape
 
   void run(const float* a, std::size_t m, float* y) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -229,21 +274,49 @@ bool nbits_supported(std::size_t k, std::size_t n, std::size_t block_size) noexc
   return block_size >= XNN_MIN_BLOCKSIZE && block_size % XNN_MIN_BLOCKSIZE == 0 && k % block_size == 0 && n > 0;
 }
 
+// XNNPACK refused the 4-bit layer (its scales must be finite and positive in bf16): the layer runs
+// on the built-in f32 GEMM over the dequantized weights, keyed as such. Rare, so not fast.
+std::unique_ptr<Linear> dequantized(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
+  std::vector<float> w(s.n * s.k);
+  const auto* q = static_cast<const std::uint8_t*>(s.weights);
+  const std::size_t blocks = s.k / s.block_size;
+  for (std::size_t col = 0; col < s.n; ++col)
+    for (std::size_t kk = 0; kk < s.k; ++kk) {
+      const std::uint8_t byte = q[(col * s.k + kk) / 2];
+      const int v = ((kk & 1) != 0 ? byte >> 4 : byte & 0xF) - 8;
+      w[col * s.k + kk] = static_cast<float>(v) * s.scales[col * blocks + kk / s.block_size];
+    }
+  LinearSpec f = s;
+  f.kind = LinearSpec::Kind::f32;
+  f.weights = w.data();
+  f.weights_kn = false;
+  f.weights_name = "dequantized|" + s.weights_name;
+  return create_builtin(f, t, report);
+}
+
 std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
   if (!xnn_ready()) throw OrtError{ORT_FAIL, "XNNPACK could not be initialized on this CPU"};
   const bool relu_fused = s.activation == Activation::relu && s.alpha == 1.0f;
   const float lo = relu_fused ? 0.0f : -std::numeric_limits<float>::infinity();
   const float hi = std::numeric_limits<float>::infinity();
+  const bool nbits = s.kind == LinearSpec::Kind::nbits4;
+  const std::size_t scale_count = nbits ? s.n * (s.k / s.block_size) : 0;
   std::vector<std::uint16_t> scales;
-  if (s.kind == LinearSpec::Kind::nbits4) {
-    const std::size_t count = s.n * (s.k / s.block_size);
-    scales.resize(count);
-    for (std::size_t i = 0; i < count; ++i) scales[i] = to_bf16(s.scales[i]);
-  }
+  const auto real_scales = [&] {
+    if (scales.size() == scale_count) return;
+    scales.resize(scale_count);
+    for (std::size_t i = 0; i < scale_count; ++i) scales[i] = to_bf16(s.scales[i]);
+  };
   const float* bias = s.bias.empty() ? nullptr : s.bias.data();
   auto layer = std::make_unique<XnnLinear>(s, static_cast<pthreadpool_t>(t.threadpool), relu_fused);
+  const auto drop_op = [&] {
+    if (layer->fc.op != nullptr) xnn_delete_operator(layer->fc.op);
+    layer->fc.op = nullptr;
+  };
   xnn_status st = xnn_status_invalid_state;
   if (t.use_cache && t.adapter != nullptr) {
+    layer->provider = std::make_unique<ForwardingProvider>(
+        static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(t.adapter)));
     // Keys are names, never addresses: name the buffers XNNPACK will pass in the look-up key for
     // as long as the operator is created, then unbind them (their memory may be freed and reused).
     wc_xnn_adapter_stats before;
@@ -251,9 +324,18 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     (void)wc_xnn_adapter_get_stats(t.adapter, &before);
     bool named = wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK;
     if (named && bias != nullptr) named = wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
-    if (named) {
-      st = create_fc(s, scales, bias, lo, hi, static_cast<xnn_weights_cache_t>(wc_xnn_adapter_provider(t.adapter)),
-                     &layer->fc.op);
+    if (named && nbits) {
+      // A hit needs no scales (the name holds their identity): try one with placeholder scales
+      // (bf16 1.0) and no packing allowed, before reading the real ones.
+      const std::vector<std::uint16_t> placeholder(scale_count, 0x3F80);
+      t_hit_only = true;
+      st = create_fc(s, placeholder, bias, lo, hi, layer->provider->get(), &layer->fc.op);
+      t_hit_only = false;
+      if (st != xnn_status_success) drop_op();
+    }
+    if (named && st != xnn_status_success) {
+      real_scales();
+      st = create_fc(s, scales, bias, lo, hi, layer->provider->get(), &layer->fc.op);
     }
     (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
     if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);
@@ -267,16 +349,16 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
   if (st != xnn_status_success) {
     // No cache, or the cache could not give memory (reserve_space refused: disk full, no
     // memory): XNNPACK packs into memory of its own, as without weightcache.
-    if (layer->fc.op != nullptr) {
-      xnn_delete_operator(layer->fc.op);
-      layer->fc.op = nullptr;
-    }
+    drop_op();
+    layer->provider.reset();
+    real_scales();
     st = create_fc(s, scales, bias, lo, hi, nullptr, &layer->fc.op);
+    if (st != xnn_status_success && nbits) return dequantized(s, t, report);
     XnnLinear::check_xnn(st, "create");
     report->packed = true;
     report->in_heap = true;
   }
-  if (s.kind == LinearSpec::Kind::nbits4) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "create convert");
+  if (nbits) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "create convert");
   return layer;
 }
 

@@ -138,13 +138,17 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
     char* end = nullptr;
     errno = 0;
     const unsigned long v = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0 || v < 1 || v > 256) bad_option(key, value, "1 to 256");
+    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 || v < 1 ||
+        v > 256)
+      bad_option(key, value, "1 to 256");
     o.threads = v;
   } else if (key == "lease_timeout_ms") {
     char* end = nullptr;
     errno = 0;
     const unsigned long v = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0 || v > 600000) bad_option(key, value, "0 to 600000");
+    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 ||
+        v > 600000)
+      bad_option(key, value, "0 to 600000");
     o.lease_timeout_ms = static_cast<std::uint32_t>(v);
   } else {
     throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
@@ -480,6 +484,31 @@ bool is_row_bias(const OrtValueInfo* vi, std::int64_t n) {
   return true;
 }
 
+// Whether every beta / alpha * C value is finite (C a small constant row, read here).
+bool scaled_bias_finite(const OrtValueInfo* vi, float scale, float alpha) {
+  if (!std::isfinite(scale)) return false;
+  if (alpha == 1.0f) return true;
+  const OrtValue* value = nullptr;
+  if (OrtStatus* s = api().ort->ValueInfo_GetInitializerValue(vi, &value); s != nullptr || value == nullptr) {
+    take_message(s);
+    return false;
+  }
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  if (OrtStatus* s = api().ort->GetTensorData(value, &data); s != nullptr) {
+    take_message(s);
+    return false;
+  }
+  if (OrtStatus* s = api().ort->GetTensorSizeInBytes(value, &bytes); s != nullptr) {
+    take_message(s);
+    return false;
+  }
+  const auto* c = static_cast<const float*>(data);
+  for (std::size_t i = 0; i < bytes / sizeof(float); ++i)
+    if (!std::isfinite(c[i] * scale)) return false;
+  return true;
+}
+
 // ---- the layers the provider claims ---------------------------------------------------------------
 
 enum class Core { matmul, gemm, nbits };
@@ -492,6 +521,7 @@ struct Plan {
   const OrtNode* act_node = nullptr;   // the fused Relu / Gelu, if any
   Activation activation = Activation::none;
   std::int64_t k = 0, n = 0;
+  std::size_t out_rank = 0;  // rank of the layer's output (the activation's)
   std::vector<const OrtNode*> nodes() const {
     std::vector<const OrtNode*> v{core_node};
     if (add_node) v.push_back(add_node);
@@ -525,6 +555,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
     if (!is_constant(in[1]) || b.dims[0] <= 0 || b.dims[1] <= 0) return std::nullopt;
     if (a.dims.back() >= 0 && a.dims.back() != b.dims[0]) return std::nullopt;
     p.core = Core::matmul;
+    p.out_rank = a.dims.size();
     p.k = b.dims[0];
     p.n = b.dims[1];
     return p;
@@ -537,9 +568,16 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
     p.k = trans_b ? b.dims[1] : b.dims[0];
     p.n = trans_b ? b.dims[0] : b.dims[1];
     if (p.k <= 0 || p.n <= 0 || (a.dims[1] >= 0 && a.dims[1] != p.k)) return std::nullopt;
-    if (float_attr(node, "alpha").value_or(1.0f) == 0.0f) return std::nullopt;
-    if (in.size() == 3 && in[2] != nullptr && !is_row_bias(in[2], p.n)) return std::nullopt;
+    const float alpha = float_attr(node, "alpha").value_or(1.0f), beta = float_attr(node, "beta").value_or(1.0f);
+    if (alpha == 0.0f || !std::isfinite(alpha) || !std::isfinite(beta)) return std::nullopt;
+    if (in.size() == 3 && in[2] != nullptr && beta != 0.0f) {
+      if (!is_row_bias(in[2], p.n) || tensor_info(in[2]).dims.size() > 2) return std::nullopt;
+      // The bias is packed as beta * C / alpha (the product is scaled by alpha afterwards): it must
+      // stay finite, or a tiny alpha would turn every output into inf or NaN.
+      if (!scaled_bias_finite(in[2], beta / alpha, alpha)) return std::nullopt;
+    }
     p.core = Core::gemm;
+    p.out_rank = 2;
     return p;
   }
   if (nbits_ok && t == "MatMulNBits" && d == kMsDomain && in.size() >= 3) {
@@ -558,6 +596,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
     if (in.size() > 4 && in[4] != nullptr) return std::nullopt;
     if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return std::nullopt;
     p.core = Core::nbits;
+    p.out_rank = a.dims.size();
     p.k = *k;
     p.n = *n;
     return p;
@@ -583,7 +622,9 @@ void fuse_epilogue(Plan& p) {
       if (in.size() == 2 && out.size() == 1 && is_f32(tensor_info(out[0]))) {
         const OrtValueInfo* other = in[0] == cur ? in[1] : in[1] == cur ? in[0] : nullptr;
         // The sum keeps the layer's shape only when the bias is a row vector of N values.
-        if (other != nullptr && is_row_bias(other, p.n) && numel(tensor_info(other).dims) == p.n) {
+        // ... and adds no dimension: Add's output has the larger rank of its two inputs.
+        const TensorInfo bt = tensor_info(other);
+        if (other != nullptr && is_row_bias(other, p.n) && numel(bt.dims) == p.n && bt.dims.size() <= p.out_rank) {
           p.add_node = next;
           cur = out[0];
         }
@@ -666,9 +707,12 @@ bool identify(Weight& w, wc_cache* cache) {
       }
     }
   }
+  // Record a mapping only for bytes hashed after a write-back, and only if the file identity
+  // did not move meanwhile: a later store through a mapping then faults and moves it.
+  const bool settled = !key.empty() && write_back(w.source.external_path);
   w.identity = content_identity(w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
-  if (key.empty()) return false;
+  if (!settled || file_identity(w.source) != fid) return false;
   return wc_look_up_or_insert(cache, key.data(), key.size(), const_cast<char*>(w.identity.c_str()),
                               w.identity.size() + 1) != SIZE_MAX;  // copied into the cache
 }
@@ -877,7 +921,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       spec.weights_kn = int_attr(plan->core_node, "transB").value_or(0) == 0;
       spec.alpha = float_attr(plan->core_node, "alpha").value_or(1.0f);
       beta = float_attr(plan->core_node, "beta").value_or(1.0f);
-      if (in.size() == 3 && in[2] != nullptr) bias_vi = in[2];
+      if (in.size() == 3 && in[2] != nullptr && beta != 0.0f) bias_vi = in[2];
     } else {
       spec.kind = LinearSpec::Kind::nbits4;
       spec.block_size = static_cast<std::size_t>(*int_attr(plan->core_node, "block_size"));
@@ -928,7 +972,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       }
     if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
     (report.packed ? packed : hits) += 1;
-    heap += report.in_heap ? 1 : 0;
+    heap += report.in_heap || cache_->stand_in || cache_->path.empty() || !options_.weights_cache ? 1 : 0;
     if (report.packed) bytes += report.bytes;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
@@ -1065,6 +1109,29 @@ Factory::Factory(const OrtLogger* logger) : OrtEpFactory{}, default_logger_(logg
 
 #define WC_ORT_EXPORT extern "C" __attribute__((visibility("default")))
 
+namespace weightcache::ort {
+namespace {
+// weightcache's own log goes through ONNX Runtime's logger while the provider is loaded, so a
+// host sees one log, filtered by one severity.
+std::atomic<const OrtLogger*> g_library_logger{nullptr};
+
+void route_library_log(void*, wc_log_level level, const char* message, size_t size) {
+  const OrtLogger* logger = g_library_logger.load(std::memory_order_acquire);
+  if (logger == nullptr || api().ort == nullptr) return;
+  const OrtLoggingLevel ort_level = level >= WC_LOG_ERROR ? ORT_LOGGING_LEVEL_ERROR
+                                    : level == WC_LOG_WARN ? ORT_LOGGING_LEVEL_WARNING
+                                    : level == WC_LOG_INFO ? ORT_LOGGING_LEVEL_INFO
+                                                           : ORT_LOGGING_LEVEL_VERBOSE;
+  try {
+    const std::string m = "weightcache: " + std::string(message, size);
+    OrtStatus* st = api().ort->Logger_LogMessage(logger, ort_level, m.c_str(), ORT_TSTR("weightcache"), 0, "weightcache");
+    if (st != nullptr) api().ort->ReleaseStatus(st);
+  } catch (...) {
+  }
+}
+}  // namespace
+}  // namespace weightcache::ort
+
 WC_ORT_EXPORT OrtStatus* CreateEpFactories(const char* registration_name, const OrtApiBase* ort_api_base,
                                            const OrtLogger* default_logger, OrtEpFactory** factories,
                                            size_t max_factories, size_t* num_factories) {
@@ -1082,12 +1149,19 @@ WC_ORT_EXPORT OrtStatus* CreateEpFactories(const char* registration_name, const 
     if (max_factories < 1) return make_status(ORT_INVALID_ARGUMENT, "WeightCache EP: no room for its factory");
     factories[0] = new Factory(default_logger);
     *num_factories = 1;
+    if (default_logger != nullptr) {
+      g_library_logger.store(default_logger, std::memory_order_release);
+      wc_set_log_callback(route_library_log, nullptr);
+    }
     return nullptr;
   });
 }
 
 WC_ORT_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
-  delete static_cast<weightcache::ort::Factory*>(factory);
+  using namespace weightcache::ort;
+  // The logger goes with the factory: back to the library's default (stderr) before it does.
+  if (g_library_logger.exchange(nullptr) != nullptr) wc_set_log_callback(nullptr, nullptr);
+  delete static_cast<Factory*>(factory);
   return nullptr;
 }
 
