@@ -44,7 +44,7 @@ MS_DOMAIN = "com.microsoft"
 DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
-          "matmulnbits"]
+          "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 
 
@@ -219,6 +219,43 @@ def build_matmulnbits(seed):
     return g
 
 
+def build_bias_rank3(seed):
+    # A bias Add with more dimensions than the activation: Add's output gains them ([1, m, 20]),
+    # so fusing it into the layer would give the wrong shape.
+    rng, g = rng_for(seed, "bias_rank3"), Graph("bias_rank3")
+    k, n = 24, 20
+    x = g.input("X", ["rows", k])
+    t = g.node("MatMul", [x, g.init("W", dense(rng, k, n))])
+    g.node("Add", [t, g.init("b", vec(rng, n).reshape(1, 1, n))], ["Y"])
+    g.output("Y", [1, "rows", n])
+    return g
+
+
+def build_gemm_tiny_alpha(seed):
+    # beta * C / alpha overflows float: a provider that folds alpha into the bias gets inf.
+    rng, g = rng_for(seed, "gemm_tiny_alpha"), Graph("gemm_tiny_alpha")
+    k, n = 32, 16
+    a = g.input("A", ["rows", k])
+    g.node("Gemm", [a, g.init("B", dense(rng, k, n).T.copy()), g.init("C", vec(rng, n))], ["Y"],
+           alpha=1e-39, beta=1.0, transB=1)
+    g.output("Y", ["rows", n])
+    return g
+
+
+def build_nbits_negative_scale(seed):
+    # XNNPACK's blockwise 4-bit kernels take only positive scales; MatMulNBits allows any.
+    rng, g = rng_for(seed, "nbits_negative_scale"), Graph("nbits_negative_scale")
+    k, n, block = 64, 32, 32
+    x = g.input("A", ["batch", "seq", k])
+    b, scales = quantize_blocks(rng, k, n, block)
+    scales = scales.copy()
+    scales[::3] *= -1
+    matmul_nbits(g, x, g.init("B_q4", b), g.init("B_scales", scales), k, n, block)
+    g.nodes[-1].output[0] = "Y"
+    g.output("Y", ["batch", "seq", n])
+    return g
+
+
 def build_big(seed, name, dim, hidden, layers, stream):
     """`layers` transformer MLP blocks (MatMul + Add + Gelu + MatMul + Add), f32 or 4-bit: the
     benchmark models. Weights go straight to the external data file (`stream`), never held all at
@@ -321,7 +358,8 @@ def generate(args):
     builders = {"mlp": build_mlp, "shared_weight": build_shared_weight, "matmul_input_b": build_matmul_input_b,
                 "odd_shapes": build_odd_shapes, "matmulnbits": build_matmulnbits,
                 "gemm": build_gemm, "gemm_nobias": lambda s: build_gemm(s, "gemm_nobias"),
-                "gemm_relu": lambda s: build_gemm(s, "gemm_relu")}
+                "gemm_relu": lambda s: build_gemm(s, "gemm_relu"), "bias_rank3": build_bias_rank3,
+                "gemm_tiny_alpha": build_gemm_tiny_alpha, "nbits_negative_scale": build_nbits_negative_scale}
     for name in names:
         if name in BIG_MODELS:
             if not args.big:

@@ -110,7 +110,9 @@ std::unique_ptr<Linear> create_builtin(const LinearSpec& s, const PackTarget& t,
   if (t.use_cache && t.cache != nullptr) {
     std::size_t off = wc_look_up(t.cache, key.data(), key.size());
     if (off == SIZE_MAX) {
-      if (void* p = wc_reserve_space(t.cache, bytes); p != nullptr) {
+      void* p = wc_reserve_space(t.cache, bytes);
+      if (p == nullptr) report->why = wc_last_error();
+      if (p != nullptr) {
         builtin_pack(s, static_cast<float*>(p));
         off = wc_look_up_or_insert(t.cache, key.data(), key.size(), p, bytes);
         if (off == SIZE_MAX) (void)wc_release_space(t.cache, p);
@@ -336,6 +338,7 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     if (named && st != xnn_status_success) {
       real_scales();
       st = create_fc(s, scales, bias, lo, hi, layer->provider->get(), &layer->fc.op);
+      if (st != xnn_status_success) report->why = wc_last_error();  // reserve_space's reason
     }
     (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
     if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);

@@ -45,6 +45,7 @@ struct LinearSpec {
 struct CreateReport {
   bool packed = false;      // this process packed the weights (a miss)
   bool in_heap = false;     // the packed weights live in private heap memory, not the cache file
+  std::string why;          // why the cache could not take the packed weights ("" when it could)
   std::size_t bytes = 0;    // bytes this creation packed (0 on a hit; 0 when XNNPACK packed into its own memory)
 };
 

@@ -882,6 +882,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   std::vector<std::unique_ptr<ComputeInfo>> made;
   std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
   bool recorded = false;  // file-identity mappings inserted
+  std::string why;        // the first reason the cache could not take a layer's packed weights
   for (std::size_t g = 0; g < count; ++g) {
     std::string model_path;
     const std::filesystem::path dir = model_dir_of(graphs[g], &model_path);
@@ -974,6 +975,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     (report.packed ? packed : hits) += 1;
     heap += report.in_heap || cache_->stand_in || cache_->path.empty() || !options_.weights_cache ? 1 : 0;
     if (report.packed) bytes += report.bytes;
+    if (!report.why.empty() && why.empty()) why = report.why;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
     ci->CreateState = ci_create_state;
@@ -982,11 +984,20 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     ci->layer = std::move(layer);
     made.push_back(std::move(ci));
   }
+  bool warned = false;  // one warning per session says why
+  if (!why.empty() && options_.weights_cache && !cache_->stand_in) {
+    warned = true;
+    counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
+    log(logger_, ORT_LOGGING_LEVEL_WARNING,
+        "the cache '" + cache_->path + "' could not take " + std::to_string(heap) + " of " + std::to_string(count) +
+            " layers' packed weights (" + why + "); they are packed into this process's memory (outputs are "
+            "unaffected). Free disk space, or let the other process finish, and the next session persists them");
+  }
   // Durable before the session runs, so the next session or process finds every weight; a
   // failure leaves the weights served from memory here and says why, once.
   if ((packed > 0 || recorded) && !cache_->stand_in && !cache_->path.empty()) {
     std::lock_guard<std::mutex> fl(cache_->finalize_mu);
-    if (wc_finalize(cache_->cache) != WC_OK) {
+    if (wc_finalize(cache_->cache) != WC_OK && !warned) {
       counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
       log(logger_, ORT_LOGGING_LEVEL_WARNING,
           std::string("could not make the packed weights durable in '") + cache_->path + "': " + wc_last_error() +

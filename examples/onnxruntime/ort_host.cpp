@@ -23,6 +23,7 @@
 // against another run's --out, as floats: max abs and max rel error; exit status 3 when any
 // |a - b| > atol + rtol * |b|. Any ONNX Runtime error: its message on stderr, exit status 1.
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -84,6 +86,8 @@ struct options {
   int64_t batch = 2, seq = 3;
   uint64_t seed = 1;
   std::string cache_file, out_file, compare_file;
+  std::string barrier_dir;  // --barrier: processes wait for one another before measuring memory
+  int processes = 1;
   double rtol = 1e-4, atol = 1e-5;
   bool json = false;
   OrtLoggingLevel log_level = ORT_LOGGING_LEVEL_WARNING;
@@ -129,6 +133,8 @@ options parse_args(int argc, char** argv) {
     else if (a == "--seq") o.seq = parse_int(value(), "--seq", 1);
     else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(value(), "--seed", 0));
     else if (a == "--cache-file") o.cache_file = value();
+    else if (a == "--barrier") o.barrier_dir = value();
+    else if (a == "--processes") o.processes = static_cast<int>(parse_int(value(), "--processes", 1));
     else if (a == "--out") o.out_file = value();
     else if (a == "--compare") o.compare_file = value();
     else if (a == "--rtol") o.rtol = std::atof(value().c_str());
@@ -206,7 +212,8 @@ std::vector<std::pair<const char*, uint64_t>> stats_fields(const wc_ort_ep_stats
           {"weights", s.weights},           {"packed", s.packed},
           {"from_cache", s.from_cache},     {"packed_bytes", s.packed_bytes},
           {"heap_weights", s.heap_weights}, {"cache_failures", s.cache_failures},
-          {"caches_open", s.caches_open},   {"xnnpack", s.xnnpack}};
+          {"caches_open", s.caches_open},   {"xnnpack", s.xnnpack},
+          {"source_bytes_hashed", s.source_bytes_hashed}};
 }
 
 wc_ort_ep_stats stats_delta(const wc_ort_ep_stats& after, const wc_ort_ep_stats& before) {
@@ -219,6 +226,7 @@ wc_ort_ep_stats stats_delta(const wc_ort_ep_stats& after, const wc_ort_ep_stats&
   d.packed_bytes -= before.packed_bytes;
   d.heap_weights -= before.heap_weights;
   d.cache_failures -= before.cache_failures;
+  d.source_bytes_hashed -= before.source_bytes_hashed;
   // caches_open and xnnpack are states, not counters: the value after.
   return d;
 }
@@ -318,6 +326,7 @@ struct session_result {
   smaps::MappingUsage cache_usage;
   std::optional<wc_ort_ep_stats> stats_delta;
   std::vector<output_tensor> outputs;  // of the first run
+  uint64_t hash = 0;                   // of those outputs
   std::string error;
 };
 
@@ -379,6 +388,29 @@ struct session_guard {
   }
 };
 
+uint64_t fnv1a64(const std::vector<output_tensor>& outputs);
+
+// Marks this process as past `stage` in `dir` and waits until `n` processes are (a file per process
+// and stage: the processes share nothing else). Gives up after 120 s.
+void barrier(const std::string& dir, const char* stage, int n) {
+  const std::string suffix = std::string(".") + stage;
+  const std::string mine = dir + "/" + std::to_string(::getpid()) + suffix;
+  { std::ofstream(mine, std::ios::trunc); }
+  const auto start = clock_type::now();
+  for (;;) {
+    int count = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) ++count;
+    }
+    if (count >= n) return;
+    if (ms_since(start) > 120000) throw host_error("--barrier: " + std::to_string(count) + " of " + std::to_string(n) +
+                                                   " processes reached '" + stage + "' in 120 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 // One session from start to end. With concurrent sessions the memory and stats deltas mix every
 // thread's work: the caller reports them as such.
 session_result run_session(OrtEnv* env, const OrtSessionOptions* session_options, const options& o,
@@ -395,7 +427,12 @@ session_result run_session(OrtEnv* env, const OrtSessionOptions* session_options
   auto run_start = clock_type::now();
   r.outputs = run_once(session.p, io, true);
   r.first_run_ms = ms_since(run_start);
+  // With --barrier, every process has run once before any measures: the pages they share are
+  // then counted once among all of them (Pss), and none exits before all have measured.
+  if (!o.barrier_dir.empty()) barrier(o.barrier_dir, "ready", o.processes);
   if (!o.cache_file.empty()) r.cache_usage = smaps::file_mapping_usage(o.cache_file);
+  if (!o.barrier_dir.empty()) barrier(o.barrier_dir, "measured", o.processes);
+  r.hash = fnv1a64(r.outputs);
   std::vector<double> times;
   for (int i = 1; i < o.runs; ++i) {
     run_start = clock_type::now();
@@ -630,7 +667,12 @@ int run(const options& o) {
            ",\"rss_anon_before\":" + std::to_string(r.before.anon) + ",\"rss_anon_after\":" +
            std::to_string(r.after.anon) + ",\"rss_file_before\":" + std::to_string(r.before.file) +
            ",\"rss_file_after\":" + std::to_string(r.after.file) + ",\"cache_file_usage\":" +
-           json_usage(r.cache_usage) + ",\"stats_delta\":" + (concurrent ? "null" : json_stats(r.stats_delta)) + "}";
+           json_usage(r.cache_usage) + ",\"stats_delta\":" + (concurrent ? "null" : json_stats(r.stats_delta)) +
+           ",\"output_hash\":\"" + [&] {
+             char buf[17];
+             std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r.hash));
+             return std::string(buf);
+           }() + "\"}";
     }
     j += "],\"wall_ms\":" + json_number(wall_ms);
     j += ",\"stats_state\":\"" + json_escape(stats_state) + "\",\"stats\":" + json_stats(stats_end) +

@@ -1,0 +1,694 @@
+// The WeightCache ONNX Runtime provider as an application gets it: the library that
+// `cmake --install` put into a prefix (found through the installed weightcache.pc, as a user
+// would), loaded by the real ONNX Runtime in a new process for every session set
+// (weightcache-ort-host --json), against ORT's own CPU provider on the same inputs. The models
+// are make_models.py's (the OrtEp.Models fixture writes them; tests that change a model write
+// their own copy into their temporary directory).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <weightcache/weightcache.h>
+
+#include "lease_probe.hpp"
+#include "temp_dir.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using weightcache::test::TempDir;
+
+// ---- the installed provider --------------------------------------------------------------------
+
+// PKG_CONFIG_PATH=<dir of the installed weightcache.pc> pkg-config --variable=ort_ep weightcache.
+// The .pc lies under CMAKE_INSTALL_LIBDIR (lib, lib64 or lib/<multiarch>): found by walking the prefix.
+std::string installed_ep_library(std::string* why) {
+  std::error_code ec;
+  fs::path pc;
+  for (fs::recursive_directory_iterator it(WEIGHTCACHE_ORT_PREFIX, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename() == "weightcache.pc") pc = it->path();
+  if (pc.empty()) {
+    *why = "no weightcache.pc under " WEIGHTCACHE_ORT_PREFIX " (did OrtEp.Install run?)";
+    return {};
+  }
+  const std::string cmd = "PKG_CONFIG_PATH='" + pc.parent_path().string() + "' pkg-config --variable=ort_ep weightcache";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) {
+    *why = "cannot run " + cmd;
+    return {};
+  }
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  const int rc = ::pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  if (rc != 0 || out.empty()) *why = cmd + " gave '" + out + "' (status " + std::to_string(rc) + ")";
+  return out;
+}
+
+const std::string& ep_library() {
+  static std::string why;
+  static const std::string lib = installed_ep_library(&why);
+  return lib;
+}
+
+std::string models(const std::string& file) { return std::string(WEIGHTCACHE_ORT_MODELS) + "/" + file; }
+
+// ---- running the host ----------------------------------------------------------------------------
+
+struct HostRun {
+  int code = -1;
+  std::string out, err;
+  json j;  // stdout parsed, when the host exited 0
+  std::string describe() const { return "exit " + std::to_string(code) + "\nstderr:\n" + err + "\nstdout:\n" + out; }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Starts `exe args` with stdout and stderr into files; returns the pid (or -1).
+pid_t start(const std::string& exe, const std::vector<std::string>& args, const std::string& out,
+            const std::string& err) {
+  std::vector<std::string> storage{exe};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+HostRun finish(pid_t pid, const std::string& out, const std::string& err) {
+  HostRun r;
+  int status = 0;
+  if (pid > 0) {
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  r.out = slurp(out);
+  r.err = slurp(err);
+  if (r.code == 0) r.j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  return r;
+}
+
+int g_runs = 0;  // a unique name for each run's stdout/stderr within a test
+
+HostRun host(const TempDir& dir, const std::vector<std::string>& args) {
+  const std::string tag = std::to_string(g_runs++);
+  const std::string out = dir.file("host" + tag + ".stdout"), err = dir.file("host" + tag + ".stderr");
+  return finish(start(WEIGHTCACHE_ORT_HOST, args, out, err), out, err);
+}
+
+// The arguments of a WeightCache session set: the installed library, a cache in the test's
+// directory (also measured: --cache-file), raw outputs into `out`.
+std::vector<std::string> ep_args(const std::string& model, const std::string& cache, const std::string& out,
+                                 const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a{"--model", model, "--ep", "weightcache", "--ep-library", ep_library(), "--option",
+                             "cache_path=" + cache, "--cache-file", cache, "--json", "--out", out};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::vector<float> floats(const std::string& path) {
+  const std::string bytes = slurp(path);
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// Outputs "within tolerance" of ORT's CPU provider: max |ep - cpu| <= rel * max|cpu| + abs, i.e. an
+// error relative to the output's scale (its largest magnitude), not to each element: elements near
+// zero differ by rounding in a different summation order as much as the large ones do.
+struct Closeness {
+  double max_err = 0, scale = 0;
+  bool finite = true;
+  size_t count = 0;
+};
+
+Closeness closeness(const std::vector<float>& got, const std::vector<float>& want) {
+  Closeness c;
+  c.count = want.size();
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) c.finite = false;
+    c.max_err = std::max(c.max_err, std::fabs(static_cast<double>(got[i]) - want[i]));
+    c.scale = std::max(c.scale, std::fabs(static_cast<double>(want[i])));
+  }
+  return c;
+}
+
+constexpr double kRel = 1e-5, kAbs = 1e-6;
+
+#define EXPECT_CLOSE_TO_CPU(got_file, cpu_file, rel, abs)                                                      \
+  do {                                                                                                        \
+    const auto got_ = floats(got_file), want_ = floats(cpu_file);                                             \
+    EXPECT_EQ(got_.size(), want_.size());                                                                     \
+    EXPECT_FALSE(want_.empty());                                                                              \
+    const Closeness c_ = closeness(got_, want_);                                                              \
+    EXPECT_TRUE(c_.finite);                                                                                   \
+    EXPECT_LE(c_.max_err, (rel) * c_.scale + (abs))                                                           \
+        << "max |ep - cpu| " << c_.max_err << " over " << c_.count << " values, max |cpu| " << c_.scale;      \
+    std::printf("  %s: max |ep - cpu| %.3g, max |cpu| %.3g (%.3g of scale)\n", #got_file, c_.max_err, c_.scale, \
+                c_.scale > 0 ? c_.max_err / c_.scale : 0.0);                                                  \
+  } while (0)
+
+HostRun cpu_reference(const TempDir& dir, const std::string& model, const std::string& out) {
+  return host(dir, {"--model", model, "--json", "--out", out});
+}
+
+uint64_t stat_of(const json& j, const char* name) { return j.at("stats_delta").at(name).get<uint64_t>(); }
+
+// Warning lines of the provider (its own, "WeightCache EP: ...") and of the weightcache library
+// (routed through ORT's logger by the provider, "weightcache: ...").
+size_t count_lines(const std::string& err, const std::string& needle) {
+  size_t n = 0;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find(needle) != std::string::npos && line.find("[W:") != std::string::npos) ++n;
+  return n;
+}
+size_t ep_warnings(const std::string& err) { return count_lines(err, "WeightCache EP: "); }
+size_t library_warnings(const std::string& err) { return count_lines(err, "] weightcache: "); }
+
+class OrtEp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(ep_library().empty()) << "the installed provider was not found through pkg-config";
+    ASSERT_TRUE(fs::is_regular_file(ep_library())) << ep_library();
+    ASSERT_TRUE(fs::is_regular_file(models("manifest.json"))) << "did OrtEp.Models run?";
+  }
+  TempDir dir_{"wc-ort-ep"};
+  std::string f(const std::string& name) const { return dir_.file(name); }
+};
+
+// ---- correct outputs -----------------------------------------------------------------------------
+
+struct F32Case {
+  const char* file;
+  uint64_t nodes;    // nodes the provider can claim (MatMul/Gemm with a constant B, its bias Add, Relu/Gelu)
+  uint64_t weights;  // weight uses among them
+};
+
+const F32Case kF32[] = {
+    {"mlp.onnx", 5, 2},         {"mlp.ext.onnx", 5, 2},      {"gemm.onnx", 1, 1},
+    {"gemm_nobias.onnx", 1, 1}, {"gemm_relu.onnx", 2, 1},    {"shared_weight.onnx", 2, 2},
+    // The first MatMul's B is a graph input: never claimed. Only the second (constant W) is.
+    {"matmul_input_b.onnx", 1, 1}, {"odd_shapes.onnx", 2, 2},
+    // Its bias Add adds a dimension ([1, 1, N] on a 2-D activation): only the MatMul is claimed,
+    // or the output would lose that dimension (a hostile review's finding).
+    {"bias_rank3.onnx", 1, 1},
+};
+
+void PrintTo(const F32Case& c, std::ostream* os) { *os << c.file; }
+
+class OrtEpF32 : public OrtEp, public ::testing::WithParamInterface<std::tuple<F32Case, const char*>> {};
+
+TEST_P(OrtEpF32, ColdMatchesCpuAndWarmIsBitIdentical) {
+  const auto& [c, kernels] = GetParam();
+  const std::string model = models(c.file), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const std::vector<std::string> opt{"--option", std::string("kernels=") + kernels};
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), opt));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "nodes"), c.nodes) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weights"), c.weights) << cold.out;
+  EXPECT_GE(stat_of(cold.j, "packed"), 1u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "heap_weights"), 0u) << cold.out;
+  EXPECT_EQ(cold.j["stats"]["xnnpack"].get<uint64_t>(), 1u);
+  EXPECT_EQ(ep_warnings(cold.err), 0u) << cold.err;
+  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin"), opt));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "from_cache"), c.weights) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin"))) << "the warm process computed other outputs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, OrtEpF32,
+                         ::testing::Combine(::testing::ValuesIn(kF32), ::testing::Values("xnnpack", "builtin")),
+                         [](const auto& info) {
+                           std::string n = std::string(std::get<0>(info.param).file) + "_" + std::get<1>(info.param);
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+class OrtEpNbits : public OrtEp, public ::testing::WithParamInterface<const char*> {};
+
+// 4-bit weights with activations quantized per row to int8 (XNNPACK's qd8) differ from ORT's CPU
+// kernel by more than rounding: bit-identical to XNNPACK packing into its own memory
+// (weights_cache=off) instead, and within 1% of the output's scale of the CPU provider.
+TEST_P(OrtEpNbits, ColdIsBitIdenticalToNoCacheBaselineAndWarmToCold) {
+  const std::string model = models(GetParam()), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun base = host(dir_, ep_args(model, f("unused.wcache"), f("base.bin"), {"--option", "weights_cache=off"}));
+  ASSERT_EQ(base.code, 0) << base.describe();
+  EXPECT_FALSE(fs::exists(f("unused.wcache"))) << "weights_cache=off touched the cache path";
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin")));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "weights"), 1u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "packed"), 1u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "heap_weights"), 0u) << cold.out;
+  EXPECT_EQ(slurp(f("cold.bin")), slurp(f("base.bin"))) << "packed through the cache != XNNPACK's own packing";
+  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), 0.01, 0.0);
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "from_cache"), 1u) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, OrtEpNbits, ::testing::Values("matmulnbits.onnx", "matmulnbits.ext.onnx"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// ---- warm sessions pack nothing --------------------------------------------------------------------
+
+TEST_F(OrtEp, SecondSessionInTheSameProcessPacksNothing) {
+  const HostRun r = host(dir_, ep_args(models("mlp.onnx"), f("c.wcache"), f("o.bin"), {"--sessions", "2"}));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  const json& s = r.j.at("sessions");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0]["stats_delta"]["packed"].get<uint64_t>(), 2u) << r.out;
+  EXPECT_EQ(s[1]["stats_delta"]["packed"].get<uint64_t>(), 0u) << r.out;
+  EXPECT_EQ(s[1]["stats_delta"]["from_cache"].get<uint64_t>(), s[1]["stats_delta"]["weights"].get<uint64_t>());
+  EXPECT_EQ(s[1]["stats_delta"]["weights"].get<uint64_t>(), 2u);
+  EXPECT_EQ(s[0]["output_hash"], s[1]["output_hash"]);
+}
+
+TEST_F(OrtEp, WarmProcessPacksNothingAndLeavesTheCacheFileAlone) {
+  // An embedded model: external data old enough to be trusted would make the first warm process
+  // record its file identities (and finalize them), by design.
+  const std::string cache = f("c.wcache");
+  const HostRun cold = host(dir_, ep_args(models("mlp.onnx"), cache, f("cold.bin")));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  struct stat before {};
+  ASSERT_EQ(::stat(cache.c_str(), &before), 0);
+  const HostRun warm = host(dir_, ep_args(models("mlp.onnx"), cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "from_cache"), 2u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "packed_bytes"), 0u) << warm.out;
+  struct stat after {};
+  ASSERT_EQ(::stat(cache.c_str(), &after), 0);
+  EXPECT_EQ(after.st_size, before.st_size);
+  EXPECT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec) << "the warm process wrote the cache file";
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+}
+
+TEST_F(OrtEp, ConcurrentSessionsOnAColdCacheAgreeAndTheNextProcessPacksNothing) {
+  const std::string cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, models("mlp.onnx"), f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun r =
+      host(dir_, ep_args(models("mlp.onnx"), cache, f("o.bin"), {"--sessions", "4", "--threads-sessions"}));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  const json& s = r.j.at("sessions");
+  ASSERT_EQ(s.size(), 4u);
+  for (size_t i = 1; i < s.size(); ++i) EXPECT_EQ(s[i]["output_hash"], s[0]["output_hash"]) << "session " << i;
+  EXPECT_EQ(stat_of(r.j, "weights"), 8u) << r.out;
+  EXPECT_EQ(stat_of(r.j, "heap_weights"), 0u) << r.out;
+  EXPECT_CLOSE_TO_CPU(f("o.bin"), f("cpu.bin"), kRel, kAbs);
+  const HostRun next = host(dir_, ep_args(models("mlp.onnx"), cache, f("next.bin")));
+  ASSERT_EQ(next.code, 0) << next.describe();
+  EXPECT_EQ(stat_of(next.j, "packed"), 0u) << next.out;
+  EXPECT_EQ(stat_of(next.j, "from_cache"), 2u) << next.out;
+  EXPECT_EQ(slurp(f("next.bin")), slurp(f("o.bin")));
+}
+
+// ---- a changed weight is seen ------------------------------------------------------------------------
+
+// make_models.py's mlp (and mlp.ext with external data) into `out`.
+void make_mlp(const std::string& out) {
+  const std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --out '") + out + "' --only mlp >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The byte offset of initializer `name` inside its external data file (onnx's external_data entry).
+int64_t external_offset(const std::string& model, const std::string& name) {
+  const std::string cmd = std::string("/usr/bin/python3 -c \"import onnx,sys; m=onnx.load(sys.argv[1], load_external_data=False); "
+                                      "print([dict((e.key,e.value) for e in t.external_data).get('offset','0') for t in "
+                                      "m.graph.initializer if t.name==sys.argv[2]][0])\" '") +
+                          model + "' '" + name + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[64] = {};
+  const bool ok = std::fgets(buf, sizeof buf, p) != nullptr;
+  if (::pclose(p) != 0 || !ok) return -1;
+  return std::atoll(buf);
+}
+
+bool times_track_stores(const std::string& path) {
+  struct statfs s {};
+  if (::statfs(path.c_str(), &s) != 0) return false;
+  const auto t = static_cast<unsigned long>(s.f_type);
+  return t == 0xEF53UL || t == 0x58465342UL || t == 0x9123683EUL || t == 0xF2F52010UL;
+}
+
+// Overwrites 4 bytes (one float of W1, the first MatMul's weight) inside mlp.ext.onnx.data, keeping
+// its size, then has a new process compute from the cache: it must see the new weight.
+void changed_weight_is_seen(const TempDir& dir, bool past_the_window) {
+  const std::string mdir = dir.file("m");
+  make_mlp(mdir);
+  const std::string model = mdir + "/mlp.ext.onnx", data = mdir + "/mlp.ext.onnx.data", cache = dir.file("c.wcache");
+  const bool identities = past_the_window && times_track_stores(data);
+  if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the data file's ctime ages
+  const HostRun cold = host(dir, ep_args(model, cache, dir.file("old.bin")));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "packed"), 2u) << cold.out;
+  if (identities) {
+    // The cold process recorded the file identities: a warm one reads no weight bytes.
+    const HostRun warm = host(dir, ep_args(model, cache, dir.file("warm.bin")));
+    ASSERT_EQ(warm.code, 0) << warm.describe();
+    EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+    EXPECT_EQ(stat_of(warm.j, "source_bytes_hashed"), 0u) << "the warm process did not use the file identities";
+  }
+  const int64_t w1 = external_offset(model, "W1");
+  ASSERT_GE(w1, 0);
+  const auto size_before = fs::file_size(data);
+  {
+    std::fstream io(data, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(io.good());
+    const std::streamoff at = w1 + 4 * 37;
+    float v = 0;
+    io.seekg(at);
+    io.read(reinterpret_cast<char*>(&v), sizeof v);
+    v = v + 1.5f;
+    io.seekp(at);
+    io.write(reinterpret_cast<const char*>(&v), sizeof v);
+    ASSERT_TRUE(io.good());
+  }
+  ASSERT_EQ(fs::file_size(data), size_before);
+  if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // trusted again, changed
+  const HostRun cpu = cpu_reference(dir, model, dir.file("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun next = host(dir, ep_args(model, cache, dir.file("new.bin")));
+  ASSERT_EQ(next.code, 0) << next.describe();
+  EXPECT_EQ(stat_of(next.j, "packed"), 1u) << "W1 changed, W2 did not: " << next.out;
+  EXPECT_GT(stat_of(next.j, "source_bytes_hashed"), 0u) << next.out;
+  EXPECT_NE(slurp(dir.file("new.bin")), slurp(dir.file("old.bin"))) << "the new process computed the old weights";
+  EXPECT_CLOSE_TO_CPU(dir.file("new.bin"), dir.file("cpu.bin"), kRel, kAbs);
+}
+
+// A page that stays dirty takes any number of stores through a shared mapping without moving the
+// file's ctime: the provider must write the data file back before it records the identity of the
+// bytes it hashed, or the next store is never seen (a hostile review's finding: numpy's memmap).
+TEST_F(OrtEp, AStoreThroughASharedMappingOfTheDataIsSeen) {
+  const std::string mdir = f("m");
+  make_mlp(mdir);
+  const std::string model = mdir + "/mlp.ext.onnx", data = mdir + "/mlp.ext.onnx.data", cache = f("c.wcache");
+  const int64_t w1 = external_offset(model, "W1");
+  ASSERT_GE(w1, 0);
+  const int fd = ::open(data.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const std::size_t len = static_cast<std::size_t>(fs::file_size(data));
+  auto* map = static_cast<float*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(static_cast<void*>(map), MAP_FAILED);
+  float* w = map + w1 / 4;
+  w[5] += 2.0f;  // dirties the page (this store faults: ctime moves now)
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the window: identities recorded
+  const HostRun first = host(dir_, ep_args(model, cache, f("first.bin")));
+  ASSERT_EQ(first.code, 0) << first.describe();
+  w[5] -= 4.0f;  // the same page, still mapped
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun next = host(dir_, ep_args(model, cache, f("next.bin")));
+  ASSERT_EQ(next.code, 0) << next.describe();
+  EXPECT_NE(slurp(f("next.bin")), slurp(f("first.bin"))) << "a packing of the old weights was served";
+  EXPECT_CLOSE_TO_CPU(f("next.bin"), f("cpu.bin"), kRel, kAbs);
+  ::munmap(map, len);
+  ::close(fd);
+}
+
+// Layers the fast paths cannot take stay correct: a Gemm whose alpha is so small that beta * C /
+// alpha overflows is left to ONNX Runtime; 4-bit weights with negative scales, which XNNPACK
+// refuses, run on the built-in GEMM over the dequantized weights (both from a hostile review).
+TEST_F(OrtEp, LayersTheFastPathsRefuseStayCorrect) {
+  struct Case {
+    const char* file;
+    uint64_t nodes;
+  };
+  for (const Case c : {Case{"gemm_tiny_alpha.onnx", 0}, Case{"nbits_negative_scale.onnx", 1}}) {
+    SCOPED_TRACE(c.file);
+    const HostRun cpu = cpu_reference(dir_, models(c.file), f("cpu.bin"));
+    ASSERT_EQ(cpu.code, 0) << cpu.describe();
+    const HostRun cold = host(dir_, ep_args(models(c.file), f(std::string(c.file) + ".wcache"), f("cold.bin")));
+    ASSERT_EQ(cold.code, 0) << cold.describe();
+    EXPECT_EQ(stat_of(cold.j, "nodes"), c.nodes) << cold.out;
+    EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+    const HostRun warm = host(dir_, ep_args(models(c.file), f(std::string(c.file) + ".wcache"), f("warm.bin")));
+    ASSERT_EQ(warm.code, 0) << warm.describe();
+    EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+    EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+  }
+}
+
+TEST_F(OrtEp, ChangedWeightIsSeenRightAfterTheWrite) { changed_weight_is_seen(dir_, false); }
+TEST_F(OrtEp, ChangedWeightIsSeenThroughTheFileIdentity) { changed_weight_is_seen(dir_, true); }
+
+// ---- memory: four processes share one copy ---------------------------------------------------------
+
+TEST_F(OrtEp, FourProcessesShareOneCopyOfThePackedWeights) {
+  const bool full = std::getenv("WEIGHTCACHE_FULL") != nullptr;
+  const std::string mdir = f("big");
+  std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --out '") + mdir + "' --big --only big_mlp";
+  if (!full) cmd += " --dim 1024 --hidden 4096 --layers 8";
+  cmd += " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string model = mdir + "/big_mlp.ext.onnx", cache = f("c.wcache");
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin")));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  const uint64_t packed_bytes = stat_of(cold.j, "packed_bytes");
+  ASSERT_GT(packed_bytes, 200u << 20) << cold.out;
+
+  const std::string barrier = f("barrier");
+  fs::create_directory(barrier);
+  constexpr int kProcesses = 4;
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kProcesses; ++i) {
+    auto args = ep_args(model, cache, f("p" + std::to_string(i) + ".bin"),
+                        {"--barrier", barrier, "--processes", std::to_string(kProcesses)});
+    pids.push_back(start(WEIGHTCACHE_ORT_HOST, args, f("p" + std::to_string(i) + ".stdout"), f("p" + std::to_string(i) + ".stderr")));
+  }
+  uint64_t pss_sum = 0, rss_max = 0;
+  for (int i = 0; i < kProcesses; ++i) {
+    const HostRun r = finish(pids[static_cast<size_t>(i)], f("p" + std::to_string(i) + ".stdout"),
+                             f("p" + std::to_string(i) + ".stderr"));
+    ASSERT_EQ(r.code, 0) << r.describe();
+    EXPECT_EQ(stat_of(r.j, "packed"), 0u) << r.out;
+    const json& u = r.j.at("cache_file_usage");
+    ASSERT_TRUE(u.is_object()) << r.out;
+    pss_sum += u["pss"].get<uint64_t>();
+    rss_max = std::max(rss_max, u["rss"].get<uint64_t>());
+    const json& s = r.j.at("sessions").at(0);
+    const int64_t anon_growth = s["rss_anon_after"].get<int64_t>() - s["rss_anon_before"].get<int64_t>();
+    EXPECT_LT(anon_growth, static_cast<int64_t>(packed_bytes / 20))
+        << "process " << i << " made private copies while creating its session";
+    std::printf("  process %d: cache file Rss %.1f MiB, Pss %.1f MiB, RssAnon growth in CreateSession %.1f MiB\n", i,
+                u["rss"].get<uint64_t>() / 1048576.0, u["pss"].get<uint64_t>() / 1048576.0, anon_growth / 1048576.0);
+    EXPECT_EQ(slurp(f("p" + std::to_string(i) + ".bin")), slurp(f("cold.bin")));
+  }
+  std::printf("  packed %.1f MiB; one copy (largest Rss of the cache file) %.1f MiB; Pss summed over %d processes %.1f MiB\n",
+              packed_bytes / 1048576.0, rss_max / 1048576.0, kProcesses, pss_sum / 1048576.0);
+  EXPECT_GE(rss_max, packed_bytes * 9 / 10) << "the processes did not map the packed weights";
+  EXPECT_LE(static_cast<double>(pss_sum), 1.05 * static_cast<double>(rss_max));
+}
+
+// ---- failures never break a session ---------------------------------------------------------------
+
+class OrtEpFailure : public OrtEp {
+ protected:
+  void SetUp() override {
+    OrtEp::SetUp();
+    if (HasFatalFailure()) return;
+    const HostRun cpu = cpu_reference(dir_, models("mlp.onnx"), f("cpu.bin"));
+    ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  }
+  // A session set on mlp with the cache at `cache`: created, exit 0, outputs as the CPU provider's.
+  HostRun expect_served(const std::string& cache, const std::vector<std::string>& extra = {},
+                        const std::string& model = "mlp.onnx") {
+    const std::string out = f("o" + std::to_string(g_runs) + ".bin");
+    HostRun r = host(dir_, ep_args(models(model), cache, out, extra));
+    EXPECT_EQ(r.code, 0) << r.describe();
+    if (r.code == 0 && model == "mlp.onnx") EXPECT_CLOSE_TO_CPU(out, f("cpu.bin"), kRel, kAbs);
+    std::printf("  warnings:\n%s", [&] {
+      std::string w;
+      std::istringstream in(r.err);
+      std::string line;
+      while (std::getline(in, line))
+        if (line.find("WeightCache EP: ") != std::string::npos || line.find("] weightcache: ") != std::string::npos)
+          w += "    " + line + "\n";
+      return w;
+    }().c_str());
+    return r;
+  }
+};
+
+TEST_F(OrtEpFailure, CachePathUnderARegularFile) {
+  { std::ofstream(f("afile")) << "x"; }
+  const HostRun r = expect_served(f("afile/x.wcache"));
+  EXPECT_EQ(ep_warnings(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("afile/x.wcache"), std::string::npos) << "the warning does not name the path";
+  EXPECT_EQ(stat_of(r.j, "heap_weights"), 2u) << r.out;
+}
+
+struct TmpfsMount {
+  std::string dir;
+  bool mounted = false;
+  ~TmpfsMount() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+  }
+};
+
+TEST_F(OrtEpFailure, DiskFull) {
+  TmpfsMount m{f("small")};
+  fs::create_directory(m.dir);
+  if (::mount("tmpfs", m.dir.c_str(), "tmpfs", 0, "size=64k") != 0)
+    GTEST_SKIP() << "cannot mount a 64 KiB tmpfs at " << m.dir << ": " << std::strerror(errno)
+                 << " (needs root or CAP_SYS_ADMIN)";
+  m.mounted = true;
+  const HostRun r = expect_served(m.dir + "/c.wcache");  // mlp's packed weights are 130 KiB
+  EXPECT_EQ(ep_warnings(r.err), 1u) << r.err;
+  EXPECT_EQ(stat_of(r.j, "heap_weights"), 2u) << r.out;
+  std::printf("  library warnings: %zu\n", library_warnings(r.err));
+}
+
+void garble(const std::string& path, uint64_t offset, size_t bytes) {
+  std::vector<char> junk(bytes);
+  for (size_t i = 0; i < bytes; ++i) junk[i] = static_cast<char>((i * 131 + 17) ^ 0x5a);
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  ASSERT_TRUE(io.good()) << path;
+}
+
+TEST_F(OrtEpFailure, CorruptCacheFileMiddle) {
+  const std::string cache = f("c.wcache");
+  ASSERT_EQ(expect_served(cache).code, 0);
+  const uint64_t size = fs::file_size(cache);
+  garble(cache, size / 2 / 4096 * 4096, 4096);
+  const HostRun r = expect_served(cache);
+  // The library checksums the entry, serves a miss, and the provider packs it again.
+  EXPECT_EQ(ep_warnings(r.err) + library_warnings(r.err), 1u) << r.err;
+  EXPECT_GE(stat_of(r.j, "packed"), 1u) << r.out;
+  const HostRun again = expect_served(cache);
+  EXPECT_EQ(stat_of(again.j, "packed"), 0u) << "the repacked entry was not persisted: " << again.out;
+}
+
+TEST_F(OrtEpFailure, CorruptCacheFileHeader) {
+  const std::string cache = f("c.wcache");
+  ASSERT_EQ(expect_served(cache).code, 0);
+  garble(cache, 0, 256);
+  const HostRun r = expect_served(cache);
+  EXPECT_EQ(ep_warnings(r.err) + library_warnings(r.err), 1u) << r.err;
+  const HostRun again = expect_served(cache);
+  EXPECT_EQ(stat_of(again.j, "packed"), 0u) << "the rebuilt cache was not persisted: " << again.out;
+}
+
+TEST_F(OrtEpFailure, ForeignFileAtTheCachePath) {
+  const std::string cache = f("notes.txt");
+  std::string text;
+  while (text.size() < 100 * 1024) text += "a text file that is not a cache, written by someone else\n";
+  text.resize(100 * 1024);
+  { std::ofstream(cache, std::ios::binary) << text; }
+  const HostRun r = expect_served(cache);
+  EXPECT_EQ(ep_warnings(r.err) + library_warnings(r.err), 1u) << r.err;
+  // Reported, not asserted (no policy decided yet): whether the foreign file survived.
+  const bool kept = slurp(cache) == text;
+  std::printf("  foreign file at cache_path: %s (now %ju bytes)\n", kept ? "left alone" : "REPLACED by a cache",
+              static_cast<uintmax_t>(fs::file_size(cache)));
+  RecordProperty("foreign_file", kept ? "left alone" : "replaced");
+}
+
+// Another process (here: this one, through the library) holds the writer lease of the cache file
+// the provider is told to use; the provider waits lease_timeout_ms at most.
+TEST_F(OrtEpFailure, WriterLeaseHeldByAnotherProcessOnANewFile) {
+  const std::string cache = f("c.wcache");
+  wc_options o;
+  wc_options_init(&o);
+  o.path = cache.c_str();
+  o.backing = WC_BACKING_FILE;
+  o.compat_key = "another application";
+  o.compat_key_size = std::strlen("another application");
+  wc_cache* holder = nullptr;
+  ASSERT_EQ(wc_open(&o, &holder), WC_OK) << wc_last_error();
+  void* p = wc_reserve_space(holder, 1 << 20);  // takes the writer lease
+  ASSERT_NE(p, nullptr) << wc_last_error();
+  const HostRun r = expect_served(cache, {"--option", "lease_timeout_ms=200"});
+  EXPECT_EQ(ep_warnings(r.err), 1u) << r.err;
+  std::printf("  stats: %s\n", r.j.value("stats_delta", json()).dump().c_str());
+  wc_close(holder);
+}
+
+TEST_F(OrtEpFailure, WriterLeaseHeldByAnotherProcessOnTheProvidersCache) {
+  // The provider's own cache, filled with mlp; while another process holds the lease, a model
+  // with new weights (gemm) is loaded into it.
+  const std::string cache = f("c.wcache");
+  ASSERT_EQ(expect_served(cache).code, 0);
+  weightcache::test::LeaseProbe lease(cache);
+  ASSERT_TRUE(lease.try_take()) << "no one else should hold the lease";
+  const HostRun gemm_cpu = cpu_reference(dir_, models("gemm.onnx"), f("gemm_cpu.bin"));
+  ASSERT_EQ(gemm_cpu.code, 0);
+  const std::string out = f("gemm.bin");
+  const HostRun r = host(dir_, ep_args(models("gemm.onnx"), cache, out, {"--option", "lease_timeout_ms=200"}));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  EXPECT_CLOSE_TO_CPU(out, f("gemm_cpu.bin"), kRel, kAbs);
+  EXPECT_EQ(ep_warnings(r.err), 1u) << r.err;
+  std::printf("  stats: %s\n  stderr:\n%s\n", r.j["stats_delta"].dump().c_str(), r.err.c_str());
+  // A warm process on mlp reads the cache while the lease is held.
+  const HostRun warm = expect_served(cache, {"--option", "lease_timeout_ms=200"});
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(ep_warnings(warm.err), 0u) << warm.err;
+}
+
+TEST_F(OrtEp, BadOptionFailsSessionCreationListingTheAcceptedValues) {
+  const HostRun r = host(dir_, ep_args(models("mlp.onnx"), f("c.wcache"), f("o.bin"), {"--option", "verify=bogus"}));
+  EXPECT_EQ(r.code, 1) << r.describe();
+  EXPECT_NE(r.err.find("accepted"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("first_use"), std::string::npos) << r.err;
+}
+
+}  // namespace
