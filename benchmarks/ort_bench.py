@@ -1,0 +1,218 @@
+#!/usr/bin/python3
+"""ONNX Runtime launches with and without the WeightCache execution provider, each a new process.
+
+For each model (an f32 transformer MLP and its 4-bit MatMulNBits twin, external data) and each
+round, it launches weightcache-ort-host once per configuration:
+  cpu            ORT's CPU provider (prepacks every weight at session creation)
+  cpu_noprepack  ORT's CPU provider with session.disable_prepacking=1: ORT's own floor
+  ep_heap        the WeightCache provider without a cache file (backing=heap): packs every launch
+  ep_cold        the provider on a fresh cache file: packs into it and finalizes
+  ep_warm1       the next process, right after the cold one: maps the file, verifies every byte
+  ep_warm        a process launched later (past the verification window): maps and trusts
+and reports the medians of session creation (CreateSession until ready to Run), the first Run,
+and the private memory (RssAnon) a session creation added, with ratios measured in this run.
+Then four processes at once per provider, to compare the memory of their weights: the CPU
+provider's four private copies against the provider's one shared file (summed Pss).
+
+Run by benchmarks/run and scripts/demo; standalone:
+  benchmarks/ort_bench.py --host build/x/examples/weightcache-ort-host \
+      --ep build/x/libweightcache_ort_ep.so --work build/bench/ort [--rounds 5] [--small]
+Writes <work>/ort-bench.json, and with --plot PNG a gnuplot chart.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAKE_MODELS = os.path.join(HERE, "..", "tests", "onnxruntime", "make_models.py")
+# A process launched within this long of the commit it maps verifies every byte (docs/DESIGN.md,
+# "Verified once per file state"); the "later" launch waits it out.
+VERIFY_WINDOW_S = 2.5
+
+
+def run_host(args, host, extra, env=None):
+    cmd = [host, "--json"] + extra
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise SystemExit(f"ort_bench: {' '.join(cmd)} failed ({p.returncode})")
+    return json.loads(p.stdout)
+
+
+def make_models(args):
+    os.makedirs(args.models, exist_ok=True)
+    want = ["big_mlp", "big_nbits"]
+    manifest = os.path.join(args.models, "manifest.json")
+    shape = [str(args.dim), str(args.hidden), str(args.layers)]
+    stamp = os.path.join(args.models, "shape.txt")
+    if os.path.exists(manifest) and os.path.exists(stamp) and open(stamp).read().split() == shape:
+        return
+    subprocess.run(["/usr/bin/python3", MAKE_MODELS, "--out", args.models, "--big", "--dim", str(args.dim),
+                    "--hidden", str(args.hidden), "--layers", str(args.layers), "--only"] + want,
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(stamp, "w") as f:
+        f.write(" ".join(shape))
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def one_round(args, model_path, cache):
+    ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}"]
+    common = ["--model", model_path, "--runs", "3", "--intra-threads", str(args.threads)]
+    out = {}
+    out["cpu"] = run_host(args, args.host, common)
+    out["cpu_noprepack"] = run_host(args, args.host, common + ["--session-option", "session.disable_prepacking=1"])
+    out["ep_heap"] = run_host(args, args.host, common + ep + ["--option", "backing=heap"])
+    for f in (cache, cache + ".lock"):
+        if os.path.exists(f):
+            os.unlink(f)
+    withc = common + ep + ["--option", f"cache_path={cache}", "--cache-file", cache]
+    out["ep_cold"] = run_host(args, args.host, withc)
+    out["ep_warm1"] = run_host(args, args.host, withc)
+    time.sleep(VERIFY_WINDOW_S)
+    out["ep_warm"] = run_host(args, args.host, withc)
+    return out
+
+
+def four_at_once(args, model_path, cache, use_ep):
+    """Four processes run the model at once; each measures once all four have run."""
+    barrier = tempfile.mkdtemp(prefix="ort-bench-barrier-", dir=args.work)
+    extra = ["--model", model_path, "--runs", "1", "--intra-threads", str(args.threads),
+             "--barrier", barrier, "--processes", "4"]
+    if use_ep:
+        extra += ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"cache_path={cache}",
+                  "--option", f"threads={args.threads}", "--cache-file", cache]
+    procs = [subprocess.Popen([args.host, "--json"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    results = []
+    for p in procs:
+        o, e = p.communicate()
+        if p.returncode != 0:
+            sys.stderr.write(e)
+            raise SystemExit("ort_bench: a four-process run failed")
+        results.append(json.loads(o))
+    shutil.rmtree(barrier, ignore_errors=True)
+    return results
+
+
+def usage_of(r):
+    u = r.get("cache_file_usage") or {}
+    return u
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--ep", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--hidden", type=int, default=5632)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--small", action="store_true", help="a 2 x 512x1024 model, one round (a smoke run)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the four-process memory runs")
+    ap.add_argument("--plot", help="write a PNG chart here (needs gnuplot)")
+    args = ap.parse_args()
+    if args.small:
+        args.dim, args.hidden, args.layers, args.rounds = 512, 1024, 2, 1
+    args.ep = os.path.abspath(args.ep)
+    os.makedirs(args.work, exist_ok=True)
+    args.models = os.path.join(args.work, "models")
+    make_models(args)
+
+    report = {"dim": args.dim, "hidden": args.hidden, "layers": args.layers, "rounds": args.rounds,
+              "threads": args.threads, "models": {}}
+    names = {"big_mlp": "f32", "big_nbits": "4-bit MatMulNBits"}
+    order = ["cpu", "cpu_noprepack", "ep_heap", "ep_cold", "ep_warm1", "ep_warm"]
+    labels = {"cpu": "ORT CPU EP (prepacks)", "cpu_noprepack": "ORT CPU EP, disable_prepacking=1",
+              "ep_heap": "WeightCache EP, backing=heap", "ep_cold": "WeightCache EP, cold (packs)",
+              "ep_warm1": "WeightCache EP, warm 1st process", "ep_warm": "WeightCache EP, warm later"}
+    for model in ["big_mlp", "big_nbits"]:
+        path = os.path.join(args.models, model + ".ext.onnx")
+        cache = os.path.join(args.work, model + ".wcache")
+        rounds = [one_round(args, path, cache) for _ in range(args.rounds)]
+        rows = {}
+        for c in order:
+            rs = [r[c] for r in rounds]
+            rows[c] = {
+                "create_ms": median([r["create_ms"] for r in rs]),
+                "first_run_ms": median([r["first_run_ms"] for r in rs]),
+                "run_ms": median([r["run_ms_median"] for r in rs]),
+                "anon_growth_mib": median([(r["rss_anon_after"] - r["rss_anon_before"]) / 2**20 for r in rs]),
+                "packed": median([(r.get("stats_delta") or {}).get("packed", 0) for r in rs]),
+                "output_hash": rs[0].get("output_hash"),
+            }
+        cache_bytes = os.path.getsize(cache)
+        m = {"rows": rows, "cache_file_bytes": cache_bytes}
+        if not args.no_memory:
+            cpu4 = four_at_once(args, path, cache, False)
+            ep4 = four_at_once(args, path, cache, True)
+            m["four_cpu_anon_mib"] = sum((r["rss_anon_after"] - r["rss_anon_before"]) / 2**20 for r in cpu4)
+            m["four_ep_pss_mib"] = sum(usage_of(r).get("pss", 0) / 2**20 for r in ep4)
+            m["four_ep_rss_mib"] = max(usage_of(r).get("rss", 0) / 2**20 for r in ep4)
+            m["four_ep_private_dirty_mib"] = sum(usage_of(r).get("private_dirty", 0) / 2**20 for r in ep4)
+            m["four_ep_anon_mib"] = sum((r["rss_anon_after"] - r["rss_anon_before"]) / 2**20 for r in ep4)
+        report["models"][model] = m
+
+        base = rows["cpu"]
+        print(f"\n{names[model]}: {args.layers} layers of {args.dim}x{args.hidden} + {args.hidden}x{args.dim}, "
+              f"{cache_bytes / 2**20:.1f} MiB packed, medians of {args.rounds} rounds, every launch a new process")
+        print(f"{'launch':36s} {'create ms':>10s} {'vs CPU EP':>10s} {'1st run ms':>11s} {'vs CPU EP':>10s} "
+              f"{'RssAnon +MiB':>13s} {'packed':>7s}")
+        for c in order:
+            r = rows[c]
+            print(f"{labels[c]:36s} {r['create_ms']:10.2f} {base['create_ms'] / r['create_ms']:9.1f}x "
+                  f"{r['first_run_ms']:11.2f} {r['first_run_ms'] / base['first_run_ms']:9.2f}x "
+                  f"{r['anon_growth_mib']:13.1f} {r['packed']:7.0f}")
+        cold_vs_heap = rows["ep_cold"]["create_ms"] / rows["ep_heap"]["create_ms"]
+        print(f"cold vs no cache: {cold_vs_heap:.2f}x; warm later vs ORT's floor (disable_prepacking): "
+              f"{rows['ep_warm']['create_ms'] / rows['cpu_noprepack']['create_ms']:.2f}x; warm RssAnon growth "
+              f"{100 * rows['ep_warm']['anon_growth_mib'] / (cache_bytes / 2**20):.2f}% of the packed bytes")
+        same = len({rows[c]["output_hash"] for c in ["ep_heap", "ep_cold", "ep_warm1", "ep_warm"]}) == 1
+        print("outputs of the four WeightCache launches " + ("bit-identical" if same else "DIFFER"))
+        if "four_cpu_anon_mib" in m:
+            one = cache_bytes / 2**20
+            print(f"four processes at once: CPU EP {m['four_cpu_anon_mib']:.1f} MiB private (4 copies); "
+                  f"WeightCache EP summed Pss {m['four_ep_pss_mib']:.1f} MiB = {m['four_ep_pss_mib'] / one:.3f}x "
+                  f"one copy ({one:.1f} MiB), Private_Dirty {m['four_ep_private_dirty_mib']:.1f} MiB")
+
+    out = os.path.join(args.work, "ort-bench.json")
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"\nort_bench: JSON in {out}")
+    if args.plot and shutil.which("gnuplot"):
+        dat = os.path.join(args.work, "ort-bench.dat")
+        with open(dat, "w") as f:
+            f.write("config f32 nbits\n")
+            for c in order:
+                f.write('"{}" {} {}\n'.format(labels[c].replace("WeightCache EP, ", "EP ").replace("ORT CPU EP", "CPU EP"),
+                                              report["models"]["big_mlp"]["rows"][c]["create_ms"],
+                                              report["models"]["big_nbits"]["rows"][c]["create_ms"]))
+        gp = f"""set terminal pngcairo size 900,480 noenhanced
+set output '{args.plot}'
+set title 'ONNX Runtime session creation, each launch a new process (median ms, log scale)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set logscale y
+set yrange [0.1:*]
+set ylabel 'CreateSession (ms)'
+set xtics rotate by -25 scale 0
+set key top right
+plot '{dat}' using 2:xtic(1) title 'f32 MLP', '' using 3 title '4-bit MatMulNBits'
+"""
+        subprocess.run(["gnuplot"], input=gp, text=True, check=False)
+        print(f"ort_bench: plot in {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
