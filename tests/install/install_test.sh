@@ -89,6 +89,34 @@ run_twice cxx_cmake_static "$work/consumer/build/cxx_cmake_static"
 run_twice xnn_cmake "$work/consumer/build/xnn_cmake"
 run_twice xnn_cmake_static "$work/consumer/build/xnn_cmake_static"
 
+# 4b. The ONNX Runtime execution provider, when the build made one: pkg-config's ort_ep and the
+# package's WEIGHTCACHE_ORT_EP_LIBRARY name the installed file (the absolute path ONNX Runtime's
+# RegisterExecutionProviderLibrary needs), it exports only the provider's entry points (XNNPACK
+# and the C++ runtime stay inside), and it finds libweightcache beside it.
+ort_ep=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=ort_ep weightcache)
+if [[ -e $libdir/libweightcache_ort_ep.so ]]; then
+  [[ $ort_ep == "$libdir/libweightcache_ort_ep.so" ]] || fail "pkg-config ort_ep is '$ort_ep', not $libdir/libweightcache_ort_ep.so"
+  mkdir -p "$work/ort_pkg"
+  cat >"$work/ort_pkg/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(ort_pkg C)
+find_package(weightcache 0.1 CONFIG REQUIRED)
+file(WRITE "\${CMAKE_BINARY_DIR}/ort_ep.txt" "\${WEIGHTCACHE_ORT_EP_LIBRARY}")
+CMAKE
+  cmake -S "$work/ort_pkg" -B "$work/ort_pkg/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  from_cmake=$(cat "$work/ort_pkg/build/ort_ep.txt")
+  [[ $(realpath "$from_cmake") == $(realpath "$ort_ep") ]] ||
+    fail "WEIGHTCACHE_ORT_EP_LIBRARY is '$from_cmake', pkg-config says '$ort_ep'"
+  exported=$(nm -D --defined-only "$ort_ep" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')
+  [[ $exported == "CreateEpFactories ReleaseEpFactory wc_ort_ep_get_stats " ]] ||
+    fail "the provider exports functions beyond its entry points: $exported"
+  ldd "$ort_ep" | grep -q "libweightcache.so.* => $libdir/" ||
+    fail "the provider does not find the installed libweightcache beside it: $(ldd "$ort_ep" | grep weightcache)"
+  echo "install_test: ort_ep $ort_ep (exports: $exported)"
+elif [[ -n $ort_ep ]]; then
+  fail "pkg-config ort_ep is '$ort_ep' but no provider was installed"
+fi
+
 # 5. find_package from a project that enables C only: the static target must bring the C++
 # runtime itself (the C linker does not add it).
 mkdir -p "$work/c_only"
@@ -115,4 +143,8 @@ libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
 "$cc" -std=c11 "$src/tests/install/consumer.c" -o "$work/c_moved" \
   $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs weightcache) -Wl,-rpath,"$libdir"
 run_twice c_moved "$work/c_moved"
+if [[ -n $ort_ep ]]; then
+  moved_ep=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=ort_ep weightcache)
+  [[ -e $moved_ep && $moved_ep == "$libdir/libweightcache_ort_ep.so" ]] || fail "after the move, ort_ep is '$moved_ep'"
+fi
 echo "install_test: all consumers built and ran"
