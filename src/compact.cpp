@@ -190,7 +190,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, const platform::File& fd,
   try {
     out->bytes_before = file_size;
     out->entries = st.records.size();
-    if (st.newest_damaged)
+    if (st.newest_damaged && !settings.salvage)
       return Error{Errc::corrupt, 0,
                    "the newest commit of '" + path + "' is damaged; compacting would discard what it names "
                    "(see 'weightcache verify')"};
@@ -203,7 +203,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, const platform::File& fd,
       std::stable_sort(entries.begin(), entries.end(),
                        [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
       const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
-      if (planned >= file_size) {
+      if (planned >= file_size && !settings.salvage) {
         // Nothing to reclaim, but a damaged entry still makes this a refusal (or, told to drop
         // damaged entries, a rewrite without them), as it would if there were.
         std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[kCopyChunk]);

@@ -77,6 +77,11 @@ struct CompactSettings {
   // entries (same bytes under the same keys, same alignment and key) compact to identical bytes,
   // whatever order, processes or threads inserted them. Rewrites even an already compact file.
   bool canonical = false;
+  // Repair at open: the newest commit does not verify (a truncated file, an index torn by a power
+  // loss) and the one in use is the older. Writes that one into a fresh file even when nothing
+  // would be reclaimed, so that writers can commit again (see Core::init_file). Without it a
+  // file whose newest commit is damaged is refused.
+  bool salvage = false;
   Durability durability = Durability::full;
 };
 

@@ -195,7 +195,9 @@ class Core {
   Result<void> rebuild_file();         // holding fd_ alone; renames a new file over it
   Result<void> create_fresh_file();    // under the lease; renames a new file into place
   bool compaction_due(const CommittedState& st) const;
-  bool compact_in_place(const CommittedState& st);  // true: a new file took the path
+  // true: a new file took the path. `salvage`: the newest commit of `st` does not verify; write
+  // the one in use into a fresh file (leaving damaged entries out) so that writers can commit.
+  bool compact_in_place(const CommittedState& st, bool salvage = false);
   void make_read_only(std::string why);
   bool persist_wanted() const noexcept { return file_backed_ || heap_why_.code != Errc::ok; }
   /// What the writer lease locks: the lock file, or a descriptor cache's file itself.

@@ -257,7 +257,9 @@ Result<void> Core::persist_locked(MutexLock& lk) {
     if (header->slot_valid[i] && header->slot[i].sequence > committed_.sequence)
       return Error{Errc::busy, 0,
                    "'" + opts_.path + "' holds a newer commit (sequence " + std::to_string(header->slot[i].sequence) +
-                       ") than this cache loaded (" + std::to_string(committed_.sequence) + "); reopen the cache"};
+                       ") than this cache loaded (" + std::to_string(committed_.sequence) +
+                       "): one that does not verify (a truncated or damaged file; the next open that finds it "
+                       "unused repairs it), or another writer's; reopen the cache"};
   // And only into the file at the path: another program may have renamed a new file over it
   // while we held the lease, and a commit into the old inode would be lost to every later opener.
   if (!from_descriptor_) {

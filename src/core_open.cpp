@@ -228,7 +228,22 @@ Result<void> Core::init_file() {
     // out, not even for a moment. The upgrade succeeds only if no other process has it open.
     auto st = read_state();
     if (st) {
-      if (round < 2 && compaction_due(st.value()) && upgrade_in_use()) {
+      // The newest commit does not verify (the file was truncated below it, or a power loss kept
+      // its slot but not its index): readers use the older one, but no writer can commit on top
+      // of it, since a commit never overwrites a newer slot it could not read (persist_locked).
+      // The file is damaged: alone with it, write the commit in use into a fresh file (as a
+      // rebuild would, but keeping its entries); with others using it, use it as it is (this
+      // process's finalize reports its entries as not durable) and the next open that finds it
+      // unused repairs it.
+      if (round < 2 && st->newest_damaged && !opts_.read_only && upgrade_in_use()) {
+        if (auto again = read_state(); again && again->newest_damaged) {
+          if (compact_in_place(again.value(), /*salvage=*/true)) continue;  // reopen the new file
+          st = std::move(again);
+        } else if (again) {
+          st = std::move(again);
+        }
+        if (auto r = pf_.try_lock_in_use(fd_, false); !r || !r.value()) continue;  // lost it: start again
+      } else if (round < 2 && compaction_due(st.value()) && upgrade_in_use()) {
         // Alone now; what others committed before we were alone is read again before copying.
         if (auto again = read_state(); again && compaction_due(again.value())) {
           if (compact_in_place(again.value())) continue;  // reopen the new file
@@ -338,8 +353,12 @@ Result<void> Core::init_descriptor() {
       continue;  // downgraded by the next round's shared request
     }
     auto st = read_state();
-    if (st) return attach(st.value());
-    const Error& why = st.error();
+    // A newest commit that does not verify keeps every writer from committing (see init_file):
+    // with nobody else using the file, rebuild it as a damaged one. No rename here, so no fresh
+    // file to copy the older commit into: its entries are repacked.
+    const bool stuck = st && st->newest_damaged && !opts_.read_only && round < 2 && upgrade_in_use();
+    if (st && !stuck) return attach(st.value());
+    const Error why = st ? Error{Errc::corrupt, 0, "its newest commit does not verify"} : st.error();
     const bool rebuildable = why.code == Errc::corrupt || why.code == Errc::incompatible;
     if (!rebuildable || opts_.read_only || round >= 2) return why;
     if (!upgrade_in_use())
@@ -500,16 +519,18 @@ bool Core::compaction_due(const CommittedState& st) const {
   return dead > 0 && dead >= opts_.compact_min_dead_bytes && dead * 100 >= data * opts_.compact_dead_percent;
 }
 
-bool Core::compact_in_place(const CommittedState& st) {
+bool Core::compact_in_place(const CommittedState& st, bool salvage) {
   MutexLock lock(write_mu_);  // nobody else has this cache yet; the lease's state wants it
   // Under the lease too: a writer reaching the file through another name (a hard link) would
   // hold the in-use lock as well, but the CLI and creators of a missing file take only the lease.
   if (auto r = acquire_lease_locked(nullptr, false); !r) {
-    log::debug("'{}': not compacted at open: {}", opts_.path, r.error().message);
+    log::debug("'{}': not {} at open: {}", opts_.path, salvage ? "repaired" : "compacted", r.error().message);
     return false;
   }
   CompactSettings settings;
   settings.durability = opts_.durability;
+  settings.salvage = salvage;
+  settings.drop_corrupt = salvage;  // a damaged entry is a miss anyway; it must not keep the file broken
   CompactResult out;
   auto r = rewrite_compacted(pf_, fd_, st, state_size_, state_mode_, settings, &out,
                              [this]() WC_NO_THREAD_SAFETY_ANALYSIS {  // called while this holds write_mu_
@@ -518,11 +539,18 @@ bool Core::compact_in_place(const CommittedState& st) {
   });
   release_lease_locked();
   if (!r) {
-    log::warn("'{}': could not compact the cache at open ({}: {}); using it as it is", opts_.path,
-              errc_name(r.error().code), r.error().message);
+    log::warn("'{}': could not {} the cache at open ({}: {}); using it as it is", opts_.path,
+              salvage ? "repair" : "compact", errc_name(r.error().code), r.error().message);
     return false;
   }
   if (!out.rewritten) return false;
+  if (salvage) {
+    log::warn("'{}': its newest commit does not verify; rewrote the previous one ({} entries{}) into a fresh file",
+              opts_.path, out.entries,
+              out.dropped != 0 ? ", " + std::to_string(out.dropped) + " damaged ones left out" : std::string());
+    fd_.close();  // the old file; its in-use lock goes with it
+    return true;
+  }
   log::info("'{}': compacted at open, {} -> {} bytes ({} entries)", opts_.path, out.bytes_before, out.bytes_after,
             out.entries);
   compactions_.fetch_add(1, std::memory_order_relaxed);

@@ -15,8 +15,8 @@
 //   replace  path tag count size
 //            Under the writer lease, builds a new file with own/<tag>/0..count-1 and renames it
 //            over path, as compaction does. Exits kChildRefused when the OS refuses to replace the file.
-//   keep_reading  path tag count size ready_fd stop results
-//            Opens the cache (as a writer would: no read_only), then checks every own/<tag>/<j> by
+//   keep_reading  path tag count size ready_fd stop results [read_only=0]
+//            Opens the cache (as a writer would, unless read_only), then checks every own/<tag>/<j> by
 //            look-up and byte compare, pass after pass, signalling ready after the first, until the
 //            file `stop` exists; then one more pass, and its number of passes in results.
 //   smaps    path count size ready_fd gate_fd results [done_fd exit_fd]    (Linux: reads /proc)
@@ -280,7 +280,9 @@ int run_keep_reading(const KeyValues& kv) {
   PipeEnd ready_fd = fd_arg(kv, "ready_fd");
   if (path.empty() || tag.empty() || stop.empty() || results.empty() || count == 0 || size == 0 || ready_fd == kNoPipe)
     return fail(kChildUsage, "keep_reading: path, tag, count, size, ready_fd, stop and results are required");
-  auto opened = WeightCache::open(cache_options(path));
+  Options o = cache_options(path);
+  o.read_only = num(kv, "read_only", 0) != 0;
+  auto opened = WeightCache::open(o);
   if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
   std::uint64_t passes = 0;
