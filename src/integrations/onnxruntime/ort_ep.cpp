@@ -410,51 +410,44 @@ const OrtNode* sole_consumer(const OrtValueInfo* vi) {
   return node;
 }
 
-std::optional<std::int64_t> int_attr(const OrtNode* node, const char* name) {
+// The node's attribute `name`, or NULL when it has none (ONNX Runtime fills in constant defaults).
+const OrtOpAttr* attribute(const OrtNode* node, const char* name) {
   const OrtOpAttr* attr = nullptr;
   OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
-  if (s != nullptr || attr == nullptr) {
-    take_message(s);
-    return std::nullopt;
-  }
-  std::int64_t v = 0;
+  take_message(s);
+  return s == nullptr ? attr : nullptr;
+}
+
+// A scalar attribute of the given type, or nullopt when absent or of another type.
+template <class T>
+std::optional<T> scalar_attr(const OrtNode* node, const char* name, OrtOpAttrType type) {
+  const OrtOpAttr* attr = attribute(node, name);
+  if (attr == nullptr) return std::nullopt;
+  T v{};
   std::size_t size = 0;
-  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof v, &size); r != nullptr) {
+  if (OrtStatus* r = api().ort->ReadOpAttr(attr, type, &v, sizeof v, &size); r != nullptr) {
     take_message(r);
     return std::nullopt;
   }
   return v;
+}
+
+std::optional<std::int64_t> int_attr(const OrtNode* node, const char* name) {
+  return scalar_attr<std::int64_t>(node, name, ORT_OP_ATTR_INT);
 }
 
 std::optional<float> float_attr(const OrtNode* node, const char* name) {
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
-  if (s != nullptr || attr == nullptr) {
-    take_message(s);
-    return std::nullopt;
-  }
-  float v = 0;
-  std::size_t size = 0;
-  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &v, sizeof v, &size); r != nullptr) {
-    take_message(r);
-    return std::nullopt;
-  }
-  return v;
+  return scalar_attr<float>(node, name, ORT_OP_ATTR_FLOAT);
 }
 
 std::optional<std::string> string_attr(const OrtNode* node, const char* name) {
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* s = api().ort->Node_GetAttributeByName(node, name, &attr);
-  if (s != nullptr || attr == nullptr) {
-    take_message(s);
-    return std::nullopt;
-  }
+  const OrtOpAttr* attr = attribute(node, name);
+  if (attr == nullptr) return std::nullopt;
   std::size_t size = 0;
-  OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &size);
-  take_message(r);  // reports the size needed
+  take_message(api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &size));  // reports the size needed
   std::string v(size, '\0');
-  if (OrtStatus* r2 = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, v.data(), v.size(), &size); r2 != nullptr) {
-    take_message(r2);
+  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_STRING, v.data(), v.size(), &size); r != nullptr) {
+    take_message(r);
     return std::nullopt;
   }
   v.resize(std::min(size, v.size()));
