@@ -617,6 +617,19 @@ TEST_F(OrtEpFailure, CorruptCacheFileMiddle) {
   EXPECT_EQ(stat_of(again.j, "packed"), 0u) << "the repacked entry was not persisted: " << again.out;
 }
 
+// A file cut short (a full disk, a crash of the machine, a copy cut off): the newest commit's index
+// is gone. The next session computes right, and the file heals: the session after packs nothing.
+TEST_F(OrtEpFailure, TruncatedCacheFile) {
+  const std::string cache = f("c.wcache");
+  ASSERT_EQ(expect_served(cache).code, 0);
+  fs::resize_file(cache, fs::file_size(cache) / 2);
+  const HostRun r = expect_served(cache);
+  EXPECT_EQ(ep_warnings(r.err), 0u) << "the session had a working cache: " << r.err;
+  const HostRun again = expect_served(cache);
+  EXPECT_EQ(stat_of(again.j, "packed"), 0u) << "the truncated file never healed: " << again.out;
+  EXPECT_EQ(stat_of(again.j, "cache_failures"), 0u) << again.out;
+}
+
 TEST_F(OrtEpFailure, CorruptCacheFileHeader) {
   const std::string cache = f("c.wcache");
   ASSERT_EQ(expect_served(cache).code, 0);
