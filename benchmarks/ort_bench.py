@@ -36,6 +36,11 @@ MAKE_MODELS = os.path.join(HERE, "..", "tests", "onnxruntime", "make_models.py")
 # A process launched within this long of the commit it maps verifies every byte (docs/DESIGN.md,
 # "Verified once per file state"); the "later" launch waits it out.
 VERIFY_WINDOW_S = 2.5
+ORDER = ["cpu", "cpu_noprepack", "ep_heap", "ep_cold", "ep_warm1", "ep_verify", "ep_warm"]
+LABELS = {"cpu": "ORT CPU EP (prepacks)", "cpu_noprepack": "ORT CPU EP, disable_prepacking=1",
+          "ep_heap": "WeightCache EP, backing=heap", "ep_cold": "WeightCache EP, cold (packs)",
+          "ep_warm1": "WeightCache EP, warm, verifies", "ep_verify": "WeightCache EP, warm, 2 s on: records",
+          "ep_warm": "WeightCache EP, warm, every later"}
 
 
 def run_host(args, host, extra, env=None):
@@ -111,6 +116,33 @@ def usage_of(r):
     return u
 
 
+def plot(args, report, order, labels):
+    if not shutil.which("gnuplot"):
+        print("ort_bench: no gnuplot; no plot")
+        return
+    dat = os.path.join(args.work, "ort-bench.dat")
+    with open(dat, "w") as f:
+        for c in order:
+            f.write('"{}" {} {}\n'.format(labels[c].replace("WeightCache EP, ", "EP ").replace("ORT CPU EP", "CPU EP"),
+                                          report["models"]["big_mlp"]["rows"][c]["create_ms"],
+                                          report["models"]["big_nbits"]["rows"][c]["create_ms"]))
+    gp = f"""set terminal pngcairo size 900,480 noenhanced
+set output '{args.plot}'
+set title 'ONNX Runtime session creation, each launch a new process (median ms, log scale)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set logscale y
+set yrange [1:*]
+set ylabel 'CreateSession (ms)'
+set xtics rotate by -25 scale 0
+set key top right
+plot '{dat}' using 2:xtic(1) title 'f32 MLP', '' using 3 title '4-bit MatMulNBits'
+"""
+    subprocess.run(["gnuplot"], input=gp, text=True, check=False)
+    print(f"ort_bench: plot in {args.plot}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", required=True)
@@ -124,22 +156,24 @@ def main():
     ap.add_argument("--small", action="store_true", help="a 2 x 512x1024 model, one round (a smoke run)")
     ap.add_argument("--no-memory", action="store_true", help="skip the four-process memory runs")
     ap.add_argument("--plot", help="write a PNG chart here (needs gnuplot)")
+    ap.add_argument("--replot", action="store_true", help="only draw --plot from <work>/ort-bench.json")
     args = ap.parse_args()
     if args.small:
         args.dim, args.hidden, args.layers, args.rounds = 512, 1024, 2, 1
     args.ep = os.path.abspath(args.ep)
     os.makedirs(args.work, exist_ok=True)
+    if args.replot:
+        with open(os.path.join(args.work, "ort-bench.json")) as f:
+            report = json.load(f)
+        plot(args, report, ORDER, LABELS)
+        return
     args.models = os.path.join(args.work, "models")
     make_models(args)
 
     report = {"dim": args.dim, "hidden": args.hidden, "layers": args.layers, "rounds": args.rounds,
               "threads": args.threads, "models": {}}
     names = {"big_mlp": "f32", "big_nbits": "4-bit MatMulNBits"}
-    order = ["cpu", "cpu_noprepack", "ep_heap", "ep_cold", "ep_warm1", "ep_verify", "ep_warm"]
-    labels = {"cpu": "ORT CPU EP (prepacks)", "cpu_noprepack": "ORT CPU EP, disable_prepacking=1",
-              "ep_heap": "WeightCache EP, backing=heap", "ep_cold": "WeightCache EP, cold (packs)",
-              "ep_warm1": "WeightCache EP, warm, verifies", "ep_verify": "WeightCache EP, warm, 2 s on: records",
-              "ep_warm": "WeightCache EP, warm, every later"}
+    order, labels = ORDER, LABELS
     for model in ["big_mlp", "big_nbits"]:
         path = os.path.join(args.models, model + ".ext.onnx")
         cache = os.path.join(args.work, model + ".wcache")
@@ -193,29 +227,8 @@ def main():
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"\nort_bench: JSON in {out}")
-    if args.plot and shutil.which("gnuplot"):
-        dat = os.path.join(args.work, "ort-bench.dat")
-        with open(dat, "w") as f:
-            f.write("config f32 nbits\n")
-            for c in order:
-                f.write('"{}" {} {}\n'.format(labels[c].replace("WeightCache EP, ", "EP ").replace("ORT CPU EP", "CPU EP"),
-                                              report["models"]["big_mlp"]["rows"][c]["create_ms"],
-                                              report["models"]["big_nbits"]["rows"][c]["create_ms"]))
-        gp = f"""set terminal pngcairo size 900,480 noenhanced
-set output '{args.plot}'
-set title 'ONNX Runtime session creation, each launch a new process (median ms, log scale)'
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set logscale y
-set yrange [0.1:*]
-set ylabel 'CreateSession (ms)'
-set xtics rotate by -25 scale 0
-set key top right
-plot '{dat}' using 2:xtic(1) title 'f32 MLP', '' using 3 title '4-bit MatMulNBits'
-"""
-        subprocess.run(["gnuplot"], input=gp, text=True, check=False)
-        print(f"ort_bench: plot in {args.plot}")
+    if args.plot:
+        plot(args, report, order, labels)
 
 
 if __name__ == "__main__":
