@@ -253,13 +253,13 @@ class XnnLinear final : public Linear {
 };
 
 // Creates the fully-connected operator with or without the cache's provider.
-xnn_status create_fc(const LinearSpec& s, const std::vector<std::uint16_t>& scales_bf16, const float* bias, float lo,
-                     float hi, xnn_weights_cache_t cache, xnn_operator_t* op) {
+xnn_status create_fc(const LinearSpec& s, const std::uint16_t* scales_bf16, const float* bias, float lo, float hi,
+                     xnn_weights_cache_t cache, xnn_operator_t* op) {
   if (s.kind == LinearSpec::Kind::f32)
     return xnn_create_fully_connected_nc_f32(s.k, s.n, s.k, s.n, static_cast<const float*>(s.weights), bias, lo, hi,
                                              s.weights_kn ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, cache, op);
   return xnn_create_fully_connected_nc_qd8_f32_qb4w(s.k, s.n, s.k, s.n, s.block_size, /*kernel_zero_point=*/8,
-                                                    scales_bf16.data(), s.weights, bias, lo, hi, 0, cache, op);
+                                                    scales_bf16, s.weights, bias, lo, hi, 0, cache, op);
 }
 
 }  // namespace
@@ -326,18 +326,17 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     (void)wc_xnn_adapter_get_stats(t.adapter, &before);
     bool named = wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK;
     if (named && bias != nullptr) named = wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
-    if (named && nbits) {
+    if (named && nbits && t.placeholder_scales != nullptr && t.placeholder_count >= scale_count) {
       // A hit needs no scales (the name holds their identity): try one with placeholder scales
       // (bf16 1.0) and no packing allowed, before reading the real ones.
-      const std::vector<std::uint16_t> placeholder(scale_count, 0x3F80);
       t_hit_only = true;
-      st = create_fc(s, placeholder, bias, lo, hi, layer->provider->get(), &layer->fc.op);
+      st = create_fc(s, t.placeholder_scales, bias, lo, hi, layer->provider->get(), &layer->fc.op);
       t_hit_only = false;
       if (st != xnn_status_success) drop_op();
     }
     if (named && st != xnn_status_success) {
       real_scales();
-      st = create_fc(s, scales, bias, lo, hi, layer->provider->get(), &layer->fc.op);
+      st = create_fc(s, scales.data(), bias, lo, hi, layer->provider->get(), &layer->fc.op);
       if (st != xnn_status_success) report->why = wc_last_error();  // reserve_space's reason
     }
     (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
@@ -355,7 +354,7 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     drop_op();
     layer->provider.reset();
     real_scales();
-    st = create_fc(s, scales, bias, lo, hi, nullptr, &layer->fc.op);
+    st = create_fc(s, scales.data(), bias, lo, hi, nullptr, &layer->fc.op);
     if (st != xnn_status_success && nbits) return dequantized(s, t, report);
     XnnLinear::check_xnn(st, "create");
     report->packed = true;

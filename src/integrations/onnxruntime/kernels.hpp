@@ -64,6 +64,10 @@ struct PackTarget {
   wc_xnn_adapter* adapter = nullptr;  // XNNPACK builds only
   bool use_cache = true;              // false: XNNPACK packs into its own memory (weights_cache=off)
   void* threadpool = nullptr;         // XNNPACK: the session's pthreadpool (NULL: the calling thread)
+  // 4-bit layers: bf16 1.0 block scales, at least as many as any layer of the session has, that
+  // stand in for the real ones while a hit is looked for (filled once per session, not per layer).
+  const std::uint16_t* placeholder_scales = nullptr;
+  std::size_t placeholder_count = 0;
 };
 
 /// Whether this build computes with XNNPACK.

@@ -873,6 +873,21 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   if (count == 0) return nullptr;
   ensure_cache(graphs[0]);
   std::vector<std::unique_ptr<ComputeInfo>> made;
+  // One set of placeholder block scales for every 4-bit layer of the session (kernels.hpp).
+  std::vector<std::uint16_t> placeholder;
+  if (options_.use_xnnpack && options_.weights_cache) {
+    std::size_t most = 0;
+    for (std::size_t g = 0; g < count; ++g) {
+      std::size_t nn = 0;
+      check(api().ort->Graph_GetNumNodes(graphs[g], &nn), "nodes");
+      std::vector<const OrtNode*> nodes(nn);
+      if (nn) check(api().ort->Graph_GetNodes(graphs[g], nodes.data(), nn), "nodes");
+      for (const OrtNode* node : nodes)
+        if (auto p = core_plan(node, true); p && p->core == Core::nbits)
+          most = std::max(most, static_cast<std::size_t>(p->n * (p->k / *int_attr(node, "block_size"))));
+    }
+    placeholder.assign(most, 0x3F80);  // bf16 1.0
+  }
   std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
   bool recorded = false;  // file-identity mappings inserted
   std::string why;        // the first reason the cache could not take a layer's packed weights
@@ -949,6 +964,8 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     target.adapter = adapter_;
     target.use_cache = options_.weights_cache;
     target.threadpool = pool_;
+    target.placeholder_scales = placeholder.empty() ? nullptr : placeholder.data();
+    target.placeholder_count = placeholder.size();
     CreateReport report;
     auto layer = std::make_shared<Layer>();
     layer->linear = options_.use_xnnpack ? create_xnnpack(spec, target, &report) : create_builtin(spec, target, &report);
