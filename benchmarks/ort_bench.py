@@ -72,7 +72,10 @@ def median(xs):
 
 
 def one_round(args, model_path, cache):
-    ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}"]
+    # identity_window_ms=2000, the shortest allowed: the models may have been written a moment ago,
+    # and by default (60 s) every session within a minute of that hashes their external data.
+    ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
+          "--option", "identity_window_ms=2000"]
     common = ["--model", model_path, "--runs", "3", "--intra-threads", str(args.threads)]
     out = {}
     out["cpu"] = run_host(args, args.host, common)
@@ -97,6 +100,7 @@ def four_at_once(args, model_path, cache, use_ep):
              "--barrier", barrier, "--processes", "4"]
     if use_ep:
         extra += ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"cache_path={cache}",
+                  "--option", "identity_window_ms=2000",
                   "--option", f"threads={args.threads}", "--cache-file", cache]
     procs = [subprocess.Popen([args.host, "--json"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(4)]

@@ -35,6 +35,9 @@
  *   threads     compute threads per layer, 1 to 256 (default 1)
  *   lease_timeout_ms  how long a session waits for another process's writer lease (default 1000)
  *   weights_cache     on | off (off: XNNPACK packs into its own memory, the no-cache baseline)
+ *   identity_window_ms  2000 or more (default 60000): an external data file changed less than this
+ *               long ago is hashed at every session instead of being found by its file identity
+ *               (docs/DESIGN.md, "ONNX Runtime keys")
  * An unknown key or value fails session creation with a message that names it and lists the
  * accepted values (ORT reports ORT_FAIL around the provider's INVALID_ARGUMENT).
  *

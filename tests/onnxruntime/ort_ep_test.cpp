@@ -387,6 +387,32 @@ bool times_track_stores(const std::string& path) {
   return t == 0xEF53UL || t == 0x58465342UL || t == 0x9123683EUL || t == 0xF2F52010UL;
 }
 
+// The tests that age a data file past the identity window use the shortest window the provider
+// allows (2 s) rather than its default (60 s), so they wait 2.5 s and not a minute.
+const std::vector<std::string> kWindow2s{"--option", "identity_window_ms=2000"};
+
+// By default a data file changed within the last 60 s is hashed at every session, however warm:
+// a write(2) sets ctime when it starts, so a long write still copying bytes must not be recorded
+// half done (the second hostile review held one write open for 5 s and got stale weights served
+// under a 2 s window).
+TEST_F(OrtEp, ADataFileChangedInTheLastMinuteIsHashedByDefault) {
+  const std::string mdir = f("m");
+  make_mlp(mdir);
+  const std::string model = mdir + "/mlp.ext.onnx", cache = f("c.wcache");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past 2 s, inside the default 60 s
+  ASSERT_EQ(host(dir_, ep_args(model, cache, f("cold.bin"))).code, 0);
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_GT(stat_of(warm.j, "source_bytes_hashed"), 0u) << "a 2.5 s old data file was trusted by default";
+  const HostRun short_window = host(dir_, ep_args(model, cache, f("w2.bin"), kWindow2s));
+  ASSERT_EQ(short_window.code, 0) << short_window.describe();
+  const HostRun trusted = host(dir_, ep_args(model, cache, f("w3.bin"), kWindow2s));
+  ASSERT_EQ(trusted.code, 0) << trusted.describe();
+  EXPECT_EQ(stat_of(trusted.j, "source_bytes_hashed"), 0u) << "with a 2 s window the identity is recorded and used";
+  EXPECT_EQ(slurp(f("w3.bin")), slurp(f("warm.bin")));
+}
+
 // Overwrites 4 bytes (one float of W1, the first MatMul's weight) inside mlp.ext.onnx.data, keeping
 // its size, then has a new process compute from the cache: it must see the new weight.
 void changed_weight_is_seen(const TempDir& dir, bool past_the_window) {
@@ -395,12 +421,12 @@ void changed_weight_is_seen(const TempDir& dir, bool past_the_window) {
   const std::string model = mdir + "/mlp.ext.onnx", data = mdir + "/mlp.ext.onnx.data", cache = dir.file("c.wcache");
   const bool identities = past_the_window && times_track_stores(data);
   if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the data file's ctime ages
-  const HostRun cold = host(dir, ep_args(model, cache, dir.file("old.bin")));
+  const HostRun cold = host(dir, ep_args(model, cache, dir.file("old.bin"), kWindow2s));
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "packed"), 2u) << cold.out;
   if (identities) {
     // The cold process recorded the file identities: a warm one reads no weight bytes.
-    const HostRun warm = host(dir, ep_args(model, cache, dir.file("warm.bin")));
+    const HostRun warm = host(dir, ep_args(model, cache, dir.file("warm.bin"), kWindow2s));
     ASSERT_EQ(warm.code, 0) << warm.describe();
     EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
     EXPECT_EQ(stat_of(warm.j, "source_bytes_hashed"), 0u) << "the warm process did not use the file identities";
@@ -424,7 +450,7 @@ void changed_weight_is_seen(const TempDir& dir, bool past_the_window) {
   if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // trusted again, changed
   const HostRun cpu = cpu_reference(dir, model, dir.file("cpu.bin"));
   ASSERT_EQ(cpu.code, 0) << cpu.describe();
-  const HostRun next = host(dir, ep_args(model, cache, dir.file("new.bin")));
+  const HostRun next = host(dir, ep_args(model, cache, dir.file("new.bin"), kWindow2s));
   ASSERT_EQ(next.code, 0) << next.describe();
   EXPECT_EQ(stat_of(next.j, "packed"), 1u) << "W1 changed, W2 did not: " << next.out;
   EXPECT_GT(stat_of(next.j, "source_bytes_hashed"), 0u) << next.out;
@@ -449,12 +475,12 @@ TEST_F(OrtEp, AStoreThroughASharedMappingOfTheDataIsSeen) {
   float* w = map + w1 / 4;
   w[5] += 2.0f;  // dirties the page (this store faults: ctime moves now)
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // past the window: identities recorded
-  const HostRun first = host(dir_, ep_args(model, cache, f("first.bin")));
+  const HostRun first = host(dir_, ep_args(model, cache, f("first.bin"), kWindow2s));
   ASSERT_EQ(first.code, 0) << first.describe();
   w[5] -= 4.0f;  // the same page, still mapped
   const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
   ASSERT_EQ(cpu.code, 0) << cpu.describe();
-  const HostRun next = host(dir_, ep_args(model, cache, f("next.bin")));
+  const HostRun next = host(dir_, ep_args(model, cache, f("next.bin"), kWindow2s));
   ASSERT_EQ(next.code, 0) << next.describe();
   EXPECT_NE(slurp(f("next.bin")), slurp(f("first.bin"))) << "a packing of the old weights was served";
   EXPECT_CLOSE_TO_CPU(f("next.bin"), f("cpu.bin"), kRel, kAbs);
@@ -703,6 +729,13 @@ TEST_F(OrtEp, BadOptionFailsSessionCreationListingTheAcceptedValues) {
   EXPECT_NE(r.err.find("accepted"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("first_use"), std::string::npos) << r.err;
+  // Numbers: digits only, within their range; the identity window never below 2 s.
+  for (const char* opt : {"threads=0", "threads= 4", "threads=257", "identity_window_ms=1999", "lease_timeout_ms=-1",
+                          "no_such_option=1"}) {
+    const HostRun bad = host(dir_, ep_args(models("mlp.onnx"), f("c.wcache"), f("o.bin"), {"--option", opt}));
+    EXPECT_EQ(bad.code, 1) << opt << ": " << bad.describe();
+    EXPECT_NE(bad.err.find("WeightCache EP:"), std::string::npos) << opt << ": " << bad.err;
+  }
 }
 
 }  // namespace

@@ -21,9 +21,6 @@ namespace weightcache::ort {
 
 namespace {
 
-// A file changed this recently may change again within the same timestamp tick (2 s covers the
-// coarsest file system, FAT); its identity is not trusted and its bytes are hashed instead.
-constexpr std::int64_t kRecentChangeWindowNs = 2'000'000'000;
 
 std::string shape_suffix(const WeightSource& w) {
   std::string s = "|t" + std::to_string(w.element_type) + "|";
@@ -64,13 +61,13 @@ std::string hex_digest(const void* data, std::size_t size) {
   return buf;
 }
 
-std::string file_identity(const WeightSource& w) {
+std::string file_identity(const WeightSource& w, std::int64_t window_ns) {
   if (w.external_path.empty()) return {};
   struct stat st {};
   struct timespec now {};
   if (::stat(w.external_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
   if (!times_track_every_store(w.external_path)) return {};
-  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < kRecentChangeWindowNs) return {};
+  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < window_ns) return {};
   if (w.external_offset < 0 ||
       static_cast<std::uint64_t>(w.external_offset) + w.bytes > static_cast<std::uint64_t>(st.st_size))
     return {};

@@ -7,9 +7,12 @@
 // - the file identity is the data file's device, inode, size, mtime and ctime to the nanosecond,
 //   plus the offset and length inside it. Any write to the file moves its ctime, which no program
 //   can set back; a file replaced by rename has another inode;
-// - a file whose ctime is within kRecentChangeWindow of now gets no such entry (and none is
-//   trusted for it): a second write within one timestamp tick of the first would leave ctime
-//   unchanged. Its bytes are hashed instead, until the window has passed;
+// - a file whose ctime is within the identity window of now (identity_window_ms, default 60 s,
+//   at least 2 s) gets no such entry (and none is trusted for it): a second write within one
+//   timestamp tick of the first would leave ctime unchanged (2 s covers every file system), and a
+//   write(2) sets ctime when it starts, so a single write still copying bytes when the window
+//   ends would be recorded half done (60 s covers a write held up by dirty-page throttling). Its
+//   bytes are hashed instead, until the window has passed;
 // - a store through a shared writable mapping moves ctime only when it faults, that is on the
 //   first store to a page after the page was written back. So before hashing the bytes it
 //   records a mapping for, the provider writes the file back (write_back), and it records the
@@ -42,7 +45,12 @@ std::string content_identity(const WeightSource& w);
 
 /// The file identity of an external weight ("" when it has none that can be trusted: embedded,
 /// the file cannot be examined, or it changed within the last kRecentChangeWindow).
-std::string file_identity(const WeightSource& w);
+/// window_ns: how long ago the file's ctime must be (identity_window_ms).
+std::string file_identity(const WeightSource& w, std::int64_t window_ns);
+
+/// The default of the provider's identity_window_ms, and its least value.
+constexpr std::int64_t kDefaultIdentityWindowMs = 60'000;
+constexpr std::int64_t kMinIdentityWindowMs = 2'000;
 
 /// Writes the file's dirty pages back (fdatasync), so a store through any shared mapping of it
 /// faults again and moves its ctime. Done before the bytes behind a recorded file identity are

@@ -88,11 +88,13 @@ struct Options {
   bool use_xnnpack = true;     // kernels=xnnpack (default when built with it) or builtin
   std::size_t threads = 1;
   std::uint32_t lease_timeout_ms = 1000;
+  std::int64_t identity_window_ms = kDefaultIdentityWindowMs;
 };
 
 constexpr const char* kOptionList =
     "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
-    "(none|async|full), kernels (xnnpack|builtin), threads (1-256), weights_cache (on|off), lease_timeout_ms";
+    "(none|async|full), kernels (xnnpack|builtin), threads (1-256), weights_cache (on|off), lease_timeout_ms, "
+    "identity_window_ms (2000 or more)";
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -150,6 +152,14 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
         v > 600000)
       bad_option(key, value, "0 to 600000");
     o.lease_timeout_ms = static_cast<std::uint32_t>(v);
+  } else if (key == "identity_window_ms") {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 ||
+        v < static_cast<unsigned long long>(kMinIdentityWindowMs) || v > 86'400'000ULL)
+      bad_option(key, value, "2000 to 86400000");
+    o.identity_window_ms = static_cast<std::int64_t>(v);
   } else {
     throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
   }
@@ -682,8 +692,9 @@ Weight read_weight(const OrtValueInfo* vi, const std::filesystem::path& model_di
 // seen maps to its content key through a small entry, so a warm session reads none of its bytes;
 // otherwise the bytes are hashed, and the mapping recorded when the file identity can be trusted.
 // Returns whether it inserted such a mapping (the session then finalizes it).
-bool identify(Weight& w, wc_cache* cache) {
-  const std::string fid = file_identity(w.source);
+bool identify(Weight& w, wc_cache* cache, std::int64_t window_ms) {
+  const std::int64_t window_ns = window_ms * 1'000'000;
+  const std::string fid = file_identity(w.source, window_ns);
   std::string key;
   if (!fid.empty() && cache != nullptr) {
     key = "ort-file-identity/1|" + fid;
@@ -705,7 +716,7 @@ bool identify(Weight& w, wc_cache* cache) {
   const bool settled = !key.empty() && write_back(w.source.external_path);
   w.identity = content_identity(w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
-  if (!settled || file_identity(w.source) != fid) return false;
+  if (!settled || file_identity(w.source, window_ns) != fid) return false;
   return wc_look_up_or_insert(cache, key.data(), key.size(), const_cast<char*>(w.identity.c_str()),
                               w.identity.size() + 1) != SIZE_MAX;  // copied into the cache
 }
@@ -724,9 +735,9 @@ std::filesystem::path model_dir_of(const OrtGraph* graph, std::string* model_pat
 }
 
 std::vector<float> read_bias(const OrtValueInfo* vi, std::int64_t n, const std::filesystem::path& dir, std::string* identity,
-                             wc_cache* cache, bool* recorded) {
+                             wc_cache* cache, std::int64_t window_ms, bool* recorded) {
   Weight w = read_weight(vi, dir);
-  *recorded = identify(w, cache) || *recorded;
+  *recorded = identify(w, cache, window_ms) || *recorded;
   const auto* f = static_cast<const float*>(w.source.data);
   const std::size_t count = w.source.bytes / sizeof(float);
   std::vector<float> v(static_cast<std::size_t>(n));
@@ -918,7 +929,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     spec.n = static_cast<std::size_t>(plan->n);
     spec.activation = plan->activation;
     Weight w = read_weight(in[1], dir);
-    recorded = identify(w, cache_->cache) || recorded;
+    recorded = identify(w, cache_->cache, options_.identity_window_ms) || recorded;
     spec.weights = w.source.data;
     const std::string layout = plan->core == Core::nbits ? "nbits4" : "f32";
     spec.weights_name = "w|" + layout + "|" + w.identity;
@@ -935,7 +946,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       spec.kind = LinearSpec::Kind::nbits4;
       spec.block_size = static_cast<std::size_t>(*int_attr(plan->core_node, "block_size"));
       Weight s = read_weight(in[2], dir);
-      recorded = identify(s, cache_->cache) || recorded;
+      recorded = identify(s, cache_->cache, options_.identity_window_ms) || recorded;
       spec.scales = static_cast<const float*>(s.source.data);
       // The scales are packed with the weights: both identities name the packed bytes.
       spec.weights_name += "|scales|" + s.identity + "|block" + std::to_string(spec.block_size);
@@ -950,7 +961,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     }
     if (bias_vi != nullptr) {
       std::string id;
-      spec.bias = read_bias(bias_vi, plan->n, dir, &id, cache_->cache, &recorded);
+      spec.bias = read_bias(bias_vi, plan->n, dir, &id, cache_->cache, options_.identity_window_ms, &recorded);
       // The bias is packed as beta * C / alpha (the GEMM output is scaled by alpha afterwards).
       const float scale = beta / spec.alpha;
       if (scale != 1.0f)
@@ -1135,6 +1146,10 @@ namespace {
 // weightcache's own log goes through ONNX Runtime's logger while the provider is loaded, so a
 // host sees one log, filtered by one severity.
 std::atomic<const OrtLogger*> g_library_logger{nullptr};
+// The loggers of the factories alive (a library registered under two names, or by two Envs, has
+// several): the routing uses the newest, and ends with the last.
+std::mutex g_factories_mu;
+std::vector<const OrtLogger*> g_factory_loggers;
 
 void route_library_log(void*, wc_log_level level, const char* message, size_t size) {
   const OrtLogger* logger = g_library_logger.load(std::memory_order_acquire);
@@ -1171,6 +1186,8 @@ WC_ORT_EXPORT OrtStatus* CreateEpFactories(const char* registration_name, const 
     factories[0] = new Factory(default_logger);
     *num_factories = 1;
     if (default_logger != nullptr) {
+      std::lock_guard<std::mutex> lock(g_factories_mu);
+      g_factory_loggers.push_back(default_logger);
       g_library_logger.store(default_logger, std::memory_order_release);
       wc_set_log_callback(route_library_log, nullptr);
     }
@@ -1180,8 +1197,16 @@ WC_ORT_EXPORT OrtStatus* CreateEpFactories(const char* registration_name, const 
 
 WC_ORT_EXPORT OrtStatus* ReleaseEpFactory(OrtEpFactory* factory) {
   using namespace weightcache::ort;
-  // The logger goes with the factory: back to the library's default (stderr) before it does.
-  if (g_library_logger.exchange(nullptr) != nullptr) wc_set_log_callback(nullptr, nullptr);
+  // The logger goes with the last factory: back to the library's default (stderr) before it does.
+  // wc_set_log_callback returns only once no call of the routing callback is still running.
+  if (const OrtLogger* mine = static_cast<Factory*>(factory)->default_logger_; mine != nullptr) {
+    std::lock_guard<std::mutex> lock(g_factories_mu);
+    auto it = std::find(g_factory_loggers.begin(), g_factory_loggers.end(), mine);
+    if (it != g_factory_loggers.end()) g_factory_loggers.erase(it);
+    g_library_logger.store(g_factory_loggers.empty() ? nullptr : g_factory_loggers.back(), std::memory_order_release);
+    // Setting the callback again waits for any call still using the released logger.
+    wc_set_log_callback(g_factory_loggers.empty() ? nullptr : route_library_log, nullptr);
+  }
   delete static_cast<Factory*>(factory);
   return nullptr;
 }
