@@ -105,6 +105,28 @@ std::string lower(std::string s) {
   throw OrtError{ORT_INVALID_ARGUMENT, "option " + key + "='" + value + "' is not valid; accepted: " + accepted};
 }
 
+// One of a fixed set of words, with the list the error message names.
+template <class T, std::size_t N>
+T one_of(const std::string& key, const std::string& value, const std::pair<const char*, T> (&choices)[N]) {
+  std::string accepted;
+  for (const auto& [name, v] : choices) {
+    if (value == name) return v;
+    accepted += (accepted.empty() ? "" : ", ") + std::string(name);
+  }
+  bad_option(key, value, accepted.c_str());
+}
+
+// A decimal number in [lo, hi]: digits only (no sign, no space).
+unsigned long long number(const std::string& key, const std::string& value, unsigned long long lo, unsigned long long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
+  if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 || v < lo ||
+      v > hi)
+    bad_option(key, value, (std::to_string(lo) + " to " + std::to_string(hi)).c_str());
+  return v;
+}
+
 void set_option(Options& o, const std::string& key, const std::string& value) {
   if (key == "cache_path") {
     o.cache_path = value;
@@ -113,53 +135,27 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
   } else if (key == "verify") {
     static const std::pair<const char*, wc_verify> v[] = {
         {"none", WC_VERIFY_NONE}, {"first_use", WC_VERIFY_FIRST_USE}, {"shared", WC_VERIFY_SHARED}, {"open", WC_VERIFY_ON_OPEN}};
-    for (auto& [n, e] : v)
-      if (value == n) return void(o.verify = e);
-    bad_option(key, value, "none, first_use, shared, open");
+    o.verify = one_of(key, value, v);
   } else if (key == "backing") {
     static const std::pair<const char*, wc_backing> v[] = {
         {"auto", WC_BACKING_AUTO}, {"file", WC_BACKING_FILE}, {"heap", WC_BACKING_HEAP}};
-    for (auto& [n, e] : v)
-      if (value == n) return void(o.backing = e);
-    bad_option(key, value, "auto, file, heap");
+    o.backing = one_of(key, value, v);
   } else if (key == "durability") {
     static const std::pair<const char*, wc_durability> v[] = {
         {"none", WC_DURABILITY_NONE}, {"async", WC_DURABILITY_ASYNC}, {"full", WC_DURABILITY_FULL}};
-    for (auto& [n, e] : v)
-      if (value == n) return void(o.durability = e);
-    bad_option(key, value, "none, async, full");
+    o.durability = one_of(key, value, v);
   } else if (key == "kernels") {
-    if (value == "xnnpack") o.use_xnnpack = true;
-    else if (value == "builtin") o.use_xnnpack = false;
-    else bad_option(key, value, "xnnpack, builtin");
+    static const std::pair<const char*, bool> v[] = {{"xnnpack", true}, {"builtin", false}};
+    o.use_xnnpack = one_of(key, value, v);
   } else if (key == "weights_cache") {
-    if (value == "on") o.weights_cache = true;
-    else if (value == "off") o.weights_cache = false;
-    else bad_option(key, value, "on, off");
+    static const std::pair<const char*, bool> v[] = {{"on", true}, {"off", false}};
+    o.weights_cache = one_of(key, value, v);
   } else if (key == "threads") {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long v = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 || v < 1 ||
-        v > 256)
-      bad_option(key, value, "1 to 256");
-    o.threads = v;
+    o.threads = static_cast<std::size_t>(number(key, value, 1, 256));
   } else if (key == "lease_timeout_ms") {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long v = std::strtoul(value.c_str(), &end, 10);
-    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 ||
-        v > 600000)
-      bad_option(key, value, "0 to 600000");
-    o.lease_timeout_ms = static_cast<std::uint32_t>(v);
+    o.lease_timeout_ms = static_cast<std::uint32_t>(number(key, value, 0, 600000));
   } else if (key == "identity_window_ms") {
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-    if (value.empty() || !std::isdigit(static_cast<unsigned char>(value[0])) || *end != '\0' || errno != 0 ||
-        v < static_cast<unsigned long long>(kMinIdentityWindowMs) || v > 86'400'000ULL)
-      bad_option(key, value, "2000 to 86400000");
-    o.identity_window_ms = static_cast<std::int64_t>(v);
+    o.identity_window_ms = static_cast<std::int64_t>(number(key, value, kMinIdentityWindowMs, 86'400'000));
   } else {
     throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
   }
