@@ -356,20 +356,26 @@ std::string value_name(const OrtValueInfo* vi) {
   return name != nullptr ? name : "";
 }
 
-std::vector<const OrtValueInfo*> node_inputs(const OrtNode* node) {
+// The items behind one of ORT's count-then-fill pairs (Graph_GetNumNodes + Graph_GetNodes, ...).
+template <class T, class Owner, class CountFn, class FillFn>
+std::vector<const T*> listed(const Owner* owner, CountFn count_fn, FillFn fill_fn, const char* what) {
   std::size_t n = 0;
-  check(api().ort->Node_GetNumInputs(node, &n), "inputs");
-  std::vector<const OrtValueInfo*> v(n);
-  if (n) check(api().ort->Node_GetInputs(node, v.data(), n), "inputs");
+  check(count_fn(owner, &n), what);
+  std::vector<const T*> v(n);
+  if (n) check(fill_fn(owner, v.data(), n), what);
   return v;
 }
 
+std::vector<const OrtValueInfo*> node_inputs(const OrtNode* node) {
+  return listed<OrtValueInfo>(node, api().ort->Node_GetNumInputs, api().ort->Node_GetInputs, "inputs");
+}
+
 std::vector<const OrtValueInfo*> node_outputs(const OrtNode* node) {
-  std::size_t n = 0;
-  check(api().ort->Node_GetNumOutputs(node, &n), "outputs");
-  std::vector<const OrtValueInfo*> v(n);
-  if (n) check(api().ort->Node_GetOutputs(node, v.data(), n), "outputs");
-  return v;
+  return listed<OrtValueInfo>(node, api().ort->Node_GetNumOutputs, api().ort->Node_GetOutputs, "outputs");
+}
+
+std::vector<const OrtNode*> graph_nodes(const OrtGraph* graph) {
+  return listed<OrtNode>(graph, api().ort->Graph_GetNumNodes, api().ort->Graph_GetNodes, "nodes");
 }
 
 std::string op_type(const OrtNode* node) {
@@ -521,6 +527,7 @@ struct Plan {
   Activation activation = Activation::none;
   std::int64_t k = 0, n = 0;
   std::size_t out_rank = 0;  // rank of the layer's output (the activation's)
+  std::int64_t block_size = 0;  // nbits: K per block scale
   std::vector<const OrtNode*> nodes() const {
     std::vector<const OrtNode*> v{core_node};
     if (add_node) v.push_back(add_node);
@@ -596,6 +603,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
     if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return std::nullopt;
     p.core = Core::nbits;
     p.out_rank = a.dims.size();
+    p.block_size = *block;
     p.k = *k;
     p.n = *n;
     return p;
@@ -829,10 +837,7 @@ Ep::~Ep() {
 
 OrtStatus* Ep::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::size_t n = 0;
-  check(api().ort->Graph_GetNumNodes(graph, &n), "nodes");
-  std::vector<const OrtNode*> nodes(n);
-  if (n) check(api().ort->Graph_GetNodes(graph, nodes.data(), n), "nodes");
+  const std::vector<const OrtNode*> nodes = graph_nodes(graph);
   std::vector<const OrtNode*> taken;
   const bool nbits_ok = options_.use_xnnpack;
   for (const OrtNode* node : nodes) {
@@ -879,38 +884,20 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   for (std::size_t i = 0; i < count; ++i) out[i] = nullptr;
   if (count == 0) return nullptr;
   ensure_cache(graphs[0]);
-  std::vector<std::unique_ptr<ComputeInfo>> made;
-  // One set of placeholder block scales for every 4-bit layer of the session (kernels.hpp).
-  std::vector<std::uint16_t> placeholder;
-  if (options_.use_xnnpack && options_.weights_cache) {
-    std::size_t most = 0;
-    for (std::size_t g = 0; g < count; ++g) {
-      std::size_t nn = 0;
-      check(api().ort->Graph_GetNumNodes(graphs[g], &nn), "nodes");
-      std::vector<const OrtNode*> nodes(nn);
-      if (nn) check(api().ort->Graph_GetNodes(graphs[g], nodes.data(), nn), "nodes");
-      for (const OrtNode* node : nodes)
-        if (auto p = core_plan(node, true); p && p->core == Core::nbits)
-          most = std::max(most, static_cast<std::size_t>(p->n * (p->k / *int_attr(node, "block_size"))));
-    }
-    placeholder.assign(most, 0x3F80);  // bf16 1.0
-  }
-  std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
-  bool recorded = false;  // file-identity mappings inserted
-  std::string why;        // the first reason the cache could not take a layer's packed weights
+  // Each fused graph holds exactly the nodes GetCapability grouped: find its layer again.
+  struct Partition {
+    std::vector<const OrtNode*> nodes;
+    Plan plan;
+  };
+  std::vector<Partition> parts(count);
   for (std::size_t g = 0; g < count; ++g) {
-    std::string model_path;
-    const std::filesystem::path dir = model_dir_of(graphs[g], &model_path);
-    std::size_t nn = 0;
-    check(api().ort->Graph_GetNumNodes(graphs[g], &nn), "nodes");
-    std::vector<const OrtNode*> nodes(nn);
-    if (nn) check(api().ort->Graph_GetNodes(graphs[g], nodes.data(), nn), "nodes");
+    Partition& part = parts[g];
+    part.nodes = graph_nodes(graphs[g]);
     std::optional<Plan> plan;
-    for (const OrtNode* node : nodes)
+    for (const OrtNode* node : part.nodes)
       if ((plan = core_plan(node, options_.use_xnnpack))) break;
     if (!plan) throw OrtError{ORT_FAIL, "a fused partition holds no layer this provider computes"};
-    // Compile's graph holds exactly the nodes GetCapability grouped: find them again.
-    for (const OrtNode* node : nodes) {
+    for (const OrtNode* node : part.nodes) {
       if (node == plan->core_node) continue;
       if (op_type(node) == "Add") plan->add_node = node;
       else if (auto act = activation_of(node)) {
@@ -918,6 +905,25 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
         plan->activation = *act;
       }
     }
+    part.plan = *plan;
+  }
+  // One set of placeholder block scales for every 4-bit layer of the session (kernels.hpp).
+  std::vector<std::uint16_t> placeholder;
+  if (options_.use_xnnpack && options_.weights_cache) {
+    std::size_t most = 0;
+    for (const Partition& part : parts)
+      if (part.plan.core == Core::nbits)
+        most = std::max(most, static_cast<std::size_t>(part.plan.n * (part.plan.k / part.plan.block_size)));
+    placeholder.assign(most, 0x3F80);  // bf16 1.0
+  }
+  std::vector<std::unique_ptr<ComputeInfo>> made;
+  std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
+  bool recorded = false;  // file-identity mappings inserted
+  std::string why;        // the first reason the cache could not take a layer's packed weights
+  for (std::size_t g = 0; g < count; ++g) {
+    const std::filesystem::path dir = model_dir_of(graphs[g], nullptr);
+    const std::vector<const OrtNode*>& nodes = parts[g].nodes;
+    const Plan* plan = &parts[g].plan;
     nodes_claimed += nodes.size();
     const auto in = node_inputs(plan->core_node);
     LinearSpec spec;
@@ -940,7 +946,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       if (in.size() == 3 && in[2] != nullptr && beta != 0.0f) bias_vi = in[2];
     } else {
       spec.kind = LinearSpec::Kind::nbits4;
-      spec.block_size = static_cast<std::size_t>(*int_attr(plan->core_node, "block_size"));
+      spec.block_size = static_cast<std::size_t>(plan->block_size);
       Weight s = read_weight(in[2], dir);
       recorded = identify(s, cache_->cache, options_.identity_window_ms) || recorded;
       spec.scales = static_cast<const float*>(s.source.data);
