@@ -193,7 +193,6 @@ struct SharedCache {
   std::string path;         // what the options asked for ("" = heap)
   bool stand_in = false;    // a heap cache standing in for a file that could not be used
   std::string why;          // why, when stand_in
-  std::mutex finalize_mu;   // one finalize at a time per cache (each commits what all inserted)
   ~SharedCache() {
     wc_close(cache);
     counters().caches_open.fetch_sub(1, std::memory_order_relaxed);
@@ -1019,7 +1018,6 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   // Durable before the session runs, so the next session or process finds every weight; a
   // failure leaves the weights served from memory here and says why, once.
   if ((packed > 0 || recorded) && !cache_->stand_in && !cache_->path.empty()) {
-    std::lock_guard<std::mutex> fl(cache_->finalize_mu);
     if (wc_finalize(cache_->cache) != WC_OK && !warned) {
       counters().cache_failures.fetch_add(1, std::memory_order_relaxed);
       log(logger_, ORT_LOGGING_LEVEL_WARNING,
