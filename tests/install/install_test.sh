@@ -60,7 +60,7 @@ run_twice xnn_shared "$work/xnn_shared"
 "$cc" -std=c11 -Wall -Werror "$src/tests/install/consumer_xnnpack.c" -o "$work/xnn_static" \
   $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags weightcache) \
   $(PKG_CONFIG_PATH=$pcdir pkg-config --libs --static weightcache | sed "s|-lweightcache|$libdir/libweightcache.a|")
-if readelf -d "$work/xnn_static" | grep -q 'NEEDED.*libweightcache'; then
+if readelf -d "$work/xnn_static" | grep >/dev/null 'NEEDED.*libweightcache'; then
   fail "xnn_static was linked against the shared library"
 fi
 run_twice xnn_static "$work/xnn_static"
@@ -110,7 +110,7 @@ CMAKE
   exported=$(nm -D --defined-only "$ort_ep" | awk '$2 == "T" {print $3}' | sort | tr '\n' ' ')
   [[ $exported == "CreateEpFactories ReleaseEpFactory wc_ort_ep_get_stats " ]] ||
     fail "the provider exports functions beyond its entry points: $exported"
-  ldd "$ort_ep" | grep -q "libweightcache.so.* => $libdir/" ||
+  ldd "$ort_ep" | grep >/dev/null "libweightcache.so.* => $libdir/" ||
     fail "the provider does not find the installed libweightcache beside it: $(ldd "$ort_ep" | grep weightcache)"
   echo "install_test: ort_ep $ort_ep (exports: $exported)"
 elif [[ -n $ort_ep ]]; then
