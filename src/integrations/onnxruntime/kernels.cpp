@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #ifdef WEIGHTCACHE_ORT_EP_XNNPACK
@@ -131,6 +132,40 @@ std::unique_ptr<Linear> create_builtin(const LinearSpec& s, const PackTarget& t,
   return std::make_unique<BuiltinLinear>(s, nullptr, std::move(heap));
 }
 
+namespace {
+
+struct ParallelJob {
+  const std::function<void(std::size_t)>* fn;
+  std::vector<std::exception_ptr> errors;
+};
+
+void run_one(ParallelJob* job, std::size_t i) noexcept {
+  try {
+    (*job->fn)(i);
+  } catch (...) {
+    job->errors[i] = std::current_exception();
+  }
+}
+
+}  // namespace
+
+void parallel_for(void* threadpool, std::size_t count, const std::function<void(std::size_t)>& fn) {
+  ParallelJob job{&fn, std::vector<std::exception_ptr>(count)};
+#ifdef WEIGHTCACHE_ORT_EP_XNNPACK
+  if (threadpool != nullptr && count > 1) {
+    pthreadpool_parallelize_1d(
+        static_cast<pthreadpool_t>(threadpool),
+        [](void* c, size_t i) { run_one(static_cast<ParallelJob*>(c), i); }, &job, count, 0);
+  } else
+#endif
+  {
+    (void)threadpool;
+    for (std::size_t i = 0; i < count; ++i) run_one(&job, i);
+  }
+  for (auto& e : job.errors)
+    if (e) std::rethrow_exception(e);
+}
+
 // ---- XNNPACK -------------------------------------------------------------------------------------
 
 #ifdef WEIGHTCACHE_ORT_EP_XNNPACK
@@ -158,6 +193,9 @@ thread_local bool t_hit_only = false;
 struct ForwardingProvider {
   wc_xnn_weights_cache_provider self{};
   const wc_xnn_weights_cache_provider* inner = nullptr;
+  // What this layer's creation reserved: one thread creates it, so plain counters serve (the
+  // adapter's statistics add up every thread's).
+  std::size_t reservations = 0, reserved_bytes = 0;
 
   explicit ForwardingProvider(const wc_xnn_weights_cache_provider* to) : inner(to) {
     self.context = this;
@@ -167,7 +205,13 @@ struct ForwardingProvider {
     };
     self.reserve_space = [](void* c, size_t n) -> void* {
       auto* f = static_cast<ForwardingProvider*>(c);
-      return t_hit_only ? nullptr : f->inner->reserve_space(f->inner->context, n);
+      if (t_hit_only) return nullptr;
+      void* p = f->inner->reserve_space(f->inner->context, n);
+      if (p != nullptr) {
+        ++f->reservations;
+        f->reserved_bytes += n;
+      }
+      return p;
     };
     self.look_up_or_insert = [](void* c, const wc_xnn_weights_cache_look_up_key* k, void* p, size_t n) {
       auto* f = static_cast<ForwardingProvider*>(c);
@@ -321,11 +365,11 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
         static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(t.adapter)));
     // Keys are names, never addresses: name the buffers XNNPACK will pass in the look-up key for
     // as long as the operator is created, then unbind them (their memory may be freed and reused).
-    wc_xnn_adapter_stats before;
-    wc_xnn_adapter_stats_init(&before);
-    (void)wc_xnn_adapter_get_stats(t.adapter, &before);
-    bool named = wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK;
-    if (named && bias != nullptr) named = wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
+    bool named = t.names_bound;
+    if (!t.names_bound) {
+      named = wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK;
+      if (named && bias != nullptr) named = wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
+    }
     if (named && nbits && t.placeholder_scales != nullptr && t.placeholder_count >= scale_count) {
       // A hit needs no scales (the name holds their identity): try one with placeholder scales
       // (bf16 1.0) and no packing allowed, before reading the real ones.
@@ -339,14 +383,12 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
       st = create_fc(s, scales.data(), bias, lo, hi, layer->provider->get(), &layer->fc.op);
       if (st != xnn_status_success) report->why = wc_last_error();  // reserve_space's reason
     }
-    (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
-    if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);
-    wc_xnn_adapter_stats after;
-    wc_xnn_adapter_stats_init(&after);
-    (void)wc_xnn_adapter_get_stats(t.adapter, &after);
-    report->packed = after.reservations > before.reservations;
-    report->bytes = after.reserved_bytes - before.reserved_bytes;
-    report->in_heap = after.unnamed_inserts > before.unnamed_inserts;
+    if (!t.names_bound) {
+      (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
+      if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);
+    }
+    report->packed = layer->provider->reservations > 0;
+    report->bytes = layer->provider->reserved_bytes;
   }
   if (st != xnn_status_success) {
     // No cache, or the cache could not give memory (reserve_space refused: disk full, no

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -68,7 +69,15 @@ struct PackTarget {
   // stand in for the real ones while a hit is looked for (filled once per session, not per layer).
   const std::uint16_t* placeholder_scales = nullptr;
   std::size_t placeholder_count = 0;
+  // The caller has named the weights and bias in the adapter for the whole creation (layers are
+  // then created on several threads at once); false: the creation names and unnames them itself.
+  bool names_bound = false;
 };
+
+/// Runs fn(0) ... fn(count - 1) on the XNNPACK threadpool (a pthreadpool_t; NULL or a build
+/// without XNNPACK: on the calling thread, in order). Every call runs; the first exception is
+/// rethrown after all have returned.
+void parallel_for(void* threadpool, std::size_t count, const std::function<void(std::size_t)>& fn);
 
 /// Whether this build computes with XNNPACK.
 bool have_xnnpack() noexcept;

@@ -737,15 +737,12 @@ std::filesystem::path model_dir_of(const OrtGraph* graph, std::string* model_pat
   return std::filesystem::absolute(std::filesystem::path(path), ec).parent_path();
 }
 
-std::vector<float> read_bias(const OrtValueInfo* vi, std::int64_t n, const std::filesystem::path& dir, std::string* identity,
-                             wc_cache* cache, std::int64_t window_ms, bool* recorded) {
-  Weight w = read_weight(vi, dir);
-  *recorded = identify(w, cache, window_ms) || *recorded;
+// A bias of n values from its initializer (one value broadcast, or n).
+std::vector<float> bias_values(const Weight& w, std::int64_t n) {
   const auto* f = static_cast<const float*>(w.source.data);
   const std::size_t count = w.source.bytes / sizeof(float);
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) v[i] = count == 1 ? f[0] : f[i];
-  *identity = w.identity;
   return v;
 }
 
@@ -915,89 +912,162 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
         most = std::max(most, static_cast<std::size_t>(part.plan.n * (part.plan.k / part.plan.block_size)));
     placeholder.assign(most, 0x3F80);  // bf16 1.0
   }
-  std::vector<std::unique_ptr<ComputeInfo>> made;
-  std::uint64_t packed = 0, hits = 0, heap = 0, bytes = 0, nodes_claimed = 0;
-  bool recorded = false;  // file-identity mappings inserted
-  std::string why;        // the first reason the cache could not take a layer's packed weights
-  for (std::size_t g = 0; g < count; ++g) {
-    const std::filesystem::path dir = model_dir_of(graphs[g], nullptr);
-    const std::vector<const OrtNode*>& nodes = parts[g].nodes;
-    const Plan* plan = &parts[g].plan;
-    nodes_claimed += nodes.size();
-    const auto in = node_inputs(plan->core_node);
+  // Each layer: read its initializers through ORT (on this thread), then find their identities
+  // and create the kernels on the session's threads, since a warm 4-bit layer spends most of its
+  // creation in XNNPACK's checks of block scales it never reads.
+  struct Job {
+    const Plan* plan = nullptr;
+    Weight w, scales, bias;
+    bool has_bias = false;
+    float beta = 1.0f;
     LinearSpec spec;
+    std::size_t input_index = 0;
+    bool recorded = false;
+    CreateReport report;
+    std::unique_ptr<Linear> linear;
+  };
+  std::vector<Job> jobs(count);
+  std::uint64_t nodes_claimed = 0;
+  for (std::size_t g = 0; g < count; ++g) {
+    Job& job = jobs[g];
+    const std::filesystem::path dir = model_dir_of(graphs[g], nullptr);
+    const Plan* plan = job.plan = &parts[g].plan;
+    nodes_claimed += parts[g].nodes.size();
+    const auto in = node_inputs(plan->core_node);
+    LinearSpec& spec = job.spec;
     spec.k = static_cast<std::size_t>(plan->k);
     spec.n = static_cast<std::size_t>(plan->n);
     spec.activation = plan->activation;
-    Weight w = read_weight(in[1], dir);
-    recorded = identify(w, cache_->cache, options_.identity_window_ms) || recorded;
-    spec.weights = w.source.data;
-    const std::string layout = plan->core == Core::nbits ? "nbits4" : "f32";
-    spec.weights_name = "w|" + layout + "|" + w.identity;
+    job.w = read_weight(in[1], dir);
+    spec.weights = job.w.source.data;
     const OrtValueInfo* bias_vi = nullptr;
-    float beta = 1.0f;
     if (plan->core == Core::matmul) {
       spec.weights_kn = true;
     } else if (plan->core == Core::gemm) {
       spec.weights_kn = int_attr(plan->core_node, "transB").value_or(0) == 0;
       spec.alpha = float_attr(plan->core_node, "alpha").value_or(1.0f);
-      beta = float_attr(plan->core_node, "beta").value_or(1.0f);
-      if (in.size() == 3 && in[2] != nullptr && beta != 0.0f) bias_vi = in[2];
+      job.beta = float_attr(plan->core_node, "beta").value_or(1.0f);
+      if (in.size() == 3 && in[2] != nullptr && job.beta != 0.0f) bias_vi = in[2];
     } else {
       spec.kind = LinearSpec::Kind::nbits4;
       spec.block_size = static_cast<std::size_t>(plan->block_size);
-      Weight s = read_weight(in[2], dir);
-      recorded = identify(s, cache_->cache, options_.identity_window_ms) || recorded;
-      spec.scales = static_cast<const float*>(s.source.data);
-      // The scales are packed with the weights: both identities name the packed bytes.
-      spec.weights_name += "|scales|" + s.identity + "|block" + std::to_string(spec.block_size);
+      job.scales = read_weight(in[2], dir);
+      spec.scales = static_cast<const float*>(job.scales.source.data);
       if (in.size() > 5 && in[5] != nullptr) bias_vi = in[5];
     }
     if (plan->add_node != nullptr) {
       const auto add_in = node_inputs(plan->add_node);
-      const OrtValueInfo* mm_out = node_outputs(plan->core_node)[0];
-      const std::string mm_name = value_name(mm_out);
+      const std::string mm_name = value_name(node_outputs(plan->core_node)[0]);
       bias_vi = value_name(add_in[0]) == mm_name ? add_in[1] : add_in[0];
-      beta = 1.0f;
+      job.beta = 1.0f;
     }
     if (bias_vi != nullptr) {
-      std::string id;
-      spec.bias = read_bias(bias_vi, plan->n, dir, &id, cache_->cache, options_.identity_window_ms, &recorded);
-      // The bias is packed as beta * C / alpha (the GEMM output is scaled by alpha afterwards).
-      const float scale = beta / spec.alpha;
-      if (scale != 1.0f)
-        for (float& b : spec.bias) b *= scale;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "|scale%a", static_cast<double>(scale));
-      spec.bias_name = "b|" + id + buf;
+      job.bias = read_weight(bias_vi, dir);
+      job.has_bias = true;
     }
-    PackTarget target;
-    target.cache = cache_->cache;
-    target.adapter = adapter_;
-    target.use_cache = options_.weights_cache;
-    target.threadpool = pool_;
-    target.placeholder_scales = placeholder.empty() ? nullptr : placeholder.data();
-    target.placeholder_count = placeholder.size();
-    CreateReport report;
-    auto layer = std::make_shared<Layer>();
-    layer->linear = options_.use_xnnpack ? create_xnnpack(spec, target, &report) : create_builtin(spec, target, &report);
-    layer->k = spec.k;
-    layer->n = spec.n;
-    layer->gemm = plan->core == Core::gemm;
     // The activation is the fused node's one non-constant input (constants were dropped).
     const std::string a_name = value_name(in[0]);
     const auto fin = node_inputs(fused[g]);
     bool found = false;
     for (std::size_t j = 0; j < fin.size() && !found; ++j)
       if (fin[j] != nullptr && value_name(fin[j]) == a_name) {
-        layer->input_index = j;
+        job.input_index = j;
         found = true;
       }
     if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
+  }
+  // Identities (a cold session hashes the weights here) and names.
+  parallel_for(pool_, count, [&](std::size_t g) {
+    Job& job = jobs[g];
+    LinearSpec& spec = job.spec;
+    job.recorded = identify(job.w, cache_->cache, options_.identity_window_ms);
+    spec.weights_name = std::string(spec.kind == LinearSpec::Kind::nbits4 ? "w|nbits4|" : "w|f32|") + job.w.identity;
+    if (spec.kind == LinearSpec::Kind::nbits4) {
+      job.recorded = identify(job.scales, cache_->cache, options_.identity_window_ms) || job.recorded;
+      // The scales are packed with the weights: both identities name the packed bytes.
+      spec.weights_name += "|scales|" + job.scales.identity + "|block" + std::to_string(spec.block_size);
+    }
+    if (job.has_bias) {
+      job.recorded = identify(job.bias, cache_->cache, options_.identity_window_ms) || job.recorded;
+      spec.bias = bias_values(job.bias, job.plan->n);
+      // The bias is packed as beta * C / alpha (the GEMM output is scaled by alpha afterwards).
+      const float scale = job.beta / spec.alpha;
+      if (scale != 1.0f)
+        for (float& b : spec.bias) b *= scale;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "|scale%a", static_cast<double>(scale));
+      spec.bias_name = "b|" + job.bias.identity + buf;
+    }
+  });
+  PackTarget target;
+  target.cache = cache_->cache;
+  target.adapter = adapter_;
+  target.use_cache = options_.weights_cache;
+  target.threadpool = pool_;
+  target.placeholder_scales = placeholder.empty() ? nullptr : placeholder.data();
+  target.placeholder_count = placeholder.size();
+  // Layers are created on several threads only when every buffer can stay named throughout:
+  // one address (an initializer two layers share) must then carry one name.
+  std::vector<std::pair<const void*, const std::string*>> names;
+  for (const Job& job : jobs) {
+    names.emplace_back(job.spec.weights, &job.spec.weights_name);
+    if (!job.spec.bias.empty()) names.emplace_back(job.spec.bias.data(), &job.spec.bias_name);
+  }
+  std::sort(names.begin(), names.end());
+  bool one_name_each = true;
+  for (std::size_t i = 1; i < names.size(); ++i)
+    if (names[i].first == names[i - 1].first && *names[i].second != *names[i - 1].second) one_name_each = false;
+  const bool together = pool_ != nullptr && adapter_ != nullptr && options_.use_xnnpack && options_.weights_cache &&
+                        one_name_each && count > 1;
+  bool bound = together;
+  if (together)
+    for (const auto& [address, name] : names)
+      if (wc_xnn_adapter_name_buffer(adapter_, address, name->c_str()) != WC_OK) bound = false;
+  target.names_bound = bound;
+  wc_xnn_adapter_stats before;
+  wc_xnn_adapter_stats_init(&before);
+  if (adapter_ != nullptr) (void)wc_xnn_adapter_get_stats(adapter_, &before);
+  const auto create = [&](std::size_t g) {
+    Job& job = jobs[g];
+    job.linear = options_.use_xnnpack ? create_xnnpack(job.spec, target, &job.report)
+                                      : create_builtin(job.spec, target, &job.report);
+  };
+  try {
+    if (bound) {
+      parallel_for(pool_, count, create);
+    } else {
+      for (std::size_t g = 0; g < count; ++g) create(g);
+    }
+  } catch (...) {
+    if (together)
+      for (const auto& [address, name] : names) (void)wc_xnn_adapter_name_buffer(adapter_, address, nullptr);
+    throw;
+  }
+  if (together)
+    for (const auto& [address, name] : names) (void)wc_xnn_adapter_name_buffer(adapter_, address, nullptr);
+  wc_xnn_adapter_stats after;
+  wc_xnn_adapter_stats_init(&after);
+  if (adapter_ != nullptr) (void)wc_xnn_adapter_get_stats(adapter_, &after);
+  // Weights the adapter could not key (a buffer without a name) went to its private heap.
+  std::uint64_t heap = std::min<std::uint64_t>(after.unnamed_inserts - before.unnamed_inserts, count);
+  std::vector<std::unique_ptr<ComputeInfo>> made;
+  std::uint64_t packed = 0, hits = 0, bytes = 0;
+  bool recorded = false;  // file-identity mappings inserted
+  std::string why;        // the first reason the cache could not take a layer's packed weights
+  const bool all_heap = cache_->stand_in || cache_->path.empty() || !options_.weights_cache;
+  for (Job& job : jobs) {
+    recorded = recorded || job.recorded;
+    const CreateReport& report = job.report;
     (report.packed ? packed : hits) += 1;
-    heap += report.in_heap || cache_->stand_in || cache_->path.empty() || !options_.weights_cache ? 1 : 0;
+    if (report.in_heap || all_heap) heap = std::min<std::uint64_t>(heap + 1, count);
     if (report.packed) bytes += report.bytes;
     if (!report.why.empty() && why.empty()) why = report.why;
+    auto layer = std::make_shared<Layer>();
+    layer->linear = std::move(job.linear);
+    layer->k = job.spec.k;
+    layer->n = job.spec.n;
+    layer->gemm = job.plan->core == Core::gemm;
+    layer->input_index = job.input_index;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
     ci->CreateState = ci_create_state;
