@@ -153,6 +153,8 @@ def main():
     ap.add_argument("--ep", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--rounds", type=int, default=5)
+    # Both providers get the same threads: ORT's intra-op pool and the provider's (which also creates
+    # a session's layers in parallel). docs/BENCHMARKS.md quotes 1 (the table) and 2.
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--hidden", type=int, default=5632)
