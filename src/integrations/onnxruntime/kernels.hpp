@@ -31,7 +31,7 @@ struct LinearSpec {
   // Valid only while the kernel is created: it is read on a cache miss, named on every create.
   const void* weights = nullptr;
   bool weights_kn = true;
-  std::string weights_name;  // the weight's identity (keys.hpp): what the packed bytes are keyed by
+  std::string weights_name;  // the weight's identity (source_identity.hpp): what the packed bytes are keyed by
   // nbits4 only: the per-block scales (N x K/block_size, f32) and the block size.
   const float* scales = nullptr;
   std::size_t block_size = 0;

@@ -8,7 +8,7 @@
 // before CreateSession returns. Compute runs the layer on the packed weights.
 //
 // Nothing here may throw into ORT or abort the host: every entry point goes through boundary().
-#include "identity.hpp"
+#include "../common/source_identity.hpp"
 #include "kernels.hpp"
 #include "ort_util.hpp"
 
@@ -41,6 +41,8 @@
 #endif
 
 namespace weightcache::ort {
+
+using namespace weightcache::source;  // NOLINT: the keys (source_identity.hpp)
 
 Api& api() {
   static Api a;
@@ -691,7 +693,7 @@ Weight read_weight(const OrtValueInfo* vi, const std::filesystem::path& model_di
   return w;
 }
 
-// The content key of a weight (identity.hpp). External data whose file identity the cache has
+// The content key of a weight (source_identity.hpp). External data whose file identity the cache has
 // seen maps to its content key through a small entry, so a warm session reads none of its bytes;
 // otherwise the bytes are hashed, and the mapping recorded when the file identity can be trusted.
 // Returns whether it inserted such a mapping (the session then finalizes it).
@@ -862,7 +864,7 @@ void Ep::ensure_cache(const OrtGraph* graph) {
   if (options_.cache_path) {
     path = *options_.cache_path;
   } else if (options_.backing != WC_BACKING_HEAP) {
-    path = default_cache_path(model_path);
+    path = default_cache_path(model_path, "ort");
     if (path.empty())
       log(logger_, ORT_LOGGING_LEVEL_WARNING,
           "no per-user cache directory (neither XDG_CACHE_HOME nor HOME is set); packing into heap memory. Pass "

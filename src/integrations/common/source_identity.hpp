@@ -1,4 +1,5 @@
-// What a packed weight is keyed by, and where a model's cache lives by default.
+// What a packed weight is keyed by, and where a model's cache lives by default; shared by the
+// ONNX Runtime provider and the ggml buffer type (each compiles it in).
 //
 // A weight is keyed by its content: XXH3-128 of its bytes, with its element type and shape. A
 // warm session must not read every source byte to find that key again (docs/DESIGN.md, "ONNX
@@ -28,12 +29,12 @@
 #include <string>
 #include <vector>
 
-namespace weightcache::ort {
+namespace weightcache::source {
 
 struct WeightSource {
-  const void* data = nullptr;      // the bytes ORT has (valid during GetCapability/Compile only)
+  const void* data = nullptr;      // the bytes the runtime has (ORT: valid during GetCapability/Compile only)
   std::size_t bytes = 0;
-  int element_type = 0;            // ONNXTensorElementDataType
+  int element_type = 0;            // ONNXTensorElementDataType, or ggml_type
   std::vector<std::int64_t> dims;
   // External data: the data file as resolved against the model's directory ("" when embedded).
   std::string external_path;
@@ -57,10 +58,10 @@ constexpr std::int64_t kMinIdentityWindowMs = 2'000;
 /// hashed. False when the file cannot be opened or flushed.
 bool write_back(const std::string& path);
 
-/// The default cache file for a model: <cache dir>/weightcache/ort/<stem>-<digest>.wcache, where
+/// The default cache file for a model: <cache dir>/weightcache/<kind>/<stem>-<digest>.wcache, where
 /// the cache dir is $XDG_CACHE_HOME or $HOME/.cache; the digest is of the model's absolute path
 /// ("unnamed-model" for a model loaded from bytes). "" when no cache directory is known.
-std::string default_cache_path(const std::string& model_path);
+std::string default_cache_path(const std::string& model_path, const char* kind);
 
 /// The CPU features the packed layouts depend on (XNNPACK dispatches on them), e.g.
 /// "x86_64:avx2,fma,avx512f". Part of the compatibility key.
@@ -69,4 +70,4 @@ std::string cpu_features();
 /// A 16-hex-digit digest of bytes (XXH3-64).
 std::string hex_digest(const void* data, std::size_t size);
 
-}  // namespace weightcache::ort
+}  // namespace weightcache::source

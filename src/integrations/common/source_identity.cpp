@@ -1,4 +1,4 @@
-#include "identity.hpp"
+#include "source_identity.hpp"
 
 #include <cctype>
 #include <cstdio>
@@ -17,7 +17,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-namespace weightcache::ort {
+namespace weightcache::source {
 
 namespace {
 
@@ -93,7 +93,7 @@ std::string content_identity(const WeightSource& w) {
   return std::string("xxh3|") + buf + shape_suffix(w);
 }
 
-std::string default_cache_path(const std::string& model_path) {
+std::string default_cache_path(const std::string& model_path, const char* kind) {
   std::string dir;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] == '/') {
     dir = xdg;
@@ -102,7 +102,7 @@ std::string default_cache_path(const std::string& model_path) {
   } else {
     return {};
   }
-  dir += "/weightcache/ort";
+  dir += std::string("/weightcache/") + kind;
   std::string name = "unnamed-model";
   if (!model_path.empty()) {
     std::error_code ec;
@@ -154,4 +154,4 @@ std::string cpu_features() {
 #endif
 }
 
-}  // namespace weightcache::ort
+}  // namespace weightcache::source
