@@ -1036,7 +1036,16 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   };
   try {
     if (bound) {
-      parallel_for(pool_, count, create);
+      // Layers over the same weights (one initializer, or equal bytes) are created one after the
+      // other on one thread: the first packs, the others find its entry. Created at once, each
+      // would miss and pack its own copy.
+      std::map<std::string, std::vector<std::size_t>> by_weight;
+      for (std::size_t g = 0; g < count; ++g) by_weight[jobs[g].spec.weights_name].push_back(g);
+      std::vector<const std::vector<std::size_t>*> groups;
+      for (const auto& [name, members] : by_weight) groups.push_back(&members);
+      parallel_for(pool_, groups.size(), [&](std::size_t i) {
+        for (std::size_t g : *groups[i]) create(g);
+      });
     } else {
       for (std::size_t g = 0; g < count; ++g) create(g);
     }
