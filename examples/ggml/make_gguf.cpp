@@ -1,0 +1,181 @@
+// weightcache-gguf-gen: writes a llama-architecture GGUF with random weights, for the ggml tests,
+// benchmarks and demo (models are generated, never downloaded). Written with ggml's own gguf
+// writer (the metadata) and ggml_quantize_chunk (the weights), streamed tensor by tensor so a
+// model of several GB needs no more memory than its largest tensor.
+//
+//   weightcache-gguf-gen --out FILE [--layers 12] [--dim 2048] [--ffn 5632] [--type q4_0]
+//                        [--seed 1] [--vocab 0]
+//
+// Per layer, llama.cpp's names: blk.N.attn_norm.weight (f32), blk.N.attn_{q,k,v,output}.weight,
+// blk.N.ffn_norm.weight (f32), blk.N.ffn_{gate,up}.weight (dim -> ffn), blk.N.ffn_down.weight
+// (ffn -> dim), all of --type; then output_norm.weight. With --vocab V (> 0) also token_embd.weight
+// and output.weight (V rows, of --type). Every tensor's values come from --seed and its name, so a
+// tensor's bytes do not depend on the others.
+#include <ggml.h>
+#include <gguf.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "weightcache-gguf-gen: %s\n"
+               "usage: weightcache-gguf-gen --out FILE [--layers N] [--dim D] [--ffn F] [--type q4_0|iq4_nl|q4_k|q8_0]"
+               " [--seed S] [--vocab V]\n",
+               why);
+  std::exit(2);
+}
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Values of about N(0, scale) drawn from the seed and the tensor's name.
+void fill(std::vector<float>& v, std::uint64_t seed, const std::string& name, float scale, float offset) {
+  std::uint64_t s = seed * 0x100000001B3ull;
+  for (char c : name) s = mix(s ^ static_cast<unsigned char>(c));
+  for (float& x : v) {
+    s = mix(s);
+    // Sum of four uniforms: close enough to a normal for weights.
+    float u = 0;
+    for (int i = 0; i < 4; ++i) u += static_cast<float>((s >> (i * 16)) & 0xFFFF) / 65535.0f;
+    x = offset + (u - 2.0f) * scale * 1.7320508f;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out, type_name = "q4_0";
+  long layers = 12, dim = 2048, ffn = 5632, vocab = 0;
+  unsigned long long seed = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--out") out = next();
+    else if (a == "--layers") layers = std::strtol(next(), nullptr, 10);
+    else if (a == "--dim") dim = std::strtol(next(), nullptr, 10);
+    else if (a == "--ffn") ffn = std::strtol(next(), nullptr, 10);
+    else if (a == "--vocab") vocab = std::strtol(next(), nullptr, 10);
+    else if (a == "--seed") seed = std::strtoull(next(), nullptr, 10);
+    else if (a == "--type") type_name = next();
+    else if (a == "-h" || a == "--help") usage("writes a llama-architecture GGUF with random weights");
+    else usage(("unknown argument " + a).c_str());
+  }
+  if (out.empty()) usage("--out is required");
+  ggml_type type;
+  if (type_name == "q4_0") type = GGML_TYPE_Q4_0;
+  else if (type_name == "iq4_nl") type = GGML_TYPE_IQ4_NL;
+  else if (type_name == "q4_k") type = GGML_TYPE_Q4_K;
+  else if (type_name == "q8_0") type = GGML_TYPE_Q8_0;
+  else usage(("unknown --type " + type_name).c_str());
+  const long block = ggml_blck_size(type);
+  if (layers < 1 || layers > 1000 || dim < block || dim % block != 0 || ffn < block || ffn % block != 0 || vocab < 0)
+    usage("--layers 1..1000; --dim and --ffn positive multiples of the type's block size");
+
+  struct Spec {
+    std::string name;
+    std::int64_t ne0, ne1;
+    bool quantized;
+  };
+  std::vector<Spec> specs;
+  if (vocab > 0) specs.push_back({"token_embd.weight", dim, vocab, true});
+  for (long l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    specs.push_back({p + "attn_norm.weight", dim, 1, false});
+    for (const char* w : {"attn_q", "attn_k", "attn_v", "attn_output"}) specs.push_back({p + w + ".weight", dim, dim, true});
+    specs.push_back({p + "ffn_norm.weight", dim, 1, false});
+    specs.push_back({p + "ffn_gate.weight", dim, ffn, true});
+    specs.push_back({p + "ffn_up.weight", dim, ffn, true});
+    specs.push_back({p + "ffn_down.weight", ffn, dim, true});
+  }
+  specs.push_back({"output_norm.weight", dim, 1, false});
+  if (vocab > 0) specs.push_back({"output.weight", dim, vocab, true});
+
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * (specs.size() + 8);
+  ip.no_alloc = true;
+  ggml_context* ctx = ggml_init(ip);
+  gguf_context* g = gguf_init_empty();
+  gguf_set_val_str(g, "general.architecture", "llama");
+  gguf_set_val_str(g, "general.name", "weightcache generated model");
+  gguf_set_val_u32(g, "general.file_type", type == GGML_TYPE_Q4_0 ? 2u : 0u);
+  gguf_set_val_u32(g, "llama.block_count", static_cast<std::uint32_t>(layers));
+  gguf_set_val_u32(g, "llama.embedding_length", static_cast<std::uint32_t>(dim));
+  gguf_set_val_u32(g, "llama.feed_forward_length", static_cast<std::uint32_t>(ffn));
+  gguf_set_val_u32(g, "llama.context_length", 2048);
+  const std::uint32_t heads = static_cast<std::uint32_t>(dim % 64 == 0 ? dim / 64 : 1);
+  gguf_set_val_u32(g, "llama.attention.head_count", heads);
+  gguf_set_val_u32(g, "llama.attention.head_count_kv", heads);
+  gguf_set_val_u32(g, "llama.rope.dimension_count", static_cast<std::uint32_t>(dim / heads));
+  gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  gguf_set_val_u32(g, "weightcache.seed", static_cast<std::uint32_t>(seed));
+  std::vector<ggml_tensor*> tensors;
+  for (const Spec& s : specs) {
+    ggml_tensor* t = s.ne1 == 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.ne0)
+                                : ggml_new_tensor_2d(ctx, s.quantized ? type : GGML_TYPE_F32, s.ne0, s.ne1);
+    ggml_set_name(t, s.name.c_str());
+    gguf_add_tensor(g, t);
+    tensors.push_back(t);
+  }
+  const std::string tmp = out + ".tmp";
+  if (!gguf_write_to_file(g, tmp.c_str(), /*only_meta=*/true)) {
+    std::fprintf(stderr, "weightcache-gguf-gen: cannot write %s\n", tmp.c_str());
+    return 1;
+  }
+  FILE* f = std::fopen(tmp.c_str(), "ab");
+  if (f == nullptr) {
+    std::fprintf(stderr, "weightcache-gguf-gen: cannot append to %s\n", tmp.c_str());
+    return 1;
+  }
+  const std::size_t meta = gguf_get_meta_size(g);
+  std::vector<float> values;
+  std::vector<std::uint8_t> bytes;
+  bool ok = true;
+  for (std::size_t i = 0; i < tensors.size() && ok; ++i) {
+    ggml_tensor* t = tensors[i];
+    const std::size_t at = meta + gguf_get_tensor_offset(g, static_cast<std::int64_t>(i));
+    const long pos = std::ftell(f);
+    if (pos < 0 || static_cast<std::size_t>(pos) > at) {
+      ok = false;
+      break;
+    }
+    bytes.assign(at - static_cast<std::size_t>(pos), 0);  // alignment padding
+    ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    values.resize(static_cast<std::size_t>(ggml_nelements(t)));
+    const bool norm = specs[i].ne1 == 1;
+    fill(values, seed, specs[i].name, norm ? 0.05f : 0.02f, norm ? 1.0f : 0.0f);
+    if (t->type == GGML_TYPE_F32) {
+      ok = ok && std::fwrite(values.data(), sizeof(float), values.size(), f) == values.size();
+    } else {
+      bytes.resize(ggml_nbytes(t));
+      const std::size_t n = ggml_quantize_chunk(t->type, values.data(), bytes.data(), 0, t->ne[1], t->ne[0], nullptr);
+      ok = ok && n == bytes.size() && std::fwrite(bytes.data(), 1, n, f) == n;
+    }
+  }
+  ok = std::fflush(f) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::fprintf(stderr, "weightcache-gguf-gen: writing %s failed\n", out.c_str());
+    std::remove(tmp.c_str());
+    return 1;
+  }
+  std::printf("weightcache-gguf-gen: %s: %ld layers of %ld (ffn %ld), %s, %zu tensors\n", out.c_str(), layers, dim, ffn,
+              type_name.c_str(), tensors.size());
+  gguf_free(g);
+  ggml_free(ctx);
+  return 0;
+}

@@ -1,0 +1,606 @@
+// A ggml buffer type whose repacked weights live in a weightcache file (include/weightcache/ggml.h).
+//
+// ggml-cpu decides that a weight is repacked, and how to multiply it, by comparing its buffer's
+// type with CPU_REPACK's buffer type *pointer*. So the buffers this type allocates report
+// CPU_REPACK's type as theirs and borrow its init_tensor (which picks the layout and sets
+// tensor->extra) and set_tensor (which repacks). What they change is where the repacked bytes go:
+// - the buffer's own memory is an anonymous reservation (MAP_NORESERVE) that costs nothing unless a
+//   tensor falls back to it;
+// - set_tensor finds the tensor's key; on a hit it points tensor->data at the cache entry (the
+//   source bytes are not read); on a miss it reserves space in the cache, points tensor->data at
+//   it, lets CPU_REPACK repack straight into it, and commits it under the key (no copy);
+// - when the last tensor given to a buffer is set, the cache is finalized (durable).
+#include <weightcache/ggml.h>
+
+#include "../common/source_identity.hpp"
+
+#include <ggml-backend-impl.h>
+#include <ggml-backend.h>
+#include <ggml-cpu.h>
+#include <ggml.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+// Exported by ggml-base (ggml-impl.h, which is not meant for C++ users outside ggml, declares it):
+// messages go wherever the application pointed ggml's log (ggml_log_set, llama_log_set).
+extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format, ...);
+
+#ifndef WEIGHTCACHE_GGML_VERSION
+#error "WEIGHTCACHE_GGML_VERSION (the ggml tree's version) must be defined by the build"
+#endif
+
+using weightcache::source::content_identity;
+using weightcache::source::file_identity;
+using weightcache::source::WeightSource;
+using weightcache::source::write_back;
+
+namespace {
+
+thread_local std::string t_error;
+
+wc_status fail(wc_status st, std::string why) {
+  t_error = std::move(why);
+  return st;
+}
+
+constexpr std::int64_t kDefaultWindowMs = 60'000;
+constexpr std::int64_t kMinWindowMs = 2'000;
+
+// ---- CPU_REPACK, found through ggml's public registry -------------------------------------------
+
+using init_tensor_fn = enum ggml_status (*)(ggml_backend_buffer_t, struct ggml_tensor*);
+using set_tensor_fn = void (*)(ggml_backend_buffer_t, struct ggml_tensor*, const void*, size_t, size_t);
+
+struct Repack {
+  ggml_backend_buffer_type_t buft = nullptr;
+  init_tensor_fn init = nullptr;
+  set_tensor_fn set = nullptr;
+  std::string features;  // the CPU features ggml-cpu reports ("AVX2=1;...")
+  std::string why;       // why there is none
+};
+
+const Repack& repack() {
+  static const Repack r = [] {
+    Repack x;
+    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (cpu == nullptr) {
+      x.why = "this process's ggml has no CPU backend";
+      return x;
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
+    auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    if (extra != nullptr) {
+      for (ggml_backend_buffer_type_t* b = extra(cpu); b != nullptr && *b != nullptr; ++b)
+        if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) x.buft = *b;
+    }
+    if (x.buft == nullptr) {
+      x.why = "this process's ggml CPU backend has no CPU_REPACK buffer type (built without GGML_CPU_REPACK?)";
+      return x;
+    }
+    // Its buffers' functions: allocate a small one and keep its init_tensor and set_tensor.
+    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(x.buft, 256);
+    if (probe == nullptr) {
+      x.why = "could not allocate a CPU_REPACK buffer";
+      x.buft = nullptr;
+      return x;
+    }
+    x.init = probe->iface.init_tensor;
+    x.set = probe->iface.set_tensor;
+    ggml_backend_buffer_free(probe);
+    if (x.init == nullptr || x.set == nullptr) {
+      x.why = "CPU_REPACK's buffers have no init_tensor or set_tensor";
+      x.buft = nullptr;
+      return x;
+    }
+    auto features = reinterpret_cast<ggml_backend_get_features_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
+    if (features != nullptr)
+      for (ggml_backend_feature* f = features(reg); f != nullptr && f->name != nullptr; ++f)
+        x.features += std::string(f->name) + "=" + (f->value ? f->value : "") + ";";
+    return x;
+  }();
+  return r;
+}
+
+// Whether CPU_REPACK gives the tensor a layout (the call only reads type and ne, and sets extra).
+const void* repack_traits(const struct ggml_tensor* t) {
+  const Repack& r = repack();
+  if (r.buft == nullptr || t == nullptr) return nullptr;
+  const int dims = ggml_n_dims(t);
+  if (dims != 2 && dims != 3) return nullptr;  // ggml-cpu uses repacked weights in MUL_MAT (2-D) and MUL_MAT_ID (3-D)
+  struct ggml_tensor copy = *t;
+  copy.extra = nullptr;
+  if (r.init(nullptr, &copy) != GGML_STATUS_SUCCESS) return nullptr;
+  return copy.extra;
+}
+
+// ---- where the bytes handed to set_tensor come from ---------------------------------------------
+
+// One line of /proc/self/maps that maps a file.
+struct Mapping {
+  std::uintptr_t start = 0, end = 0;
+  std::uint64_t offset = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool shared = false, writable = false;
+  std::string path;
+};
+
+std::vector<Mapping> read_maps() {
+  std::vector<Mapping> v;
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return v;
+  char line[4096 + 256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long start = 0, end = 0, offset = 0, inode = 0;
+    unsigned major = 0, minor = 0;
+    char perms[8] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &offset, &major, &minor, &inode,
+                    &path_at) < 7 ||
+        inode == 0 || path_at <= 0)
+      continue;
+    Mapping m;
+    m.start = static_cast<std::uintptr_t>(start);
+    m.end = static_cast<std::uintptr_t>(end);
+    m.offset = offset;
+    m.dev = makedev(major, minor);
+    m.ino = static_cast<ino_t>(inode);
+    m.shared = perms[3] == 's';
+    m.writable = perms[1] == 'w';
+    m.path = line + path_at;
+    while (!m.path.empty() && (m.path.back() == '\n' || m.path.back() == ' ')) m.path.pop_back();
+    if (m.path.empty() || m.path[0] != '/' || m.path.find(" (deleted)") != std::string::npos) continue;
+    v.push_back(std::move(m));
+  }
+  std::fclose(f);
+  return v;
+}
+
+}  // namespace
+
+// ---- the buffer type ------------------------------------------------------------------------------
+
+struct wc_ggml {
+  wc_cache* cache = nullptr;
+  wc_ggml_options options{};
+  struct ggml_backend_buffer_type buft {};
+  std::string build_id;  // everything the repacked layout depends on besides the tensor
+
+  std::mutex mu;  // the maps snapshot, the one warning
+  std::vector<Mapping> maps;
+  bool warned = false;
+  std::atomic<int> buffers{0};
+  std::atomic<bool> unfinalized{false};  // inserted since the last finalize
+
+  std::atomic<std::uint64_t> tensors{0}, repacked{0}, served{0}, heap{0}, repacked_bytes{0}, hashed{0},
+      dropped{0}, finalizes_failed{0};
+
+  void warn_once(const std::string& what) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (warned) return;
+      warned = true;
+    }
+    ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: %s\n", what.c_str());
+  }
+
+  // The file mapping that holds [p, p + n), if one does (the snapshot is re-read once when p is in
+  // none of it: a loader maps its file before it sets tensors from it).
+  bool mapping_of(const void* p, std::size_t n, Mapping* out) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Mapping& m : maps)
+        if (a >= m.start && a + n <= m.end && a + n >= a) {
+          *out = m;
+          return true;
+        }
+      if (pass == 0) maps = read_maps();
+    }
+    return false;
+  }
+
+  wc_status finalize() {
+    if (!unfinalized.exchange(false)) return WC_OK;
+    const wc_status st = wc_finalize(cache);
+    if (st != WC_OK) {
+      finalizes_failed.fetch_add(1, std::memory_order_relaxed);
+      ggml_log_internal(GGML_LOG_LEVEL_WARN,
+                        "weightcache: could not make the repacked weights durable (%s); this process uses them from "
+                        "memory and the next one repacks them again\n",
+                        wc_last_error());
+      t_error = wc_last_error();
+    }
+    return st;
+  }
+};
+
+namespace {
+
+// One buffer: its anonymous memory, and how many of its tensors are still to be set.
+struct Buffer {
+  wc_ggml* g = nullptr;
+  void* base = nullptr;
+  std::size_t mapped = 0;
+  std::mutex mu;
+  std::size_t pending = 0;  // initialized, not yet set
+  struct Partial {
+    std::vector<std::uint8_t> bytes;
+    std::size_t covered = 0;  // bytes set so far (ggml loaders never overlap pieces)
+  };
+  std::map<const struct ggml_tensor*, Partial> partial;  // tensors being set piecewise
+};
+
+Buffer* buffer_of(ggml_backend_buffer_t b) { return static_cast<Buffer*>(b->context); }
+
+bool in_anonymous(const Buffer* buf, const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p), s = reinterpret_cast<std::uintptr_t>(buf->base);
+  return a >= s && a < s + buf->mapped;
+}
+
+void b_free(ggml_backend_buffer_t b) {
+  Buffer* buf = buffer_of(b);
+  wc_ggml* g = buf->g;
+  if (buf->base != nullptr) ::munmap(buf->base, buf->mapped);
+  delete buf;
+  (void)g->finalize();  // a load that stopped part-way still keeps what it repacked
+  g->buffers.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void* b_base(ggml_backend_buffer_t b) { return buffer_of(b)->base; }
+
+enum ggml_status b_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t) {
+  if (t->view_src != nullptr) return GGML_STATUS_SUCCESS;  // a view shares its source's bytes
+  Buffer* buf = buffer_of(b);
+  const void* traits = repack_traits(t);
+  if (traits == nullptr) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR,
+                      "weightcache: tensor '%s' (%s, %" PRId64 " x %" PRId64 " x %" PRId64
+                      ") is not one ggml's CPU backend repacks on this CPU; keep it out of the weightcache buffer "
+                      "type (wc_ggml_would_repack)\n",
+                      t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2]);
+    return GGML_STATUS_FAILED;
+  }
+  t->extra = const_cast<void*>(traits);
+  std::lock_guard<std::mutex> lock(buf->mu);
+  ++buf->pending;
+  return GGML_STATUS_SUCCESS;
+}
+
+// Repacks into the buffer's own memory, as CPU_REPACK does (the cache could not take it).
+void repack_here(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, const void* data, std::size_t size,
+                 const std::string& why) {
+  wc_ggml* g = buffer_of(b)->g;
+  t->data = own;
+  repack().set(b, t, data, 0, size);
+  g->heap.fetch_add(1, std::memory_order_relaxed);
+  g->repacked.fetch_add(1, std::memory_order_relaxed);
+  g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
+  g->warn_once("the cache could not take repacked weights (" + why +
+               "); they are repacked into this process's memory (outputs are unaffected). Free disk space or fix "
+               "the cache path, and the next load keeps them");
+}
+
+// Gives back this process's mapping of the whole pages inside [p, p + n) of a file mapping that
+// cannot hold modified copies (shared, or read-only private): they read back from the file.
+std::size_t drop_pages(const Mapping& m, const void* p, std::size_t n) {
+  if (!m.shared && m.writable) return 0;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t first = (a + page - 1) & ~(page - 1), last = (a + n) & ~(page - 1);
+  if (last <= first) return 0;
+  return ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0 ? last - first : 0;
+}
+
+// The whole tensor's source bytes are at `data`: find its key, then serve or repack it.
+void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size) {
+  Buffer* buf = buffer_of(b);
+  wc_ggml* g = buf->g;
+  void* own = t->data;  // the tensor's place in the buffer's own memory
+  g->tensors.fetch_add(1, std::memory_order_relaxed);
+
+  // The source: a file mapping at a known offset gives a file identity; anything else is hashed.
+  WeightSource src;
+  src.data = data;
+  src.bytes = size;
+  src.element_type = static_cast<int>(t->type);
+  for (int i = 0; i < GGML_MAX_DIMS; ++i) src.dims.push_back(t->ne[i]);
+  Mapping m;
+  const bool from_file = g->mapping_of(data, size, &m);
+  std::string fid, map_key, content;
+  if (from_file && !(m.writable && !m.shared)) {
+    struct stat st {};
+    // The path must still name the mapped file (not a replacement renamed over it).
+    if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
+      src.external_path = m.path;
+      src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
+      fid = file_identity(src, g->options.identity_window_ms * 1'000'000);
+    }
+  }
+  if (!fid.empty()) {
+    map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
+    const std::size_t off = wc_look_up(g->cache, map_key.data(), map_key.size());
+    if (off != SIZE_MAX) {
+      const char* p = static_cast<const char*>(wc_offset_to_addr(g->cache, off));
+      if (p != nullptr && std::strncmp(p, "xxh3|", 5) == 0) {
+        const std::size_t n = strnlen(p, 4096);
+        if (n < 4096) content.assign(p, n);
+      }
+    }
+  }
+  bool record = false;
+  if (content.empty()) {
+    // Record the identity only for bytes hashed after a write-back, and only if the identity did
+    // not move meanwhile (a store through a shared mapping moves it when it faults again).
+    const bool settled = !fid.empty() && write_back(src.external_path);
+    content = content_identity(src);
+    g->hashed.fetch_add(size, std::memory_order_relaxed);
+    record = settled && file_identity(src, g->options.identity_window_ms * 1'000'000) == fid;
+  }
+  const std::string key = "ggml-repack/1|" + g->build_id + "|" + content;
+
+  std::size_t off = wc_look_up(g->cache, key.data(), key.size());
+  void* at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
+  if (at != nullptr) {
+    t->data = at;
+    g->served.fetch_add(1, std::memory_order_relaxed);
+    if (from_file && g->options.drop_source_pages)
+      g->dropped.fetch_add(drop_pages(m, data, size), std::memory_order_relaxed);
+  } else {
+    void* p = wc_reserve_space(g->cache, size);
+    if (p == nullptr) {
+      repack_here(b, t, own, data, size, wc_last_error());
+    } else {
+      t->data = p;
+      repack().set(b, t, data, 0, size);  // straight into the reservation
+      off = wc_look_up_or_insert(g->cache, key.data(), key.size(), p, size);
+      at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
+      if (at == nullptr) {
+        const std::string why = wc_last_error();
+        if (off == SIZE_MAX) (void)wc_release_space(g->cache, p);
+        repack_here(b, t, own, data, size, why);
+      } else {
+        t->data = at;
+        g->repacked.fetch_add(1, std::memory_order_relaxed);
+        g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
+        g->unfinalized.store(true);
+      }
+    }
+  }
+  if (record && wc_look_up_or_insert(g->cache, map_key.data(), map_key.size(), const_cast<char*>(content.c_str()),
+                                     content.size() + 1) != SIZE_MAX)
+    g->unfinalized.store(true);
+}
+
+void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {
+  Buffer* buf = buffer_of(b);
+  const std::size_t whole = ggml_nbytes(t);
+  if (t->extra == nullptr || offset > whole || size > whole - offset) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: set_tensor of '%s' outside the tensor or of a tensor not "
+                      "initialized by this buffer; ignored\n", t->name);
+    return;
+  }
+  bool done = false;
+  if (offset == 0 && size == whole) {
+    set_whole(b, t, data, size);
+    done = true;
+  } else {
+    // Set piecewise: gather the pieces, then handle the whole (CPU_REPACK repacks whole tensors).
+    std::vector<std::uint8_t> all;
+    {
+      std::lock_guard<std::mutex> lock(buf->mu);
+      Buffer::Partial& piece = buf->partial[t];
+      if (piece.bytes.size() != whole) piece.bytes.assign(whole, 0);
+      std::memcpy(piece.bytes.data() + offset, data, size);
+      piece.covered += size;
+      if (piece.covered >= whole) {
+        all.swap(piece.bytes);
+        buf->partial.erase(t);
+      }
+    }
+    if (!all.empty()) {
+      set_whole(b, t, all.data(), whole);
+      done = true;
+    }
+  }
+  if (!done) return;
+  bool last = false;
+  {
+    std::lock_guard<std::mutex> lock(buf->mu);
+    if (buf->pending > 0) last = --buf->pending == 0;
+  }
+  if (last && buf->g->options.finalize_when_loaded) (void)buf->g->finalize();
+}
+
+void b_memset_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, uint8_t value, size_t offset, size_t size) {
+  // Only a tensor still in the buffer's own memory may be written; the cache's bytes are read-only.
+  if (!in_anonymous(buffer_of(b), t->data) || offset > ggml_nbytes(t) || size > ggml_nbytes(t) - offset) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: memset of '%s', a weight served from the cache; ignored\n",
+                      t->name);
+    return;
+  }
+  std::memset(static_cast<char*>(t->data) + offset, value, size);
+}
+
+void b_clear(ggml_backend_buffer_t b, uint8_t value) {
+  Buffer* buf = buffer_of(b);
+  if (buf->base == nullptr) return;
+  if (value == 0) {
+    (void)::madvise(buf->base, buf->mapped, MADV_DONTNEED);  // anonymous: reads back as zeros, frees the pages
+  } else {
+    std::memset(buf->base, value, buf->mapped);
+  }
+}
+
+const char* bt_name(ggml_backend_buffer_type_t) { return "WEIGHTCACHE_REPACK"; }
+
+std::size_t bt_alignment(ggml_backend_buffer_type_t) { return ggml_backend_buft_get_alignment(repack().buft); }
+
+ggml_backend_buffer_t bt_alloc(ggml_backend_buffer_type_t bt, size_t size) {
+  wc_ggml* g = static_cast<wc_ggml*>(bt->context);
+  auto* buf = new (std::nothrow) Buffer;
+  if (buf == nullptr) return nullptr;
+  buf->g = g;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  buf->mapped = std::max<std::size_t>((size + page - 1) / page * page, page);
+  void* p = ::mmap(nullptr, buf->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: could not reserve %zu bytes of address space (%s)\n", size,
+                      std::strerror(errno));
+    delete buf;
+    return nullptr;
+  }
+  buf->base = p;
+  struct ggml_backend_buffer_i iface {};
+  iface.free_buffer = b_free;
+  iface.get_base = b_base;
+  iface.init_tensor = b_init_tensor;
+  iface.memset_tensor = b_memset_tensor;
+  iface.set_tensor = b_set_tensor;
+  iface.get_tensor = nullptr;  // as CPU_REPACK: repacked bytes are not the tensor's values
+  iface.cpy_tensor = nullptr;
+  iface.clear = b_clear;
+  iface.reset = nullptr;
+  // CPU_REPACK's type, not ours: ggml-cpu finds repacked weights by that pointer.
+  ggml_backend_buffer_t b = ggml_backend_buffer_init(repack().buft, iface, buf, size);
+  if (b == nullptr) {
+    ::munmap(p, buf->mapped);
+    delete buf;
+    return nullptr;
+  }
+  g->buffers.fetch_add(1, std::memory_order_relaxed);
+  return b;
+}
+
+}  // namespace
+
+// ---- the C API ------------------------------------------------------------------------------------
+
+extern "C" {
+
+void wc_ggml_options_init(wc_ggml_options* o) {
+  if (o == nullptr) return;
+  *o = wc_ggml_options{};
+  o->struct_size = sizeof *o;
+  o->identity_window_ms = kDefaultWindowMs;
+  o->drop_source_pages = 1;
+  o->finalize_when_loaded = 1;
+}
+
+const char* wc_ggml_last_error(void) { return t_error.c_str(); }
+
+wc_status wc_ggml_check_abi(void) {
+  const char* running = ggml_version();
+  if (running == nullptr || std::strcmp(running, WEIGHTCACHE_GGML_VERSION) != 0)
+    return fail(WC_ERR_INCOMPATIBLE, std::string("this process runs ggml ") + (running ? running : "(unknown)") +
+                                         ", but libweightcache_ggml was built against ggml " WEIGHTCACHE_GGML_VERSION
+                                         ": rebuild it against the ggml tree the application uses "
+                                         "(WEIGHTCACHE_GGML_SOURCE_DIR)");
+  return WC_OK;
+}
+
+wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggml** out) {
+  try {
+    if (out != nullptr) *out = nullptr;
+    if (cache == nullptr || out == nullptr) return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: NULL cache or out");
+    wc_ggml_options o;
+    wc_ggml_options_init(&o);
+    if (options != nullptr) {
+      if (options->struct_size < offsetof(wc_ggml_options, finalize_when_loaded) + sizeof(int) ||
+          options->struct_size > sizeof(wc_ggml_options))
+        return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: options not set up by wc_ggml_options_init");
+      o = *options;
+      o.struct_size = sizeof o;
+    }
+    if (o.identity_window_ms < kMinWindowMs)
+      return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: identity_window_ms must be at least 2000 (the coarsest "
+                                           "file timestamp, FAT's, is 2 s)");
+    if (wc_status st = wc_ggml_check_abi(); st != WC_OK) return st;
+    const Repack& r = repack();
+    if (r.buft == nullptr) return fail(WC_ERR_INCOMPATIBLE, "wc_ggml_create: " + r.why);
+    auto g = std::unique_ptr<wc_ggml>(new (std::nothrow) wc_ggml);
+    if (!g) return fail(WC_ERR_NO_MEMORY, "wc_ggml_create: out of memory");
+    g->cache = cache;
+    g->options = o;
+    const char* commit = ggml_commit();
+    g->build_id = std::string("ggml ") + WEIGHTCACHE_GGML_VERSION + " " + (commit ? commit : "") + " api" +
+                  std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + r.features;
+    g->buft.iface.get_name = bt_name;
+    g->buft.iface.alloc_buffer = bt_alloc;
+    g->buft.iface.get_alignment = bt_alignment;
+    g->buft.iface.get_max_size = nullptr;
+    g->buft.iface.get_alloc_size = nullptr;  // ggml_nbytes: a repacked tensor is as large as its source
+    g->buft.iface.is_host = nullptr;
+    g->buft.device = r.buft->device;
+    g->buft.context = g.get();
+    *out = g.release();
+    return WC_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(WC_ERR_NO_MEMORY, "wc_ggml_create: out of memory");
+  } catch (...) {
+    return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: unexpected failure");
+  }
+}
+
+void wc_ggml_destroy(wc_ggml* g) {
+  if (g == nullptr) return;
+  if (g->buffers.load() != 0)
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR,
+                      "weightcache: wc_ggml_destroy with %d buffers still allocated (free the model first); "
+                      "the buffer type is kept alive\n",
+                      g->buffers.load());
+  else {
+    (void)g->finalize();
+    delete g;
+  }
+}
+
+ggml_backend_buffer_type_t wc_ggml_buffer_type(wc_ggml* g) { return g != nullptr ? &g->buft : nullptr; }
+
+int wc_ggml_would_repack(const struct ggml_tensor* tensor) { return repack_traits(tensor) != nullptr ? 1 : 0; }
+
+wc_status wc_ggml_finish(wc_ggml* g) {
+  if (g == nullptr) return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_finish: NULL");
+  return g->finalize();
+}
+
+void wc_ggml_stats_init(wc_ggml_stats* s) {
+  if (s == nullptr) return;
+  *s = wc_ggml_stats{};
+  s->struct_size = sizeof *s;
+}
+
+wc_status wc_ggml_get_stats(const wc_ggml* g, wc_ggml_stats* out) {
+  if (g == nullptr || out == nullptr || out->struct_size != sizeof(wc_ggml_stats))
+    return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_get_stats: NULL, or stats not set up by wc_ggml_stats_init");
+  out->tensors = g->tensors.load();
+  out->repacked = g->repacked.load();
+  out->served_from_cache = g->served.load();
+  out->heap_fallbacks = g->heap.load();
+  out->repacked_bytes = g->repacked_bytes.load();
+  out->source_bytes_hashed = g->hashed.load();
+  out->source_bytes_dropped = g->dropped.load();
+  out->finalizes_failed = g->finalizes_failed.load();
+  return WC_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,471 @@
+// ggml's CPU repacking into the cache, as an application gets it: weightcache-ggml and
+// weightcache-gguf-gen as `cmake --install` put them into a prefix, each load a new process on a
+// generated llama-architecture GGUF, against ggml's stock CPU_REPACK on the same file; and, in
+// this process, the buffer type (libweightcache_ggml) loading two models on two threads at once.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <weightcache/ggml.h>
+#include <weightcache/weightcache.h>
+
+#include <ggml-backend.h>
+#include <ggml-cpu.h>
+#include <ggml.h>
+#include <gguf.h>
+
+#include "temp_dir.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using weightcache::test::TempDir;
+
+std::string installed(const char* tool) { return std::string(WEIGHTCACHE_GGML_PREFIX) + "/bin/" + tool; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+struct ToolRun {
+  int code = -1;
+  std::string out, err;
+  json j;
+  std::string describe() const { return "exit " + std::to_string(code) + "\nstdout: " + out + "\nstderr: " + err; }
+};
+
+pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<std::string> storage{exe};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
+}
+
+ToolRun finish(pid_t pid, const std::string& out, const std::string& err) {
+  ToolRun r;
+  int status = 0;
+  if (pid > 0) {
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  r.out = slurp(out);
+  r.err = slurp(err);
+  if (r.code == 0) r.j = json::parse(r.out, nullptr, false);
+  return r;
+}
+
+int g_runs = 0;
+
+ToolRun run(const TempDir& dir, const std::string& tool, const std::vector<std::string>& args) {
+  const std::string tag = std::to_string(g_runs++);
+  const std::string out = dir.file("run" + tag + ".out"), err = dir.file("run" + tag + ".err");
+  return finish(spawn(installed(tool.c_str()), args, out, err), out, err);
+}
+
+// weightcache-ggml on `model`: stock (cache ""), or with the cache; two steps of each batch.
+ToolRun load(const TempDir& dir, const std::string& model, const std::string& cache, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a{"--model", model, "--json", "--steps", "2", "--threads", "2"};
+  if (!cache.empty()) {
+    a.push_back("--cache");
+    a.push_back(cache);
+  }
+  a.insert(a.end(), extra.begin(), extra.end());
+  return run(dir, "weightcache-ggml", a);
+}
+
+void make_model(const TempDir& dir, const std::string& out, const std::string& type, const std::string& seed = "1",
+                const std::string& layers = "2", const std::string& dim = "256", const std::string& ffn = "512") {
+  const ToolRun r = run(dir, "weightcache-gguf-gen",
+                    {"--out", out, "--type", type, "--seed", seed, "--layers", layers, "--dim", dim, "--ffn", ffn});
+  ASSERT_EQ(r.code, 0) << r.describe();
+}
+
+std::uint64_t u64(const ToolRun& r, const char* k) { return r.j.at(k).get<std::uint64_t>(); }
+
+bool times_track_stores(const std::string& path) {
+  struct statfs fs {};
+  if (::statfs(path.c_str(), &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53UL: case 0x58465342UL: case 0x9123683EUL: case 0xF2F52010UL: return true;
+    default: return false;
+  }
+}
+
+// The file offset of a tensor's data in a GGUF.
+std::size_t tensor_offset(const std::string& gguf, const char* name) {
+  gguf_init_params p{};
+  p.no_alloc = true;
+  gguf_context* g = gguf_init_from_file(gguf.c_str(), p);
+  if (g == nullptr) return 0;
+  const std::int64_t id = gguf_find_tensor(g, name);
+  const std::size_t off = id < 0 ? 0 : gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id);
+  gguf_free(g);
+  return off;
+}
+
+class Ggml : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::is_regular_file(installed("weightcache-ggml"))) << "did GgmlInstall run?";
+  }
+  TempDir dir_{"wc-ggml"};
+  std::string f(const std::string& n) const { return dir_.file(n); }
+};
+
+// ---- outputs --------------------------------------------------------------------------------------
+
+class GgmlTypes : public Ggml, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(GgmlTypes, StockColdAndWarmAreBitIdenticalAndWarmRepacksNothing) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  make_model(dir_, model, GetParam());
+  const ToolRun stock = load(dir_, model, "");
+  ASSERT_EQ(stock.code, 0) << stock.describe();
+  ASSERT_GT(u64(stock, "repacked"), 0u) << "ggml repacks none of this model's tensors on this CPU: " << stock.out;
+  const ToolRun cold = load(dir_, model, cache);
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(u64(cold, "repacked"), u64(stock, "repacked")) << cold.out;
+  EXPECT_EQ(u64(cold, "heap_fallbacks"), 0u) << cold.out;
+  EXPECT_EQ(cold.j["checksum"], stock.j["checksum"]) << "cold (repacked into the cache) != stock CPU_REPACK\n" << cold.out;
+  struct stat before {};
+  ASSERT_EQ(::stat(cache.c_str(), &before), 0);
+  const ToolRun warm = load(dir_, model, cache);
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(u64(warm, "repacked"), 0u) << warm.out;
+  EXPECT_EQ(u64(warm, "served_from_cache"), u64(stock, "repacked")) << warm.out;
+  EXPECT_EQ(warm.j["checksum"], stock.j["checksum"]) << "warm (served from the cache) != stock\n" << warm.out;
+  EXPECT_LT(u64(warm, "rss_anon_load_bytes"), 5u << 20) << warm.out;
+  struct stat after {};
+  ASSERT_EQ(::stat(cache.c_str(), &after), 0);
+  EXPECT_EQ(after.st_size, before.st_size) << "a warm load changed the cache file";
+  EXPECT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec) << "a warm load wrote the cache file";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgmlTypes, ::testing::Values("q4_0", "iq4_nl", "q4_k"));
+
+// ---- a changed GGUF is seen ------------------------------------------------------------------------
+
+void changed_gguf_is_seen(const TempDir& dir, bool past_the_window) {
+  const std::string model = dir.file("m.gguf"), cache = dir.file("c.wcache");
+  const std::vector<std::string> window{"--identity-window-ms", "2000"};
+  make_model(dir, model, "q4_0");
+  if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const ToolRun cold = load(dir, model, cache, window);
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  if (past_the_window) {
+    // A second load finds the tensors through the file's identity: it reads none of their bytes.
+    const ToolRun warm = load(dir, model, cache, window);
+    ASSERT_EQ(warm.code, 0) << warm.describe();
+    if (times_track_stores(model)) {
+      EXPECT_EQ(u64(warm, "source_bytes_hashed"), 0u) << warm.out;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // One block of one weight rewritten in place, the file's size kept (its mtime put back too).
+  struct stat st {};
+  ASSERT_EQ(::stat(model.c_str(), &st), 0);
+  const std::size_t at = tensor_offset(model, "blk.1.ffn_down.weight");
+  ASSERT_GT(at, 0u);
+  const int fd = ::open(model.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char block[18];
+  ASSERT_EQ(::pread(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  for (int i = 2; i < 18; ++i) block[i] = static_cast<unsigned char>(block[i] ^ 0x5A);  // the nibbles, not the scale
+  ASSERT_EQ(::pwrite(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  ::close(fd);
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, model.c_str(), times, 0), 0);
+  if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const ToolRun stock = load(dir, model, "");
+  ASSERT_EQ(stock.code, 0) << stock.describe();
+  EXPECT_NE(stock.j["checksum"], cold.j["checksum"]) << "the rewritten block did not change the outputs";
+  const ToolRun after = load(dir, model, cache, window);
+  ASSERT_EQ(after.code, 0) << after.describe();
+  EXPECT_EQ(after.j["checksum"], stock.j["checksum"]) << "stale repacked weights served after an in-place write";
+  EXPECT_EQ(u64(after, "repacked"), 1u) << "exactly the changed tensor repacks: " << after.out;
+
+  // Then a new file renamed over the path (other weights, same shapes and size).
+  make_model(dir, dir.file("new.gguf"), "q4_0", "7");
+  ASSERT_EQ(std::rename(dir.file("new.gguf").c_str(), model.c_str()), 0);
+  if (past_the_window) std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const ToolRun stock2 = load(dir, model, "");
+  const ToolRun renamed = load(dir, model, cache, window);
+  ASSERT_EQ(renamed.code, 0) << renamed.describe();
+  EXPECT_EQ(renamed.j["checksum"], stock2.j["checksum"]) << "stale repacked weights served after a rename";
+  EXPECT_EQ(u64(renamed, "repacked"), u64(stock2, "repacked")) << renamed.out;
+}
+
+TEST_F(Ggml, AChangedGgufIsSeenRightAfterTheWrite) { changed_gguf_is_seen(dir_, false); }
+TEST_F(Ggml, AChangedGgufIsSeenThroughItsFileIdentity) { changed_gguf_is_seen(dir_, true); }
+
+// ---- failures stay correct --------------------------------------------------------------------------
+
+TEST_F(Ggml, ADamagedCacheFileStillGivesTheStockOutputs) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  make_model(dir_, model, "q4_0");
+  const ToolRun stock = load(dir_, model, "");
+  ASSERT_EQ(load(dir_, model, cache).code, 0);
+  // Garbage over the middle of the file: the repacked entries there fail their checksums.
+  struct stat st {};
+  ASSERT_EQ(::stat(cache.c_str(), &st), 0);
+  const int fd = ::open(cache.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  std::vector<char> junk(static_cast<std::size_t>(st.st_size / 3), '\x5c');
+  ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), st.st_size / 3), static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+  const ToolRun damaged = load(dir_, model, cache);
+  ASSERT_EQ(damaged.code, 0) << damaged.describe();
+  EXPECT_EQ(damaged.j["checksum"], stock.j["checksum"]) << damaged.out;
+  EXPECT_GT(u64(damaged, "repacked"), 0u) << "the damaged entries were served: " << damaged.out;
+  const ToolRun again = load(dir_, model, cache);
+  ASSERT_EQ(again.code, 0) << again.describe();
+  EXPECT_EQ(again.j["checksum"], stock.j["checksum"]) << again.out;
+}
+
+TEST_F(Ggml, AnImpossibleCachePathStillGivesTheStockOutputs) {
+  const std::string model = f("m.gguf");
+  make_model(dir_, model, "q4_0");
+  const ToolRun stock = load(dir_, model, "");
+  std::ofstream(f("file")) << "a regular file";
+  const ToolRun r = load(dir_, model, f("file") + "/c.wcache");
+  ASSERT_EQ(r.code, 0) << r.describe();
+  EXPECT_EQ(r.j["checksum"], stock.j["checksum"]) << r.out;
+  EXPECT_FALSE(fs::exists(f("file") + "/c.wcache"));
+}
+
+// ---- memory --------------------------------------------------------------------------------------
+
+TEST_F(Ggml, AWarmLoadLeavesTheRepackedTensorsSourcePagesUnread) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  if (!times_track_stores(dir_.path().string()))
+    GTEST_SKIP() << "the temporary directory's file system is not one whose times follow every store (ext4, xfs, "
+                    "btrfs, f2fs): every load hashes there";
+  make_model(dir_, model, "q4_0", "1", "2", "512", "1024");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const std::vector<std::string> window{"--identity-window-ms", "2000"};
+  ASSERT_EQ(load(dir_, model, cache, window).code, 0);
+  // Evict the GGUF from the page cache (its pages are clean), then load warm.
+  const int fd = ::open(model.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fdatasync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd);
+  const ToolRun warm = load(dir_, model, cache, window);
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(u64(warm, "repacked"), 0u) << warm.out;
+  EXPECT_EQ(u64(warm, "source_bytes_hashed"), 0u) << warm.out;
+  const std::uint64_t pages = u64(warm, "source_pages"), resident = u64(warm, "source_pages_resident");
+  ASSERT_GT(pages, 0u);
+  // Only readahead around the small tensors the runtime does read (norms) may bring some in.
+  EXPECT_LE(resident * 20, pages) << resident << " of " << pages << " source pages resident after a warm load";
+  // The stock load reads them all.
+  const int fd2 = ::open(model.c_str(), O_RDONLY);
+  ASSERT_EQ(::posix_fadvise(fd2, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ::close(fd2);
+  const ToolRun stock = load(dir_, model, "");
+  EXPECT_EQ(u64(stock, "source_pages_resident"), u64(stock, "source_pages")) << stock.out;
+}
+
+TEST_F(Ggml, FourProcessesShareOneCopyOfTheRepackedWeights) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  make_model(dir_, model, "q4_0", "1", "2", "512", "1024");
+  ASSERT_EQ(load(dir_, model, cache).code, 0);
+  std::vector<pid_t> pids;
+  std::vector<std::pair<std::string, std::string>> files;
+  for (int i = 0; i < 4; ++i) {
+    files.emplace_back(f("p" + std::to_string(i) + ".out"), f("p" + std::to_string(i) + ".err"));
+    pids.push_back(spawn(installed("weightcache-ggml"),
+                         {"--model", model, "--cache", cache, "--json", "--steps", "1", "--threads", "1", "--hold-ms",
+                          "2000"},
+                         files.back().first, files.back().second));
+  }
+  std::uint64_t pss = 0, rss = 0, dirty = 0;
+  for (int i = 0; i < 4; ++i) {
+    const ToolRun r = finish(pids[i], files[i].first, files[i].second);
+    ASSERT_EQ(r.code, 0) << r.describe();
+    EXPECT_EQ(u64(r, "repacked"), 0u) << r.out;
+    pss += u64(r, "cache_pss_bytes");
+    rss = std::max(rss, u64(r, "cache_rss_bytes"));
+    dirty += u64(r, "cache_private_dirty_bytes");
+  }
+  ASSERT_GT(rss, 0u);
+  EXPECT_LE(static_cast<double>(pss), 1.05 * static_cast<double>(rss)) << "summed Pss " << pss << " vs one copy " << rss;
+  EXPECT_LE(dirty, 4u * 4096u * 4u) << "the processes hold private copies of the cache";
+}
+
+// ---- in this process: two models on two threads, one cache ---------------------------------------
+
+struct Loaded {
+  ggml_context* ctx = nullptr;
+  ggml_backend_buffer_t buf = nullptr;
+  std::vector<ggml_tensor*> tensors;
+  ~Loaded() {
+    if (buf) ggml_backend_buffer_free(buf);
+    if (ctx) ggml_free(ctx);
+  }
+};
+
+// Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
+bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, Loaded* out, std::string* why) {
+  ggml_context* meta = nullptr;
+  gguf_init_params p{};
+  p.no_alloc = true;
+  p.ctx = &meta;
+  gguf_context* g = gguf_init_from_file(model.c_str(), p);
+  if (g == nullptr) return *why = "cannot read " + model, false;
+  const int fd = ::open(model.c_str(), O_RDONLY);
+  struct stat st {};
+  ::fstat(fd, &st);
+  auto* map = static_cast<std::uint8_t*>(::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0));
+  ::close(fd);
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * 256;
+  ip.no_alloc = true;
+  out->ctx = ggml_init(ip);
+  std::vector<std::pair<ggml_tensor*, const std::uint8_t*>> src;
+  for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+    ggml_tensor* t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
+    if (!wc_ggml_would_repack(t)) continue;
+    ggml_tensor* d = ggml_dup_tensor(out->ctx, t);
+    ggml_set_name(d, t->name);
+    src.emplace_back(d, map + gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i));
+    out->tensors.push_back(d);
+  }
+  out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, buft);
+  if (out->buf == nullptr) return *why = "no buffer", false;
+  for (auto& [t, at] : src) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
+  // The repacked bytes outlive the mapping (they are in the buffer or the cache).
+  ::munmap(map, st.st_size);
+  gguf_free(g);
+  ggml_free(meta);
+  return true;
+}
+
+ggml_backend_buffer_type_t cpu_repack() {
+  ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+  auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+      ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
+  for (ggml_backend_buffer_type_t* b = extra ? extra(dev) : nullptr; b && *b; ++b)
+    if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) return *b;
+  return nullptr;
+}
+
+TEST_F(Ggml, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
+  const std::string m1 = f("a.gguf"), m2 = f("b.gguf"), cache = f("c.wcache");
+  make_model(dir_, m1, "q4_0", "3");
+  make_model(dir_, m2, "iq4_nl", "4");
+  ASSERT_NE(cpu_repack(), nullptr);
+  for (int round = 0; round < 2; ++round) {  // cold, then warm
+    wc_options o;
+    wc_options_init(&o);
+    o.path = cache.c_str();
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml* g = nullptr;
+    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    {
+      Loaded a, b, ra, rb;
+      std::string wa, wb;
+      bool oka = false, okb = false;
+      std::thread t1([&] { oka = load_in_process(m1, wc_ggml_buffer_type(g), &a, &wa); });
+      std::thread t2([&] { okb = load_in_process(m2, wc_ggml_buffer_type(g), &b, &wb); });
+      t1.join();
+      t2.join();
+      ASSERT_TRUE(oka) << wa;
+      ASSERT_TRUE(okb) << wb;
+      std::string why;
+      ASSERT_TRUE(load_in_process(m1, cpu_repack(), &ra, &why)) << why;
+      ASSERT_TRUE(load_in_process(m2, cpu_repack(), &rb, &why)) << why;
+      for (auto [mine, stock] : {std::pair<Loaded*, Loaded*>{&a, &ra}, {&b, &rb}}) {
+        ASSERT_EQ(mine->tensors.size(), stock->tensors.size());
+        for (std::size_t i = 0; i < mine->tensors.size(); ++i)
+          EXPECT_EQ(std::memcmp(mine->tensors[i]->data, stock->tensors[i]->data, ggml_nbytes(mine->tensors[i])), 0)
+              << mine->tensors[i]->name << ": repacked bytes differ from CPU_REPACK's (round " << round << ")";
+      }
+    }
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    ASSERT_EQ(wc_ggml_get_stats(g, &s), WC_OK);
+    EXPECT_EQ(s.tensors, 28u);
+    if (round == 0) {
+      EXPECT_EQ(s.repacked, 28u);
+    }
+    if (round == 1) {
+      EXPECT_EQ(s.served_from_cache, 28u);
+    }
+    EXPECT_EQ(s.heap_fallbacks, 0u);
+    wc_ggml_destroy(g);
+    wc_close(c);
+  }
+}
+
+TEST(GgmlApi, RefusesBadArgumentsAndTensorsItCannotRepack) {
+  wc_ggml* g = reinterpret_cast<wc_ggml*>(1);
+  EXPECT_EQ(wc_ggml_create(nullptr, nullptr, &g), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g, nullptr);
+  EXPECT_STRNE(wc_ggml_last_error(), "");
+  wc_options o;
+  wc_options_init(&o);
+  o.path = ":memory:";
+  wc_cache* c = nullptr;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  wc_ggml_options go;
+  wc_ggml_options_init(&go);
+  go.identity_window_ms = 1999;
+  EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_ggml_check_abi(), WC_OK) << wc_ggml_last_error();
+  ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+  // An f32 tensor and a Q4_0 one whose ne[1] is not a multiple of 8 are not repacked: refused.
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * 4;
+  ip.no_alloc = true;
+  ggml_context* ctx = ggml_init(ip);
+  ggml_tensor* f32 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 64);
+  ggml_tensor* odd = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 7);
+  EXPECT_EQ(wc_ggml_would_repack(f32), 0);
+  EXPECT_EQ(wc_ggml_would_repack(odd), 0);
+  EXPECT_EQ(wc_ggml_would_repack(nullptr), 0);
+  EXPECT_EQ(ggml_backend_alloc_ctx_tensors_from_buft(ctx, wc_ggml_buffer_type(g)), nullptr)
+      << "a tensor CPU_REPACK would not repack was given a place";
+  ggml_free(ctx);
+  wc_ggml_stats s;
+  wc_ggml_stats_init(&s);
+  s.struct_size = 3;
+  EXPECT_EQ(wc_ggml_get_stats(g, &s), WC_ERR_INVALID_ARGUMENT);
+  wc_ggml_destroy(g);
+  wc_close(c);
+}
+
+}  // namespace
