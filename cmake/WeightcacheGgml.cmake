@@ -43,6 +43,7 @@ set(WEIGHTCACHE_GGML_SOURCE "${_wc_ggml_src}")
 string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")
 string(SUBSTRING "${_wc_ggml_tag}" 0 8 _wc_ggml_tag)
 set(_wc_ggml_bin "${CMAKE_BINARY_DIR}/third_party/ggml-${_wc_ggml_tag}")
+set(WEIGHTCACHE_GGML_LIBDIR "${_wc_ggml_bin}/src")  # the static libraries, for the tests' consumer
 set(_wc_ggml_libs
   "${_wc_ggml_bin}/src/${CMAKE_STATIC_LIBRARY_PREFIX}ggml${CMAKE_STATIC_LIBRARY_SUFFIX}"
   "${_wc_ggml_bin}/src/${CMAKE_STATIC_LIBRARY_PREFIX}ggml-cpu${CMAKE_STATIC_LIBRARY_SUFFIX}"
@@ -55,9 +56,19 @@ set(_wc_ggml_args
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON
   -DGGML_NATIVE=ON
   -DGGML_CPU_REPACK=ON
-  -DGGML_OPENMP=ON
   -DGGML_BUILD_TESTS=OFF
   -DGGML_BUILD_EXAMPLES=OFF)
+# A sanitizer build builds ggml with the same sanitizer, and with ggml's own threadpool instead of
+# OpenMP (libgomp is not instrumented: TSan would report its synchronization as races).
+if(WEIGHTCACHE_SANITIZE)
+  string(REPLACE ";" "," _wc_ggml_san "${WEIGHTCACHE_SANITIZE}")
+  list(APPEND _wc_ggml_args -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=-fsanitize=${_wc_ggml_san} -fno-omit-frame-pointer"
+       "-DCMAKE_CXX_FLAGS=-fsanitize=${_wc_ggml_san} -fno-omit-frame-pointer")
+  set(_wc_ggml_openmp OFF)
+else()
+  list(APPEND _wc_ggml_args -DGGML_OPENMP=ON)
+  set(_wc_ggml_openmp ON)
+endif()
 foreach(_lang C CXX)
   if(CMAKE_${_lang}_COMPILER_LAUNCHER)
     list(APPEND _wc_ggml_args -DCMAKE_${_lang}_COMPILER_LAUNCHER=${CMAKE_${_lang}_COMPILER_LAUNCHER})
@@ -83,15 +94,17 @@ ExternalProject_Add(weightcache_ggml_build
   LOG_OUTPUT_ON_FAILURE ON
   EXCLUDE_FROM_ALL ON)
 
-find_package(OpenMP REQUIRED COMPONENTS C CXX)
 add_library(weightcache_ggml_dep INTERFACE)
 add_dependencies(weightcache_ggml_dep weightcache_ggml_build)
 target_include_directories(weightcache_ggml_dep SYSTEM INTERFACE "${_wc_ggml_src}/include" "${_wc_ggml_src}/src")
 # ggml.a registers the CPU backend, which lives in ggml-cpu.a; both need ggml-base.a: linked as a
 # group so the order never matters.
 target_link_libraries(weightcache_ggml_dep INTERFACE
-  "-Wl,--start-group" ${_wc_ggml_libs} "-Wl,--end-group" OpenMP::OpenMP_CXX OpenMP::OpenMP_C Threads::Threads m
-  ${CMAKE_DL_LIBS})
+  "-Wl,--start-group" ${_wc_ggml_libs} "-Wl,--end-group" Threads::Threads m ${CMAKE_DL_LIBS})
+if(_wc_ggml_openmp)
+  find_package(OpenMP REQUIRED COMPONENTS C CXX)
+  target_link_libraries(weightcache_ggml_dep INTERFACE OpenMP::OpenMP_CXX OpenMP::OpenMP_C)
+endif()
 add_library(weightcache::ggml ALIAS weightcache_ggml_dep)
 message(STATUS "weightcache: ggml ${WEIGHTCACHE_GGML_VERSION} from ${_wc_ggml_src} for the ggml buffer type, its "
                "tests, benchmarks and examples; built in ${_wc_ggml_bin}")

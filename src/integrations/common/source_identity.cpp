@@ -133,7 +133,12 @@ std::string cpu_features() {
   const Feature features[] = {
       {"sse4.1", __builtin_cpu_supports("sse4.1")},   {"avx", __builtin_cpu_supports("avx")},
       {"avx2", __builtin_cpu_supports("avx2")},       {"fma", __builtin_cpu_supports("fma")},
-      {"f16c", __builtin_cpu_supports("f16c")},       {"avx512f", __builtin_cpu_supports("avx512f")},
+#if defined(__clang__) && __clang_major__ < 16
+      {"f16c", 0},  // older clang does not know the name (the provider is built with GCC; only this key's text differs)
+#else
+      {"f16c", __builtin_cpu_supports("f16c")},
+#endif
+      {"avx512f", __builtin_cpu_supports("avx512f")},
       {"avx512bw", __builtin_cpu_supports("avx512bw")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
       {"avx512dq", __builtin_cpu_supports("avx512dq")}, {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
   };

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""ggml's CPU repacking with and without the cache, each load a new process of weightcache-ggml.
+
+For a generated llama-architecture Q4_0 GGUF (weightcache-gguf-gen), per round:
+  repack      ggml's stock CPU_REPACK (repacks every eligible tensor into private memory)
+  no_repack   plain CPU buffers used in place from the mapping (llama.cpp's use_extra_bufts=false)
+  cold        the cache on a fresh file: repacks into it and finalizes (durable, WC_DURABILITY_FULL)
+  cold_async  the same with WC_DURABILITY_ASYNC (write-back started, not waited for)
+  warm1       the next process, right after the cold one: verifies what it maps
+  warm        a process 2.5 s later and every one after it: trusts the verification
+and reports medians of the load time (GGUF opened until every tensor is ready), RssAnon after the
+run, batch-64 and batch-1 throughput, with ratios measured in this run. Then four processes at
+once per configuration (the cache's summed Pss against the stock loads' four private copies), and
+loads from a cold page cache (the GGUF and the cache file evicted with POSIX_FADV_DONTNEED).
+
+Run by benchmarks/run and scripts/demo; standalone:
+  benchmarks/ggml_bench.py --bin build/x/examples --work build/bench/ggml [--rounds 5] [--small]
+    [--layers 12 --dim 2048 --ffn 5632] [--plot PNG]
+Writes <work>/ggml-bench.json.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+WINDOW_MS = 2000  # weightcache-ggml --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
+ORDER = ["repack", "no_repack", "cold", "cold_async", "warm1", "warm"]
+LABELS = {"repack": "stock CPU_REPACK (repacks)", "no_repack": "no repacking (--no-repack)",
+          "cold": "weightcache, cold (durable)", "cold_async": "weightcache, cold, durability async",
+          "warm1": "weightcache, warm, verifies", "warm": "weightcache, warm, every later"}
+
+
+def run(args, extra, hold=False):
+    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", str(args.steps),
+           "--threads", str(args.threads), "--identity-window-ms", str(WINDOW_MS)] + extra
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise SystemExit(f"ggml_bench: {' '.join(cmd)} failed ({p.returncode})")
+    return json.loads(p.stdout)
+
+
+def evict(*paths):
+    for path in paths:
+        if os.path.exists(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fresh(cache):
+    for f in (cache, cache + ".lock"):
+        if os.path.exists(f):
+            os.unlink(f)
+
+
+def one_round(args):
+    cache = os.path.join(args.work, "c.wcache")
+    out = {"repack": run(args, []), "no_repack": run(args, ["--no-repack"])}
+    fresh(cache)
+    out["cold_async"] = run(args, ["--cache", cache, "--durability", "async"])
+    fresh(cache)
+    out["cold"] = run(args, ["--cache", cache])
+    out["warm1"] = run(args, ["--cache", cache])
+    time.sleep(WINDOW_MS / 1000 + 0.5)
+    run(args, ["--cache", cache])  # verifies again, and records it (older than the window)
+    out["warm"] = run(args, ["--cache", cache])
+    return out
+
+
+def four_at_once(args, extra):
+    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", "1", "--threads", "1",
+           "--identity-window-ms", str(WINDOW_MS), "--hold-ms", "3000"] + extra
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    res = []
+    for p in procs:
+        o, e = p.communicate()
+        if p.returncode != 0:
+            sys.stderr.write(e)
+            raise SystemExit("ggml_bench: a four-process run failed")
+        res.append(json.loads(o))
+    return res
+
+
+def med(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", required=True, help="the directory with weightcache-ggml and weightcache-gguf-gen")
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=5632)
+    ap.add_argument("--type", default="q4_0")
+    ap.add_argument("--small", action="store_true", help="2 layers of 512, one round (a smoke run)")
+    ap.add_argument("--plot")
+    args = ap.parse_args()
+    if args.small:
+        args.layers, args.dim, args.ffn, args.rounds = 2, 512, 1024, 1
+    os.makedirs(args.work, exist_ok=True)
+    args.model = os.path.join(args.work, f"llama-{args.type}-{args.layers}x{args.dim}x{args.ffn}.gguf")
+    if not os.path.exists(args.model):
+        subprocess.run([os.path.join(args.bin, "weightcache-gguf-gen"), "--out", args.model, "--type", args.type,
+                        "--layers", str(args.layers), "--dim", str(args.dim), "--ffn", str(args.ffn)], check=True,
+                       stdout=subprocess.DEVNULL)
+        time.sleep(WINDOW_MS / 1000 + 0.2)  # the GGUF's identity is trusted once it is older than the window
+    size_mib = os.path.getsize(args.model) / 2**20
+    rounds = [one_round(args) for _ in range(args.rounds)]
+    rows = {c: {k: med([r[c] for r in rounds], k) for k in ("load_ms", "rss_anon_bytes", "tok_s_batch64", "tok_s_batch1")}
+            for c in ORDER}
+    sums = {c: {r[c]["checksum"] for r in rounds} for c in ORDER}
+    identical = len(set().union(*(sums[c] for c in ("repack", "cold", "cold_async", "warm1", "warm")))) == 1
+    repacked_bytes = rounds[0]["cold"]["cache_rss_bytes"]
+
+    cache = os.path.join(args.work, "c.wcache")
+    four_stock = four_at_once(args, [])
+    four_cache = four_at_once(args, ["--cache", cache])
+    four = {"stock_anon_mib": sum(r["rss_anon_bytes"] for r in four_stock) / 2**20,
+            "cache_pss_mib": sum(r["cache_pss_bytes"] for r in four_cache) / 2**20,
+            "cache_rss_mib": max(r["cache_rss_bytes"] for r in four_cache) / 2**20,
+            "cache_private_dirty_mib": sum(r["cache_private_dirty_bytes"] for r in four_cache) / 2**20,
+            "cache_anon_mib": sum(r["rss_anon_bytes"] for r in four_cache) / 2**20}
+
+    # A cold page cache: the GGUF (and the cache file) evicted before each load.
+    cold_pc = {"repack": [], "warm": []}
+    for _ in range(max(1, min(3, args.rounds))):
+        evict(args.model, cache)
+        cold_pc["repack"].append(run(args, [])["load_ms"])
+        evict(args.model, cache)
+        cold_pc["warm"].append(run(args, ["--cache", cache])["load_ms"])
+    cold_pc = {k: statistics.median(v) for k, v in cold_pc.items()}
+
+    base = rows["repack"]
+    print(f"ggml {args.type}: {args.layers} layers of {args.dim} (ffn {args.ffn}), GGUF {size_mib:.1f} MiB, "
+          f"{repacked_bytes / 2**20:.1f} MiB repacked; {args.threads} threads; medians of {args.rounds} rounds, "
+          "every load a new process")
+    print(f"{'load':40s} {'load ms':>9s} {'vs stock':>9s} {'RssAnon MiB':>12s} {'b64 rows/s':>11s} {'b1 rows/s':>10s}")
+    for c in ORDER:
+        r = rows[c]
+        print(f"{LABELS[c]:40s} {r['load_ms']:9.1f} {base['load_ms'] / r['load_ms']:8.1f}x {r['rss_anon_bytes'] / 2**20:12.1f} "
+              f"{r['tok_s_batch64']:11.1f} {r['tok_s_batch1']:10.1f}")
+    nr = rows["no_repack"]
+    print(f"warm vs no-repack load: {rows['warm']['load_ms'] / nr['load_ms']:.2f}x (+{rows['warm']['load_ms'] - nr['load_ms']:.1f} ms); "
+          f"warm RssAnon - no-repack's: {(rows['warm']['rss_anon_bytes'] - nr['rss_anon_bytes']) / 2**20:+.1f} MiB; "
+          f"cold vs stock: {rows['cold']['load_ms'] / base['load_ms']:.2f}x (async {rows['cold_async']['load_ms'] / base['load_ms']:.2f}x); "
+          f"warm throughput vs stock: b64 {rows['warm']['tok_s_batch64'] / base['tok_s_batch64']:.2f}x, "
+          f"b1 {rows['warm']['tok_s_batch1'] / base['tok_s_batch1']:.2f}x")
+    print("outputs of stock, cold and warm loads bit-identical" if identical else
+          f"OUTPUTS DIFFER: {json.dumps({c: sorted(sums[c]) for c in ORDER})}")
+    print(f"four processes at once: stock {four['stock_anon_mib']:.1f} MiB private (four copies); weightcache summed Pss "
+          f"{four['cache_pss_mib']:.1f} MiB = {four['cache_pss_mib'] / four['cache_rss_mib']:.3f}x one copy "
+          f"({four['cache_rss_mib']:.1f} MiB), Private_Dirty {four['cache_private_dirty_mib']:.1f} MiB")
+    print(f"cold page cache (GGUF and cache evicted): stock {cold_pc['repack']:.1f} ms, weightcache warm {cold_pc['warm']:.1f} ms "
+          f"({cold_pc['repack'] / cold_pc['warm']:.1f}x)")
+    report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
+              "rounds": args.rounds, "gguf_mib": size_mib, "repacked_mib": repacked_bytes / 2**20, "rows": rows,
+              "identical": identical, "four": four, "cold_page_cache_ms": cold_pc}
+    with open(os.path.join(args.work, "ggml-bench.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    if args.plot and shutil.which("gnuplot"):
+        dat = os.path.join(args.work, "ggml-bench.dat")
+        with open(dat, "w") as f:
+            for c in ORDER:
+                f.write('"{}" {} {}\n'.format(LABELS[c].replace("weightcache, ", ""), rows[c]["load_ms"],
+                                              rows[c]["rss_anon_bytes"] / 2**20))
+        gp = f"""set terminal pngcairo size 900,480 noenhanced
+set output '{args.plot}'
+set title 'ggml Q4_0 model load ({size_mib:.0f} MiB GGUF), each load a new process (median)'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set logscale y
+set yrange [0.5:*]
+set ylabel 'ms / MiB (log scale)'
+set xtics rotate by -20 scale 0
+set key top right
+plot '{dat}' using 2:xtic(1) title 'load ms', '' using 3 title 'RssAnon MiB'
+"""
+        subprocess.run(["gnuplot"], input=gp, text=True, check=True)
+        print(f"ggml_bench: plot in {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

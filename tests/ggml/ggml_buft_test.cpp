@@ -1,0 +1,211 @@
+// The ggml buffer type in this process, linked as an application links it (libweightcache_ggml,
+// libweightcache, ggml): two models loaded on two threads at once into one cache, their repacked
+// bytes compared with ggml's own CPU_REPACK's; and the API's refusals. Built in the sanitizer
+// builds too (ggml is then built with the same sanitizer, without OpenMP): TSan checks the loads.
+#include <gtest/gtest.h>
+
+#include <weightcache/ggml.h>
+#include <weightcache/weightcache.h>
+
+#include <ggml-backend.h>
+#include <ggml-cpu.h>
+#include <ggml.h>
+#include <gguf.h>
+
+#include "temp_dir.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace {
+
+using weightcache::test::TempDir;
+
+// A llama-shaped GGUF of `layers` layers with random weights of `type` (the same layout as
+// weightcache-gguf-gen writes, smaller), written in this process with ggml's gguf writer.
+void make_model(const std::string& out, ggml_type type, int seed, int layers = 2, int dim = 256, int ffn = 512) {
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * 64 + static_cast<std::size_t>(layers) * 4 * dim * ffn * 2;
+  ggml_context* ctx = ggml_init(ip);
+  gguf_context* g = gguf_init_empty();
+  gguf_set_val_str(g, "general.architecture", "llama");
+  std::uint64_t s = static_cast<std::uint64_t>(seed) * 0x9E3779B97F4A7C15ull + 1;
+  std::vector<float> v;
+  auto add = [&](const std::string& name, int ne0, int ne1) {
+    ggml_tensor* t = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    ggml_set_name(t, name.c_str());
+    v.resize(static_cast<std::size_t>(ne0) * ne1);
+    for (float& x : v) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      x = static_cast<float>(static_cast<std::int64_t>(s % 2001) - 1000) / 50000.0f;
+    }
+    ggml_quantize_chunk(type, v.data(), t->data, 0, ne1, ne0, nullptr);
+    gguf_add_tensor(g, t);
+  };
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    for (const char* w : {"attn_q", "attn_k", "attn_v", "attn_output"}) add(p + w + ".weight", dim, dim);
+    add(p + "ffn_gate.weight", dim, ffn);
+    add(p + "ffn_up.weight", dim, ffn);
+    add(p + "ffn_down.weight", ffn, dim);
+  }
+  ASSERT_TRUE(gguf_write_to_file(g, out.c_str(), false));
+  gguf_free(g);
+  ggml_free(ctx);
+}
+
+// ---- in this process: two models on two threads, one cache ---------------------------------------
+
+struct Loaded {
+  ggml_context* ctx = nullptr;
+  ggml_backend_buffer_t buf = nullptr;
+  std::vector<ggml_tensor*> tensors;
+  ~Loaded() {
+    if (buf) ggml_backend_buffer_free(buf);
+    if (ctx) ggml_free(ctx);
+  }
+};
+
+// Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
+bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, Loaded* out, std::string* why) {
+  ggml_context* meta = nullptr;
+  gguf_init_params p{};
+  p.no_alloc = true;
+  p.ctx = &meta;
+  gguf_context* g = gguf_init_from_file(model.c_str(), p);
+  if (g == nullptr) return *why = "cannot read " + model, false;
+  const int fd = ::open(model.c_str(), O_RDONLY);
+  struct stat st {};
+  ::fstat(fd, &st);
+  auto* map = static_cast<std::uint8_t*>(::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0));
+  ::close(fd);
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * 256;
+  ip.no_alloc = true;
+  out->ctx = ggml_init(ip);
+  std::vector<std::pair<ggml_tensor*, const std::uint8_t*>> src;
+  for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+    ggml_tensor* t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
+    if (!wc_ggml_would_repack(t)) continue;
+    ggml_tensor* d = ggml_dup_tensor(out->ctx, t);
+    ggml_set_name(d, t->name);
+    src.emplace_back(d, map + gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i));
+    out->tensors.push_back(d);
+  }
+  out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, buft);
+  if (out->buf == nullptr) return *why = "no buffer", false;
+  for (auto& [t, at] : src) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
+  // The repacked bytes outlive the mapping (they are in the buffer or the cache).
+  ::munmap(map, st.st_size);
+  gguf_free(g);
+  ggml_free(meta);
+  return true;
+}
+
+ggml_backend_buffer_type_t cpu_repack() {
+  ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+  auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+      ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
+  for (ggml_backend_buffer_type_t* b = extra ? extra(dev) : nullptr; b && *b; ++b)
+    if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) return *b;
+  return nullptr;
+}
+
+TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
+  TempDir dir("wc-ggml-threads");
+  const std::string m1 = dir.file("a.gguf"), m2 = dir.file("b.gguf"), cache = dir.file("c.wcache");
+  make_model(m1, GGML_TYPE_Q4_0, 3);
+  make_model(m2, GGML_TYPE_IQ4_NL, 4);
+  ASSERT_NE(cpu_repack(), nullptr);
+  for (int round = 0; round < 2; ++round) {  // cold, then warm
+    wc_options o;
+    wc_options_init(&o);
+    o.path = cache.c_str();
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml* g = nullptr;
+    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    {
+      Loaded a, b, ra, rb;
+      std::string wa, wb;
+      bool oka = false, okb = false;
+      std::thread t1([&] { oka = load_in_process(m1, wc_ggml_buffer_type(g), &a, &wa); });
+      std::thread t2([&] { okb = load_in_process(m2, wc_ggml_buffer_type(g), &b, &wb); });
+      t1.join();
+      t2.join();
+      ASSERT_TRUE(oka) << wa;
+      ASSERT_TRUE(okb) << wb;
+      std::string why;
+      ASSERT_TRUE(load_in_process(m1, cpu_repack(), &ra, &why)) << why;
+      ASSERT_TRUE(load_in_process(m2, cpu_repack(), &rb, &why)) << why;
+      for (auto [mine, stock] : {std::pair<Loaded*, Loaded*>{&a, &ra}, {&b, &rb}}) {
+        ASSERT_EQ(mine->tensors.size(), stock->tensors.size());
+        for (std::size_t i = 0; i < mine->tensors.size(); ++i)
+          EXPECT_EQ(std::memcmp(mine->tensors[i]->data, stock->tensors[i]->data, ggml_nbytes(mine->tensors[i])), 0)
+              << mine->tensors[i]->name << ": repacked bytes differ from CPU_REPACK's (round " << round << ")";
+      }
+    }
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    ASSERT_EQ(wc_ggml_get_stats(g, &s), WC_OK);
+    EXPECT_EQ(s.tensors, 28u);
+    if (round == 0) {
+      EXPECT_EQ(s.repacked, 28u);
+    }
+    if (round == 1) {
+      EXPECT_EQ(s.served_from_cache, 28u);
+    }
+    EXPECT_EQ(s.heap_fallbacks, 0u);
+    wc_ggml_destroy(g);
+    wc_close(c);
+  }
+}
+
+TEST(GgmlBufferType, RefusesBadArgumentsAndTensorsItCannotRepack) {
+  wc_ggml* g = reinterpret_cast<wc_ggml*>(1);
+  EXPECT_EQ(wc_ggml_create(nullptr, nullptr, &g), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(g, nullptr);
+  EXPECT_STRNE(wc_ggml_last_error(), "");
+  wc_options o;
+  wc_options_init(&o);
+  o.path = ":memory:";
+  wc_cache* c = nullptr;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  wc_ggml_options go;
+  wc_ggml_options_init(&go);
+  go.identity_window_ms = 1999;
+  EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_ggml_check_abi(), WC_OK) << wc_ggml_last_error();
+  ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+  // An f32 tensor and a Q4_0 one whose ne[1] is not a multiple of 8 are not repacked: refused.
+  ggml_init_params ip{};
+  ip.mem_size = ggml_tensor_overhead() * 4;
+  ip.no_alloc = true;
+  ggml_context* ctx = ggml_init(ip);
+  ggml_tensor* f32 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 64);
+  ggml_tensor* odd = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 7);
+  EXPECT_EQ(wc_ggml_would_repack(f32), 0);
+  EXPECT_EQ(wc_ggml_would_repack(odd), 0);
+  EXPECT_EQ(wc_ggml_would_repack(nullptr), 0);
+  EXPECT_EQ(ggml_backend_alloc_ctx_tensors_from_buft(ctx, wc_ggml_buffer_type(g)), nullptr)
+      << "a tensor CPU_REPACK would not repack was given a place";
+  ggml_free(ctx);
+  wc_ggml_stats s;
+  wc_ggml_stats_init(&s);
+  s.struct_size = 3;
+  EXPECT_EQ(wc_ggml_get_stats(g, &s), WC_ERR_INVALID_ARGUMENT);
+  wc_ggml_destroy(g);
+  wc_close(c);
+}
+
+}  // namespace
