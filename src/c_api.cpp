@@ -68,6 +68,7 @@ void wc_options_init(wc_options* o) {
   o->compact_min_dead_bytes = d.compact_min_dead_bytes;
   o->fd = d.fd;
   o->handle = d.handle;
+  o->write_back_early = d.write_back_early ? 1 : 0;
 }
 
 void wc_stats_init(wc_stats* s) {
@@ -118,6 +119,7 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
   if (has_field(o, &wc_options::compact_min_dead_bytes)) opt.compact_min_dead_bytes = o->compact_min_dead_bytes;
   if (has_field(o, &wc_options::fd)) opt.fd = o->fd;
   if (has_field(o, &wc_options::handle)) opt.handle = o->handle;
+  if (has_field(o, &wc_options::write_back_early)) opt.write_back_early = o->write_back_early != 0;
   return WC_OK;
 }
 

@@ -156,7 +156,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       // Its bytes are final: have the OS write them while the host packs the next ones, so the
       // finalize that makes them durable waits for less. Whole pages only: the next entry may
       // share a page with this one's ends, and storing to a page under write-back may wait.
-      if (opts_.durability != Durability::none) {
+      if (opts_.durability != Durability::none && opts_.write_back_early) {
         const std::uint64_t page = pf_.map_granularity();
         const std::uint64_t lo = align_up(region.offset, page), hi = (region.offset + size) / page * page;
         if (hi > lo) pf_.start_write_back(fd_, lo, hi - lo);

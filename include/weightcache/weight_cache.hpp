@@ -152,6 +152,12 @@ struct Options {
   /// first look-up, so a warm load verifies on two cores. Look-ups never hash an entry twice; the
   /// thread stops at close. The first opener of a shared cache decides.
   bool verify_ahead = true;
+  /// With durability async or full: start writing each inserted entry's whole pages back to disk
+  /// at once (sync_file_range), so the finalize that makes them durable waits for less. false:
+  /// leave it all to the finalize, for a host that must not wait on the disk while it inserts
+  /// (the write-back start can block on a busy device) and finalizes on another thread (the
+  /// ggml buffer type's default). The first opener of a shared cache decides.
+  bool write_back_early = true;
   /// Compaction at open: an open that finds no other process using the file rewrites it first
   /// when its dead bytes are at least this percentage of the file (0 = never) ...
   unsigned compact_dead_percent = 50;

@@ -282,6 +282,12 @@ typedef struct wc_options {
                    WC_ERR_INVALID_ARGUMENT. On POSIX the open fails as for a file it cannot use
                    (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO), as fd does on
                    Windows. */
+  int write_back_early; /* default 1: with durability ASYNC or FULL, each inserted entry's whole
+                           pages start writing back to disk at once (Linux: sync_file_range), so
+                           the finalize that makes them durable waits for less. 0: leave it all to
+                           the finalize, for a host that must not wait on the disk while it
+                           inserts (starting write-back can block on a busy device) and finalizes
+                           on another thread. The first opener of a shared cache decides. */
 } wc_options;
 
 /**

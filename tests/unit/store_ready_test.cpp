@@ -6,6 +6,7 @@
 // The POSIX platform prepares and writes back early; elsewhere both are no-ops.
 #ifdef __linux__
 #include "core.hpp"
+#include <weightcache/weightcache.h>
 #include "forwarding_platform.hpp"
 #include "key_content.hpp"
 #include "temp_dir.hpp"
@@ -99,6 +100,35 @@ TEST(StoreReady, OnlyReservationsArePreparedAndOnlyAnEntrysWholePagesWriteBack) 
   ASSERT_NE(core.look_up_or_insert("b", const_cast<char*>(bytes.data()), bytes.size()), kNotFound);
   EXPECT_EQ(pf.prepared.size(), 1u);
   ASSERT_TRUE(core.finalize().ok());
+}
+
+TEST(StoreReady, WithoutEarlyWriteBackOnlyTheFinalizeWritesBack) {
+  TempDir dir("wc-store-ready");
+  RecordingPlatform pf;
+  Options o = file_options(dir.file("c.wc"));
+  o.write_back_early = false;
+  auto opened = Core::open(o, pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  const std::size_t size = 64 * pf.map_granularity();
+  void* p = core.reserve(size);
+  ASSERT_NE(p, nullptr);
+  fill_for_key("a", p, size);
+  ASSERT_NE(core.look_up_or_insert("a", p, size), kNotFound);
+  EXPECT_TRUE(pf.written_back.empty()) << "an insert started write-back with write_back_early off";
+  ASSERT_TRUE(core.finalize().ok());
+  // Durable all the same: a new open finds the entry with its bytes.
+  auto again = WeightCache::open(file_options(dir.file("c.wc")));
+  ASSERT_TRUE(again) << again.error().message;
+  const std::size_t off = again->look_up("a");
+  ASSERT_NE(off, kNotFound);
+  EXPECT_EQ(std::string(static_cast<const char*>(again->offset_to_addr(off)), size), bytes_for_key("a", size));
+}
+
+TEST(StoreReady, TheCOptionReachesTheCore) {
+  wc_options o;
+  wc_options_init(&o);
+  EXPECT_EQ(o.write_back_early, 1);
 }
 
 TEST(StoreReady, ManySmallReservationsArePreparedInAFewWritesAndNeverOverAnEntry) {
