@@ -10,7 +10,8 @@
 // residual) and prints the load time, memory, throughput and a checksum of every output.
 //
 //   weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N]
-//                    [--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS]
+//                    [--json] [--identity-window-ms MS] [--durability none|async|full]
+//                    [--early-write-back] [--hold-ms MS]
 //
 // --hold-ms MS waits before measuring the mappings' memory and again before exiting, so several
 // processes started together each measure while all of them have the files mapped.
@@ -156,6 +157,7 @@ int main(int argc, char** argv) {
   int steps = 3;
   long long window_ms = 60000, hold_ms = 0;
   wc_durability durability = WC_DURABILITY_FULL;
+  bool early_write_back = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = true;
     else if (a == "--identity-window-ms") window_ms = std::atoll(next());
     else if (a == "--hold-ms") hold_ms = std::atoll(next());
+    else if (a == "--early-write-back") early_write_back = true;
     else if (a == "--durability") {
       const std::string d = next();
       if (d == "none") durability = WC_DURABILITY_NONE;
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
     }
     else if (a == "-h" || a == "--help") {
       std::printf("usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] "
-                  "[--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS]\n");
+                  "[--json] [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--hold-ms MS]\n");
       return 0;
     } else die("unknown argument " + a + " (--help)");
   }
@@ -233,6 +236,9 @@ int main(int argc, char** argv) {
     o.path = cache_path.c_str();
     o.compat_key = "weightcache-ggml";
     o.durability = durability;
+    // The buffer type finalizes on a background thread once loading ends: a load that starts
+    // write-back at every insert would only wait on the disk sooner (--early-write-back shows it).
+    o.write_back_early = early_write_back ? 1 : 0;
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
     wc_ggml_options go;
     wc_ggml_options_init(&go);
@@ -284,7 +290,8 @@ int main(int argc, char** argv) {
     for (auto& [t, at] : to_set) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
     repacked_here = wg == nullptr ? to_set.size() : 0;
   }
-  if (wg != nullptr) (void)wc_ggml_finish(wg);
+  // The cache finalizes in the background from here (finalize_when_loaded's default): the load is
+  // done, and the repacked tensors are served from the mapping while they are written back.
   const double load_ms = ms_since(t0);
   const std::uint64_t anon_after_load = status_kib("RssAnon:");
 
@@ -350,6 +357,10 @@ int main(int argc, char** argv) {
     ggml_free(gctx);
   }
   const std::uint64_t checksum = XXH3_64bits_digest(hs);
+  // Durable: the background finalize done (it ran while the steps computed).
+  wc_status finished = WC_OK;
+  if (wg != nullptr) finished = wc_ggml_finish(wg);
+  const double durable_ms = ms_since(t0);
   XXH3_freeState(hs);
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
   const Usage cu = file_usage(cache_path), mu = file_usage(model_path);
@@ -363,13 +374,14 @@ int main(int argc, char** argv) {
   std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(checksum));
   if (json) {
     std::printf("{\"mode\":\"%s\",\"model\":\"%s\",\"layers\":%" PRId64 ",\"dim\":%" PRId64 ",\"threads\":%d,\"steps\":%d,"
-                "\"load_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_anon_load_bytes\":%llu,\"repacked\":%llu,"
+                "\"load_ms\":%.3f,\"durable_ms\":%.3f,\"finish_status\":\"%s\",\"rss_anon_bytes\":%llu,\"rss_anon_load_bytes\":%llu,\"repacked\":%llu,"
                 "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,"
                 "\"source_bytes_dropped\":%llu,\"repack_tensors\":%zu,\"source_pages\":%llu,\"source_pages_resident\":%llu,"
                 "\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,"
                 "\"model_rss_bytes\":%llu,\"model_pss_bytes\":%llu,\"tok_s_batch64\":%.2f,\"tok_s_batch1\":%.2f,"
                 "\"checksum\":\"%s\"}\n",
-                mode, model_path.c_str(), m.layers, m.dim, threads, steps, load_ms,
+                mode, model_path.c_str(), m.layers, m.dim, threads, steps, load_ms, durable_ms,
+                wc_status_string(finished),
                 static_cast<unsigned long long>(status_kib("RssAnon:")) * 1024,
                 static_cast<unsigned long long>(anon_after_load > anon_before ? anon_after_load - anon_before : 0) * 1024,
                 static_cast<unsigned long long>(wg != nullptr ? gs.repacked : repacked_here),

@@ -64,8 +64,13 @@ typedef struct wc_ggml_options {
    * a read-only or shared mapping of the file, never heap memory): loaders that read the pages
    * anyway (llama.cpp maps with MAP_POPULATE) then hold only the repacked copy. Default 1. */
   int drop_source_pages;
-  /** Finalize (make durable) when the last tensor a buffer was given has been set. Default 1;
-   * with 0, call wc_ggml_finish when loading ends. */
+  /** When the last tensor a buffer was given has been set (loading ended), finalize (make the
+   * repacked tensors durable, with the cache's durability):
+   *   2 (default): on a background thread of the buffer type, so the load returns without waiting
+   *     for the disk; the tensors are served from the mapping meanwhile. wc_ggml_finish waits for
+   *     it and returns its status; wc_ggml_destroy waits for it.
+   *   1: in that set_tensor call, before the load returns.
+   *   0: not at all: call wc_ggml_finish when loading ends. */
   int finalize_when_loaded;
 } wc_ggml_options;
 
@@ -81,8 +86,10 @@ void wc_ggml_options_init(wc_ggml_options* options);
 wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggml** out);
 
 /**
- * Destroys the buffer type. Every buffer allocated from it must have been freed first (ggml
- * frees a model's buffers when the model is freed). The cache is not closed. NULL is ignored.
+ * Destroys the buffer type, after finalizing what is not yet durable (waiting for the background
+ * finalize). Every buffer allocated from it must have been freed first (ggml frees a model's
+ * buffers when the model is freed); otherwise it logs an error and keeps the buffer type alive.
+ * The cache is not closed. NULL is ignored.
  */
 void wc_ggml_destroy(wc_ggml* g);
 
@@ -100,9 +107,11 @@ ggml_backend_buffer_type_t wc_ggml_buffer_type(wc_ggml* g);
 int wc_ggml_would_repack(const struct ggml_tensor* tensor);
 
 /**
- * Ends loading: makes every tensor repacked into the cache so far durable (wc_finalize).
- * Returns wc_finalize's status (WC_OK when there was nothing to do). Not needed with
- * finalize_when_loaded (the default) unless a buffer's tensors are not all set.
+ * Ends loading: makes every tensor repacked into the cache so far durable (wc_finalize), waiting
+ * for a background finalize in progress first. Returns WC_OK when everything repacked is durable
+ * (nothing to do included), else wc_finalize's status (wc_ggml_last_error says why; the tensors
+ * stay served from memory, and the next call tries again). Optional with finalize_when_loaded 1
+ * or 2, unless a buffer's tensors are not all set.
  */
 wc_status wc_ggml_finish(wc_ggml* g);
 

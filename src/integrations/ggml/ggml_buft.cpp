@@ -30,7 +30,9 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <condition_variable>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/mman.h>
@@ -194,6 +196,13 @@ struct wc_ggml {
   std::atomic<std::uint64_t> tensors{0}, repacked{0}, served{0}, heap{0}, repacked_bytes{0}, hashed{0},
       dropped{0}, finalizes_failed{0};
 
+  std::mutex fin_mu;  // one finalize at a time (wc_ggml_finish waits for a background one)
+  // The background finalizer (finalize_when_loaded == 2): one thread, started on first use.
+  std::mutex bg_mu;
+  std::condition_variable bg_cv;
+  bool bg_pending = false, bg_stop = false;
+  std::thread bg;
+
   void warn_once(const std::string& what) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -220,9 +229,11 @@ struct wc_ggml {
   }
 
   wc_status finalize() {
+    std::lock_guard<std::mutex> lock(fin_mu);
     if (!unfinalized.exchange(false)) return WC_OK;
     const wc_status st = wc_finalize(cache);
     if (st != WC_OK) {
+      unfinalized.store(true);  // every later finalize tries again
       finalizes_failed.fetch_add(1, std::memory_order_relaxed);
       ggml_log_internal(GGML_LOG_LEVEL_WARN,
                         "weightcache: could not make the repacked weights durable (%s); this process uses them from "
@@ -231,6 +242,58 @@ struct wc_ggml {
       t_error = wc_last_error();
     }
     return st;
+  }
+
+  // Loading ended: finalize now, or have the background thread do it (the load returns while the
+  // repacked bytes are written back; every entry is served from the mapping meanwhile).
+  void loaded() {
+    if (options.finalize_when_loaded == 1) {
+      (void)finalize();
+      return;
+    }
+    if (options.finalize_when_loaded != 2) return;
+    bool started = true;
+    {
+      std::lock_guard<std::mutex> lock(bg_mu);
+      bg_pending = true;
+      if (!bg.joinable()) {
+        try {
+          bg = std::thread([this] { background(); });
+        } catch (...) {
+          started = false;
+          bg_pending = false;
+        }
+      }
+    }
+    if (started) {
+      bg_cv.notify_one();
+    } else {
+      (void)finalize();  // no thread to be had: now
+    }
+  }
+
+  void background() {
+    std::unique_lock<std::mutex> lock(bg_mu);
+    for (;;) {
+      bg_cv.wait(lock, [this] { return bg_pending || bg_stop; });
+      if (bg_pending) {
+        bg_pending = false;
+        lock.unlock();
+        (void)finalize();
+        lock.lock();
+        continue;
+      }
+      return;  // stopped, nothing pending
+    }
+  }
+
+  void stop_background() {
+    {
+      std::lock_guard<std::mutex> lock(bg_mu);
+      bg_stop = true;
+    }
+    bg_cv.notify_one();
+    if (bg.joinable()) bg.join();
   }
 };
 
@@ -262,7 +325,7 @@ void b_free(ggml_backend_buffer_t b) {
   wc_ggml* g = buf->g;
   if (buf->base != nullptr) ::munmap(buf->base, buf->mapped);
   delete buf;
-  (void)g->finalize();  // a load that stopped part-way still keeps what it repacked
+  g->loaded();  // a load that stopped part-way still keeps what it repacked
   g->buffers.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -311,14 +374,73 @@ std::size_t drop_pages(const Mapping& m, const void* p, std::size_t n) {
   return ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0 ? last - first : 0;
 }
 
+// Points the tensor at a cache entry (a hit) and gives back its source pages.
+void serve(wc_ggml* g, struct ggml_tensor* t, void* at, const Mapping* m, const void* data, std::size_t size) {
+  t->data = at;
+  g->served.fetch_add(1, std::memory_order_relaxed);
+  if (m != nullptr && g->options.drop_source_pages)
+    g->dropped.fetch_add(drop_pages(*m, data, size), std::memory_order_relaxed);
+}
+
+// Commits a reservation the tensor was repacked into under `key`, or, when the cache refuses
+// it, repacks into the buffer's own memory.
+void commit(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, const void* data, std::size_t size, void* p,
+            const std::string& key) {
+  wc_ggml* g = buffer_of(b)->g;
+  const std::size_t off = wc_look_up_or_insert(g->cache, key.data(), key.size(), p, size);
+  void* at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
+  if (at == nullptr) {
+    const std::string why = wc_last_error();
+    if (off == SIZE_MAX) (void)wc_release_space(g->cache, p);
+    return repack_here(b, t, own, data, size, why);
+  }
+  t->data = at;
+  g->repacked.fetch_add(1, std::memory_order_relaxed);
+  g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
+  g->unfinalized.store(true);
+}
+
+// The tensor repacked into this process's memory, not cached: its source changed while it was
+// read (what was read may be torn, as it would be for stock ggml; it is never stored).
+void repack_uncached(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, const void* data, std::size_t size) {
+  wc_ggml* g = buffer_of(b)->g;
+  ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: '%s' changed in its GGUF while it was loaded: repacked without "
+                    "caching it\n", t->name);
+  t->data = own;
+  repack().set(b, t, data, 0, size);
+  g->repacked.fetch_add(1, std::memory_order_relaxed);
+  g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
+}
+
+bool insert_small(wc_ggml* g, const std::string& key, const std::string& value) {
+  if (wc_look_up_or_insert(g->cache, key.data(), key.size(), const_cast<char*>(value.c_str()), value.size() + 1) ==
+      SIZE_MAX)
+    return false;
+  g->unfinalized.store(true);
+  return true;
+}
+
+// What stat says of a file, nanoseconds included, without the identity window.
+std::string raw_state(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
+  return std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|" + std::to_string(st.st_size) + "|" +
+         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "|" +
+         std::to_string(st.st_ctim.tv_sec) + "." + std::to_string(st.st_ctim.tv_nsec);
+}
+
 // The whole tensor's source bytes are at `data`: find its key, then serve or repack it.
+//
+// Entries are keyed by content (docs/DESIGN.md, "ggml keys"): a GGUF changed in place repacks only
+// the tensors that changed. A warm load finds the content key through the file identity, reading
+// no source byte; a load without that record hashes the tensor first.
 void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size) {
   Buffer* buf = buffer_of(b);
   wc_ggml* g = buf->g;
   void* own = t->data;  // the tensor's place in the buffer's own memory
   g->tensors.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t window_ns = g->options.identity_window_ms * 1'000'000;
 
-  // The source: a file mapping at a known offset gives a file identity; anything else is hashed.
   WeightSource src;
   src.data = data;
   src.bytes = size;
@@ -326,69 +448,59 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   for (int i = 0; i < GGML_MAX_DIMS; ++i) src.dims.push_back(t->ne[i]);
   Mapping m;
   const bool from_file = g->mapping_of(data, size, &m);
-  std::string fid, map_key, content;
+  std::string fid;
   if (from_file && !(m.writable && !m.shared)) {
     struct stat st {};
     // The path must still name the mapped file (not a replacement renamed over it).
     if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
       src.external_path = m.path;
       src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
-      fid = file_identity(src, g->options.identity_window_ms * 1'000'000);
+      fid = file_identity(src, window_ns);
     }
   }
+  const Mapping* pages = from_file ? &m : nullptr;
+  const auto found = [&](const std::string& key) -> void* {
+    const std::size_t off = wc_look_up(g->cache, key.data(), key.size());
+    return off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
+  };
+  const std::string prefix = "ggml-repack/1|" + g->build_id + "|";
+  std::string map_key;
   if (!fid.empty()) {
     map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
-    const std::size_t off = wc_look_up(g->cache, map_key.data(), map_key.size());
-    if (off != SIZE_MAX) {
-      const char* p = static_cast<const char*>(wc_offset_to_addr(g->cache, off));
-      if (p != nullptr && std::strncmp(p, "xxh3|", 5) == 0) {
-        const std::size_t n = strnlen(p, 4096);
-        if (n < 4096) content.assign(p, n);
-      }
+    if (const char* c = static_cast<const char*>(found(map_key)); c != nullptr && std::strncmp(c, "xxh3|", 5) == 0) {
+      const std::size_t n = strnlen(c, 4096);
+      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(g, t, at, pages, data, size);
     }
   }
-  bool record = false;
-  if (content.empty()) {
-    // Record the identity only for bytes hashed after a write-back, and only if the identity did
-    // not move meanwhile (a store through a shared mapping moves it when it faults again).
-    const bool settled = !fid.empty() && write_back(src.external_path);
-    content = content_identity(src);
-    g->hashed.fetch_add(size, std::memory_order_relaxed);
-    record = settled && file_identity(src, g->options.identity_window_ms * 1'000'000) == fid;
-  }
-  const std::string key = "ggml-repack/1|" + g->build_id + "|" + content;
-
-  std::size_t off = wc_look_up(g->cache, key.data(), key.size());
-  void* at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
-  if (at != nullptr) {
-    t->data = at;
-    g->served.fetch_add(1, std::memory_order_relaxed);
-    if (from_file && g->options.drop_source_pages)
-      g->dropped.fetch_add(drop_pages(m, data, size), std::memory_order_relaxed);
+  // Hashing. Stores through a shared mapping move the identity only when they fault: write the
+  // file back first, so any store from now on moves it; record identity -> content only if it
+  // has not moved by the end.
+  const bool settled = !fid.empty() && write_back(src.external_path) && file_identity(src, window_ns) == fid;
+  const std::string before = src.external_path.empty() ? std::string() : raw_state(src.external_path);
+  const std::string content = content_identity(src);
+  g->hashed.fetch_add(size, std::memory_order_relaxed);
+  const std::string key = prefix + content;
+  if (void* at = found(key)) {
+    serve(g, t, at, pages, data, size);
   } else {
     void* p = wc_reserve_space(g->cache, size);
-    if (p == nullptr) {
-      repack_here(b, t, own, data, size, wc_last_error());
-    } else {
-      t->data = p;
-      repack().set(b, t, data, 0, size);  // straight into the reservation
-      off = wc_look_up_or_insert(g->cache, key.data(), key.size(), p, size);
-      at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
-      if (at == nullptr) {
-        const std::string why = wc_last_error();
-        if (off == SIZE_MAX) (void)wc_release_space(g->cache, p);
-        repack_here(b, t, own, data, size, why);
-      } else {
-        t->data = at;
-        g->repacked.fetch_add(1, std::memory_order_relaxed);
-        g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
-        g->unfinalized.store(true);
-      }
+    if (p == nullptr) return repack_here(b, t, own, data, size, wc_last_error());
+    t->data = p;
+    repack().set(b, t, data, 0, size);  // straight into the reservation
+    // The bytes repacked must be the bytes hashed. A file's: its identity did not move (trusted),
+    // or, younger than the window, its state did not move and its bytes hash the same again.
+    bool same = true;
+    if (!src.external_path.empty()) {
+      if (settled) same = file_identity(src, window_ns) == fid;
+      else same = raw_state(src.external_path) == before && !before.empty() && content_identity(src) == content;
     }
+    if (!same) {
+      (void)wc_release_space(g->cache, p);
+      return repack_uncached(b, t, own, data, size);
+    }
+    commit(b, t, own, data, size, p, key);
   }
-  if (record && wc_look_up_or_insert(g->cache, map_key.data(), map_key.size(), const_cast<char*>(content.c_str()),
-                                     content.size() + 1) != SIZE_MAX)
-    g->unfinalized.store(true);
+  if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
 }
 
 void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {
@@ -428,7 +540,7 @@ void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* da
     std::lock_guard<std::mutex> lock(buf->mu);
     if (buf->pending > 0) last = --buf->pending == 0;
   }
-  if (last && buf->g->options.finalize_when_loaded) (void)buf->g->finalize();
+  if (last) buf->g->loaded();
 }
 
 void b_memset_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, uint8_t value, size_t offset, size_t size) {
@@ -503,7 +615,7 @@ void wc_ggml_options_init(wc_ggml_options* o) {
   o->struct_size = sizeof *o;
   o->identity_window_ms = kDefaultWindowMs;
   o->drop_source_pages = 1;
-  o->finalize_when_loaded = 1;
+  o->finalize_when_loaded = 2;
 }
 
 const char* wc_ggml_last_error(void) { return t_error.c_str(); }
@@ -531,6 +643,8 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
       o = *options;
       o.struct_size = sizeof o;
     }
+    if (o.finalize_when_loaded < 0 || o.finalize_when_loaded > 2)
+      return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: finalize_when_loaded must be 0, 1 or 2");
     if (o.identity_window_ms < kMinWindowMs)
       return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: identity_window_ms must be at least 2000 (the coarsest "
                                            "file timestamp, FAT's, is 2 s)");
@@ -569,6 +683,7 @@ void wc_ggml_destroy(wc_ggml* g) {
                       "the buffer type is kept alive\n",
                       g->buffers.load());
   else {
+    g->stop_background();
     (void)g->finalize();
     delete g;
   }
