@@ -11,7 +11,11 @@
 //
 //   weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N]
 //                    [--json] [--identity-window-ms MS] [--durability none|async|full]
-//                    [--early-write-back] [--hold-ms MS]
+//                    [--early-write-back] [--finalize-sync] [--hold-ms MS]
+//
+// With --cache the load ends when every tensor is served, and the cache file becomes durable on
+// the buffer type's background thread (durable_ms says when); --finalize-sync makes the load wait
+// for it instead, and --early-write-back starts each tensor's write-back as it is inserted.
 //
 // --hold-ms MS waits before measuring the mappings' memory and again before exiting, so several
 // processes started together each measure while all of them have the files mapped.
@@ -157,7 +161,7 @@ int main(int argc, char** argv) {
   int steps = 3;
   long long window_ms = 60000, hold_ms = 0;
   wc_durability durability = WC_DURABILITY_FULL;
-  bool early_write_back = false;
+  bool early_write_back = false, finalize_sync = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
     else if (a == "--identity-window-ms") window_ms = std::atoll(next());
     else if (a == "--hold-ms") hold_ms = std::atoll(next());
     else if (a == "--early-write-back") early_write_back = true;
+    else if (a == "--finalize-sync") finalize_sync = true;
     else if (a == "--durability") {
       const std::string d = next();
       if (d == "none") durability = WC_DURABILITY_NONE;
@@ -182,7 +187,7 @@ int main(int argc, char** argv) {
     }
     else if (a == "-h" || a == "--help") {
       std::printf("usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] "
-                  "[--json] [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--hold-ms MS]\n");
+                  "[--json] [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--finalize-sync] [--hold-ms MS]\n");
       return 0;
     } else die("unknown argument " + a + " (--help)");
   }
@@ -243,6 +248,7 @@ int main(int argc, char** argv) {
     wc_ggml_options go;
     wc_ggml_options_init(&go);
     go.identity_window_ms = window_ms;
+    if (finalize_sync) go.finalize_when_loaded = 1;  // durable before the load returns
     if (wc_ggml_create(cache, &go, &wg) != WC_OK) die(std::string("wc_ggml_create: ") + wc_ggml_last_error());
     repack_buft = wc_ggml_buffer_type(wg);
   } else if (!no_repack) {
