@@ -13,6 +13,7 @@
 #include <ggml.h>
 #include <gguf.h>
 
+#include "spawn.hpp"
 #include "temp_dir.hpp"
 
 #include <chrono>
@@ -55,21 +56,6 @@ struct ToolRun {
   std::string describe() const { return "exit " + std::to_string(code) + "\nstdout: " + out + "\nstderr: " + err; }
 };
 
-pid_t spawn(const std::string& exe, const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<std::string> storage{exe};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
-}
 
 ToolRun finish(pid_t pid, const std::string& out, const std::string& err) {
   ToolRun r;
@@ -90,7 +76,7 @@ int g_runs = 0;
 ToolRun run(const TempDir& dir, const std::string& tool, const std::vector<std::string>& args) {
   const std::string tag = std::to_string(g_runs++);
   const std::string out = dir.file("run" + tag + ".out"), err = dir.file("run" + tag + ".err");
-  return finish(spawn(installed(tool.c_str()), args, out, err), out, err);
+  return finish(weightcache::test::spawn_to_files(installed(tool.c_str()), args, out, err), out, err);
 }
 
 // weightcache-ggml on `model`: stock (cache ""), or with the cache; two steps of each batch.
@@ -306,7 +292,7 @@ TEST_F(Ggml, FourProcessesShareOneCopyOfTheRepackedWeights) {
   std::vector<std::pair<std::string, std::string>> files;
   for (int i = 0; i < 4; ++i) {
     files.emplace_back(f("p" + std::to_string(i) + ".out"), f("p" + std::to_string(i) + ".err"));
-    pids.push_back(spawn(installed("weightcache-ggml"),
+    pids.push_back(weightcache::test::spawn_to_files(installed("weightcache-ggml"),
                          {"--model", model, "--cache", cache, "--json", "--steps", "1", "--threads", "1", "--hold-ms",
                           "2000"},
                          files.back().first, files.back().second));

@@ -10,6 +10,7 @@
 #include <weightcache/weightcache.h>
 
 #include "lease_probe.hpp"
+#include "spawn.hpp"
 #include "temp_dir.hpp"
 
 #include <algorithm>
@@ -93,24 +94,6 @@ std::string slurp(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// Starts `exe args` with stdout and stderr into files; returns the pid (or -1).
-pid_t start(const std::string& exe, const std::vector<std::string>& args, const std::string& out,
-            const std::string& err) {
-  std::vector<std::string> storage{exe};
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
-}
-
 HostRun finish(pid_t pid, const std::string& out, const std::string& err) {
   HostRun r;
   int status = 0;
@@ -130,7 +113,7 @@ int g_runs = 0;  // a unique name for each run's stdout/stderr within a test
 HostRun host(const TempDir& dir, const std::vector<std::string>& args) {
   const std::string tag = std::to_string(g_runs++);
   const std::string out = dir.file("host" + tag + ".stdout"), err = dir.file("host" + tag + ".stderr");
-  return finish(start(WEIGHTCACHE_ORT_HOST, args, out, err), out, err);
+  return finish(weightcache::test::spawn_to_files(WEIGHTCACHE_ORT_HOST, args, out, err), out, err);
 }
 
 // The arguments of a WeightCache session set: the installed library, a cache in the test's
@@ -544,7 +527,8 @@ TEST_F(OrtEp, FourProcessesShareOneCopyOfThePackedWeights) {
   for (int i = 0; i < kProcesses; ++i) {
     auto args = ep_args(model, cache, f("p" + std::to_string(i) + ".bin"),
                         {"--barrier", barrier, "--processes", std::to_string(kProcesses)});
-    pids.push_back(start(WEIGHTCACHE_ORT_HOST, args, f("p" + std::to_string(i) + ".stdout"), f("p" + std::to_string(i) + ".stderr")));
+    pids.push_back(weightcache::test::spawn_to_files(WEIGHTCACHE_ORT_HOST, args, f("p" + std::to_string(i) + ".stdout"),
+                                                     f("p" + std::to_string(i) + ".stderr")));
   }
   uint64_t pss_sum = 0, rss_max = 0;
   for (int i = 0; i < kProcesses; ++i) {

@@ -14,6 +14,7 @@
 #ifdef _WIN32
 #include "win32_util.hpp"
 #else
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/types.h>
@@ -121,6 +122,28 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
   return rc == 0 ? pid : kNoProcess;
 #endif
 }
+
+#ifndef _WIN32
+/// Starts `exe` with `args` (argv[0] is `exe`), its stdout and stderr written into the files
+/// `out` and `err` (created or truncated); kNoProcess on failure. POSIX only: the suites that
+/// run installed programs and parse what they print.
+inline Process spawn_to_files(const std::string& exe, const std::vector<std::string>& args, const std::string& out,
+                              const std::string& err) {
+  std::vector<std::string> storage{exe};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : kNoProcess;
+}
+#endif
 
 /// Waits for `process` to end (retrying EINTR) and releases it.
 inline ExitStatus wait_process(Process process) {
