@@ -14,6 +14,8 @@
 
 #include "temp_dir.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -24,6 +26,17 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define WC_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WC_TEST_TSAN 1
+#endif
+#endif
+#ifndef WC_TEST_TSAN
+#define WC_TEST_TSAN 0
+#endif
 
 namespace {
 
@@ -70,14 +83,27 @@ struct Loaded {
   ggml_context* ctx = nullptr;
   ggml_backend_buffer_t buf = nullptr;
   std::vector<ggml_tensor*> tensors;
+  std::uint8_t* map = nullptr;  // MapHow::keep_mapped
+  std::size_t map_size = 0, data_offset = 0;
   ~Loaded() {
     if (buf) ggml_backend_buffer_free(buf);
     if (ctx) ggml_free(ctx);
+    if (map) ::munmap(map, map_size);
   }
 };
 
 // Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
-bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, Loaded* out, std::string* why) {
+// How a test maps the GGUF it loads from.
+struct MapHow {
+  bool shared = true;         // MAP_SHARED (as llama.cpp maps), else MAP_PRIVATE
+  void* at = nullptr;         // an address to map at (MAP_FIXED_NOREPLACE), else anywhere
+  std::size_t patch_at = 0;   // private: a byte of the data section changed before the load (0: none)
+  bool keep_mapped = false;   // leave the mapping (out->map) for the test to look at
+};
+
+// Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
+bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, Loaded* out, std::string* why,
+                     const MapHow& how = {}) {
   ggml_context* meta = nullptr;
   gguf_init_params p{};
   p.no_alloc = true;
@@ -87,8 +113,16 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   const int fd = ::open(model.c_str(), O_RDONLY);
   struct stat st {};
   ::fstat(fd, &st);
-  auto* map = static_cast<std::uint8_t*>(::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0));
+  const int prot = how.shared ? PROT_READ : PROT_READ | PROT_WRITE;
+  const int flags = (how.shared ? MAP_SHARED : MAP_PRIVATE) | (how.at != nullptr ? MAP_FIXED_NOREPLACE : 0);
+  auto* map = static_cast<std::uint8_t*>(::mmap(how.at, st.st_size, prot, flags, fd, 0));
   ::close(fd);
+  if (map == MAP_FAILED || (how.at != nullptr && map != how.at)) return *why = "cannot map " + model, false;
+  if (!how.shared) {
+    // A loader that patches its private copy, then makes it read-only: the pages are not the file's.
+    if (how.patch_at != 0) map[gguf_get_data_offset(g) + how.patch_at] ^= 0x77;
+    ::mprotect(map, st.st_size, PROT_READ);
+  }
   ggml_init_params ip{};
   ip.mem_size = ggml_tensor_overhead() * 256;
   ip.no_alloc = true;
@@ -106,10 +140,25 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   if (out->buf == nullptr) return *why = "no buffer", false;
   for (auto& [t, at] : src) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
   // The repacked bytes outlive the mapping (they are in the buffer or the cache).
-  ::munmap(map, st.st_size);
+  if (how.keep_mapped) {
+    out->map = map;
+    out->map_size = static_cast<std::size_t>(st.st_size);
+    out->data_offset = gguf_get_data_offset(g);
+  } else {
+    ::munmap(map, st.st_size);
+  }
   gguf_free(g);
   ggml_free(meta);
   return true;
+}
+
+// Whether every repacked tensor of `mine` has the bytes of the same tensor in `stock`.
+::testing::AssertionResult same_repacked(const Loaded& mine, const Loaded& stock) {
+  if (mine.tensors.size() != stock.tensors.size()) return ::testing::AssertionFailure() << "tensor counts differ";
+  for (std::size_t i = 0; i < mine.tensors.size(); ++i)
+    if (std::memcmp(mine.tensors[i]->data, stock.tensors[i]->data, ggml_nbytes(mine.tensors[i])) != 0)
+      return ::testing::AssertionFailure() << mine.tensors[i]->name << ": repacked bytes differ from CPU_REPACK's";
+  return ::testing::AssertionSuccess();
 }
 
 ggml_backend_buffer_type_t cpu_repack() {
@@ -168,6 +217,151 @@ TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
     EXPECT_EQ(s.heap_fallbacks, 0u);
     wc_ggml_destroy(g);
     wc_close(c);
+  }
+}
+
+
+// The caches these tests open trust a GGUF's identity 2 s after its last change.
+struct TrustingCache {
+  wc_cache* c = nullptr;
+  wc_ggml* g = nullptr;
+  explicit TrustingCache(const std::string& path) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    EXPECT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml_options go;
+    wc_ggml_options_init(&go);
+    go.identity_window_ms = 2000;
+    EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_OK) << wc_ggml_last_error();
+  }
+  ~TrustingCache() {
+    wc_ggml_destroy(g);
+    wc_close(c);
+  }
+  wc_ggml_stats stats() const {
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    (void)wc_ggml_get_stats(g, &s);
+    return s;
+  }
+};
+
+// A hostile review's finding: a loader unmapped one GGUF and mapped another at the same address
+// between two loads through one buffer type, and was served the first file's weights.
+TEST(GgmlBufferType, AnotherFileMappedAtTheSameAddressIsNeverTakenForTheFirst) {
+  TempDir dir("wc-ggml-remap");
+  const std::string m1 = dir.file("a.gguf"), m2 = dir.file("b.gguf");
+  make_model(m1, GGML_TYPE_Q4_0, 11);
+  make_model(m2, GGML_TYPE_Q4_0, 12);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // both identities trusted
+  TrustingCache cache(dir.file("c.wcache"));
+  // An address both can be mapped at: reserve a range, free it, and map each there in turn.
+  void* at = ::mmap(nullptr, 64 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(at, MAP_FAILED);
+  ::munmap(at, 64 << 20);
+  std::string why;
+  for (const std::string& model : {m1, m2, m1, m2}) {
+    Loaded mine, stock;
+    MapHow how;
+    how.at = at;
+    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &mine, &why, how)) << why;
+    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+    EXPECT_TRUE(same_repacked(mine, stock)) << model;
+  }
+  // And a new process's view (a fresh buffer type over the same file) agrees.
+  for (const std::string& model : {m1, m2}) {
+    TrustingCache again(dir.file("c.wcache"));
+    Loaded mine, stock;
+    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(again.g), &mine, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+    EXPECT_TRUE(same_repacked(mine, stock)) << model;
+  }
+}
+
+// A hostile review's finding: a private mapping the loader patched and then made read-only is
+// not the file. Its bytes are repacked as given, never recorded as the file's, and its pages are
+// never given back (they hold the only copy of the patch).
+TEST(GgmlBufferType, APatchedPrivateMappingIsNeitherTheFileNorDropped) {
+  TempDir dir("wc-ggml-private");
+  const std::string model = dir.file("m.gguf");
+  make_model(model, GGML_TYPE_Q4_0, 13);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  const std::string path = dir.file("c.wcache");
+  std::string why;
+  {
+    TrustingCache cache(path);
+    Loaded patched, stock_patched;
+    MapHow how;
+    how.shared = false;
+    how.patch_at = 4096 + 100;  // inside the first tensor, off its first page
+    how.keep_mapped = true;
+    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &patched, &why, how)) << why;
+    // The patch is still in the loader's copy.
+    std::uint8_t file_byte = 0;
+    const int fd = ::open(model.c_str(), O_RDONLY);
+    ASSERT_EQ(::pread(fd, &file_byte, 1, static_cast<off_t>(patched.data_offset + how.patch_at)), 1);
+    ::close(fd);
+    EXPECT_EQ(patched.map[patched.data_offset + how.patch_at], static_cast<std::uint8_t>(file_byte ^ 0x77))
+        << "the patched private page was dropped";
+    how.keep_mapped = false;
+    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock_patched, &why, how)) << why;
+    EXPECT_TRUE(same_repacked(patched, stock_patched)) << "the patched load was not served its own bytes";
+  }
+  // The file itself, through a shared mapping in a new buffer type: the file's weights.
+  TrustingCache cache(path);
+  Loaded mine, stock;
+  ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &mine, &why)) << why;
+  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+  EXPECT_TRUE(same_repacked(mine, stock)) << "the patched bytes were served as the file's";
+}
+
+// A hostile review's finding: a young GGUF (its identity not trusted yet) changed through a shared
+// writable mapping while it loads, back and forth, got a repack of one state stored under the
+// hash of the other. Now the bytes hashed and repacked are one private copy: every stored entry
+// matches its key, so a pristine copy of the file's final state loads its own weights.
+TEST(GgmlBufferType, AGgufChangedThroughASharedMappingWhileLoadingNeverPoisonsTheCache) {
+#if WC_TEST_TSAN
+  GTEST_SKIP() << "races on purpose (a writer stores into the file's pages while they load): TSan would report it";
+#endif
+  TempDir dir("wc-ggml-aba");
+  const std::string model = dir.file("m.gguf"), pristine = dir.file("pristine.gguf");
+  make_model(model, GGML_TYPE_Q4_0, 14);
+  make_model(pristine, GGML_TYPE_Q4_0, 14);
+  const int fd = ::open(model.c_str(), O_RDWR);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  auto* w = static_cast<volatile std::uint8_t*>(::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ::close(fd);
+  ASSERT_NE(w, MAP_FAILED);
+  const std::size_t byte = static_cast<std::size_t>(st.st_size) - 4096;  // inside the last tensor
+  const std::uint8_t original = w[byte];
+  // The writer stores through a shared mapping on another thread (a thread, not a process: the
+  // interleaving is then tight enough to show the old flaw within a dozen loads).
+  std::atomic<bool> stop{false};
+  std::thread toggler([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      w[byte] = static_cast<std::uint8_t>(original ^ 0xFF);
+      w[byte] = original;
+    }
+  });
+  std::string why;
+  for (int i = 0; i < 12; ++i) {
+    TrustingCache cache(dir.file("c" + std::to_string(i) + ".wcache"));
+    Loaded l;
+    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &l, &why)) << why;
+  }
+  stop = true;
+  toggler.join();
+  w[byte] = original;
+  ::munmap(const_cast<std::uint8_t*>(w), st.st_size);
+  Loaded stock;
+  ASSERT_TRUE(load_in_process(pristine, cpu_repack(), &stock, &why)) << why;
+  for (int i = 0; i < 12; ++i) {
+    TrustingCache cache(dir.file("c" + std::to_string(i) + ".wcache"));
+    Loaded mine;
+    ASSERT_TRUE(load_in_process(pristine, wc_ggml_buffer_type(cache.g), &mine, &why)) << why;
+    EXPECT_TRUE(same_repacked(mine, stock)) << "cache " << i << " serves a repack stored under another state's key";
   }
 }
 

@@ -187,8 +187,7 @@ struct wc_ggml {
   struct ggml_backend_buffer_type buft {};
   std::string build_id;  // everything the repacked layout depends on besides the tensor
 
-  std::mutex mu;  // the maps snapshot, the one warning
-  std::vector<Mapping> maps;
+  std::mutex mu;  // the one warning
   bool warned = false;
   std::atomic<int> buffers{0};
   std::atomic<bool> unfinalized{false};  // inserted since the last finalize
@@ -210,22 +209,6 @@ struct wc_ggml {
       warned = true;
     }
     ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: %s\n", what.c_str());
-  }
-
-  // The file mapping that holds [p, p + n), if one does (the snapshot is re-read once when p is in
-  // none of it: a loader maps its file before it sets tensors from it).
-  bool mapping_of(const void* p, std::size_t n, Mapping* out) {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    std::lock_guard<std::mutex> lock(mu);
-    for (int pass = 0; pass < 2; ++pass) {
-      for (const Mapping& m : maps)
-        if (a >= m.start && a + n <= m.end && a + n >= a) {
-          *out = m;
-          return true;
-        }
-      if (pass == 0) maps = read_maps();
-    }
-    return false;
   }
 
   wc_status finalize() {
@@ -311,6 +294,43 @@ struct Buffer {
     std::size_t covered = 0;  // bytes set so far (ggml loaders never overlap pieces)
   };
   std::map<const struct ggml_tensor*, Partial> partial;  // tensors being set piecewise
+  // This buffer's snapshot of the process's file mappings (one load: read at its first tensor,
+  // and again when an address is in none of it or its mapping no longer is that file).
+  std::mutex maps_mu;
+  std::vector<Mapping> maps;
+  bool maps_read = false;
+
+  // The shared file mapping that holds [p, p + n), if one does. Only a MAP_SHARED mapping's pages
+  // are the file's bytes: a private one may hold copies the process changed (even if it is
+  // read-only now). Each answer is checked against /proc/self/map_files (the file mapped at that
+  // very range now), so a mapping replaced since the snapshot is never taken for the old one.
+  bool mapping_of(const void* p, std::size_t n, Mapping* out) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(maps_mu);
+    bool fresh = false;
+    if (!maps_read) {
+      maps = read_maps();
+      maps_read = fresh = true;
+    }
+    for (;;) {
+      for (const Mapping& m : maps) {
+        if (!(a >= m.start && a + n <= m.end && a + n >= a)) continue;
+        char link[96];
+        std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
+                      static_cast<unsigned long>(m.end));
+        struct stat st {};
+        if (::stat(link, &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
+          if (!m.shared) return false;
+          *out = m;
+          return true;
+        }
+        break;  // the snapshot is stale here
+      }
+      if (fresh) return false;
+      maps = read_maps();
+      fresh = true;
+    }
+  }
 };
 
 Buffer* buffer_of(ggml_backend_buffer_t b) { return static_cast<Buffer*>(b->context); }
@@ -363,10 +383,10 @@ void repack_here(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, cons
                "the cache path, and the next load keeps them");
 }
 
-// Gives back this process's mapping of the whole pages inside [p, p + n) of a file mapping that
-// cannot hold modified copies (shared, or read-only private): they read back from the file.
+// Gives back this process's mapping of the whole pages inside [p, p + n) of a shared file mapping:
+// they read back from the file.
 std::size_t drop_pages(const Mapping& m, const void* p, std::size_t n) {
-  if (!m.shared && m.writable) return 0;
+  if (!m.shared) return 0;  // a private mapping's page may be the only copy of what the process wrote
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t first = (a + page - 1) & ~(page - 1), last = (a + n) & ~(page - 1);
@@ -420,15 +440,6 @@ bool insert_small(wc_ggml* g, const std::string& key, const std::string& value) 
   return true;
 }
 
-// What stat says of a file, nanoseconds included, without the identity window.
-std::string raw_state(const std::string& path) {
-  struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
-  return std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|" + std::to_string(st.st_size) + "|" +
-         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec) + "|" +
-         std::to_string(st.st_ctim.tv_sec) + "." + std::to_string(st.st_ctim.tv_nsec);
-}
-
 // The whole tensor's source bytes are at `data`: find its key, then serve or repack it.
 //
 // Entries are keyed by content (docs/DESIGN.md, "ggml keys"): a GGUF changed in place repacks only
@@ -447,9 +458,9 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   src.element_type = static_cast<int>(t->type);
   for (int i = 0; i < GGML_MAX_DIMS; ++i) src.dims.push_back(t->ne[i]);
   Mapping m;
-  const bool from_file = g->mapping_of(data, size, &m);
+  const bool from_file = buf->mapping_of(data, size, &m);
   std::string fid;
-  if (from_file && !(m.writable && !m.shared)) {
+  if (from_file) {
     struct stat st {};
     // The path must still name the mapped file (not a replacement renamed over it).
     if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
@@ -476,29 +487,36 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   // file back first, so any store from now on moves it; record identity -> content only if it
   // has not moved by the end.
   const bool settled = !fid.empty() && write_back(src.external_path) && file_identity(src, window_ns) == fid;
-  const std::string before = src.external_path.empty() ? std::string() : raw_state(src.external_path);
-  const std::string content = content_identity(src);
+  // A shared file mapping that is not settled (the file is younger than the window, or on a file
+  // system whose times do not follow stores) can change under us with no trace: hash and repack
+  // a private copy, so the bytes repacked are exactly the bytes hashed. (Memory the process owns,
+  // heap or private mapping, is the caller's to keep still while it sets the tensor.)
+  std::unique_ptr<std::uint8_t[]> copy;
+  const void* bytes = data;
+  if (from_file && !settled) {
+    copy.reset(new (std::nothrow) std::uint8_t[size]);
+    if (!copy) return repack_here(b, t, own, data, size, "no memory for a private copy of the source");
+    std::memcpy(copy.get(), data, size);
+    bytes = copy.get();
+  }
+  WeightSource hashed = src;
+  hashed.data = bytes;
+  const std::string content = content_identity(hashed);
   g->hashed.fetch_add(size, std::memory_order_relaxed);
   const std::string key = prefix + content;
   if (void* at = found(key)) {
     serve(g, t, at, pages, data, size);
   } else {
     void* p = wc_reserve_space(g->cache, size);
-    if (p == nullptr) return repack_here(b, t, own, data, size, wc_last_error());
+    if (p == nullptr) return repack_here(b, t, own, bytes, size, wc_last_error());
     t->data = p;
-    repack().set(b, t, data, 0, size);  // straight into the reservation
-    // The bytes repacked must be the bytes hashed. A file's: its identity did not move (trusted),
-    // or, younger than the window, its state did not move and its bytes hash the same again.
-    bool same = true;
-    if (!src.external_path.empty()) {
-      if (settled) same = file_identity(src, window_ns) == fid;
-      else same = raw_state(src.external_path) == before && !before.empty() && content_identity(src) == content;
-    }
-    if (!same) {
+    repack().set(b, t, bytes, 0, size);  // straight into the reservation
+    // A settled file's bytes were read in place: its identity must not have moved meanwhile.
+    if (settled && file_identity(src, window_ns) != fid) {
       (void)wc_release_space(g->cache, p);
       return repack_uncached(b, t, own, data, size);
     }
-    commit(b, t, own, data, size, p, key);
+    commit(b, t, own, bytes, size, p, key);
   }
   if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
 }
