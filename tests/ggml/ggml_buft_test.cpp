@@ -96,7 +96,8 @@ struct Loaded {
 // How a test maps the GGUF it loads from.
 struct MapHow {
   bool shared = true;         // MAP_SHARED (as llama.cpp maps), else MAP_PRIVATE
-  void* at = nullptr;         // an address to map at (MAP_FIXED_NOREPLACE), else anywhere
+  void* at = nullptr;         // an address inside a range the test reserved: mapped there (MAP_FIXED), then
+                              // reserved again (PROT_NONE) when the load is done; else anywhere
   std::size_t patch_at = 0;   // private: a byte of the data section changed before the load (0: none)
   bool keep_mapped = false;   // leave the mapping (out->map) for the test to look at
 };
@@ -114,7 +115,7 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   struct stat st {};
   ::fstat(fd, &st);
   const int prot = how.shared ? PROT_READ : PROT_READ | PROT_WRITE;
-  const int flags = (how.shared ? MAP_SHARED : MAP_PRIVATE) | (how.at != nullptr ? MAP_FIXED_NOREPLACE : 0);
+  const int flags = (how.shared ? MAP_SHARED : MAP_PRIVATE) | (how.at != nullptr ? MAP_FIXED : 0);
   auto* map = static_cast<std::uint8_t*>(::mmap(how.at, st.st_size, prot, flags, fd, 0));
   ::close(fd);
   if (map == MAP_FAILED || (how.at != nullptr && map != how.at)) return *why = "cannot map " + model, false;
@@ -144,6 +145,8 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
     out->map = map;
     out->map_size = static_cast<std::size_t>(st.st_size);
     out->data_offset = gguf_get_data_offset(g);
+  } else if (how.at != nullptr) {
+    ::mmap(how.at, st.st_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   } else {
     ::munmap(map, st.st_size);
   }
@@ -256,10 +259,9 @@ TEST(GgmlBufferType, AnotherFileMappedAtTheSameAddressIsNeverTakenForTheFirst) {
   make_model(m2, GGML_TYPE_Q4_0, 12);
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // both identities trusted
   TrustingCache cache(dir.file("c.wcache"));
-  // An address both can be mapped at: reserve a range, free it, and map each there in turn.
-  void* at = ::mmap(nullptr, 64 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // One address for both: a range this test keeps reserved, each model mapped into it in turn.
+  void* at = ::mmap(nullptr, 64 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   ASSERT_NE(at, MAP_FAILED);
-  ::munmap(at, 64 << 20);
   std::string why;
   for (const std::string& model : {m1, m2, m1, m2}) {
     Loaded mine, stock;
@@ -277,6 +279,7 @@ TEST(GgmlBufferType, AnotherFileMappedAtTheSameAddressIsNeverTakenForTheFirst) {
     ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
     EXPECT_TRUE(same_repacked(mine, stock)) << model;
   }
+  ::munmap(at, 64 << 20);
 }
 
 // A hostile review's finding: a private mapping the loader patched and then made read-only is
