@@ -69,7 +69,18 @@ struct State {
     logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [weightcache] [%l] %v");
     logger->set_level(spdlog::level::warn);
     if (const char* env = std::getenv("WEIGHTCACHE_LOG_LEVEL"); env != nullptr && *env != '\0') {
-      logger->set_level(spdlog::level::from_str(env));
+      // spdlog reads any word it does not know as "off": a typo ("warnings") would silence the
+      // very warnings it meant to keep. Only the names below change the level; anything else
+      // keeps warn and says so, once (this runs once per process).
+      const std::string name = env;
+      const auto level = spdlog::level::from_str(name);
+      if (level != spdlog::level::off || name == "off") {
+        logger->set_level(level);
+      } else {
+        logger->warn("WEIGHTCACHE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical or off); "
+                     "logging at warn",
+                     name.size() > 64 ? name.substr(0, 64) + "..." : name);
+      }
     }
   }
 };

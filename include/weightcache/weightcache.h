@@ -650,9 +650,10 @@ WC_API const char* wc_last_error(void);
 
 /** Sets the process-wide log level (one of wc_log_level's values) of the "weightcache" logger,
  * for every message logged after it returns. The default is WC_LOG_WARN, or the level named by
- * the environment variable WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error or off; any
- * other value turns logging off), read once per process, before the first message or the first
- * call to wc_set_log_level or wc_set_log_callback. */
+ * the environment variable WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error, critical or
+ * off; any other value keeps WC_LOG_WARN and says once on the log that it is not a level), read
+ * once per process, before the first message or the first call to wc_set_log_level or
+ * wc_set_log_callback. */
 WC_API void wc_set_log_level(wc_log_level level);
 
 /** Routes log messages to `callback`, with `user` (NULL restores the default: formatted lines

@@ -308,8 +308,8 @@ TEST(Contract, TheLogLevelAppliesToTheNextMessage) {
 }
 
 // wc_set_log_level: "The default is WC_LOG_WARN, or the level named by the environment variable
-// WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error or off; any other value turns logging
-// off), read once per process". The child process (cache_child log-levels) provokes a debug
+// WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error, critical or off; any other value keeps
+// the default and says so once), read once per process". The child process (cache_child log-levels) provokes a debug
 // message and a warning without setting a level and exits with 40 plus what arrived (bit 0
 // debug, bit 1 warn).
 TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
@@ -318,7 +318,8 @@ TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
     const char* env;  // nullptr: unset
     int seen;
   };
-  const Case cases[] = {{nullptr, 2}, {"debug", 3}, {"warn", 2}, {"error", 0}, {"off", 0}, {"loud", 0}};
+  // A typo keeps warnings on (spdlog alone would read it as "off").
+  const Case cases[] = {{nullptr, 2}, {"debug", 3}, {"warn", 2}, {"error", 0}, {"off", 0}, {"loud", 2}, {"warnings", 2}};
   const char* saved = std::getenv("WEIGHTCACHE_LOG_LEVEL");
   const std::string saved_value = saved != nullptr ? saved : "";
   for (const Case& c : cases) {
@@ -328,7 +329,21 @@ TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
     if (c.env != nullptr) ::setenv("WEIGHTCACHE_LOG_LEVEL", c.env, 1);
     else ::unsetenv("WEIGHTCACHE_LOG_LEVEL");
 #endif
+#ifndef _WIN32
+    // The child's stderr: a value that is not a level is named there once (the child sets its
+    // callback after the level is read, so that message goes to stderr).
+    const std::string out = dir.file("levels.out"), err = dir.file("levels.err");
+    const ExitStatus st = wait_process(spawn_to_files(kChildExe, {"log-levels", dir.path().string()}, out, err));
+    std::ifstream in(err);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::size_t said = 0;
+    for (std::size_t at = text.find("is not a level"); at != std::string::npos; at = text.find("is not a level", at + 1))
+      ++said;
+    const bool bad = c.env != nullptr && (std::string(c.env) == "loud" || std::string(c.env) == "warnings");
+    EXPECT_EQ(said, bad ? 1u : 0u) << "WEIGHTCACHE_LOG_LEVEL=" << (c.env != nullptr ? c.env : "(unset)") << "\n" << text;
+#else
     const ExitStatus st = run_process(kChildExe, {"log-levels", dir.path().string()});
+#endif
     EXPECT_TRUE(st.exited) << st.describe();
     EXPECT_EQ(st.code, 40 + c.seen) << "WEIGHTCACHE_LOG_LEVEL=" << (c.env != nullptr ? c.env : "(unset)");
   }
