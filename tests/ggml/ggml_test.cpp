@@ -56,14 +56,11 @@ struct ToolRun {
   std::string describe() const { return "exit " + std::to_string(code) + "\nstdout: " + out + "\nstderr: " + err; }
 };
 
-
 ToolRun finish(pid_t pid, const std::string& out, const std::string& err) {
   ToolRun r;
-  int status = 0;
   if (pid > 0) {
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const weightcache::test::ExitStatus st = weightcache::test::wait_process(pid);
+    r.code = st.exited ? st.code : 128 + st.signal;
   }
   r.out = slurp(out);
   r.err = slurp(err);

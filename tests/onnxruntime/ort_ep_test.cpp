@@ -96,11 +96,9 @@ std::string slurp(const std::string& path) {
 
 HostRun finish(pid_t pid, const std::string& out, const std::string& err) {
   HostRun r;
-  int status = 0;
   if (pid > 0) {
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const weightcache::test::ExitStatus st = weightcache::test::wait_process(pid);
+    r.code = st.exited ? st.code : 128 + st.signal;
   }
   r.out = slurp(out);
   r.err = slurp(err);
