@@ -276,10 +276,8 @@ int main(int argc, char** argv) {
     ggml_tensor* src = ggml_get_tensor(meta, name);
     const std::uint8_t* at = map + data_at + gguf_get_tensor_offset(gg, i);
     if (at + ggml_nbytes(src) > map + st.st_size) die(std::string("tensor ") + name + " runs past the end of the file");
-    const bool repack = repack_buft != nullptr &&
-                        (wg != nullptr ? wc_ggml_would_repack(src) != 0
-                                       : ggml_backend_dev_supports_buft(ggml_backend_get_device(cpu), repack_buft) &&
-                                             wc_ggml_would_repack(src) != 0);
+    // What CPU_REPACK would repack on this CPU, stock or through the cache alike.
+    const bool repack = repack_buft != nullptr && wc_ggml_would_repack(src) != 0;
     ggml_tensor* t = ggml_dup_tensor(repack ? rctx : wctx, src);
     ggml_set_name(t, name);
     if (repack) {
