@@ -99,8 +99,9 @@ Result<void*> Segments::reserve(std::size_t size, std::size_t align) {
   const Api& a = api();
   align = std::max<std::size_t>(align, a.granularity);
   size = static_cast<std::size_t>(align_up(size, a.granularity));
+  if (!a.placeholders) return reserve_legacy(size, align);
   std::uintptr_t base = 0;
-  if (a.placeholders) {
+  {
     // Reserve more than asked, then split off and free the unaligned head and the tail:
     // never releases what it keeps, so nothing can race into it.
     auto* p =
@@ -128,39 +129,87 @@ Result<void*> Segments::reserve(std::size_t size, std::size_t align) {
       sys().virtual_free(reinterpret_cast<void*>(held), 0, MEM_RELEASE);
       return no_address_space(size, err);
     }
-  } else {
-    // Find an aligned range, then reserve exactly it; another thread may take it in between.
-    DWORD err = ERROR_NOT_ENOUGH_MEMORY;
-    for (int attempt = 0; attempt < 16 && base == 0; ++attempt) {
-      void* p = sys().virtual_alloc(nullptr, size + align, MEM_RESERVE, PAGE_NOACCESS);
-      if (p == nullptr) {
-        err = ::GetLastError();
-        break;
-      }
-      const std::uintptr_t want = static_cast<std::uintptr_t>(align_up(reinterpret_cast<std::uintptr_t>(p), align));
-      if (!sys().virtual_free(p, 0, MEM_RELEASE)) {
-        // The aligned range lies inside the one we could not let go: trying again would only
-        // hold more address space.
-        err = ::GetLastError();
-        break;
-      }
-      if (sys().virtual_alloc(reinterpret_cast<void*>(want), size, MEM_RESERVE, PAGE_NOACCESS) ==
-          reinterpret_cast<void*>(want))
-        base = want;
-    }
-    if (base == 0) return no_address_space(size, err);
   }
+  if (auto r = add_reservation(base, size); !r) {
+    sys().virtual_free(reinterpret_cast<void*>(base), 0, MEM_RELEASE);
+    return r.error();
+  }
+  return reinterpret_cast<void*>(base);
+}
+
+// Records [base, base+size) as a reservation of ours, unless it overlaps one (under the same
+// lock as every carve, so the answer cannot change before the record is made).
+Result<bool> Segments::add_reservation_if_apart(std::uintptr_t base, std::size_t size) {
   try {
     std::lock_guard<std::mutex> lock(mu_);
+    auto next = reservations_.lower_bound(base);
+    if (next != reservations_.end() && next->first < base + size) return false;
+    if (next != reservations_.begin() && std::prev(next)->second.end > base) return false;
     Reservation r;
     r.end = base + size;
     r.segs[base] = Segment{base + size, Kind::reserved, nullptr, 0, false};
     reservations_[base] = std::move(r);
+    return true;
   } catch (...) {
-    sys().virtual_free(reinterpret_cast<void*>(base), 0, MEM_RELEASE);
     return Error{Errc::no_memory, ENOMEM, "out of memory while reserving address space"};
   }
-  return reinterpret_cast<void*>(base);
+}
+
+Result<void> Segments::add_reservation(std::uintptr_t base, std::size_t size) {
+  auto r = add_reservation_if_apart(base, size);
+  if (!r) return r.error();
+  if (!r.value())
+    return Error{Errc::invalid_argument, EINVAL,
+                 "the system reserved address space at " + address_text(base) + " twice"};
+  return {};
+}
+
+// Legacy mode: find an aligned range, then reserve exactly it; another thread may take it in
+// between. A range may also come back that lies in a part of one of our reservations that a
+// carve lost to another allocation and that is free again: taking it would put two
+// reservations over one address, and the owner of the lost part would carve into the new one
+// (find() cannot tell them apart). Such ranges are held until a range apart from all of ours is
+// found, so the search does not get them again, and then given back; the owner of the lost part
+// may reclaim it then.
+Result<void*> Segments::reserve_legacy(std::size_t size, std::size_t align) {
+  DWORD err = ERROR_NOT_ENOUGH_MEMORY;
+  std::vector<std::uintptr_t> held;
+  struct GiveBack {
+    std::vector<std::uintptr_t>& held;
+    ~GiveBack() {
+      for (std::uintptr_t h : held) sys().virtual_free(reinterpret_cast<void*>(h), 0, MEM_RELEASE);
+    }
+  } give_back{held};
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    void* p = sys().virtual_alloc(nullptr, size + align, MEM_RESERVE, PAGE_NOACCESS);
+    if (p == nullptr) {
+      err = ::GetLastError();
+      break;
+    }
+    const std::uintptr_t want = static_cast<std::uintptr_t>(align_up(reinterpret_cast<std::uintptr_t>(p), align));
+    if (!sys().virtual_free(p, 0, MEM_RELEASE)) {
+      // The aligned range lies inside the one we could not let go: trying again would only
+      // hold more address space.
+      err = ::GetLastError();
+      break;
+    }
+    if (sys().virtual_alloc(reinterpret_cast<void*>(want), size, MEM_RESERVE, PAGE_NOACCESS) !=
+        reinterpret_cast<void*>(want))
+      continue;
+    auto added = add_reservation_if_apart(want, size);
+    if (added && added.value()) return reinterpret_cast<void*>(want);
+    if (added) {
+      try {
+        held.push_back(want);
+        continue;
+      } catch (...) {
+        added = Error{Errc::no_memory, ENOMEM, "out of memory while reserving address space"};
+      }
+    }
+    sys().virtual_free(reinterpret_cast<void*>(want), 0, MEM_RELEASE);
+    return added.error();
+  }
+  return no_address_space(size, err);
 }
 
 void Segments::release(void* base) noexcept {

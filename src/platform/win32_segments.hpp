@@ -102,6 +102,10 @@ class Segments {
 
   using SegIt = std::map<std::uintptr_t, Segment>::iterator;
 
+  Result<bool> add_reservation_if_apart(std::uintptr_t base, std::size_t size);
+  Result<void> add_reservation(std::uintptr_t base, std::size_t size);
+  Result<void*> reserve_legacy(std::size_t size, std::size_t align);
+  // The reservation holding addr. Reservations never overlap (add_reservation_if_apart).
   Reservation* find(std::uintptr_t addr);
   Result<Reservation*> find_free_range(std::uintptr_t start, std::size_t len, const char* what);
   template <class Use>

@@ -2,6 +2,7 @@
 // mapping, UTF-8 paths, per-handle locks, and mappings of files that end inside a 64 KiB
 // chunk and grow later (the holes described in src/platform/win32_segments.hpp).
 #include "platform/platform.hpp"
+#include "platform/win32_calls.hpp"
 #include "temp_dir.hpp"
 #include "windows_test_util.hpp"
 
@@ -249,6 +250,76 @@ TEST(Win32Platform, MappingOutsideAReservationIsRefused) {
   EXPECT_FALSE(pf().commit_memory(p, 65536));
   pf().release_address_space(p, 1 << 20);
   h.close();
+}
+
+// Legacy mode carves a chunk by releasing its reservation and reserving the rest again; another
+// allocation can take part of it meanwhile, and that part is then lost to its owner
+// (docs/PLATFORMS.md). Once free again, the system can hand that very range to a new reservation
+// of ours. It must not be taken: two reservations over one address, and the owner of the lost
+// part would carve its next chunk out of the other's range (under Wine, a heap arena's chunk
+// then failed with "commit_memory over a used range" while several threads reserved at once).
+// Here the other allocation and the system's choice of address are made to happen through the
+// call table.
+namespace lost_range {
+std::uintptr_t intrude_at = 0, intruder = 0, redirect_to = 0;
+std::size_t intruder_size = 0;
+platform::Win32Calls below;
+LPVOID WINAPI virtual_alloc(LPVOID at, SIZE_T n, DWORD type, DWORD protect) {
+  if (intrude_at != 0 && reinterpret_cast<std::uintptr_t>(at) == intrude_at && type == MEM_RESERVE) {
+    intrude_at = 0;  // another allocation takes part of the range being reserved again
+    intruder = reinterpret_cast<std::uintptr_t>(
+        below.virtual_alloc(reinterpret_cast<void*>(intruder), intruder_size, MEM_RESERVE, PAGE_NOACCESS));
+  }
+  if (redirect_to != 0 && at == nullptr) {
+    at = reinterpret_cast<void*>(redirect_to);  // where the system would have chosen
+    redirect_to = 0;
+  }
+  return below.virtual_alloc(at, n, type, protect);
+}
+}  // namespace lost_range
+
+TEST(Win32Platform, APartLostToAnotherAllocationIsNeverGivenToAnotherReservation) {
+  if (!legacy_mapping()) GTEST_SKIP() << "placeholder mode never releases a reserved range";
+  constexpr std::size_t g = 65536;
+  namespace lr = lost_range;
+  auto& calls = platform::win32_calls();
+  lr::below = calls;
+  struct Restore {
+    ~Restore() { platform::win32_calls() = lr::below; }
+  } restore;
+  calls.virtual_alloc = lr::virtual_alloc;
+
+  auto a = pf().reserve_address_space(4 * g, g);
+  ASSERT_TRUE(a) << a.error().message;
+  const auto base_a = reinterpret_cast<std::uintptr_t>(a.value());
+  lr::intruder = base_a + 2 * g;
+  lr::intruder_size = g;
+  lr::intrude_at = base_a + g;
+  ASSERT_TRUE(pf().commit_memory(a.value(), g));
+  ASSERT_EQ(lr::intruder, base_a + 2 * g) << "the other allocation did not happen";
+  ASSERT_TRUE(lr::below.virtual_free(reinterpret_cast<void*>(lr::intruder), 0, MEM_RELEASE));
+  // [base_a + g, base_a + 4g) is lost to a, and free: the system offers it to the next reservation.
+  lr::redirect_to = base_a + g;
+  auto b = pf().reserve_address_space(g, g);
+  ASSERT_TRUE(b) << b.error().message;
+  ASSERT_EQ(lr::redirect_to, 0u);
+  const auto base_b = reinterpret_cast<std::uintptr_t>(b.value());
+  EXPECT_TRUE(base_b + g <= base_a || base_b >= base_a + 4 * g)
+      << "a new reservation inside another's lost part, at offset " << base_b - base_a;
+
+  // Each grows inside its own range; neither sees the other's bytes.
+  auto ra = pf().commit_memory(reinterpret_cast<void*>(base_a + g), g);
+  auto rb = pf().commit_memory(b.value(), g);
+  EXPECT_TRUE(ra) << ra.error().message;
+  ASSERT_TRUE(rb) << rb.error().message;
+  std::memset(b.value(), 0xbb, g);
+  if (ra) {
+    std::memset(reinterpret_cast<void*>(base_a + g), 0xaa, g);
+    EXPECT_EQ(static_cast<unsigned char*>(b.value())[0], 0xbb);
+    EXPECT_EQ(static_cast<unsigned char*>(b.value())[g - 1], 0xbb);
+  }
+  pf().release_address_space(b.value(), g);
+  pf().release_address_space(a.value(), 4 * g);
 }
 
 // Offsets past 4 GiB in 64-bit arithmetic everywhere. Under Wine the file is sparse; on NTFS
