@@ -15,6 +15,7 @@
 # layouts are chosen for the CPU it runs on; the cache key holds the CPU features).
 
 include(ExternalProject)
+include(${CMAKE_CURRENT_LIST_DIR}/WeightcacheGgmlVersion.cmake)
 
 get_filename_component(_wc_ggml_src "${WEIGHTCACHE_GGML_SOURCE_DIR}" ABSOLUTE)
 if(NOT EXISTS "${_wc_ggml_src}/include/ggml.h" AND EXISTS "${_wc_ggml_src}/ggml/include/ggml.h")
@@ -25,19 +26,7 @@ if(NOT EXISTS "${_wc_ggml_src}/include/ggml.h" OR NOT EXISTS "${_wc_ggml_src}/sr
   message(FATAL_ERROR "weightcache: WEIGHTCACHE_GGML_SOURCE_DIR=${WEIGHTCACHE_GGML_SOURCE_DIR} is not a ggml or "
                       "llama.cpp checkout (no include/ggml.h, src/ggml-backend-impl.h or CMakeLists.txt)")
 endif()
-file(STRINGS "${_wc_ggml_src}/CMakeLists.txt" _wc_ggml_ver REGEX "^set\\(GGML_VERSION_(MAJOR|MINOR|PATCH) [0-9]+\\)")
-set(WEIGHTCACHE_GGML_VERSION "")
-foreach(_part MAJOR MINOR PATCH)
-  foreach(_line IN LISTS _wc_ggml_ver)
-    if(_line MATCHES "GGML_VERSION_${_part} ([0-9]+)")
-      string(APPEND WEIGHTCACHE_GGML_VERSION "${CMAKE_MATCH_1}.")
-    endif()
-  endforeach()
-endforeach()
-string(REGEX REPLACE "\\.$" "" WEIGHTCACHE_GGML_VERSION "${WEIGHTCACHE_GGML_VERSION}")
-if(NOT WEIGHTCACHE_GGML_VERSION MATCHES "^[0-9]+\\.[0-9]+\\.[0-9]+$")
-  message(FATAL_ERROR "weightcache: cannot read ggml's version from ${_wc_ggml_src}/CMakeLists.txt")
-endif()
+weightcache_ggml_version("${_wc_ggml_src}" WEIGHTCACHE_GGML_VERSION)
 set(WEIGHTCACHE_GGML_SOURCE "${_wc_ggml_src}")
 
 string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")

@@ -48,6 +48,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/proc_usage.hpp"
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -62,42 +64,9 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
   std::exit(1);
 }
 
-std::uint64_t status_kib(const char* field) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::size_t n = std::strlen(field);
-  while (std::getline(f, line))
-    if (line.compare(0, n, field) == 0) return std::strtoull(line.c_str() + n + 1, nullptr, 10);
-  return 0;
-}
-
-// Summed Rss/Pss/Private_Dirty (KiB) of this process's mappings of `path` (by inode).
-struct Usage {
-  std::uint64_t rss = 0, pss = 0, private_dirty = 0;
-};
-Usage file_usage(const std::string& path) {
-  Usage u;
-  struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) return u;
-  std::ifstream f("/proc/self/smaps");
-  std::string line;
-  bool in = false;
-  while (std::getline(f, line)) {
-    unsigned long long a = 0, b = 0, off = 0, ino = 0;
-    char perms[8] = {};
-    unsigned maj = 0, min = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &a, &b, perms, &off, &maj, &min, &ino) == 7) {
-      in = ino == static_cast<unsigned long long>(st.st_ino) && ino != 0;
-      continue;
-    }
-    if (!in) continue;
-    unsigned long long kb = 0;
-    if (std::sscanf(line.c_str(), "Rss: %llu kB", &kb) == 1) u.rss += kb;
-    else if (std::sscanf(line.c_str(), "Pss: %llu kB", &kb) == 1) u.pss += kb;
-    else if (std::sscanf(line.c_str(), "Private_Dirty: %llu kB", &kb) == 1) u.private_dirty += kb;
-  }
-  return u;
-}
+using weightcache::example::file_usage;
+using weightcache::example::status_kib;
+using weightcache::example::Usage;
 
 struct Layer {
   ggml_tensor *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *gate, *up, *down;

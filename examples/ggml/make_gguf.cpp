@@ -8,8 +8,10 @@
 //
 // Per layer, llama.cpp's names: blk.N.attn_norm.weight (f32), blk.N.attn_{q,k,v,output}.weight,
 // blk.N.ffn_norm.weight (f32), blk.N.ffn_{gate,up}.weight (dim -> ffn), blk.N.ffn_down.weight
-// (ffn -> dim), all of --type; then output_norm.weight. With --vocab V (> 0) also token_embd.weight
-// and output.weight (V rows, of --type). Every tensor's values come from --seed and its name, so a
+// (ffn -> dim), all of --type; then output_norm.weight. With --vocab V (at least 259) also
+// token_embd.weight and output.weight (V rows, of --type) and a byte-level SentencePiece vocabulary
+// that llama.cpp's tokenizer loads: <unk>, <s>, </s>, the 256 byte tokens, then pieces ("\u2581",
+// letters, "\u2581" + letter, ...) up to V. Every tensor's values come from --seed and its name, so a
 // tensor's bytes do not depend on the others.
 #include <ggml.h>
 #include <gguf.h>
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
   const long block = ggml_blck_size(type);
   if (layers < 1 || layers > 1000 || dim < block || dim % block != 0 || ffn < block || ffn % block != 0 || vocab < 0)
     usage("--layers 1..1000; --dim and --ffn positive multiples of the type's block size");
+  if (vocab > 0 && (vocab < 259 || vocab > 1000000)) usage("--vocab 259..1000000 (the byte vocabulary needs 259)");
 
   struct Spec {
     std::string name;
@@ -123,6 +126,37 @@ int main(int argc, char** argv) {
   gguf_set_val_u32(g, "llama.rope.dimension_count", static_cast<std::uint32_t>(dim / heads));
   gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
   gguf_set_val_u32(g, "weightcache.seed", static_cast<std::uint32_t>(seed));
+  std::vector<std::string> tokens;
+  if (vocab > 0) {
+    // llama.cpp's SPM tokenizer: scores rank merges, types say which tokens are bytes or control.
+    const std::string space = "\xe2\x96\x81";  // U+2581, SentencePiece's word boundary
+    tokens = {"<unk>", "<s>", "</s>"};
+    for (int b = 0; b < 256; ++b) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+      tokens.emplace_back(buf);
+    }
+    std::vector<std::string> pieces = {space};
+    for (char c = 'a'; c <= 'z'; ++c) pieces.emplace_back(1, c);
+    for (char c = 'a'; c <= 'z'; ++c) pieces.push_back(space + c);
+    for (std::size_t i = 0; tokens.size() < static_cast<std::size_t>(vocab); ++i)
+      tokens.push_back(i < pieces.size() ? pieces[i] : "<extra_" + std::to_string(i) + ">");
+    std::vector<const char*> ptrs;
+    std::vector<float> scores;
+    std::vector<std::int32_t> types;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      ptrs.push_back(tokens[i].c_str());
+      scores.push_back(i < 259 ? 0.0f : -static_cast<float>(i));
+      types.push_back(i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1);  // unknown, control, byte, normal
+    }
+    gguf_set_val_str(g, "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(g, "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+    gguf_set_arr_data(g, "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
+    gguf_set_arr_data(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+    gguf_set_val_u32(g, "tokenizer.ggml.unknown_token_id", 0);
+    gguf_set_val_u32(g, "tokenizer.ggml.bos_token_id", 1);
+    gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", 2);
+  }
   std::vector<ggml_tensor*> tensors;
   for (const Spec& s : specs) {
     ggml_tensor* t = s.ne1 == 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.ne0)

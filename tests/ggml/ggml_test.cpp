@@ -15,6 +15,7 @@
 
 #include "spawn.hpp"
 #include "temp_dir.hpp"
+#include "tool_run.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -44,36 +45,14 @@ using weightcache::test::TempDir;
 
 std::string installed(const char* tool) { return std::string(WEIGHTCACHE_GGML_PREFIX) + "/bin/" + tool; }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-struct ToolRun {
-  int code = -1;
-  std::string out, err;
-  json j;
-  std::string describe() const { return "exit " + std::to_string(code) + "\nstdout: " + out + "\nstderr: " + err; }
-};
+using weightcache::test::ToolRun;
 
 ToolRun finish(pid_t pid, const std::string& out, const std::string& err) {
-  ToolRun r;
-  if (pid > 0) {
-    const weightcache::test::ExitStatus st = weightcache::test::wait_process(pid);
-    r.code = st.exited ? st.code : 128 + st.signal;
-  }
-  r.out = slurp(out);
-  r.err = slurp(err);
-  if (r.code == 0) r.j = json::parse(r.out, nullptr, false);
-  return r;
+  return weightcache::test::finish_tool(pid, out, err);
 }
 
-int g_runs = 0;
-
 ToolRun run(const TempDir& dir, const std::string& tool, const std::vector<std::string>& args) {
-  const std::string tag = std::to_string(g_runs++);
-  const std::string out = dir.file("run" + tag + ".out"), err = dir.file("run" + tag + ".err");
-  return finish(weightcache::test::spawn_to_files(installed(tool.c_str()), args, out, err), out, err);
+  return weightcache::test::run_tool(dir, installed(tool.c_str()), args);
 }
 
 // weightcache-ggml on `model`: stock (cache ""), or with the cache; two steps of each batch.
@@ -94,7 +73,7 @@ void make_model(const TempDir& dir, const std::string& out, const std::string& t
   ASSERT_EQ(r.code, 0) << r.describe();
 }
 
-std::uint64_t u64(const ToolRun& r, const char* k) { return r.j.at(k).get<std::uint64_t>(); }
+std::uint64_t u64(const ToolRun& r, const char* k) { return r.u64(k); }
 
 bool times_track_stores(const std::string& path) {
   struct statfs fs {};

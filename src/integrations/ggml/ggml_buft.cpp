@@ -13,6 +13,7 @@
 #include <weightcache/ggml.h>
 
 #include "../common/source_identity.hpp"
+#include "ggml_detail.hpp"
 
 #include <ggml-backend-impl.h>
 #include <ggml-backend.h>
@@ -54,13 +55,18 @@ using weightcache::source::WeightSource;
 using weightcache::source::write_back;
 
 namespace {
-
 thread_local std::string t_error;
+}  // namespace
 
-wc_status fail(wc_status st, std::string why) {
+// Also the llama.cpp front's (src/integrations/llama), which shares wc_ggml_last_error.
+wc_status weightcache::ggml_detail::fail(wc_status st, std::string why) {
   t_error = std::move(why);
   return st;
 }
+
+namespace {
+
+using weightcache::ggml_detail::fail;
 
 constexpr std::int64_t kDefaultWindowMs = 60'000;
 constexpr std::int64_t kMinWindowMs = 2'000;

@@ -1,0 +1,18 @@
+# weightcache_ggml_version(<ggml tree> <out var>): the tree's version, from its CMakeLists.txt
+# (GGML_VERSION_MAJOR/MINOR/PATCH); a configure error when it cannot be read.
+function(weightcache_ggml_version dir out)
+  file(STRINGS "${dir}/CMakeLists.txt" _lines REGEX "^set\\(GGML_VERSION_(MAJOR|MINOR|PATCH) [0-9]+\\)")
+  set(_version "")
+  foreach(_part MAJOR MINOR PATCH)
+    foreach(_line IN LISTS _lines)
+      if(_line MATCHES "GGML_VERSION_${_part} ([0-9]+)")
+        string(APPEND _version "${CMAKE_MATCH_1}.")
+      endif()
+    endforeach()
+  endforeach()
+  string(REGEX REPLACE "\\.$" "" _version "${_version}")
+  if(NOT _version MATCHES "^[0-9]+\\.[0-9]+\\.[0-9]+$")
+    message(FATAL_ERROR "weightcache: cannot read ggml's version from ${dir}/CMakeLists.txt")
+  endif()
+  set(${out} "${_version}" PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,245 @@
+// weightcache-llama: llama-cli's core (load a GGUF, tokenize a prompt, decode greedily) on a real
+// libllama, with llama.cpp's stock repacking, with the repacked weights from a weightcache file,
+// or without repacking.
+//
+//   weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N]
+//                     [--prompt TEXT] [--n-predict N] [--json] [--identity-window-ms MS]
+//                     [--durability none|async|full] [--hold-ms MS] [--no-mmap] [--keep-source-pages]
+//
+// --cache PATH: the weightcache front (weightcache/llama.h) over the cache file PATH; without it,
+// stock llama.cpp (CPU_REPACK); --no-repack: llama_model_params.use_extra_bufts = false.
+// The JSON line has the load time, memory after the load and after decoding, prompt and
+// generation speed, the generated token ids, and checksums of the logits: `checksum` of the
+// first decode step's (the prompt's last position), `checksum_all` of every step's.
+// --hold-ms MS waits before measuring the mappings' memory and again before exiting, so several
+// processes started together each measure while all of them have the files mapped.
+#include <weightcache/llama.h>
+#include <weightcache/weightcache.h>
+
+#include <llama.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/proc_usage.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using weightcache::example::file_usage;
+using weightcache::example::status_kib;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+[[noreturn]] void die(const std::string& why) {
+  std::fprintf(stderr, "weightcache-llama: %s\n", why.c_str());
+  std::exit(1);
+}
+
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path, cache_path, prompt = "Once upon a time, in a land far away,";
+  bool no_repack = false, json = false, no_mmap = false, keep_source_pages = false;
+  int threads = static_cast<int>(std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
+  int n_predict = 16;
+  long long window_ms = 60000, hold_ms = 0;
+  wc_durability durability = WC_DURABILITY_FULL;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--model") model_path = next();
+    else if (a == "--cache") cache_path = next();
+    else if (a == "--no-repack") no_repack = true;
+    else if (a == "--threads") threads = std::atoi(next());
+    else if (a == "--prompt") prompt = next();
+    else if (a == "--n-predict") n_predict = std::atoi(next());
+    else if (a == "--json") json = true;
+    else if (a == "--no-mmap") no_mmap = true;
+    else if (a == "--keep-source-pages") keep_source_pages = true;
+    else if (a == "--identity-window-ms") window_ms = std::atoll(next());
+    else if (a == "--hold-ms") hold_ms = std::atoll(next());
+    else if (a == "--durability") {
+      const std::string d = next();
+      if (d == "none") durability = WC_DURABILITY_NONE;
+      else if (d == "async") durability = WC_DURABILITY_ASYNC;
+      else if (d == "full") durability = WC_DURABILITY_FULL;
+      else die("--durability: none, async or full");
+    } else if (a == "-h" || a == "--help") {
+      std::printf("usage: weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--prompt TEXT] "
+                  "[--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS] "
+                  "[--no-mmap] [--keep-source-pages]\n");
+      return 0;
+    } else {
+      die("unknown argument " + a + " (--help)");
+    }
+  }
+  if (model_path.empty()) die("--model is required");
+  if (no_repack && !cache_path.empty()) die("--cache and --no-repack exclude each other");
+  if (threads < 1 || n_predict < 0) die("--threads must be at least 1, --n-predict at least 0");
+  llama_log_set([](ggml_log_level level, const char* text, void*) {
+    if (level >= GGML_LOG_LEVEL_WARN || std::getenv("WEIGHTCACHE_LLAMA_VERBOSE") != nullptr) std::fputs(text, stderr);
+  }, nullptr);
+  llama_backend_init();
+
+  const std::uint64_t anon_before = status_kib("RssAnon:");
+  const auto t0 = Clock::now();
+  llama_model_params mp = llama_model_default_params();
+  mp.use_mmap = !no_mmap;
+  if (no_repack) mp.use_extra_bufts = false;
+  mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
+  wc_cache* cache = nullptr;
+  wc_llama* wl = nullptr;
+  std::size_t routed = 0;
+  double params_ms = 0;
+  if (!cache_path.empty()) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = cache_path.c_str();
+    o.compat_key = "weightcache-llama";
+    o.durability = durability;
+    o.write_back_early = 0;  // the buffer type finalizes on its background thread once loaded
+    if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
+    wc_ggml_options go;
+    wc_ggml_options_init(&go);
+    go.identity_window_ms = window_ms;
+    if (keep_source_pages) go.drop_source_pages = 0;
+    if (wc_llama_create(cache, &go, &wl) != WC_OK) die(std::string("wc_llama_create: ") + wc_ggml_last_error());
+    const auto tp = Clock::now();
+    if (wc_llama_model_params(wl, model_path.c_str(), &mp, &routed) != WC_OK)
+      die(std::string("wc_llama_model_params: ") + wc_ggml_last_error());
+    params_ms = ms_since(tp);
+  }
+  llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
+  if (model == nullptr) die("llama.cpp could not load " + model_path);
+  const double load_ms = ms_since(t0);
+  const std::uint64_t anon_load = status_kib("RssAnon:"), file_load = status_kib("RssFile:");
+
+  llama_context_params cp = llama_context_default_params();
+  const llama_vocab* vocab = llama_model_get_vocab(model);
+  std::vector<llama_token> toks(prompt.size() + 8);
+  int n = llama_tokenize(vocab, prompt.c_str(), static_cast<int32_t>(prompt.size()), toks.data(),
+                         static_cast<int32_t>(toks.size()), true, false);
+  if (n < 0) die("cannot tokenize the prompt");
+  toks.resize(static_cast<std::size_t>(n));
+  cp.n_ctx = static_cast<uint32_t>(toks.size() + static_cast<std::size_t>(n_predict) + 8);
+  cp.n_batch = std::max<uint32_t>(cp.n_ctx, 64);
+  cp.n_ubatch = cp.n_batch;
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  cp.no_perf = true;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) die("cannot create a llama context");
+  const int n_vocab = llama_vocab_n_tokens(vocab);
+
+  XXH3_state_t* all = XXH3_createState();
+  XXH3_64bits_reset(all);
+  std::uint64_t first = 0;
+  std::vector<llama_token> generated;
+  auto t1 = Clock::now();
+  llama_batch batch = llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size()));
+  if (llama_decode(ctx, batch) != 0) die("decoding the prompt failed");
+  const double prompt_ms = ms_since(t1);
+  t1 = Clock::now();
+  llama_token next_tok = 0;
+  for (int step = 0; step <= n_predict; ++step) {
+    const float* logits = llama_get_logits_ith(ctx, -1);
+    if (logits == nullptr) die("no logits");
+    const std::size_t bytes = static_cast<std::size_t>(n_vocab) * sizeof(float);
+    if (step == 0) first = XXH3_64bits(logits, bytes);
+    XXH3_64bits_update(all, logits, bytes);
+    if (step == n_predict) break;
+    next_tok = static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+    generated.push_back(next_tok);
+    llama_batch one = llama_batch_get_one(&next_tok, 1);
+    if (llama_decode(ctx, one) != 0) die("decoding failed");
+  }
+  const double gen_ms = ms_since(t1);
+  const std::uint64_t checksum_all = XXH3_64bits_digest(all);
+  XXH3_freeState(all);
+
+  wc_status finished = WC_OK;
+  wc_ggml_stats gs;
+  wc_ggml_stats_init(&gs);
+  if (wl != nullptr) {
+    finished = wc_ggml_finish(wc_llama_ggml(wl));
+    (void)wc_ggml_get_stats(wc_llama_ggml(wl), &gs);
+  }
+  if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  const auto cu = file_usage(cache_path), mu = file_usage(model_path);
+  const std::uint64_t anon_end = status_kib("RssAnon:"), file_end = status_kib("RssFile:");
+  if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
+  const char* mode = !cache_path.empty() ? "weightcache" : no_repack ? "no-repack" : "repack";
+  const double pp = toks.empty() ? 0 : static_cast<double>(toks.size()) / (prompt_ms / 1000.0);
+  const double tg = n_predict == 0 ? 0 : static_cast<double>(n_predict) / (gen_ms / 1000.0);
+  if (json) {
+    std::string ids;
+    for (llama_token t : generated) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+    std::printf(
+        "{\"mode\":\"%s\",\"model\":\"%s\",\"threads\":%d,\"prompt_tokens\":%zu,\"n_predict\":%d,"
+        "\"load_ms\":%.3f,\"params_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,\"rss_anon_load_delta_bytes\":%llu,"
+        "\"rss_anon_end_bytes\":%llu,\"rss_file_end_bytes\":%llu,\"routed\":%zu,\"repacked\":%llu,"
+        "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
+        "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
+        "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
+        "\"checksum_all\":\"%s\"}\n",
+        mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, params_ms,
+        static_cast<unsigned long long>(anon_load) * 1024, static_cast<unsigned long long>(file_load) * 1024,
+        static_cast<unsigned long long>(anon_load > anon_before ? anon_load - anon_before : 0) * 1024,
+        static_cast<unsigned long long>(anon_end) * 1024, static_cast<unsigned long long>(file_end) * 1024, routed,
+        static_cast<unsigned long long>(gs.repacked), static_cast<unsigned long long>(gs.served_from_cache),
+        static_cast<unsigned long long>(gs.heap_fallbacks), static_cast<unsigned long long>(gs.source_bytes_hashed),
+        static_cast<unsigned long long>(gs.source_bytes_dropped), wc_status_string(finished),
+        static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
+        static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
+        ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str());
+  } else {
+    std::printf("weightcache-llama (%s): %s\n", mode, model_path.c_str());
+    std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB, file pages (RssFile) %.1f MiB after the load\n",
+                load_ms, anon_load / 1024.0, file_load / 1024.0);
+    if (wl != nullptr)
+      std::printf("  %zu tensors routed to the cache: %llu repacked here, %llu served from the cache\n", routed,
+                  static_cast<unsigned long long>(gs.repacked), static_cast<unsigned long long>(gs.served_from_cache));
+    std::printf("  prompt %zu tokens at %.1f tok/s; %d generated at %.1f tok/s; logits %s\n", toks.size(), pp,
+                n_predict, tg, hex(checksum_all).c_str());
+  }
+  llama_free(ctx);
+  llama_model_free(model);
+  wc_llama_destroy(wl);
+  if (cache != nullptr) wc_close(cache);
+  llama_backend_free();
+  return 0;
+}

@@ -1,0 +1,84 @@
+/*
+ * weightcache for llama.cpp: libllama loads a GGUF model with the weights ggml's CPU backend
+ * repacks (Q4_0, IQ4_NL, Q4_K, ...) served from a weightcache file instead of repacked into this
+ * process's memory. No patch to llama.cpp: the front fills llama_model_params.tensor_buft_overrides
+ * so that exactly the tensors llama.cpp would put in ggml's CPU_REPACK buffer type go to the cache's
+ * buffer type (weightcache/ggml.h) instead.
+ *
+ *   wc_cache* cache;                       // wc_open, as usual
+ *   wc_llama* wl;
+ *   wc_llama_create(cache, NULL, &wl);
+ *   struct llama_model_params mp = llama_model_default_params();
+ *   wc_llama_model_params(wl, path, &mp, NULL);   // keeps mp's own overrides, first
+ *   struct llama_model* model = llama_model_load_from_file(path, mp);
+ *   ...
+ *   llama_model_free(model);
+ *   wc_llama_destroy(wl);                  // after every model it routed is freed
+ *   wc_close(cache);
+ *
+ * Which tensors: those of the GGUF whose type and shape ggml's CPU backend repacks on this CPU
+ * (wc_ggml_would_repack) and that llama.cpp multiplies with (a 2-D weight of a matrix product, a
+ * 3-D expert weight). Not the ones llama.cpp reads by row (token_embd, pos_embd, token_types,
+ * per_layer_token_embd, an MTP layer's embed_tokens and enorm): CPU_REPACK refuses those, and
+ * llama.cpp keeps them in plain memory. A model with tied embeddings (no output.weight) uses
+ * token_embd as its output too: llama.cpp repacks that copy itself, as without the cache.
+ *
+ * This library is compiled against the llama.cpp tree the application links (the ggml inside it,
+ * whose internal buffer interface it fills): link libweightcache_llama built from that same tree,
+ * instead of libweightcache_ggml (it holds the ggml buffer type too, and its wc_ggml_* calls).
+ *
+ * Errors never abort and never change outputs: a failing call leaves params as they were (stock
+ * llama.cpp repacking) and says why in wc_ggml_last_error().
+ */
+#ifndef WEIGHTCACHE_LLAMA_H
+#define WEIGHTCACHE_LLAMA_H
+
+#include <weightcache/ggml.h>
+
+#include <llama.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The llama.cpp front over one cache. Opaque. */
+typedef struct wc_llama wc_llama;
+
+/**
+ * Creates the front over `cache` (open until wc_llama_destroy), with a weightcache buffer type
+ * made with `options` (NULL: defaults; see wc_ggml_options). Fails as wc_ggml_create does;
+ * *out is NULL then.
+ */
+wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_llama** out);
+
+/**
+ * Routes the repacked tensors of the GGUF at `gguf_path` to the cache: sets
+ * params->tensor_buft_overrides to a list that holds the application's own entries first
+ * (they keep precedence: llama.cpp takes the first pattern that matches a tensor's name), then
+ * patterns generated from this GGUF's tensor list that match exactly the tensors to route, by name.
+ * The list stays valid until wc_llama_destroy. `routed` (may be NULL) gets how many tensors go
+ * to the cache.
+ *
+ * Routes nothing (params unchanged, WC_OK, *routed 0) when llama.cpp would repack nothing:
+ * params->use_extra_bufts false, params->vocab_only, or no tensor of this GGUF is repacked on
+ * this CPU; and when llama.cpp has a GPU device and params->n_gpu_layers is not 0 (the front
+ * routes CPU weights only: offloaded layers are the GPU backend's).
+ * Fails with WC_ERR_INVALID_ARGUMENT (a NULL argument), WC_ERR_IO (the GGUF cannot be read or
+ * parsed), WC_ERR_NO_MEMORY; params are unchanged then.
+ */
+wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
+                                size_t* routed);
+
+/** The buffer type underneath: wc_ggml_get_stats, wc_ggml_finish. Valid until wc_llama_destroy. */
+wc_ggml* wc_llama_ggml(wc_llama* l);
+
+/** Destroys the front and its buffer type (see wc_ggml_destroy: models loaded through it must be
+ * freed first), and the override lists it wrote. The cache is not closed. NULL is ignored. */
+void wc_llama_destroy(wc_llama* l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEIGHTCACHE_LLAMA_H */

@@ -1,0 +1,238 @@
+// The llama.cpp front (weightcache/llama.h) in this process, on a real libllama: which tensors it
+// routes and how it keeps the application's overrides, two models loaded from two threads into
+// one cache, and one model loaded twice; the logits always bit-identical to stock llama.cpp's.
+#include <gtest/gtest.h>
+
+#include <weightcache/llama.h>
+#include <weightcache/weightcache.h>
+
+#include <llama.h>
+
+#include "temp_dir.hpp"
+#include "tool_run.hpp"
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using weightcache::test::TempDir;
+
+std::string gen() { return std::string(WEIGHTCACHE_LLAMA_PREFIX) + "/bin/weightcache-gguf-gen"; }
+
+void make_model(const TempDir& dir, const std::string& out, const std::string& type, const std::string& seed,
+                const std::string& vocab = "264") {
+  const auto r = weightcache::test::run_tool(dir, gen(), {"--out", out, "--type", type, "--seed", seed, "--layers", "2",
+                                                          "--dim", "256", "--ffn", "512", "--vocab", vocab});
+  ASSERT_EQ(r.code, 0) << r.describe();
+}
+
+// The last position's logits after decoding a fixed prompt; empty when anything fails.
+std::vector<float> logits_of(llama_model* model) {
+  if (model == nullptr) return {};
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = 64;
+  cp.n_batch = 64;
+  cp.n_ubatch = 64;
+  cp.n_threads = 1;
+  cp.n_threads_batch = 1;
+  cp.no_perf = true;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) return {};
+  std::vector<llama_token> toks = {1, 100, 150, 200, 262, 7};
+  std::vector<float> out;
+  if (llama_decode(ctx, llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size()))) == 0) {
+    const float* l = llama_get_logits_ith(ctx, -1);
+    const int n = llama_vocab_n_tokens(llama_model_get_vocab(model));
+    if (l != nullptr) out.assign(l, l + n);
+  }
+  llama_free(ctx);
+  return out;
+}
+
+llama_model_params quiet_params() {
+  llama_model_params mp = llama_model_default_params();
+  mp.progress_callback = [](float, void*) { return true; };
+  return mp;
+}
+
+std::vector<float> stock_logits(const std::string& path) {
+  llama_model* m = llama_model_load_from_file(path.c_str(), quiet_params());
+  std::vector<float> l = logits_of(m);
+  if (m != nullptr) llama_model_free(m);
+  return l;
+}
+
+class LlamaFront : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    llama_log_set([](ggml_log_level level, const char* text, void*) {
+      if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+    }, nullptr);
+    llama_backend_init();
+  }
+  void SetUp() override {
+    wc_options o;
+    wc_options_init(&o);
+    path_ = dir_.file("c.wcache");
+    o.path = path_.c_str();
+    o.durability = WC_DURABILITY_NONE;
+    ASSERT_EQ(wc_open(&o, &cache_), WC_OK) << wc_last_error();
+    ASSERT_EQ(wc_llama_create(cache_, nullptr, &wl_), WC_OK) << wc_ggml_last_error();
+  }
+  void TearDown() override {
+    wc_llama_destroy(wl_);
+    if (cache_ != nullptr) wc_close(cache_);
+  }
+  wc_ggml_stats stats() const {
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    EXPECT_EQ(wc_ggml_get_stats(wc_llama_ggml(wl_), &s), WC_OK);
+    return s;
+  }
+  // Loads `path` through the front; the model, or nullptr.
+  llama_model* load(const std::string& path, std::size_t* routed = nullptr) {
+    llama_model_params mp = quiet_params();
+    std::size_t n = 0;
+    if (wc_llama_model_params(wl_, path.c_str(), &mp, &n) != WC_OK) return nullptr;
+    if (routed != nullptr) *routed = n;
+    return llama_model_load_from_file(path.c_str(), mp);
+  }
+  TempDir dir_{"wc-llama-front"};
+  std::string path_;
+  wc_cache* cache_ = nullptr;
+  wc_llama* wl_ = nullptr;
+};
+
+TEST_F(LlamaFront, RoutesExactlyTheMatrixWeightsCpuRepackTakes) {
+  // vocab 259: output.weight has 259 rows, which no repacked layout takes; token_embd is read by row.
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_0", "1", "259");
+  std::size_t routed = 0;
+  llama_model* m = load(model, &routed);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(routed, 14u) << "2 layers of 7 matrices; not token_embd, not a 259-row output";
+  EXPECT_EQ(stats().tensors, 14u);
+  EXPECT_EQ(logits_of(m), stock_logits(model));
+  llama_model_free(m);
+}
+
+TEST_F(LlamaFront, AModelCpuRepackRefusesIsLeftAlone) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q8_0", "1");  // this ggml repacks no Q8_0
+  llama_model_params mp = quiet_params();
+  const auto* before = mp.tensor_buft_overrides;
+  std::size_t routed = 99;
+  ASSERT_EQ(wc_llama_model_params(wl_, model.c_str(), &mp, &routed), WC_OK) << wc_ggml_last_error();
+  EXPECT_EQ(routed, 0u);
+  EXPECT_EQ(mp.tensor_buft_overrides, before) << "params changed for a model with nothing to route";
+}
+
+TEST_F(LlamaFront, KeepsTheApplicationsOverridesFirst) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_0", "1");
+  // The application keeps output.weight for llama.cpp's own choice (the CPU buffer type makes it
+  // pick CPU_REPACK itself) and puts the norms in plain CPU memory.
+  const llama_model_tensor_buft_override mine[] = {{"^output\\.weight$", ggml_backend_cpu_buffer_type()},
+                                                   {"_norm\\.weight$", ggml_backend_cpu_buffer_type()},
+                                                   {nullptr, nullptr}};
+  llama_model_params mp = quiet_params();
+  mp.tensor_buft_overrides = mine;
+  std::size_t routed = 0;
+  ASSERT_EQ(wc_llama_model_params(wl_, model.c_str(), &mp, &routed), WC_OK) << wc_ggml_last_error();
+  ASSERT_EQ(routed, 15u);
+  const llama_model_tensor_buft_override* list = mp.tensor_buft_overrides;
+  ASSERT_NE(list, mine);
+  EXPECT_EQ(list[0].pattern, mine[0].pattern);
+  EXPECT_EQ(list[0].buft, mine[0].buft);
+  EXPECT_EQ(list[1].pattern, mine[1].pattern);
+  std::size_t n = 2;
+  while (list[n].pattern != nullptr) {
+    EXPECT_EQ(list[n].buft, wc_ggml_buffer_type(wc_llama_ggml(wl_)));
+    ++n;
+  }
+  EXPECT_GT(n, 2u);
+  llama_model* m = llama_model_load_from_file(model.c_str(), mp);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(stats().tensors, 14u) << "output.weight is the application's: it went to llama.cpp's own choice";
+  EXPECT_EQ(logits_of(m), stock_logits(model));
+  llama_model_free(m);
+  // The application's own list is untouched.
+  EXPECT_STREQ(mine[0].pattern, "^output\\.weight$");
+  EXPECT_EQ(mine[2].pattern, nullptr);
+}
+
+TEST_F(LlamaFront, RoutesNothingWhenTheApplicationTurnedRepackingOff) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_0", "1");
+  llama_model_params mp = quiet_params();
+  mp.use_extra_bufts = false;
+  std::size_t routed = 9;
+  ASSERT_EQ(wc_llama_model_params(wl_, model.c_str(), &mp, &routed), WC_OK);
+  EXPECT_EQ(routed, 0u);
+  EXPECT_EQ(mp.tensor_buft_overrides, nullptr);
+}
+
+TEST_F(LlamaFront, ABadArgumentOrGgufLeavesTheParamsAlone) {
+  llama_model_params mp = quiet_params();
+  EXPECT_EQ(wc_llama_model_params(nullptr, "x", &mp, nullptr), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_llama_model_params(wl_, nullptr, &mp, nullptr), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_llama_model_params(wl_, "x", nullptr, nullptr), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(wc_llama_model_params(wl_, dir_.file("missing.gguf").c_str(), &mp, nullptr), WC_ERR_IO);
+  EXPECT_NE(std::strstr(wc_ggml_last_error(), "missing.gguf"), nullptr) << wc_ggml_last_error();
+  std::FILE* f = std::fopen(dir_.file("junk.gguf").c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fputs("GGUF but not really", f);
+  std::fclose(f);
+  EXPECT_EQ(wc_llama_model_params(wl_, dir_.file("junk.gguf").c_str(), &mp, nullptr), WC_ERR_IO);
+  EXPECT_EQ(mp.tensor_buft_overrides, nullptr);
+  wc_llama* none = reinterpret_cast<wc_llama*>(1);
+  EXPECT_EQ(wc_llama_create(nullptr, nullptr, &none), WC_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(none, nullptr);
+}
+
+TEST_F(LlamaFront, TwoModelsFromTwoThreadsIntoOneCache) {
+  const std::string a = dir_.file("a.gguf"), b = dir_.file("b.gguf");
+  make_model(dir_, a, "q4_0", "1");
+  make_model(dir_, b, "q4_k", "2");
+  const std::vector<float> want_a = stock_logits(a), want_b = stock_logits(b);
+  ASSERT_FALSE(want_a.empty());
+  for (int round = 0; round < 2; ++round) {  // cold, then warm
+    std::vector<float> got_a, got_b;
+    llama_model *ma = nullptr, *mb = nullptr;
+    std::thread ta([&] { ma = load(a); });
+    std::thread tb([&] { mb = load(b); });
+    ta.join();
+    tb.join();
+    ASSERT_NE(ma, nullptr);
+    ASSERT_NE(mb, nullptr);
+    EXPECT_EQ(logits_of(ma), want_a) << "round " << round;
+    EXPECT_EQ(logits_of(mb), want_b) << "round " << round;
+    llama_model_free(ma);
+    llama_model_free(mb);
+  }
+  const wc_ggml_stats s = stats();
+  EXPECT_EQ(s.repacked, 30u) << "each model's 15 tensors once";
+  EXPECT_EQ(s.served_from_cache, 30u);
+  EXPECT_EQ(s.heap_fallbacks, 0u);
+}
+
+TEST_F(LlamaFront, OneModelLoadedTwiceInOneProcess) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "iq4_nl", "3");
+  const std::vector<float> want = stock_logits(model);
+  llama_model* first = load(model);
+  llama_model* second = load(model);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(logits_of(first), want);
+  EXPECT_EQ(logits_of(second), want);
+  llama_model_free(first);
+  EXPECT_EQ(logits_of(second), want) << "freeing one model changed the other's weights";
+  llama_model_free(second);
+  EXPECT_EQ(stats().repacked, 15u) << "the second load packed again";
+}
+
+}  // namespace
