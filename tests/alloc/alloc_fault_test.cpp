@@ -787,6 +787,54 @@ TEST(AllocationFailureMessages, OutOfMemoryErrorsAboutAFileNameIt) {
   EXPECT_GT(named, 0) << "no call reported running out of memory";
 }
 
+// Issue 26, item 3: an allocation that fails once inside an open with automatic backing gives
+// that opener a heap cache; the next open of the same file, with the first handle still open or
+// closed, uses the file again (a transient failure must not pin the process to the heap).
+TEST(AllocationFailureFallback, ATransientFailureAtOpenDoesNotKeepLaterOpensOnTheHeap) {
+  warm_up();
+  TempDir dir("wc-alloc");
+  long fell_back = 0;
+  for (long n = 1; n <= 3000; ++n) {
+    const std::string path = dir.file("fallback-" + std::to_string(n) + ".wc");
+    {  // the file exists and holds an entry
+      Options o;
+      o.path = path;
+      o.compat_key = "alloc-fallback";
+      auto made = WeightCache::open(o);
+      ASSERT_TRUE(made) << made.error().message;
+      ASSERT_NE(made->insert("k", "value"), kNotFound);
+      ASSERT_TRUE(made->finalize());
+    }
+    Options o;
+    o.path = path;
+    o.compat_key = "alloc-fallback";
+    g_count = 0;
+    g_failed = false;
+    g_fail_at = n;
+    bool heap = false, reached = false;
+    auto again_uses_the_file = [&](const char* when) {
+      auto again = WeightCache::open(o);
+      ASSERT_TRUE(again) << again.error().message;
+      EXPECT_EQ(again->stats().backing, Backing::file)
+          << "allocation " << n << ": after a transient failure, a later open " << when << " stays on the heap";
+      EXPECT_NE(again->look_up("k"), kNotFound) << "allocation " << n;
+    };
+    {
+      auto first = WeightCache::open(o);
+      g_fail_at = 0;
+      reached = g_failed.load();
+      heap = first && first->stats().backing == Backing::heap;
+      if (heap) again_uses_the_file("(the first still open)");
+    }
+    if (heap) {
+      ++fell_back;
+      again_uses_the_file("(the first closed)");
+    }
+    if (!reached) break;
+  }
+  EXPECT_GT(fell_back, 0) << "no failed allocation made an open fall back to the heap: the test shows nothing";
+}
+
 #if defined(__GLIBC__)
 // A thread's first failing calls, and reading its last error, register no thread_local
 // destructor: glibc allocates for each registration and aborts the host when that fails.
