@@ -10,13 +10,16 @@
 #include "forwarding_platform.hpp"
 #include "verify_record.hpp"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
@@ -458,6 +461,46 @@ TEST(SharedVerifyTmpfs, VerificationStaysPerProcessOnTmpfs) {
     EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record on tmpfs, whose times a store through a mapping never moves";
   }
   EXPECT_EQ(std::filesystem::file_size(path + ".lock"), 0u);
+}
+
+// Issue 26, item 5: overlayfs (containers' root file system) stacks on a lower file system, whose
+// pages the cache's write-back through the overlay's descriptor cannot clean: the record is
+// neither written nor trusted there. Needs root and a kernel that mounts overlayfs here (inside
+// some containers it does not): skipped with the reason otherwise.
+TEST(SharedVerifyOverlayfs, VerificationStaysPerProcessOnOverlayfs) {
+  TempDir base("wc-verify-ovl");
+  const std::string lower = base.file("lower"), upper = base.file("upper"), work = base.file("work"),
+                    merged = base.file("merged");
+  for (const std::string& d : {lower, upper, work, merged}) ASSERT_TRUE(std::filesystem::create_directory(d));
+  const std::string opts = "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work;
+  if (::mount("overlay", merged.c_str(), "overlay", 0, opts.c_str()) != 0)
+    GTEST_SKIP() << "cannot mount an overlayfs here (" << std::strerror(errno)
+                 << "): needs root and a kernel and container that allow it";
+  struct Unmount {
+    std::string d;
+    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+  } unmount{merged};
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(merged.c_str(), &fs), 0);
+  ASSERT_EQ(static_cast<std::uint64_t>(fs.f_type), 0x794c7630u) << "the mount is not an overlayfs";
+  // A cache copied up from the lower layer, as a container image ships it, and one made in the
+  // overlay: neither is trusted through a record.
+  write_entries(lower + "/shipped.wcache");
+  TempDir results("wc-verify");
+  for (const std::string& path : {merged + "/shipped.wcache", merged + "/made.wcache"}) {
+    SCOPED_TRACE(path);
+    if (path == merged + "/made.wcache") write_entries(path);
+    let_change_time_settle(path);
+    for (int i = 0; i < 3; ++i) {
+      auto r = verify_in_child(results, path);
+      EXPECT_EQ(r["hits"], kCount);
+      EXPECT_EQ(r["verify_failures"], 0u);
+      EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record on overlayfs, run " << i;
+    }
+    std::error_code ec;
+    const auto lock_size = std::filesystem::file_size(path + ".lock", ec);
+    EXPECT_TRUE(ec || lock_size == 0u) << "a verification record was written on overlayfs (" << lock_size << " bytes)";
+  }
 }
 
 // ---- a page kept dirty through a shared mapping ----
