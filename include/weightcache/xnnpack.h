@@ -102,9 +102,10 @@
  *   cache refused them (the one call that sets it without failing). If that heap cannot
  *   take them, or memory runs out so that no table can, the bytes are served in place from
  *   their reservation (kept, uncached, not shared, until the cache closes; a file reservation
- *   kept so holds the writer lease until then), logged as an error. Only after 256 such
- *   failures in one adapter does look_up_or_insert return SIZE_MAX (logged as an error: XNNPACK
- *   does not check it).
+ *   kept so holds the writer lease until then), logged as an error. reserve_space sets aside the
+ *   room to keep its reservation so before it returns it (it refuses when there is no memory for
+ *   that, or when an adapter keeps 65536 weights so already): look_up_or_insert with memory from
+ *   a successful reserve_space never returns SIZE_MAX, which XNNPACK does not check.
  *
  * ---------------------------------------------------------------------------------------------
  * Lifetimes and threads

@@ -72,8 +72,12 @@ constexpr std::size_t kMaxLocal = std::size_t{1} << 20;
 constexpr std::size_t handle_of(std::size_t index) { return SIZE_MAX - 1 - index; }
 constexpr bool is_handle(std::size_t off) { return off != SIZE_MAX && SIZE_MAX - 1 - off < kMaxLocal; }
 // Below them, the handles of weights no table could take (out of memory between reserve_space and
-// look_up_or_insert): served in place from their reservation, never cached.
-constexpr std::size_t kMaxInPlace = 256;
+// look_up_or_insert): served in place from their reservation, never cached. The first kFixedInPlace
+// have slots from the adapter's creation; the rest have room set aside by the reserve_space that
+// made their reservation, so keeping one never allocates. Both ranges together stay within the
+// 2 MiB below SIZE_MAX that no cache offset reaches.
+constexpr std::size_t kFixedInPlace = 256;
+constexpr std::size_t kMaxInPlace = std::size_t{1} << 16;
 constexpr std::size_t in_place_handle(std::size_t slot) { return SIZE_MAX - 1 - kMaxLocal - slot; }
 constexpr bool is_in_place(std::size_t off) {
   return off != SIZE_MAX && SIZE_MAX - 1 - off >= kMaxLocal && SIZE_MAX - 1 - off < kMaxLocal + kMaxInPlace;
@@ -135,8 +139,13 @@ struct wc_xnn_adapter {
 
   // What look_up_or_insert hands XNNPACK when memory ran out after reserve_space succeeded: the
   // reservation itself, kept (never released, so never reused) until the caches close. Filled
-  // without allocating: the slots exist from the adapter's creation.
-  std::array<std::atomic<void*>, kMaxInPlace> in_place{};
+  // without allocating: the fixed slots exist from the adapter's creation, and every
+  // reserve_space that succeeds first makes sure `in_place_more` has room for every reservation
+  // not yet through look_up_or_insert (`pending`) beyond what it holds.
+  std::array<std::atomic<void*>, kFixedInPlace> in_place{};
+  mutable std::mutex in_place_mu;
+  std::vector<void*> in_place_more;  // slot kFixedInPlace + i
+  std::size_t pending = 0;           // reservations handed out, not yet through look_up_or_insert
 
   // Per-adapter finalization (the provider's is_finalized): the highest Core::finalizes_started()
   // value that the cache entries this adapter's inserts returned wait for (0: none waits). The
@@ -366,13 +375,47 @@ struct wc_xnn_adapter {
     }
     wc_cache* target = local ? heap_for_reserve() : cache;
     void* p = target != nullptr ? wc_reserve_space(target, n) : nullptr;
+    if (p != nullptr && !room_in_place_for_one_more()) {
+      (void)wc_release_space(target, p);
+      weightcache::set_last_error({weightcache::Errc::no_memory, 0,
+                                   "no memory to keep packed weights in place should the cache be unable to take "
+                                   "them (out of memory, or 65536 such weights kept already)"});
+      p = nullptr;
+    }
     (p != nullptr ? reservations : reserve_failures).fetch_add(1, std::memory_order_relaxed);
     if (p != nullptr) reserved_bytes.fetch_add(n, std::memory_order_relaxed);
     return p;
   }
 
+  // Counts one more reservation that may end in place, once there is room for it: a look_up_or_insert
+  // after a successful reserve_space then never fails for want of a slot.
+  bool room_in_place_for_one_more() noexcept {
+    std::lock_guard<std::mutex> lock(in_place_mu);
+    const std::size_t need = in_place_more.size() + pending + 1;
+    if (need > kMaxInPlace - kFixedInPlace) return false;
+    if (in_place_more.capacity() < need) {
+      try {
+        in_place_more.reserve(std::min(kMaxInPlace - kFixedInPlace, std::max<std::size_t>(need, 2 * need)));
+      } catch (...) {
+        return false;
+      }
+    }
+    ++pending;
+    return true;
+  }
+
+  // A reservation came back through look_up_or_insert (kept in place or not).
+  void done_with_reservation() noexcept {
+    std::lock_guard<std::mutex> lock(in_place_mu);
+    if (pending > 0) --pending;
+  }
+
   std::size_t look_up_or_insert(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
     if (ptr == nullptr) return look_up(k);
+    struct Done {
+      wc_xnn_adapter* a;
+      ~Done() { a->done_with_reservation(); }
+    } done{this};
     std::size_t off = SIZE_MAX;
     try {
       off = insert_reserved(k, ptr, size);
@@ -384,27 +427,35 @@ struct wc_xnn_adapter {
     // offset_to_addr(SIZE_MAX) == NULL), and xnnpack.h promises a successful reserve_space is
     // never followed by a failure here: serve the packed bytes where they are, uncached.
     if (const std::size_t h = keep_in_place(ptr); h != SIZE_MAX) return h;
-    // Every slot taken (hundreds of such failures): give the reservation back to whichever cache
-    // made it (the other refuses it harmlessly), or it stays outstanding as dead space.
+    // No slot: `ptr` was not a reservation of this adapter's reserve_space (whose room is set
+    // aside). Give it back to whichever cache made it (the other refuses it harmlessly), or it
+    // stays outstanding as dead space.
     (void)wc_release_space(cache, ptr);
     if (wc_cache* heap_cache = heap_if_open()) (void)wc_release_space(heap_cache, ptr);
     weightcache::log::error("XNNPACK weights cache: out of memory for packed weights ({} bytes) and no slot left to "
-                            "serve them in place; returning SIZE_MAX, which XNNPACK does not check",
+                            "serve them in place (not memory from reserve_space?); returning SIZE_MAX, which XNNPACK does "
+                            "not check",
                             size);
     return SIZE_MAX;
   }
 
   std::size_t keep_in_place(void* ptr) noexcept {
-    for (std::size_t slot = 0; slot < kMaxInPlace; ++slot) {
+    std::size_t slot = SIZE_MAX;
+    for (std::size_t i = 0; i < kFixedInPlace && slot == SIZE_MAX; ++i) {
       void* empty = nullptr;
-      if (in_place[slot].compare_exchange_strong(empty, ptr, std::memory_order_acq_rel)) {
-        weightcache::log::error("XNNPACK weights cache: out of memory while recording packed weights; serving them "
-                                "from their reservation, uncached ({})",
-                                wc_last_error());
-        return in_place_handle(slot);
-      }
+      if (in_place[i].compare_exchange_strong(empty, ptr, std::memory_order_acq_rel)) slot = i;
     }
-    return SIZE_MAX;
+    if (slot == SIZE_MAX) {
+      std::lock_guard<std::mutex> lock(in_place_mu);
+      // Room was set aside by reserve_space: push_back does not allocate.
+      if (in_place_more.size() >= in_place_more.capacity()) return SIZE_MAX;
+      in_place_more.push_back(ptr);
+      slot = kFixedInPlace + in_place_more.size() - 1;
+    }
+    weightcache::log::error("XNNPACK weights cache: out of memory while recording packed weights; serving them "
+                            "from their reservation, uncached ({})",
+                            wc_last_error());
+    return in_place_handle(slot);
   }
 
   wc_cache* heap_if_open() const {
@@ -466,7 +517,12 @@ struct wc_xnn_adapter {
 
   void* offset_to_addr(std::size_t offset) const {
     if (offset == SIZE_MAX) return nullptr;
-    if (is_in_place(offset)) return in_place[SIZE_MAX - 1 - kMaxLocal - offset].load(std::memory_order_acquire);
+    if (is_in_place(offset)) {
+      const std::size_t slot = SIZE_MAX - 1 - kMaxLocal - offset;
+      if (slot < kFixedInPlace) return in_place[slot].load(std::memory_order_acquire);
+      std::lock_guard<std::mutex> lock(in_place_mu);
+      return slot - kFixedInPlace < in_place_more.size() ? in_place_more[slot - kFixedInPlace] : nullptr;
+    }
     // An offset XNNPACK holds stays usable even if its key was replaced since (two threads that
     // both missed and packed different bytes): XNNPACK would dereference a null. The bytes are
     // the ones it was given for that operator, and stay mapped until close.

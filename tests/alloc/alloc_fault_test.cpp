@@ -43,9 +43,15 @@ std::atomic<long> g_fail_at{0};  // 0: off; -1: count only; n: fail the n-th all
 std::atomic<bool> g_failed{false};
 thread_local int t_quiet = 0;  // the harness's own bookkeeping is neither counted nor failed
 
+constexpr long kFailEvery = -2;  // g_fail_at: fail every allocation from now on
+
 bool should_fail() noexcept {
   const long at = g_fail_at.load(std::memory_order_relaxed);
   if (at == 0 || t_quiet != 0) return false;
+  if (at == kFailEvery) {
+    g_failed.store(true, std::memory_order_relaxed);
+    return true;
+  }
   const long n = g_count.fetch_add(1, std::memory_order_relaxed) + 1;
   if (n != at) return false;
   g_failed.store(true, std::memory_order_relaxed);
@@ -736,6 +742,51 @@ TEST(AllocationFailureAdapter, LookUpOrInsertAfterASuccessfulReserveNeverFails) 
     wc_close(c);
     if (!reached) break;
   }
+}
+
+// Issue 26, item 5: memory runs out between every reserve_space and its look_up_or_insert, far
+// more often than the 256 slots the adapter has from its creation. Every look_up_or_insert still
+// returns an offset (XNNPACK does not check for SIZE_MAX) whose bytes are the packed ones, and
+// they stay so while later weights are kept the same way.
+TEST(AllocationFailureAdapter, WeightsKeptInPlaceHaveNoLimitOfTheirOwn) {
+  warm_up();
+  TempDir dir("wc-alloc");
+  wc_options o;
+  wc_options_init(&o);
+  const std::string path = dir.file("in-place.wc");
+  o.path = path.c_str();
+  o.compat_key = "alloc-in-place";
+  wc_cache* c = nullptr;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  wc_xnn_adapter* a = nullptr;
+  ASSERT_EQ(wc_xnn_adapter_create(c, &a), WC_OK);
+  auto* p = static_cast<wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(a));
+  constexpr int kWeights = 300;
+  static unsigned char kernels[kWeights];
+  std::vector<std::size_t> offsets;
+  int in_place = 0;
+  for (int i = 0; i < kWeights; ++i) {
+    ASSERT_EQ(wc_xnn_adapter_name_buffer(a, &kernels[i], ("w" + std::to_string(i)).c_str()), WC_OK);
+    wc_xnn_weights_cache_look_up_key key{static_cast<std::uint32_t>(i), &kernels[i], nullptr, 1};
+    void* mem = p->reserve_space(p->context, 256);
+    ASSERT_NE(mem, nullptr) << "weight " << i << ": " << wc_last_error();
+    std::memset(mem, i & 0xff, 256);
+    g_failed = false;
+    g_fail_at = kFailEvery;
+    const std::size_t off = p->look_up_or_insert(p->context, &key, mem, 256);
+    g_fail_at = 0;
+    ASSERT_NE(off, SIZE_MAX) << "weight " << i << ": look_up_or_insert failed after a successful reserve_space";
+    if (g_failed.load() && off > SIZE_MAX - (std::size_t{4} << 20)) ++in_place;
+    offsets.push_back(off);
+  }
+  EXPECT_GT(in_place, 256) << "memory never ran out where the test needs it: it shows nothing";
+  for (int i = 0; i < kWeights; ++i) {
+    const auto* bytes = static_cast<const unsigned char*>(p->offset_to_addr(p->context, offsets[i]));
+    ASSERT_NE(bytes, nullptr) << "weight " << i;
+    for (int b = 0; b < 256; ++b) ASSERT_EQ(bytes[b], i & 0xff) << "weight " << i << " byte " << b;
+  }
+  wc_xnn_adapter_destroy(a);
+  wc_close(c);
 }
 
 // Issue 13: an error about a file names it, out of memory included. Each allocation point of
