@@ -5,15 +5,14 @@
 #include <gguf.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <regex>
 #include <set>
+#include <unordered_set>
 #include <string>
 #include <vector>
 
@@ -60,56 +59,48 @@ std::string escape(const std::string& s) {
   return out;
 }
 
-// "blk.<N>.<rest>" -> (N, rest).
-bool split_layer(const std::string& name, int* layer, std::string* rest) {
-  if (name.compare(0, 4, "blk.") != 0) return false;
-  std::size_t i = 4;
-  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) != 0) ++i;
-  if (i == 4 || i > 12 || i >= name.size() || name[i] != '.') return false;
-  *layer = std::stoi(name.substr(4, i - 4));
-  *rest = name.substr(i + 1);
-  return true;
-}
-
-// Patterns (std::regex, searched as llama.cpp does) that match exactly `chosen` among `all`.
-// Layer tensors are grouped by the part after "blk.N.": a group of parts routed in every layer
-// that has them needs no list of layers. llama.cpp compiles every pattern for every tensor it
-// loads until one matches, so they are few and short.
-std::vector<std::string> patterns_for(const std::vector<std::string>& all, const std::set<std::string>& chosen) {
-  std::map<std::string, std::set<int>> layers_of, chosen_layers_of;  // rest -> layers
-  std::vector<std::string> plain;
-  for (const std::string& n : all) {
-    int l = 0;
-    std::string rest;
-    const bool in = chosen.count(n) != 0;
-    if (split_layer(n, &l, &rest)) {
-      layers_of[rest].insert(l);
-      if (in) chosen_layers_of[rest].insert(l);
-    } else if (in) {
-      plain.push_back(escape(n));
+// One pattern (std::regex, searched as llama.cpp does) that matches exactly `chosen` among `all`.
+// llama.cpp compiles every pattern for every tensor it loads until one matches, so the pattern is
+// short: each chosen name is matched by its shortest ending that ends no other tensor's name
+// ("q.weight" for every layer's attn_q when no unrouted name ends so; ".3.ffn_down.weight" when
+// layer 3's alone is routed), the endings' common tail written once. A chosen name that ends
+// another tensor's name is matched whole.
+std::string pattern_for(const std::vector<std::string>& all, const std::set<std::string>& chosen) {
+  std::unordered_set<std::string> other_endings;  // every ending of every name not chosen
+  for (const std::string& n : all)
+    if (chosen.count(n) == 0)
+      for (std::size_t i = 0; i <= n.size(); ++i) other_endings.insert(n.substr(i));
+  std::set<std::string> endings, whole;
+  for (const std::string& c : chosen) {
+    std::string e;
+    for (std::size_t len = 1; len <= c.size() && e.empty(); ++len)
+      if (other_endings.count(c.substr(c.size() - len)) == 0) e = c.substr(c.size() - len);
+    if (e.empty() || e.size() == c.size()) whole.insert(c);  // ends another name, or needs all of itself
+    else endings.insert(e);
+  }
+  // An ending that ends another chosen ending is enough for both.
+  for (auto it = endings.begin(); it != endings.end();) {
+    bool covered = false;
+    for (const std::string& o : endings)
+      covered = covered || (o.size() < it->size() && it->compare(it->size() - o.size(), o.size(), o) == 0);
+    it = covered ? endings.erase(it) : std::next(it);
+  }
+  std::string out;
+  if (!endings.empty()) {
+    std::string tail = *endings.begin();  // the endings' common tail
+    for (const std::string& e : endings) {
+      std::size_t n = 0;
+      while (n < tail.size() && n < e.size() && tail[tail.size() - 1 - n] == e[e.size() - 1 - n]) ++n;
+      tail = tail.substr(tail.size() - n);
     }
-  }
-  std::map<std::string, std::vector<std::string>> rests_by_layers;  // layer expression -> rests
-  for (const auto& [rest, ls] : chosen_layers_of) {
-    std::string expr;
-    if (ls == layers_of[rest]) {
-      expr = "\\d+";
-    } else {
-      for (int l : ls) expr += (expr.empty() ? "" : "|") + std::to_string(l);
-      expr = "(?:" + expr + ")";
-    }
-    rests_by_layers[expr].push_back(escape(rest));
-  }
-  std::vector<std::string> out;
-  for (const auto& [expr, rests] : rests_by_layers) {
     std::string alt;
-    for (const std::string& r : rests) alt += (alt.empty() ? "" : "|") + r;
-    out.push_back("^blk\\." + expr + "\\.(?:" + alt + ")$");
+    for (const std::string& e : endings) alt += (alt.empty() ? "" : "|") + escape(e.substr(0, e.size() - tail.size()));
+    out = endings.size() == 1 ? escape(*endings.begin()) + "$" : "(?:" + alt + ")" + escape(tail) + "$";
   }
-  if (!plain.empty()) {
+  if (!whole.empty()) {
     std::string alt;
-    for (const std::string& p : plain) alt += (alt.empty() ? "" : "|") + p;
-    out.push_back("^(?:" + alt + ")$");
+    for (const std::string& w : whole) alt += (alt.empty() ? "" : "|") + escape(w);
+    out += (out.empty() ? "" : "|") + std::string("^(?:") + alt + ")$";
   }
   return out;
 }
@@ -184,7 +175,7 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
     gguf_free(gg);
     ggml_free(meta);
     if (chosen.empty()) return WC_OK;
-    std::vector<std::string> patterns = patterns_for(all, chosen);
+    std::vector<std::string> patterns{pattern_for(all, chosen)};
     if (!exact(patterns, all, chosen)) {  // cannot happen; one exact pattern per tensor then
       patterns.clear();
       for (const std::string& c : chosen) patterns.push_back("^" + escape(c) + "$");
@@ -199,6 +190,8 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
     for (const std::string& p : list.patterns) list.entries.push_back({p.c_str(), buft});
     list.entries.push_back({nullptr, nullptr});
     params->tensor_buft_overrides = list.entries.data();
+    ggml_log_internal(GGML_LOG_LEVEL_DEBUG, "weightcache: %zu tensors of %s routed to the cache by the pattern %s\n",
+                      chosen.size(), gguf_path, list.patterns.front().c_str());
     if (routed != nullptr) *routed = chosen.size();
     return WC_OK;
   } catch (const std::bad_alloc&) {
