@@ -4,7 +4,7 @@
 // model of several GB needs no more memory than its largest tensor.
 //
 //   weightcache-gguf-gen --out FILE [--layers 12] [--dim 2048] [--ffn 5632] [--type q4_0]
-//                        [--seed 1] [--vocab 0]
+//                        [--seed 1] [--vocab 0] [--tensor-type NAME=TYPE]...
 //
 // Per layer, llama.cpp's names: blk.N.attn_norm.weight (f32), blk.N.attn_{q,k,v,output}.weight,
 // blk.N.ffn_norm.weight (f32), blk.N.ffn_{gate,up}.weight (dim -> ffn), blk.N.ffn_down.weight
@@ -12,7 +12,8 @@
 // token_embd.weight and output.weight (V rows, of --type) and a byte-level SentencePiece vocabulary
 // that llama.cpp's tokenizer loads: <unk>, <s>, </s>, the 256 byte tokens, then pieces ("\u2581",
 // letters, "\u2581" + letter, ...) up to V. Every tensor's values come from --seed and its name, so a
-// tensor's bytes do not depend on the others.
+// tensor's bytes do not depend on the others. --tensor-type gives one quantized tensor another
+// type (a model of mixed types, as quantizers write them).
 #include <ggml.h>
 #include <gguf.h>
 
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -30,7 +32,7 @@ namespace {
   std::fprintf(stderr,
                "weightcache-gguf-gen: %s\n"
                "usage: weightcache-gguf-gen --out FILE [--layers N] [--dim D] [--ffn F] [--type q4_0|iq4_nl|q4_k|q8_0]"
-               " [--seed S] [--vocab V]\n",
+               " [--seed S] [--vocab V] [--tensor-type NAME=TYPE]...\n",
                why);
   std::exit(2);
 }
@@ -59,6 +61,7 @@ void fill(std::vector<float>& v, std::uint64_t seed, const std::string& name, fl
 
 int main(int argc, char** argv) {
   std::string out, type_name = "q4_0";
+  std::vector<std::pair<std::string, std::string>> tensor_types;  // --tensor-type NAME=TYPE
   long layers = 12, dim = 2048, ffn = 5632, vocab = 0;
   unsigned long long seed = 1;
   for (int i = 1; i < argc; ++i) {
@@ -74,16 +77,24 @@ int main(int argc, char** argv) {
     else if (a == "--vocab") vocab = std::strtol(next(), nullptr, 10);
     else if (a == "--seed") seed = std::strtoull(next(), nullptr, 10);
     else if (a == "--type") type_name = next();
+    else if (a == "--tensor-type") {
+      const std::string v = next();
+      const std::size_t eq = v.find('=');
+      if (eq == std::string::npos || eq == 0) usage("--tensor-type wants NAME=TYPE");
+      tensor_types.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+    }
     else if (a == "-h" || a == "--help") usage("writes a llama-architecture GGUF with random weights");
     else usage(("unknown argument " + a).c_str());
   }
   if (out.empty()) usage("--out is required");
-  ggml_type type;
-  if (type_name == "q4_0") type = GGML_TYPE_Q4_0;
-  else if (type_name == "iq4_nl") type = GGML_TYPE_IQ4_NL;
-  else if (type_name == "q4_k") type = GGML_TYPE_Q4_K;
-  else if (type_name == "q8_0") type = GGML_TYPE_Q8_0;
-  else usage(("unknown --type " + type_name).c_str());
+  auto type_of = [](const std::string& n) -> ggml_type {
+    if (n == "q4_0") return GGML_TYPE_Q4_0;
+    if (n == "iq4_nl") return GGML_TYPE_IQ4_NL;
+    if (n == "q4_k") return GGML_TYPE_Q4_K;
+    if (n == "q8_0") return GGML_TYPE_Q8_0;
+    usage(("unknown type " + n).c_str());
+  };
+  const ggml_type type = type_of(type_name);
   const long block = ggml_blck_size(type);
   if (layers < 1 || layers > 1000 || dim < block || dim % block != 0 || ffn < block || ffn % block != 0 || vocab < 0)
     usage("--layers 1..1000; --dim and --ffn positive multiples of the type's block size");
@@ -159,8 +170,12 @@ int main(int argc, char** argv) {
   }
   std::vector<ggml_tensor*> tensors;
   for (const Spec& s : specs) {
+    ggml_type tt = type;
+    for (const auto& [name, tn] : tensor_types)
+      if (name == s.name) tt = type_of(tn);
+    if (s.quantized && s.ne0 % ggml_blck_size(tt) != 0) usage(("--tensor-type: " + s.name + " does not fit that type's blocks").c_str());
     ggml_tensor* t = s.ne1 == 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.ne0)
-                                : ggml_new_tensor_2d(ctx, s.quantized ? type : GGML_TYPE_F32, s.ne0, s.ne1);
+                                : ggml_new_tensor_2d(ctx, s.quantized ? tt : GGML_TYPE_F32, s.ne0, s.ne1);
     ggml_set_name(t, s.name.c_str());
     gguf_add_tensor(g, t);
     tensors.push_back(t);

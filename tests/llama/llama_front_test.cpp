@@ -23,9 +23,11 @@ using weightcache::test::TempDir;
 std::string gen() { return std::string(WEIGHTCACHE_LLAMA_PREFIX) + "/bin/weightcache-gguf-gen"; }
 
 void make_model(const TempDir& dir, const std::string& out, const std::string& type, const std::string& seed,
-                const std::string& vocab = "264") {
-  const auto r = weightcache::test::run_tool(dir, gen(), {"--out", out, "--type", type, "--seed", seed, "--layers", "2",
-                                                          "--dim", "256", "--ffn", "512", "--vocab", vocab});
+                const std::string& vocab = "264", const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{"--out", out, "--type", type, "--seed", seed, "--layers", "2",
+                                "--dim", "256", "--ffn", "512", "--vocab", vocab};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const auto r = weightcache::test::run_tool(dir, gen(), args);
   ASSERT_EQ(r.code, 0) << r.describe();
 }
 
@@ -115,6 +117,21 @@ TEST_F(LlamaFront, RoutesExactlyTheMatrixWeightsCpuRepackTakes) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(routed, 14u) << "2 layers of 7 matrices; not token_embd, not a 259-row output";
   EXPECT_EQ(stats().tensors, 14u);
+  EXPECT_EQ(logits_of(m), stock_logits(model));
+  llama_model_free(m);
+}
+
+// Quantizers mix types: a tensor of a kind routed in other layers, but of a type CPU_REPACK does not
+// take here, stays with llama.cpp (the pattern must not catch it by its name's ending).
+TEST_F(LlamaFront, AModelOfMixedTypesRoutesOnlyTheRepackableTensors) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_0", "5", "264",
+             {"--tensor-type", "blk.1.ffn_down.weight=q8_0", "--tensor-type", "blk.0.attn_q.weight=q8_0"});
+  std::size_t routed = 0;
+  llama_model* m = load(model, &routed);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(routed, 13u) << "15 repackable matrices but two of q8_0";
+  EXPECT_EQ(stats().tensors, 13u);
   EXPECT_EQ(logits_of(m), stock_logits(model));
   llama_model_free(m);
 }
