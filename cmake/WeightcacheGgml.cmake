@@ -27,6 +27,7 @@ if(NOT EXISTS "${_wc_ggml_src}/include/ggml.h" OR NOT EXISTS "${_wc_ggml_src}/sr
                       "llama.cpp checkout (no include/ggml.h, src/ggml-backend-impl.h or CMakeLists.txt)")
 endif()
 weightcache_ggml_version("${_wc_ggml_src}" WEIGHTCACHE_GGML_VERSION)
+weightcache_ggml_repack_id("${_wc_ggml_src}" WEIGHTCACHE_GGML_REPACK_ID)
 set(WEIGHTCACHE_GGML_SOURCE "${_wc_ggml_src}")
 
 string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")

@@ -4,7 +4,8 @@
 // model of several GB needs no more memory than its largest tensor.
 //
 //   weightcache-gguf-gen --out FILE [--layers 12] [--dim 2048] [--ffn 5632] [--type q4_0]
-//                        [--seed 1] [--vocab 0] [--tensor-type NAME=TYPE]...
+//                        [--seed 1] [--vocab 0] [--tensor-type NAME=TYPE]... [--experts N]
+//                        [--splits N]
 //
 // Per layer, llama.cpp's names: blk.N.attn_norm.weight (f32), blk.N.attn_{q,k,v,output}.weight,
 // blk.N.ffn_norm.weight (f32), blk.N.ffn_{gate,up}.weight (dim -> ffn), blk.N.ffn_down.weight
@@ -13,10 +14,14 @@
 // that llama.cpp's tokenizer loads: <unk>, <s>, </s>, the 256 byte tokens, then pieces ("\u2581",
 // letters, "\u2581" + letter, ...) up to V. Every tensor's values come from --seed and its name, so a
 // tensor's bytes do not depend on the others. --tensor-type gives one quantized tensor another
-// type (a model of mixed types, as quantizers write them).
+// type (a model of mixed types, as quantizers write them). --experts N makes every layer's MLP a
+// mixture of N experts (blk.N.ffn_gate_inp.weight, f32, and blk.N.ffn_{gate,up,down}_exps.weight,
+// 3-D, of --type; llama.expert_count N, two used). --splits N writes the model as llama.cpp's split
+// GGUFs: --out names the prefix, the files are PREFIX-0000i-of-0000N.gguf, tensors in order.
 #include <ggml.h>
 #include <gguf.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -32,7 +37,7 @@ namespace {
   std::fprintf(stderr,
                "weightcache-gguf-gen: %s\n"
                "usage: weightcache-gguf-gen --out FILE [--layers N] [--dim D] [--ffn F] [--type q4_0|iq4_nl|q4_k|q8_0]"
-               " [--seed S] [--vocab V] [--tensor-type NAME=TYPE]...\n",
+               " [--seed S] [--vocab V] [--tensor-type NAME=TYPE]... [--experts N] [--splits N]\n",
                why);
   std::exit(2);
 }
@@ -57,12 +62,71 @@ void fill(std::vector<float>& v, std::uint64_t seed, const std::string& name, fl
   }
 }
 
+struct Spec {
+  std::string name;
+  std::int64_t ne0, ne1;
+  bool quantized;
+  std::int64_t ne2 = 1;
+};
+
+// Writes the tensors `g` holds (tensors[first], tensors[first + 1], ... in that order) with their
+// metadata to `path`, through a temporary file renamed into place.
+bool write_gguf(const std::string& path, gguf_context* g, const std::vector<ggml_tensor*>& tensors,
+                const std::vector<Spec>& specs, std::size_t first, unsigned long long seed) {
+  const std::string tmp = path + ".tmp";
+  if (!gguf_write_to_file(g, tmp.c_str(), /*only_meta=*/true)) {
+    std::fprintf(stderr, "weightcache-gguf-gen: cannot write %s\n", tmp.c_str());
+    return false;
+  }
+  FILE* f = std::fopen(tmp.c_str(), "ab");
+  if (f == nullptr) {
+    std::fprintf(stderr, "weightcache-gguf-gen: cannot append to %s\n", tmp.c_str());
+    return false;
+  }
+  const std::size_t meta = gguf_get_meta_size(g);
+  std::vector<float> values;
+  std::vector<std::uint8_t> bytes;
+  bool ok = true;
+  const std::int64_t n = gguf_get_n_tensors(g);
+  for (std::int64_t j = 0; j < n && ok; ++j) {
+    const std::size_t i = first + static_cast<std::size_t>(j);
+    ggml_tensor* t = tensors[i];
+    const std::size_t at = meta + gguf_get_tensor_offset(g, j);
+    const long pos = std::ftell(f);
+    if (pos < 0 || static_cast<std::size_t>(pos) > at) {
+      ok = false;
+      break;
+    }
+    bytes.assign(at - static_cast<std::size_t>(pos), 0);  // alignment padding
+    ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    values.resize(static_cast<std::size_t>(ggml_nelements(t)));
+    const bool norm = specs[i].ne1 == 1;
+    fill(values, seed, specs[i].name, norm ? 0.05f : 0.02f, norm ? 1.0f : 0.0f);
+    if (t->type == GGML_TYPE_F32) {
+      ok = ok && std::fwrite(values.data(), sizeof(float), values.size(), f) == values.size();
+    } else {
+      bytes.resize(ggml_nbytes(t));
+      const std::size_t q =
+          ggml_quantize_chunk(t->type, values.data(), bytes.data(), 0, t->ne[1] * t->ne[2], t->ne[0], nullptr);
+      ok = ok && q == bytes.size() && std::fwrite(bytes.data(), 1, q, f) == q;
+    }
+  }
+  ok = std::fflush(f) == 0 && ok;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::fprintf(stderr, "weightcache-gguf-gen: writing %s failed\n", path.c_str());
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string out, type_name = "q4_0";
   std::vector<std::pair<std::string, std::string>> tensor_types;  // --tensor-type NAME=TYPE
-  long layers = 12, dim = 2048, ffn = 5632, vocab = 0;
+  long layers = 12, dim = 2048, ffn = 5632, vocab = 0, experts = 0, splits = 1;
   unsigned long long seed = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -75,6 +139,8 @@ int main(int argc, char** argv) {
     else if (a == "--dim") dim = std::strtol(next(), nullptr, 10);
     else if (a == "--ffn") ffn = std::strtol(next(), nullptr, 10);
     else if (a == "--vocab") vocab = std::strtol(next(), nullptr, 10);
+    else if (a == "--experts") experts = std::strtol(next(), nullptr, 10);
+    else if (a == "--splits") splits = std::strtol(next(), nullptr, 10);
     else if (a == "--seed") seed = std::strtoull(next(), nullptr, 10);
     else if (a == "--type") type_name = next();
     else if (a == "--tensor-type") {
@@ -99,12 +165,8 @@ int main(int argc, char** argv) {
   if (layers < 1 || layers > 1000 || dim < block || dim % block != 0 || ffn < block || ffn % block != 0 || vocab < 0)
     usage("--layers 1..1000; --dim and --ffn positive multiples of the type's block size");
   if (vocab > 0 && (vocab < 259 || vocab > 1000000)) usage("--vocab 259..1000000 (the byte vocabulary needs 259)");
+  if (experts < 0 || experts > 256 || splits < 1 || splits > 99) usage("--experts 0..256, --splits 1..99");
 
-  struct Spec {
-    std::string name;
-    std::int64_t ne0, ne1;
-    bool quantized;
-  };
   std::vector<Spec> specs;
   if (vocab > 0) specs.push_back({"token_embd.weight", dim, vocab, true});
   for (long l = 0; l < layers; ++l) {
@@ -112,9 +174,16 @@ int main(int argc, char** argv) {
     specs.push_back({p + "attn_norm.weight", dim, 1, false});
     for (const char* w : {"attn_q", "attn_k", "attn_v", "attn_output"}) specs.push_back({p + w + ".weight", dim, dim, true});
     specs.push_back({p + "ffn_norm.weight", dim, 1, false});
-    specs.push_back({p + "ffn_gate.weight", dim, ffn, true});
-    specs.push_back({p + "ffn_up.weight", dim, ffn, true});
-    specs.push_back({p + "ffn_down.weight", ffn, dim, true});
+    if (experts > 0) {
+      specs.push_back({p + "ffn_gate_inp.weight", dim, experts, false});
+      specs.push_back({p + "ffn_gate_exps.weight", dim, ffn, true, experts});
+      specs.push_back({p + "ffn_up_exps.weight", dim, ffn, true, experts});
+      specs.push_back({p + "ffn_down_exps.weight", ffn, dim, true, experts});
+    } else {
+      specs.push_back({p + "ffn_gate.weight", dim, ffn, true});
+      specs.push_back({p + "ffn_up.weight", dim, ffn, true});
+      specs.push_back({p + "ffn_down.weight", ffn, dim, true});
+    }
   }
   specs.push_back({"output_norm.weight", dim, 1, false});
   if (vocab > 0) specs.push_back({"output.weight", dim, vocab, true});
@@ -137,6 +206,10 @@ int main(int argc, char** argv) {
   gguf_set_val_u32(g, "llama.rope.dimension_count", static_cast<std::uint32_t>(dim / heads));
   gguf_set_val_f32(g, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
   gguf_set_val_u32(g, "weightcache.seed", static_cast<std::uint32_t>(seed));
+  if (experts > 0) {
+    gguf_set_val_u32(g, "llama.expert_count", static_cast<std::uint32_t>(experts));
+    gguf_set_val_u32(g, "llama.expert_used_count", static_cast<std::uint32_t>(std::min<long>(experts, 2)));
+  }
   std::vector<std::string> tokens;
   if (vocab > 0) {
     // llama.cpp's SPM tokenizer: scores rank merges, types say which tokens are bytes or control.
@@ -175,56 +248,40 @@ int main(int argc, char** argv) {
       if (name == s.name) tt = type_of(tn);
     if (s.quantized && s.ne0 % ggml_blck_size(tt) != 0) usage(("--tensor-type: " + s.name + " does not fit that type's blocks").c_str());
     ggml_tensor* t = s.ne1 == 1 ? ggml_new_tensor_1d(ctx, GGML_TYPE_F32, s.ne0)
-                                : ggml_new_tensor_2d(ctx, s.quantized ? tt : GGML_TYPE_F32, s.ne0, s.ne1);
+                     : s.ne2 > 1 ? ggml_new_tensor_3d(ctx, s.quantized ? tt : GGML_TYPE_F32, s.ne0, s.ne1, s.ne2)
+                                 : ggml_new_tensor_2d(ctx, s.quantized ? tt : GGML_TYPE_F32, s.ne0, s.ne1);
     ggml_set_name(t, s.name.c_str());
-    gguf_add_tensor(g, t);
     tensors.push_back(t);
   }
-  const std::string tmp = out + ".tmp";
-  if (!gguf_write_to_file(g, tmp.c_str(), /*only_meta=*/true)) {
-    std::fprintf(stderr, "weightcache-gguf-gen: cannot write %s\n", tmp.c_str());
-    return 1;
+  // Which tensors go to which file: all to --out, or in order to the splits.
+  std::vector<std::string> paths;
+  std::string prefix = out;
+  if (splits > 1 && prefix.size() > 5 && prefix.compare(prefix.size() - 5, 5, ".gguf") == 0)
+    prefix.resize(prefix.size() - 5);
+  for (long i = 0; i < splits; ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "-%05ld-of-%05ld.gguf", i + 1, splits);
+    paths.push_back(splits > 1 ? prefix + buf : out);
   }
-  FILE* f = std::fopen(tmp.c_str(), "ab");
-  if (f == nullptr) {
-    std::fprintf(stderr, "weightcache-gguf-gen: cannot append to %s\n", tmp.c_str());
-    return 1;
-  }
-  const std::size_t meta = gguf_get_meta_size(g);
-  std::vector<float> values;
-  std::vector<std::uint8_t> bytes;
-  bool ok = true;
-  for (std::size_t i = 0; i < tensors.size() && ok; ++i) {
-    ggml_tensor* t = tensors[i];
-    const std::size_t at = meta + gguf_get_tensor_offset(g, static_cast<std::int64_t>(i));
-    const long pos = std::ftell(f);
-    if (pos < 0 || static_cast<std::size_t>(pos) > at) {
-      ok = false;
-      break;
+  bool all_ok = true;
+  for (long part = 0; part < splits && all_ok; ++part) {
+    const std::size_t first = tensors.size() * static_cast<std::size_t>(part) / static_cast<std::size_t>(splits);
+    const std::size_t last = tensors.size() * static_cast<std::size_t>(part + 1) / static_cast<std::size_t>(splits);
+    gguf_context* gp = part == 0 ? g : gguf_init_empty();
+    if (splits > 1) {
+      gguf_set_val_u16(gp, "split.no", static_cast<std::uint16_t>(part));
+      gguf_set_val_u16(gp, "split.count", static_cast<std::uint16_t>(splits));
+      gguf_set_val_i32(gp, "split.tensors.count", static_cast<std::int32_t>(tensors.size()));
     }
-    bytes.assign(at - static_cast<std::size_t>(pos), 0);  // alignment padding
-    ok = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    values.resize(static_cast<std::size_t>(ggml_nelements(t)));
-    const bool norm = specs[i].ne1 == 1;
-    fill(values, seed, specs[i].name, norm ? 0.05f : 0.02f, norm ? 1.0f : 0.0f);
-    if (t->type == GGML_TYPE_F32) {
-      ok = ok && std::fwrite(values.data(), sizeof(float), values.size(), f) == values.size();
-    } else {
-      bytes.resize(ggml_nbytes(t));
-      const std::size_t n = ggml_quantize_chunk(t->type, values.data(), bytes.data(), 0, t->ne[1], t->ne[0], nullptr);
-      ok = ok && n == bytes.size() && std::fwrite(bytes.data(), 1, n, f) == n;
-    }
+    for (std::size_t i = first; i < last; ++i) gguf_add_tensor(gp, tensors[i]);
+    all_ok = write_gguf(paths[static_cast<std::size_t>(part)], gp, tensors, specs, first, seed);
+    if (gp != g) gguf_free(gp);
   }
-  ok = std::fflush(f) == 0 && ok;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), out.c_str()) != 0) {
-    std::fprintf(stderr, "weightcache-gguf-gen: writing %s failed\n", out.c_str());
-    std::remove(tmp.c_str());
-    return 1;
-  }
-  std::printf("weightcache-gguf-gen: %s: %ld layers of %ld (ffn %ld), %s, %zu tensors\n", out.c_str(), layers, dim, ffn,
-              type_name.c_str(), tensors.size());
+  if (!all_ok) return 1;
+  std::printf("weightcache-gguf-gen: %s: %ld layers of %ld (ffn %ld), %s, %zu tensors\n", paths[0].c_str(), layers, dim,
+              ffn, type_name.c_str(), tensors.size());
   gguf_free(g);
   ggml_free(ctx);
   return 0;
 }
+

@@ -16,12 +16,14 @@
  *   wc_llama_destroy(wl);                  // after every model it routed is freed
  *   wc_close(cache);
  *
- * Which tensors: those of the GGUF whose type and shape ggml's CPU backend repacks on this CPU
- * (wc_ggml_would_repack) and that llama.cpp multiplies with (a 2-D weight of a matrix product, a
- * 3-D expert weight). Not the ones llama.cpp reads by row (token_embd, pos_embd, token_types,
- * per_layer_token_embd, an MTP layer's embed_tokens and enorm): CPU_REPACK refuses those, and
- * llama.cpp keeps them in plain memory. A model with tied embeddings (no output.weight) uses
- * token_embd as its output too: llama.cpp repacks that copy itself, as without the cache.
+ * Which tensors: those of the GGUF (every file of a split model) whose type and shape ggml's CPU
+ * backend repacks on this CPU (wc_ggml_would_repack) and that llama.cpp uses where CPU_REPACK
+ * computes from repacked weights: a 2-D weight of a matrix product, a 3-D weight of the experts'
+ * product (llama.cpp's tensor table gives each kind of tensor its operation). Not the ones
+ * llama.cpp reads by row (token_embd, ...), scales, norms or convolves, nor a 3-D weight of a
+ * plain product or the 2-D experts of a one-expert model: llama.cpp keeps those in plain memory.
+ * A model with tied embeddings (no output.weight) uses token_embd as its output too: llama.cpp
+ * repacks that copy itself, as without the cache.
  *
  * This library is compiled against the llama.cpp tree the application links (the ggml inside it,
  * whose internal buffer interface it fills): link libweightcache_llama built from that same tree,
@@ -53,14 +55,17 @@ typedef struct wc_llama wc_llama;
 wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_llama** out);
 
 /**
- * Routes the repacked tensors of the GGUF at `gguf_path` to the cache: sets
- * params->tensor_buft_overrides to a list that holds the application's own entries first
- * (they keep precedence: llama.cpp takes the first pattern that matches a tensor's name), then
- * patterns generated from this GGUF's tensor list that match exactly the tensors to route, by name.
- * The list stays valid until wc_llama_destroy. `routed` (may be NULL) gets how many tensors go
- * to the cache.
+ * Routes the repacked tensors of the GGUF at `gguf_path` (the first file of a split model) to
+ * the cache: sets params->tensor_buft_overrides to a list that holds the application's own
+ * entries first (they keep precedence: llama.cpp takes the first pattern that matches a tensor's
+ * name), then a pattern generated from this model's tensor list that matches exactly the tensors
+ * to route, by name. Entries an earlier call added (params used again, for this or another model)
+ * are replaced, never kept as the application's. The list stays valid until wc_llama_destroy.
+ * Load the model from the same path, unchanged since: the pattern is exact for this tensor list.
+ * `routed` (may be NULL) gets how many tensors go to the cache.
  *
- * Routes nothing (params unchanged, WC_OK, *routed 0) when llama.cpp would repack nothing:
+ * Routes nothing (WC_OK, *routed 0; params unchanged but for entries of an earlier call) when
+ * llama.cpp would repack nothing:
  * params->use_extra_bufts false, params->vocab_only, or no tensor of this GGUF is repacked on
  * this CPU; and when llama.cpp has a GPU device and params->n_gpu_layers is not 0 (the front
  * routes CPU weights only: offloaded layers are the GPU backend's).

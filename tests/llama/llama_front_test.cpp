@@ -136,6 +136,65 @@ TEST_F(LlamaFront, AModelOfMixedTypesRoutesOnlyTheRepackableTensors) {
   llama_model_free(m);
 }
 
+// CPU_REPACK computes a repacked weight only in a matrix product of a 2-D weight or the experts'
+// product of a 3-D one. A model with one expert stores its experts' weights 2-D: llama.cpp keeps
+// them in plain memory, and routing them would leave their product without a kernel (ggml's
+// scheduler aborts the host). With four experts they are 3-D and repacked.
+TEST_F(LlamaFront, ExpertWeightsAreRoutedOnlyWhereCpuRepackComputesThem) {
+  for (const char* experts : {"1", "4"}) {
+    SCOPED_TRACE(std::string(experts) + " experts");
+    const std::string model = dir_.file(std::string("moe") + experts + ".gguf");
+    make_model(dir_, model, "q4_0", "3", "264", {"--experts", experts});
+    const std::size_t before = stats().tensors;
+    std::size_t routed = 0;
+    llama_model* m = load(model, &routed);
+    ASSERT_NE(m, nullptr);
+    // 2 layers of 4 attention matrices, the output, and with 4 experts 3 expert tensors per layer.
+    EXPECT_EQ(routed, std::string(experts) == "1" ? 9u : 15u);
+    EXPECT_EQ(stats().tensors - before, routed);
+    EXPECT_EQ(logits_of(m), stock_logits(model));
+    llama_model_free(m);
+  }
+}
+
+// A model split over files: every file's tensors are routed, and only the repackable ones (a later
+// file holds a tensor of a type CPU_REPACK does not take).
+TEST_F(LlamaFront, ASplitModelRoutesTheRepackableTensorsOfEveryFile) {
+  const std::string prefix = dir_.file("split");
+  make_model(dir_, prefix, "q4_0", "4", "264", {"--splits", "3", "--tensor-type", "blk.1.ffn_up.weight=q8_0"});
+  const std::string first = prefix + "-00001-of-00003.gguf";
+  std::size_t routed = 0;
+  llama_model* m = load(first, &routed);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(routed, 14u) << "15 repackable matrices but one of q8_0";
+  EXPECT_EQ(stats().tensors, 14u);
+  EXPECT_EQ(logits_of(m), stock_logits(first));
+  llama_model_free(m);
+}
+
+// Params used again: the entries an earlier call added are not kept as if they were the
+// application's (they would route the next model's tensors by the first model's names).
+TEST_F(LlamaFront, ParamsUsedAgainForAnotherModelCarryNothingOver) {
+  const std::string a = dir_.file("a.gguf"), q8 = dir_.file("q8.gguf");
+  make_model(dir_, a, "q4_0", "1");
+  make_model(dir_, q8, "q8_0", "2");
+  llama_model_params mp = quiet_params();
+  std::size_t routed = 0;
+  ASSERT_EQ(wc_llama_model_params(wl_, a.c_str(), &mp, &routed), WC_OK);
+  ASSERT_EQ(routed, 15u);
+  ASSERT_EQ(wc_llama_model_params(wl_, a.c_str(), &mp, &routed), WC_OK);
+  std::size_t n = 0;
+  while (mp.tensor_buft_overrides[n].pattern != nullptr) ++n;
+  EXPECT_EQ(n, 1u) << "the same model twice: one pattern, not two";
+  ASSERT_EQ(wc_llama_model_params(wl_, q8.c_str(), &mp, &routed), WC_OK);
+  EXPECT_EQ(routed, 0u);
+  EXPECT_EQ(mp.tensor_buft_overrides, nullptr) << "the first model's patterns were kept for a model that routes nothing";
+  llama_model* m = llama_model_load_from_file(q8.c_str(), mp);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(logits_of(m), stock_logits(q8));
+  llama_model_free(m);
+}
+
 TEST_F(LlamaFront, AModelCpuRepackRefusesIsLeftAlone) {
   const std::string model = dir_.file("m.gguf");
   make_model(dir_, model, "q8_0", "1");  // this ggml repacks no Q8_0

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -193,6 +194,39 @@ TEST_F(Llama, AnImpossibleCachePathStillGivesTheStockOutputs) {
   ASSERT_EQ(r.code, 0) << r.describe();
   expect_same_outputs(r, stock, "an impossible cache path");
   EXPECT_FALSE(fs::exists(f("file") + "/c.wcache"));
+}
+
+// A cache written by another ggml (the standalone ggml build's weightcache-ggml, another version and
+// repacking code) on the same GGUF is never served to llama.cpp's ggml: its keys name that ggml.
+// And the keys name the repacking code's fingerprint and the CPU's features, not a build commit.
+TEST_F(Llama, ACacheWrittenByAnotherGgmlIsNeverServed) {
+  if (!fs::is_regular_file(installed("weightcache-ggml"))) GTEST_SKIP() << "this build has no standalone ggml";
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  make_model(dir_, model, "q4_0");
+  const ToolRun other = run(dir_, "weightcache-ggml", {"--model", model, "--cache", cache, "--json", "--steps", "1"});
+  ASSERT_EQ(other.code, 0) << other.describe();
+  ASSERT_GT(other.u64("repacked"), 0u) << other.out;
+  const ToolRun stock = llama(dir_, model, "stock");
+  const ToolRun mine = llama(dir_, model, cache);
+  ASSERT_EQ(mine.code, 0) << mine.describe();
+  EXPECT_EQ(mine.u64("served_from_cache"), 0u) << mine.out;
+  EXPECT_EQ(mine.u64("repacked"), mine.u64("routed")) << mine.out;
+  expect_same_outputs(mine, stock, "a cache another ggml wrote");
+  const ToolRun ls = run(dir_, "weightcache", {"ls", cache});
+  ASSERT_EQ(ls.code, 0) << ls.describe();
+  // Both sets of entries side by side, each under its own build: ggml's version, the fingerprint of
+  // its repacking code, the CPU's features.
+  std::size_t repack_keys = 0;
+  std::set<std::string> builds;
+  for (std::size_t at = ls.out.find("ggml-repack/1|"); at != std::string::npos; at = ls.out.find("ggml-repack/1|", at + 1)) {
+    const std::string line = ls.out.substr(at, ls.out.find('\n', at) - at);
+    EXPECT_NE(line.find(" repack "), std::string::npos) << line;
+    EXPECT_NE(line.find("|cpu "), std::string::npos) << line;
+    builds.insert(line.substr(0, line.find("|xxh3|")));
+    ++repack_keys;
+  }
+  EXPECT_EQ(repack_keys, mine.u64("routed") + other.u64("repacked")) << ls.out;
+  EXPECT_EQ(builds.size(), 2u) << ls.out;
 }
 
 // ---- memory --------------------------------------------------------------------------------------

@@ -45,8 +45,8 @@
 // messages go wherever the application pointed ggml's log (ggml_log_set, llama_log_set).
 extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format, ...);
 
-#ifndef WEIGHTCACHE_GGML_VERSION
-#error "WEIGHTCACHE_GGML_VERSION (the ggml tree's version) must be defined by the build"
+#if !defined(WEIGHTCACHE_GGML_VERSION) || !defined(WEIGHTCACHE_GGML_REPACK_ID)
+#error "WEIGHTCACHE_GGML_VERSION and WEIGHTCACHE_GGML_REPACK_ID (the ggml tree's) must be defined by the build"
 #endif
 
 using weightcache::source::content_identity;
@@ -679,8 +679,11 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
     if (!g) return fail(WC_ERR_NO_MEMORY, "wc_ggml_create: out of memory");
     g->cache = cache;
     g->options = o;
-    const char* commit = ggml_commit();
-    g->build_id = std::string("ggml ") + WEIGHTCACHE_GGML_VERSION + " " + (commit ? commit : "") + " api" +
+    // The layout depends on ggml's repacking code (its fingerprint, taken by the build from the
+    // tree this library is compiled against, which wc_ggml_check_abi ties to the running ggml)
+    // and on the CPU features the build enabled; not on ggml's build commit, which is "unknown"
+    // outside git and the enclosing repository's inside another one.
+    g->build_id = std::string("ggml ") + WEIGHTCACHE_GGML_VERSION + " repack " + WEIGHTCACHE_GGML_REPACK_ID + " api" +
                   std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + r.features;
     g->buft.iface.get_name = bt_name;
     g->buft.iface.alloc_buffer = bt_alloc;

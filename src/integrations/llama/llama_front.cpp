@@ -35,17 +35,61 @@ struct wc_llama {
 
 namespace {
 
-// Tensors llama.cpp reads by row (GGML_OP_GET_ROWS in its tensor table): never repacked, even when
-// their type and shape would allow it.
-bool read_by_row(const std::string& name) {
-  static const char* const kWhole[] = {"token_embd.weight", "pos_embd.weight", "token_types.weight",
-                                       "per_layer_token_embd.weight"};
-  for (const char* w : kWhole)
-    if (name == w) return true;
-  static const char* const kSuffix[] = {".nextn.embed_tokens.weight", ".nextn.enorm.weight"};
-  for (const char* s : kSuffix) {
-    const std::size_t n = std::strlen(s);
-    if (name.size() > n && name.compare(name.size() - n, n, s) == 0) return true;
+// How llama.cpp uses a tensor, from its name: llama.cpp's tensor table (llama-arch.cpp,
+// LLM_TENSOR_INFOS) gives every kind of tensor one operation. CPU_REPACK computes two of them from
+// repacked weights: a matrix product (GGML_OP_MUL_MAT) of a 2-D weight, and the experts' product
+// (GGML_OP_MUL_MAT_ID) of a 3-D one; any other use of a repacked tensor has no kernel and ggml's
+// scheduler aborts. So a tensor is routed only when its kind's operation and its dimensions are
+// one of those two (and its type and shape are repacked on this CPU: wc_ggml_would_repack).
+enum class Use { matmul, experts, other };
+
+Use use_of(const std::string& name) {
+  // The kind: the name without "blk.N." (or "enc.blk.N.", "dec.blk.N.") and without ".weight".
+  static const char* const kWeight = ".weight";
+  if (name.size() <= 7 || name.compare(name.size() - 7, 7, kWeight) != 0) return Use::other;  // biases: added
+  std::string kind = name.substr(0, name.size() - 7);
+  for (const char* layered : {"blk.", "enc.blk.", "dec.blk.", "convnext.", "posnet."}) {
+    const std::size_t n = std::strlen(layered);
+    if (kind.compare(0, n, layered) != 0) continue;
+    std::size_t i = n;
+    while (i < kind.size() && kind[i] >= '0' && kind[i] <= '9') ++i;
+    if (i > n && i < kind.size() && kind[i] == '.') kind = std::string(layered) + "N" + kind.substr(i);
+    break;
+  }
+  // GGML_OP_MUL_MAT_ID: the experts.
+  for (const char* e : {"_exps", "_chexps"}) {
+    const std::size_t n = std::strlen(e);
+    if (kind.size() > n && kind.compare(kind.size() - n, n, e) == 0) return Use::experts;
+  }
+  // Every kind whose operation is another than a matrix product: row look-ups (GET_ROWS), scales
+  // and norms (MUL), ROPE, SCALE, DIV, ADD, the SSM and RWKV operations, convolutions (IM2COL).
+  static const std::unordered_set<std::string> kOther = {
+      "token_embd", "position_embd", "pos_embd", "token_types", "per_layer_token_embd", "blk.N.nextn.embed_tokens",
+      "blk.N.nextn.enorm", "enc.blk.N.attn_rel_b", "dec.blk.N.attn_rel_b", "dec.blk.N.cross_attn_rel_b",
+      "rope_freqs", "rope_factors_long", "rope_factors_short", "blk.N.rope_freqs", "blk.N.rope_factors_long",
+      "blk.N.rope_factors_short", "blk.N.attn_sinks", "blk.N.ffn.act", "blk.N.shortconv.conv", "blk.N.ssm_conv1d",
+      "blk.N.ssm_a", "blk.N.ssm_d", "blk.N.time_mix_first", "blk.N.exp_probs_b", "blk.N.time_mix_a0",
+      "blk.N.time_mix_decay", "blk.N.time_mix_lerp_fused", "blk.N.time_mix_lerp_g", "blk.N.time_mix_lerp_k",
+      "blk.N.time_mix_lerp_r", "blk.N.time_mix_lerp_v", "blk.N.time_mix_lerp_w", "blk.N.time_mix_v0",
+      "blk.N.time_mix_w0", "blk.N.time_mix_k_a", "blk.N.time_mix_k_k", "blk.N.time_mix_lerp_x", "blk.N.time_mix_r_k",
+      "blk.N.channel_mix_lerp_k", "blk.N.channel_mix_lerp_r", "blk.N.altup_correct_scale", "conv1d",
+      "convnext.N.dw", "convnext.N.gamma", "posnet.N.conv1", "posnet.N.conv2"};
+  if (kOther.count(kind) != 0) return Use::other;
+  // Norms (MUL), whatever their prefix: every such kind's name ends in "norm" ("attn_norm_2",
+  // "norm1", "norm2" too).
+  const std::size_t last = kind.rfind('.');
+  const std::string leaf = last == std::string::npos ? kind : kind.substr(last + 1);
+  if (leaf.find("norm") != std::string::npos) return Use::other;
+  return Use::matmul;  // every other kind of llama.cpp's table is a matrix product's weight
+}
+
+// Whether llama.cpp, left to itself, would put this tensor in CPU_REPACK.
+bool repacked_by_llama(const std::string& name, const ggml_tensor* t) {
+  if (t == nullptr || wc_ggml_would_repack(t) == 0) return false;
+  switch (use_of(name)) {
+    case Use::matmul: return ggml_n_dims(t) == 2;
+    case Use::experts: return ggml_n_dims(t) == 3;
+    case Use::other: return false;
   }
   return false;
 }
@@ -126,6 +170,29 @@ bool gpu_present() {
   return false;
 }
 
+// Sets params' list to the application's entries (without any an earlier call of ours added: params
+// used again, maybe for another model, would route that model's tensors) followed by `patterns`
+// to the cache. Leaves params as they are when that changes nothing.
+void route(wc_llama* l, struct llama_model_params* params, std::vector<std::string> patterns) {
+  ggml_backend_buffer_type_t buft = wc_ggml_buffer_type(l->g);
+  bool ours = false;
+  for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr; ++o)
+    ours = ours || o->buft == buft;
+  if (!ours && patterns.empty()) return;
+  std::lock_guard<std::mutex> lock(l->mu);
+  wc_llama::List& list = l->lists.emplace_back();
+  list.patterns = std::move(patterns);
+  for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr; ++o)
+    if (o->buft != buft) list.entries.push_back(*o);
+  for (const std::string& p : list.patterns) list.entries.push_back({p.c_str(), buft});
+  if (list.entries.empty()) {
+    params->tensor_buft_overrides = nullptr;  // the application had none
+    return;
+  }
+  list.entries.push_back({nullptr, nullptr});
+  params->tensor_buft_overrides = list.entries.data();
+}
+
 }  // namespace
 
 extern "C" {
@@ -146,15 +213,19 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
   if (routed != nullptr) *routed = 0;
   if (l == nullptr || gguf_path == nullptr || params == nullptr)
     return fail(WC_ERR_INVALID_ARGUMENT, "wc_llama_model_params: NULL front, path or params");
-  if (!params->use_extra_bufts || params->vocab_only) return WC_OK;  // llama.cpp repacks nothing
-  if (params->n_gpu_layers != 0 && gpu_present()) {
-    ggml_log_internal(GGML_LOG_LEVEL_INFO,
-                      "weightcache: llama.cpp has a GPU device and n_gpu_layers is %d: no weights routed to the "
-                      "cache (it serves CPU weights only)\n",
-                      static_cast<int>(params->n_gpu_layers));
-    return WC_OK;
-  }
   try {
+    if (!params->use_extra_bufts || params->vocab_only) {  // llama.cpp repacks nothing
+      route(l, params, {});
+      return WC_OK;
+    }
+    if (params->n_gpu_layers != 0 && gpu_present()) {
+      ggml_log_internal(GGML_LOG_LEVEL_INFO,
+                        "weightcache: llama.cpp has a GPU device and n_gpu_layers is %d: no weights routed to the "
+                        "cache (it serves CPU weights only)\n",
+                        static_cast<int>(params->n_gpu_layers));
+      route(l, params, {});
+      return WC_OK;
+    }
     ggml_context* meta = nullptr;
     gguf_init_params gp{};
     gp.no_alloc = true;
@@ -165,33 +236,68 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
                                  " (missing, unreadable or not a GGUF file); llama.cpp's own load says more");
     std::vector<std::string> all;
     std::set<std::string> chosen;
-    const std::int64_t n = gguf_get_n_tensors(gg);
-    for (std::int64_t i = 0; i < n; ++i) {
-      const char* name = gguf_get_tensor_name(gg, i);
-      all.emplace_back(name);
-      const ggml_tensor* t = ggml_get_tensor(meta, name);
-      if (t != nullptr && !read_by_row(name) && wc_ggml_would_repack(t) != 0) chosen.insert(name);
-    }
+    auto take = [&](gguf_context* g, ggml_context* m) {
+      const std::int64_t n = gguf_get_n_tensors(g);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const char* name = gguf_get_tensor_name(g, i);
+        all.emplace_back(name);
+        if (repacked_by_llama(name, ggml_get_tensor(m, name))) chosen.insert(name);
+      }
+    };
+    take(gg, meta);
+    // A model split over several files (llama.cpp's PREFIX-0000i-of-0000N.gguf): every file's
+    // tensors, named as llama.cpp names them.
+    const std::int64_t count_key = gguf_find_key(gg, "split.count");
+    const int splits = count_key >= 0 && gguf_get_kv_type(gg, count_key) == GGUF_TYPE_UINT16
+                           ? static_cast<int>(gguf_get_val_u16(gg, count_key))
+                           : 1;
     gguf_free(gg);
     ggml_free(meta);
-    if (chosen.empty()) return WC_OK;
-    std::vector<std::string> patterns{pattern_for(all, chosen)};
-    if (!exact(patterns, all, chosen)) {  // cannot happen; one exact pattern per tensor then
-      patterns.clear();
-      for (const std::string& c : chosen) patterns.push_back("^" + escape(c) + "$");
+    if (splits > 1) {
+      std::vector<char> prefix(std::strlen(gguf_path) + 1), path(std::strlen(gguf_path) + 64);
+      if (llama_split_prefix(prefix.data(), prefix.size(), gguf_path, 0, splits) <= 0)
+        return fail(WC_ERR_IO, std::string("wc_llama_model_params: ") + gguf_path + " says it is the first of " +
+                                   std::to_string(splits) + " split files, but is not named PREFIX-00001-of-" +
+                                   "NNNNN.gguf; llama.cpp's own load says more");
+      for (int i = 1; i < splits; ++i) {
+        (void)llama_split_path(path.data(), path.size(), prefix.data(), i, splits);
+        ggml_context* m = nullptr;
+        gguf_init_params sp{};
+        sp.no_alloc = true;
+        sp.ctx = &m;
+        gguf_context* g = gguf_init_from_file(path.data(), sp);
+        if (g == nullptr)
+          return fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the split GGUF ") + path.data() +
+                                     "; llama.cpp's own load says more");
+        take(g, m);
+        gguf_free(g);
+        ggml_free(m);
+      }
     }
-    ggml_backend_buffer_type_t buft = wc_ggml_buffer_type(l->g);
-    std::lock_guard<std::mutex> lock(l->mu);
-    wc_llama::List& list = l->lists.emplace_back();
-    list.patterns = std::move(patterns);
-    for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr;
-         ++o)
-      list.entries.push_back(*o);
-    for (const std::string& p : list.patterns) list.entries.push_back({p.c_str(), buft});
-    list.entries.push_back({nullptr, nullptr});
-    params->tensor_buft_overrides = list.entries.data();
+    if (chosen.empty()) {
+      route(l, params, {});
+      return WC_OK;
+    }
+    std::vector<std::string> patterns;
+    bool ok = false;
+    try {
+      patterns.push_back(pattern_for(all, chosen));
+      ok = exact(patterns, all, chosen);
+    } catch (const std::regex_error&) {
+      ok = false;  // too large for std::regex (thousands of distinct endings)
+    }
+    if (!ok) {
+      // Cannot happen for a model llama.cpp names; llama.cpp's own repacking is always right.
+      ggml_log_internal(GGML_LOG_LEVEL_WARN,
+                        "weightcache: no short pattern matches exactly the %zu repacked tensors of %s; llama.cpp "
+                        "repacks them itself\n",
+                        chosen.size(), gguf_path);
+      route(l, params, {});
+      return WC_OK;
+    }
     ggml_log_internal(GGML_LOG_LEVEL_DEBUG, "weightcache: %zu tensors of %s routed to the cache by the pattern %s\n",
-                      chosen.size(), gguf_path, list.patterns.front().c_str());
+                      chosen.size(), gguf_path, patterns.front().c_str());
+    route(l, params, std::move(patterns));
     if (routed != nullptr) *routed = chosen.size();
     return WC_OK;
   } catch (const std::bad_alloc&) {
