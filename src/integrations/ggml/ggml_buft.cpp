@@ -223,8 +223,10 @@ struct wc_ggml {
     const wc_status st = wc_finalize(cache);
     if (st != WC_OK) {
       unfinalized.store(true);  // every later finalize tries again
-      finalizes_failed.fetch_add(1, std::memory_order_relaxed);
-      ggml_log_internal(GGML_LOG_LEVEL_WARN,
+      // Said once at warning level: a later attempt (wc_ggml_finish after the background one)
+      // usually fails for the same reason.
+      const bool first = finalizes_failed.fetch_add(1, std::memory_order_relaxed) == 0;
+      ggml_log_internal(first ? GGML_LOG_LEVEL_WARN : GGML_LOG_LEVEL_DEBUG,
                         "weightcache: could not make the repacked weights durable (%s); this process uses them from "
                         "memory and the next one repacks them again\n",
                         wc_last_error());
