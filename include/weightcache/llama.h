@@ -29,8 +29,8 @@
  * whose internal buffer interface it fills): link libweightcache_llama built from that same tree,
  * instead of libweightcache_ggml (it holds the ggml buffer type too, and its wc_ggml_* calls).
  *
- * Errors never abort and never change outputs: a failing call leaves params as they were (stock
- * llama.cpp repacking) and says why in wc_ggml_last_error().
+ * Errors never abort and never change outputs: a failing call leaves params with the application's
+ * own entries only (stock llama.cpp repacking) and says why in wc_ggml_last_error().
  */
 #ifndef WEIGHTCACHE_LLAMA_H
 #define WEIGHTCACHE_LLAMA_H
@@ -59,18 +59,23 @@ wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_ll
  * the cache: sets params->tensor_buft_overrides to a list that holds the application's own
  * entries first (they keep precedence: llama.cpp takes the first pattern that matches a tensor's
  * name), then a pattern generated from this model's tensor list that matches exactly the tensors
- * to route, by name. Entries an earlier call added (params used again, for this or another model)
- * are replaced, never kept as the application's. The list stays valid until wc_llama_destroy.
- * Load the model from the same path, unchanged since: the pattern is exact for this tensor list.
- * `routed` (may be NULL) gets how many tensors go to the cache.
+ * to route, by name. Entries an earlier call added (params used again, for this or another model,
+ * through this or another front) are replaced, never kept as the application's. The list stays
+ * valid for the life of the process (identical lists are handed out once). Load the model from
+ * the same path, unchanged since: the pattern is exact for this tensor list (a tensor it catches
+ * in a file replaced meanwhile that llama.cpp would not repack fails the load with a message; it
+ * never reaches a kernel that cannot compute it). `routed` (may be NULL) gets how many tensors
+ * go to the cache.
  *
- * Routes nothing (WC_OK, *routed 0; params unchanged but for entries of an earlier call) when
- * llama.cpp would repack nothing:
- * params->use_extra_bufts false, params->vocab_only, or no tensor of this GGUF is repacked on
- * this CPU; and when llama.cpp has a GPU device and params->n_gpu_layers is not 0 (the front
- * routes CPU weights only: offloaded layers are the GPU backend's).
- * Fails with WC_ERR_INVALID_ARGUMENT (a NULL argument), WC_ERR_IO (the GGUF cannot be read or
- * parsed), WC_ERR_NO_MEMORY; params are unchanged then.
+ * Routes nothing (WC_OK, *routed 0; params keep the application's entries only) when llama.cpp
+ * would put no CPU weight in CPU_REPACK: params->use_extra_bufts false, params->vocab_only, an
+ * accelerator device or a GPU's host buffer type that takes CPU weights first (a GPU device with
+ * no_host false), a GPU device with params->n_gpu_layers not 0 (the front serves CPU weights
+ * only), another CPU buffer type before CPU_REPACK (AMX, KleidiAI), or no tensor of this model
+ * repacked on this CPU. The reason is logged at info level.
+ * Fails with WC_ERR_INVALID_ARGUMENT (a NULL argument), WC_ERR_IO (a file of the model cannot be
+ * read or parsed, or a split model's first file is not named PREFIX-00001-of-NNNNN.gguf),
+ * WC_ERR_NO_MEMORY; params then keep the application's entries only (stock repacking).
  */
 wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
                                 size_t* routed);

@@ -11,6 +11,7 @@
 #include "temp_dir.hpp"
 #include "tool_run.hpp"
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -193,6 +194,71 @@ TEST_F(LlamaFront, ParamsUsedAgainForAnotherModelCarryNothingOver) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(logits_of(m), stock_logits(q8));
   llama_model_free(m);
+}
+
+// A call that fails (here: the GGUF is gone) leaves params with the application's entries only:
+// stock llama.cpp repacking, not an earlier call's routing.
+TEST_F(LlamaFront, AFailingCallDropsAnEarlierCallsEntries) {
+  const std::string a = dir_.file("a.gguf");
+  make_model(dir_, a, "q4_0", "1");
+  const llama_model_tensor_buft_override mine[] = {{"_norm\\.weight$", ggml_backend_cpu_buffer_type()},
+                                                   {nullptr, nullptr}};
+  llama_model_params mp = quiet_params();
+  mp.tensor_buft_overrides = mine;
+  ASSERT_EQ(wc_llama_model_params(wl_, a.c_str(), &mp, nullptr), WC_OK);
+  ASSERT_NE(mp.tensor_buft_overrides[1].pattern, nullptr);
+  EXPECT_EQ(wc_llama_model_params(wl_, dir_.file("gone.gguf").c_str(), &mp, nullptr), WC_ERR_IO);
+  ASSERT_NE(mp.tensor_buft_overrides, nullptr);
+  EXPECT_EQ(mp.tensor_buft_overrides[0].pattern, mine[0].pattern);
+  EXPECT_EQ(mp.tensor_buft_overrides[1].pattern, nullptr) << "the earlier call's pattern survived a failing call";
+}
+
+// Two fronts (two caches): params filled by one and then by the other carry only the second's
+// entries, and stay valid after the first front is destroyed.
+TEST_F(LlamaFront, AnotherFrontsEntriesAreReplacedAndOutliveIt) {
+  const std::string a = dir_.file("a.gguf");
+  make_model(dir_, a, "q4_0", "1");
+  wc_options o;
+  wc_options_init(&o);
+  const std::string other_path = dir_.file("other.wcache");
+  o.path = other_path.c_str();
+  o.durability = WC_DURABILITY_NONE;
+  wc_cache* other_cache = nullptr;
+  ASSERT_EQ(wc_open(&o, &other_cache), WC_OK) << wc_last_error();
+  wc_llama* other = nullptr;
+  ASSERT_EQ(wc_llama_create(other_cache, nullptr, &other), WC_OK) << wc_ggml_last_error();
+  llama_model_params mp = quiet_params();
+  ASSERT_EQ(wc_llama_model_params(other, a.c_str(), &mp, nullptr), WC_OK);
+  ASSERT_EQ(wc_llama_model_params(wl_, a.c_str(), &mp, nullptr), WC_OK);
+  ASSERT_NE(mp.tensor_buft_overrides, nullptr);
+  EXPECT_EQ(mp.tensor_buft_overrides[0].buft, wc_ggml_buffer_type(wc_llama_ggml(wl_)));
+  EXPECT_EQ(mp.tensor_buft_overrides[1].pattern, nullptr) << "the other front's entry was kept as the application's";
+  wc_llama_destroy(other);
+  wc_close(other_cache);
+  llama_model* m = llama_model_load_from_file(a.c_str(), mp);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(stats().tensors, 15u);
+  EXPECT_EQ(logits_of(m), stock_logits(a));
+  llama_model_free(m);
+}
+
+// The model file replaced between wc_llama_model_params and the load (which llama.h asks not to
+// do): a tensor the pattern catches that llama.cpp would not repack (a one-expert model's 2-D
+// experts) fails the load cleanly; it never reaches a kernel that cannot compute it (an abort).
+TEST_F(LlamaFront, AModelReplacedAfterTheCallFailsItsLoadCleanly) {
+  const std::string path = dir_.file("m.gguf"), one = dir_.file("one.gguf");
+  make_model(dir_, path, "q4_0", "1", "264", {"--experts", "4"});
+  make_model(dir_, one, "q4_0", "2", "264", {"--experts", "1"});
+  llama_model_params mp = quiet_params();
+  std::size_t routed = 0;
+  ASSERT_EQ(wc_llama_model_params(wl_, path.c_str(), &mp, &routed), WC_OK);
+  ASSERT_EQ(routed, 15u);
+  ASSERT_EQ(std::rename(one.c_str(), path.c_str()), 0);
+  llama_model* m = llama_model_load_from_file(path.c_str(), mp);
+  if (m != nullptr) {
+    EXPECT_EQ(logits_of(m), stock_logits(path));
+    llama_model_free(m);
+  }
 }
 
 TEST_F(LlamaFront, AModelCpuRepackRefusesIsLeftAlone) {

@@ -192,6 +192,9 @@ struct wc_ggml {
   wc_ggml_options options{};
   struct ggml_backend_buffer_type buft {};
   std::string build_id;  // everything the repacked layout depends on besides the tensor
+  // Which tensors the runtime may put here besides the repack check (the llama.cpp front: only
+  // those llama.cpp computes from repacked weights); nullptr: any.
+  std::atomic<bool (*)(const struct ggml_tensor*)> filter{nullptr};
 
   std::mutex mu;  // the one warning
   bool warned = false;
@@ -369,6 +372,14 @@ enum ggml_status b_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t) {
                       ") is not one ggml's CPU backend repacks on this CPU; keep it out of the weightcache buffer "
                       "type (wc_ggml_would_repack)\n",
                       t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2]);
+    return GGML_STATUS_FAILED;
+  }
+  if (auto filter = buf->g->filter.load(); filter != nullptr && !filter(t)) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR,
+                      "weightcache: tensor '%s' (%s, %d dimensions) is not one llama.cpp computes from repacked "
+                      "weights, but a pattern routed it here: was the model file replaced after "
+                      "wc_llama_model_params, or the params used for another model?\n",
+                      t->name, ggml_type_name(t->type), ggml_n_dims(t));
     return GGML_STATUS_FAILED;
   }
   t->extra = const_cast<void*>(traits);
@@ -632,6 +643,12 @@ ggml_backend_buffer_t bt_alloc(ggml_backend_buffer_type_t bt, size_t size) {
 }  // namespace
 
 // ---- the C API ------------------------------------------------------------------------------------
+
+ggml_backend_buffer_type_t weightcache::ggml_detail::repack_buffer_type() { return repack().buft; }
+
+void weightcache::ggml_detail::set_tensor_filter(wc_ggml* g, bool (*filter)(const struct ggml_tensor*)) {
+  g->filter.store(filter);
+}
 
 extern "C" {
 

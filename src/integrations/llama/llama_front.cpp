@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <new>
 #include <regex>
@@ -24,16 +25,28 @@ using weightcache::ggml_detail::fail;
 
 struct wc_llama {
   wc_ggml* g = nullptr;
-  std::mutex mu;
-  // Every list handed out, with the pattern strings it points to: valid until destroy.
-  struct List {
-    std::vector<std::string> patterns;
-    std::vector<llama_model_tensor_buft_override> entries;
-  };
-  std::deque<List> lists;
 };
 
 namespace {
+
+// Every override list any front handed out, with the pattern strings it points to. They live as
+// long as the process: params keep pointing at them after wc_llama_destroy (llama.cpp reads
+// them at every load with those params), and an entry of ours is told from the application's by
+// its pattern's address, which no other string can then take. Identical lists are handed out
+// once, so repeated calls for the same model do not grow this.
+struct List {
+  std::vector<std::string> patterns;
+  std::vector<llama_model_tensor_buft_override> entries;
+};
+struct Lists {
+  std::mutex mu;
+  std::deque<List> all;
+  std::unordered_set<const char*> ours;  // the pattern strings of every list
+};
+Lists& lists() {
+  static Lists* l = new Lists;  // never destroyed: params may outlive any static destructor
+  return *l;
+}
 
 // How llama.cpp uses a tensor, from its name: llama.cpp's tensor table (llama-arch.cpp,
 // LLM_TENSOR_INFOS) gives every kind of tensor one operation. CPU_REPACK computes two of them from
@@ -103,6 +116,54 @@ std::string escape(const std::string& s) {
   return out;
 }
 
+// A regex for exactly the strings of `endings`, each written once in a trie of their reversed
+// characters: shared tails are written once, alternatives of one character become a class
+// (".weight" ends them all; "[037]\.ffn_down" for three layers' ffn_down).
+struct Trie {
+  std::map<char, Trie> kids;
+  bool end = false;
+};
+
+std::string escape_char(char c, bool in_class = false) {
+  const char* special = in_class ? "\\^]-[" : "\\^$.|?*+()[]{}";
+  return std::strchr(special, c) != nullptr ? std::string("\\") + c : std::string(1, c);
+}
+
+// What comes before the characters on the path to `t` (read backwards) in the strings below it.
+std::string trie_regex(const Trie& t) {
+  std::vector<std::string> options;
+  bool single = true;  // every option is one character
+  for (const auto& [c, kid] : t.kids) {
+    std::string before = trie_regex(kid);
+    single = single && before.empty();
+    options.push_back(before + escape_char(c));
+  }
+  if (options.empty()) return "";
+  std::string alt;
+  if (options.size() == 1) {
+    alt = options[0];
+  } else if (single) {
+    alt = "[";
+    for (const auto& [c, kid] : t.kids) alt += escape_char(c, true);
+    alt += "]";
+  } else {
+    for (const std::string& o : options) alt += (alt.empty() ? "" : "|") + o;
+    alt = "(?:" + alt + ")";
+  }
+  if (t.end) alt = (options.size() == 1 && alt.size() == 1 ? alt : "(?:" + alt + ")") + "?";  // or nothing
+  return alt;
+}
+
+std::string endings_regex(const std::set<std::string>& endings) {
+  Trie root;
+  for (const std::string& e : endings) {
+    Trie* n = &root;
+    for (auto it = e.rbegin(); it != e.rend(); ++it) n = &n->kids[*it];
+    n->end = true;
+  }
+  return trie_regex(root);
+}
+
 // One pattern (std::regex, searched as llama.cpp does) that matches exactly `chosen` among `all`.
 // llama.cpp compiles every pattern for every tensor it loads until one matches, so the pattern is
 // short: each chosen name is matched by its shortest ending that ends no other tensor's name
@@ -130,17 +191,7 @@ std::string pattern_for(const std::vector<std::string>& all, const std::set<std:
     it = covered ? endings.erase(it) : std::next(it);
   }
   std::string out;
-  if (!endings.empty()) {
-    std::string tail = *endings.begin();  // the endings' common tail
-    for (const std::string& e : endings) {
-      std::size_t n = 0;
-      while (n < tail.size() && n < e.size() && tail[tail.size() - 1 - n] == e[e.size() - 1 - n]) ++n;
-      tail = tail.substr(tail.size() - n);
-    }
-    std::string alt;
-    for (const std::string& e : endings) alt += (alt.empty() ? "" : "|") + escape(e.substr(0, e.size() - tail.size()));
-    out = endings.size() == 1 ? escape(*endings.begin()) + "$" : "(?:" + alt + ")" + escape(tail) + "$";
-  }
+  if (!endings.empty()) out = endings_regex(endings) + "$";
   if (!whole.empty()) {
     std::string alt;
     for (const std::string& w : whole) alt += (alt.empty() ? "" : "|") + escape(w);
@@ -162,35 +213,79 @@ bool exact(const std::vector<std::string>& patterns, const std::vector<std::stri
   return true;
 }
 
-bool gpu_present() {
-  for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
-    const enum ggml_backend_dev_type t = ggml_backend_dev_type(ggml_backend_dev_get(i));
-    if (t != GGML_BACKEND_DEVICE_TYPE_CPU && t != GGML_BACKEND_DEVICE_TYPE_ACCEL) return true;
+// Sets params' list to the application's entries (without any a front added earlier: params used
+// again, maybe for another model or through another front, would route that model's tensors by
+// another model's names) followed by `patterns` to `buft`. Leaves params as they are when that
+// changes nothing.
+void route(struct llama_model_params* params, ggml_backend_buffer_type_t buft, std::vector<std::string> patterns) {
+  Lists& ls = lists();
+  std::lock_guard<std::mutex> lock(ls.mu);
+  std::vector<llama_model_tensor_buft_override> entries;
+  bool stale = false;
+  for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr; ++o) {
+    if (ls.ours.count(o->pattern) != 0) stale = true;
+    else entries.push_back(*o);
   }
-  return false;
-}
-
-// Sets params' list to the application's entries (without any an earlier call of ours added: params
-// used again, maybe for another model, would route that model's tensors) followed by `patterns`
-// to the cache. Leaves params as they are when that changes nothing.
-void route(wc_llama* l, struct llama_model_params* params, std::vector<std::string> patterns) {
-  ggml_backend_buffer_type_t buft = wc_ggml_buffer_type(l->g);
-  bool ours = false;
-  for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr; ++o)
-    ours = ours || o->buft == buft;
-  if (!ours && patterns.empty()) return;
-  std::lock_guard<std::mutex> lock(l->mu);
-  wc_llama::List& list = l->lists.emplace_back();
-  list.patterns = std::move(patterns);
-  for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr; ++o)
-    if (o->buft != buft) list.entries.push_back(*o);
-  for (const std::string& p : list.patterns) list.entries.push_back({p.c_str(), buft});
-  if (list.entries.empty()) {
+  if (!stale && patterns.empty()) return;
+  const std::size_t own = entries.size();
+  for (const std::string& p : patterns) entries.push_back({p.c_str(), buft});
+  if (entries.empty()) {
     params->tensor_buft_overrides = nullptr;  // the application had none
     return;
   }
+  // The same list handed out before: that one (its pattern strings are the ones issued).
+  for (const List& l : ls.all) {
+    if (l.entries.size() != entries.size() + 1 || l.patterns != patterns) continue;
+    bool same = true;
+    for (std::size_t i = 0; i < own && same; ++i)
+      same = l.entries[i].pattern == entries[i].pattern && l.entries[i].buft == entries[i].buft;
+    for (std::size_t i = own; i < entries.size() && same; ++i) same = l.entries[i].buft == buft;
+    if (same) {
+      params->tensor_buft_overrides = l.entries.data();
+      return;
+    }
+  }
+  List& list = ls.all.emplace_back();
+  list.patterns = std::move(patterns);
+  list.entries.assign(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(own));
+  for (const std::string& p : list.patterns) {
+    list.entries.push_back({p.c_str(), buft});
+    ls.ours.insert(p.c_str());
+  }
   list.entries.push_back({nullptr, nullptr});
   params->tensor_buft_overrides = list.entries.data();
+}
+
+// Why llama.cpp, with these params, would put no CPU weight in CPU_REPACK (then nothing is routed),
+// or "" when it may. llama.cpp tries, for a CPU weight, an accelerator's buffer type, then a GPU's
+// host buffer type, then the CPU's extra buffer types in order, then plain CPU memory, and takes
+// the first that can hold the weight for its operation.
+std::string why_llama_repacks_nothing(const struct llama_model_params* params, ggml_backend_buffer_type_t repack) {
+  if (!params->use_extra_bufts) return "use_extra_bufts is false";
+  if (params->vocab_only) return "vocab_only";
+  for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    const enum ggml_backend_dev_type t = ggml_backend_dev_type(dev);
+    if (t == GGML_BACKEND_DEVICE_TYPE_ACCEL && ggml_backend_dev_buffer_type(dev) != ggml_backend_cpu_buffer_type())
+      return std::string("the accelerator ") + ggml_backend_dev_name(dev) + " takes CPU weights first";
+    if (t != GGML_BACKEND_DEVICE_TYPE_CPU && t != GGML_BACKEND_DEVICE_TYPE_ACCEL) {
+      if (params->n_gpu_layers != 0)
+        return std::string("n_gpu_layers is ") + std::to_string(params->n_gpu_layers) + " with the GPU " +
+               ggml_backend_dev_name(dev) + " (the cache serves CPU weights only)";
+      if (!params->no_host && ggml_backend_dev_host_buffer_type(dev) != nullptr)
+        return std::string("the GPU ") + ggml_backend_dev_name(dev) + "'s host buffer type takes CPU weights first";
+    }
+  }
+  ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+  auto extra = cpu == nullptr ? nullptr
+                              : reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(ggml_backend_reg_get_proc_address(
+                                    ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts"));
+  for (ggml_backend_buffer_type_t* b = extra != nullptr ? extra(cpu) : nullptr; b != nullptr && *b != nullptr; ++b) {
+    if (*b == repack) return "";
+    // AMX, KleidiAI, ...: llama.cpp would give them some of these weights, in their own layout.
+    return std::string("this ggml's CPU buffer type ") + ggml_backend_buft_name(*b) + " comes before CPU_REPACK";
+  }
+  return "this ggml's CPU backend has no CPU_REPACK";
 }
 
 }  // namespace
@@ -204,6 +299,11 @@ wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_ll
   if (!l) return fail(WC_ERR_NO_MEMORY, "wc_llama_create: out of memory");
   const wc_status st = wc_ggml_create(cache, options, &l->g);
   if (st != WC_OK) return st;  // wc_ggml_create said why
+  // Defence in depth: a tensor routed by mistake (the model file replaced after
+  // wc_llama_model_params) fails its allocation instead of reaching a kernel that cannot compute it.
+  weightcache::ggml_detail::set_tensor_filter(l->g, [](const struct ggml_tensor* t) {
+    return repacked_by_llama(t->name, t);
+  });
   *out = l.release();
   return WC_OK;
 }
@@ -213,18 +313,23 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
   if (routed != nullptr) *routed = 0;
   if (l == nullptr || gguf_path == nullptr || params == nullptr)
     return fail(WC_ERR_INVALID_ARGUMENT, "wc_llama_model_params: NULL front, path or params");
-  try {
-    if (!params->use_extra_bufts || params->vocab_only) {  // llama.cpp repacks nothing
-      route(l, params, {});
-      return WC_OK;
+  ggml_backend_buffer_type_t buft = wc_ggml_buffer_type(l->g);
+  // Every return but a routing one leaves params without entries a front added (stock llama.cpp).
+  auto none = [&](wc_status st) {
+    try {
+      route(params, buft, {});
+    } catch (...) {
+      // No memory even for a list of the application's own entries: params stay as they are.
+      ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: out of memory while resetting llama_model_params\n");
     }
-    if (params->n_gpu_layers != 0 && gpu_present()) {
-      ggml_log_internal(GGML_LOG_LEVEL_INFO,
-                        "weightcache: llama.cpp has a GPU device and n_gpu_layers is %d: no weights routed to the "
-                        "cache (it serves CPU weights only)\n",
-                        static_cast<int>(params->n_gpu_layers));
-      route(l, params, {});
-      return WC_OK;
+    return st;
+  };
+  try {
+    if (const std::string why = why_llama_repacks_nothing(params, weightcache::ggml_detail::repack_buffer_type());
+        !why.empty()) {
+      ggml_log_internal(GGML_LOG_LEVEL_INFO, "weightcache: no weights of %s routed to the cache: %s\n", gguf_path,
+                        why.c_str());
+      return none(WC_OK);
     }
     ggml_context* meta = nullptr;
     gguf_init_params gp{};
@@ -232,8 +337,8 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
     gp.ctx = &meta;
     gguf_context* gg = gguf_init_from_file(gguf_path, gp);
     if (gg == nullptr)
-      return fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the GGUF ") + gguf_path +
-                                 " (missing, unreadable or not a GGUF file); llama.cpp's own load says more");
+      return none(fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the GGUF ") + gguf_path +
+                                      " (missing, unreadable or not a GGUF file); llama.cpp's own load says more"));
     std::vector<std::string> all;
     std::set<std::string> chosen;
     auto take = [&](gguf_context* g, ggml_context* m) {
@@ -256,9 +361,9 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
     if (splits > 1) {
       std::vector<char> prefix(std::strlen(gguf_path) + 1), path(std::strlen(gguf_path) + 64);
       if (llama_split_prefix(prefix.data(), prefix.size(), gguf_path, 0, splits) <= 0)
-        return fail(WC_ERR_IO, std::string("wc_llama_model_params: ") + gguf_path + " says it is the first of " +
-                                   std::to_string(splits) + " split files, but is not named PREFIX-00001-of-" +
-                                   "NNNNN.gguf; llama.cpp's own load says more");
+        return none(fail(WC_ERR_IO, std::string("wc_llama_model_params: ") + gguf_path + " says it is the first of " +
+                                        std::to_string(splits) + " split files, but is not named PREFIX-00001-of-" +
+                                        "NNNNN.gguf (stock llama.cpp repacking is kept)"));
       for (int i = 1; i < splits; ++i) {
         (void)llama_split_path(path.data(), path.size(), prefix.data(), i, splits);
         ggml_context* m = nullptr;
@@ -267,17 +372,14 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
         sp.ctx = &m;
         gguf_context* g = gguf_init_from_file(path.data(), sp);
         if (g == nullptr)
-          return fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the split GGUF ") + path.data() +
-                                     "; llama.cpp's own load says more");
+          return none(fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the split GGUF ") +
+                                          path.data() + "; llama.cpp's own load says more"));
         take(g, m);
         gguf_free(g);
         ggml_free(m);
       }
     }
-    if (chosen.empty()) {
-      route(l, params, {});
-      return WC_OK;
-    }
+    if (chosen.empty()) return none(WC_OK);
     std::vector<std::string> patterns;
     bool ok = false;
     try {
@@ -292,18 +394,17 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
                         "weightcache: no short pattern matches exactly the %zu repacked tensors of %s; llama.cpp "
                         "repacks them itself\n",
                         chosen.size(), gguf_path);
-      route(l, params, {});
-      return WC_OK;
+      return none(WC_OK);
     }
     ggml_log_internal(GGML_LOG_LEVEL_DEBUG, "weightcache: %zu tensors of %s routed to the cache by the pattern %s\n",
                       chosen.size(), gguf_path, patterns.front().c_str());
-    route(l, params, std::move(patterns));
+    route(params, buft, std::move(patterns));
     if (routed != nullptr) *routed = chosen.size();
     return WC_OK;
   } catch (const std::bad_alloc&) {
-    return fail(WC_ERR_NO_MEMORY, "wc_llama_model_params: out of memory");
+    return none(fail(WC_ERR_NO_MEMORY, "wc_llama_model_params: out of memory"));
   } catch (const std::exception& e) {
-    return fail(WC_ERR_INVALID_ARGUMENT, std::string("wc_llama_model_params: ") + e.what());
+    return none(fail(WC_ERR_INVALID_ARGUMENT, std::string("wc_llama_model_params: ") + e.what()));
   }
 }
 
