@@ -129,7 +129,11 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
 /// run installed programs and parse what they print.
 inline Process spawn_to_files(const std::string& exe, const std::vector<std::string>& args, const std::string& out,
                               const std::string& err) {
-  std::vector<std::string> storage{exe};
+  std::vector<std::string> storage;
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);  // as spawn_process: qemu-user without binfmt_misc
+#endif
+  storage.push_back(exe);
   storage.insert(storage.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
@@ -139,7 +143,7 @@ inline Process spawn_to_files(const std::string& exe, const std::vector<std::str
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+  const int rc = ::posix_spawn(&pid, storage.front().c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : kNoProcess;
 }
