@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   wc_cache* cache = nullptr;
   wc_llama* wl = nullptr;
   std::size_t routed = 0;
-  double params_ms = 0, open_ms = 0;
+  double params_ms = 0, open_ms = 0, create_ms = 0;
   if (!cache_path.empty()) {
     wc_options o;
     wc_options_init(&o);
@@ -133,12 +133,13 @@ int main(int argc, char** argv) {
     o.durability = durability;
     o.write_back_early = 0;  // the buffer type finalizes on its background thread once loaded
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
+    open_ms = ms_since(t0);
     wc_ggml_options go;
     wc_ggml_options_init(&go);
     go.identity_window_ms = window_ms;
     if (keep_source_pages) go.drop_source_pages = 0;
     if (wc_llama_create(cache, &go, &wl) != WC_OK) die(std::string("wc_llama_create: ") + wc_ggml_last_error());
-    open_ms = ms_since(t0);
+    create_ms = ms_since(t0) - open_ms;
     const auto tp = Clock::now();
     if (wc_llama_model_params(wl, model_path.c_str(), &mp, &routed) != WC_OK)
       die(std::string("wc_llama_model_params: ") + wc_ggml_last_error());
@@ -211,13 +212,13 @@ int main(int argc, char** argv) {
     for (llama_token t : generated) ids += (ids.empty() ? "" : ",") + std::to_string(t);
     std::printf(
         "{\"mode\":\"%s\",\"model\":\"%s\",\"threads\":%d,\"prompt_tokens\":%zu,\"n_predict\":%d,"
-        "\"load_ms\":%.3f,\"open_ms\":%.3f,\"params_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,\"rss_anon_load_delta_bytes\":%llu,"
+        "\"load_ms\":%.3f,\"open_ms\":%.3f,\"create_ms\":%.3f,\"params_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,\"rss_anon_load_delta_bytes\":%llu,"
         "\"rss_anon_end_bytes\":%llu,\"rss_file_end_bytes\":%llu,\"routed\":%zu,\"repacked\":%llu,"
         "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
         "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
         "\"checksum_all\":\"%s\"}\n",
-        mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, params_ms,
+        mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, create_ms, params_ms,
         static_cast<unsigned long long>(anon_load) * 1024, static_cast<unsigned long long>(file_load) * 1024,
         static_cast<unsigned long long>(anon_load > anon_before ? anon_load - anon_before : 0) * 1024,
         static_cast<unsigned long long>(anon_end) * 1024, static_cast<unsigned long long>(file_end) * 1024, routed,
