@@ -310,6 +310,14 @@ struct Buffer {
   std::mutex maps_mu;
   std::vector<Mapping> maps;
   bool maps_read = false;
+  // Source pages to give back (drop_source_pages): whole pages of served tensors, per mapping,
+  // given back together when the buffer's last tensor is set (one madvise per mapping: each call
+  // costs the process a TLB shootdown, so one per tensor cost more than the zapping itself).
+  struct Drop {
+    Mapping m;
+    std::uintptr_t first = 0, last = 0;
+  };
+  std::vector<Drop> drops;  // under maps_mu
 
   // The shared file mapping that holds [p, p + n), if one does. Only a MAP_SHARED mapping's pages
   // are the file's bytes: a private one may hold copies the process changed (even if it is
@@ -351,9 +359,12 @@ bool in_anonymous(const Buffer* buf, const void* p) {
   return a >= s && a < s + buf->mapped;
 }
 
+void give_back_pages(Buffer* buf);
+
 void b_free(ggml_backend_buffer_t b) {
   Buffer* buf = buffer_of(b);
   wc_ggml* g = buf->g;
+  give_back_pages(buf);  // a load that stopped part-way
   if (buf->base != nullptr) ::munmap(buf->base, buf->mapped);
   delete buf;
   g->loaded();  // a load that stopped part-way still keeps what it repacked
@@ -404,21 +415,52 @@ void repack_here(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, cons
 
 // Gives back this process's mapping of the whole pages inside [p, p + n) of a shared file mapping:
 // they read back from the file.
-std::size_t drop_pages(const Mapping& m, const void* p, std::size_t n) {
+// Notes the whole pages inside [p, p + n) of a shared file mapping to give back (give_back_pages);
+// returns how many bytes that is.
+std::size_t drop_pages(Buffer* buf, const Mapping& m, const void* p, std::size_t n) {
   if (!m.shared) return 0;  // a private mapping's page may be the only copy of what the process wrote
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t first = (a + page - 1) & ~(page - 1), last = (a + n) & ~(page - 1);
   if (last <= first) return 0;
-  return ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0 ? last - first : 0;
+  std::lock_guard<std::mutex> lock(buf->maps_mu);
+  for (Buffer::Drop& d : buf->drops) {
+    if (d.m.start != m.start || d.m.end != m.end || d.m.dev != m.dev || d.m.ino != m.ino) continue;
+    d.first = std::min(d.first, first);
+    d.last = std::max(d.last, last);
+    return last - first;
+  }
+  buf->drops.push_back({m, first, last});
+  return last - first;
+}
+
+// Gives back this process's mapping of the noted pages: per mapping, the span from the first
+// served tensor's pages to the last one's (pages of other tensors in between read back from the
+// page cache on their next use, as after any MADV_DONTNEED of a shared file mapping). Only where
+// a fresh look at /proc/self/maps still finds that very shared mapping of that file.
+void give_back_pages(Buffer* buf) {
+  std::vector<Buffer::Drop> drops;
+  {
+    std::lock_guard<std::mutex> lock(buf->maps_mu);
+    drops.swap(buf->drops);
+  }
+  if (drops.empty()) return;
+  const std::vector<Mapping> now = read_maps();
+  for (const Buffer::Drop& d : drops) {
+    bool same = false;
+    for (const Mapping& m : now)
+      same = same || (m.shared && m.start == d.m.start && m.end == d.m.end && m.dev == d.m.dev && m.ino == d.m.ino);
+    if (same) (void)::madvise(reinterpret_cast<void*>(d.first), d.last - d.first, MADV_DONTNEED);
+  }
 }
 
 // Points the tensor at a cache entry (a hit) and gives back its source pages.
-void serve(wc_ggml* g, struct ggml_tensor* t, void* at, const Mapping* m, const void* data, std::size_t size) {
+void serve(Buffer* buf, struct ggml_tensor* t, void* at, const Mapping* m, const void* data, std::size_t size) {
+  wc_ggml* g = buf->g;
   t->data = at;
   g->served.fetch_add(1, std::memory_order_relaxed);
   if (m != nullptr && g->options.drop_source_pages)
-    g->dropped.fetch_add(drop_pages(*m, data, size), std::memory_order_relaxed);
+    g->dropped.fetch_add(drop_pages(buf, *m, data, size), std::memory_order_relaxed);
 }
 
 // Commits a reservation the tensor was repacked into under `key`, or, when the cache refuses
@@ -499,7 +541,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
     if (const char* c = static_cast<const char*>(found(map_key)); c != nullptr && std::strncmp(c, "xxh3|", 5) == 0) {
       const std::size_t n = strnlen(c, 4096);
-      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(g, t, at, pages, data, size);
+      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(buf, t, at, pages, data, size);
     }
   }
   // Hashing. Stores through a shared mapping move the identity only when they fault: write the
@@ -524,7 +566,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   g->hashed.fetch_add(size, std::memory_order_relaxed);
   const std::string key = prefix + content;
   if (void* at = found(key)) {
-    serve(g, t, at, pages, data, size);
+    serve(buf, t, at, pages, data, size);
   } else {
     void* p = wc_reserve_space(g->cache, size);
     if (p == nullptr) return repack_here(b, t, own, bytes, size, wc_last_error());
@@ -577,7 +619,10 @@ void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* da
     std::lock_guard<std::mutex> lock(buf->mu);
     if (buf->pending > 0) last = --buf->pending == 0;
   }
-  if (last) buf->g->loaded();
+  if (last) {
+    give_back_pages(buf);
+    buf->g->loaded();
+  }
 }
 
 void b_memset_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, uint8_t value, size_t offset, size_t size) {
