@@ -149,6 +149,9 @@ int main(int argc, char** argv) {
   if (model == nullptr) die("llama.cpp could not load " + model_path);
   const double load_ms = ms_since(t0);
   const std::uint64_t anon_load = status_kib("RssAnon:"), file_load = status_kib("RssFile:");
+  wc_stats cs;  // the cache's own view right after the load
+  wc_stats_init(&cs);
+  if (cache != nullptr) (void)wc_get_stats(cache, &cs);
 
   llama_context_params cp = llama_context_default_params();
   const llama_vocab* vocab = llama_model_get_vocab(model);
@@ -217,7 +220,7 @@ int main(int argc, char** argv) {
         "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
         "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
-        "\"checksum_all\":\"%s\"}\n",
+        "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu}\n",
         mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, create_ms, params_ms,
         static_cast<unsigned long long>(anon_load) * 1024, static_cast<unsigned long long>(file_load) * 1024,
         static_cast<unsigned long long>(anon_load > anon_before ? anon_load - anon_before : 0) * 1024,
@@ -227,7 +230,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(gs.source_bytes_dropped), wc_status_string(finished),
         static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
         static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
-        ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str());
+        ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str(), static_cast<unsigned long long>(cs.trusted_entries),
+        static_cast<unsigned long long>(cs.verified_ahead));
   } else {
     std::printf("weightcache-llama (%s): %s\n", mode, model_path.c_str());
     std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB, file pages (RssFile) %.1f MiB after the load\n",
