@@ -310,12 +310,13 @@ struct Buffer {
   std::mutex maps_mu;
   std::vector<Mapping> maps;
   bool maps_read = false;
-  // Source pages to give back (drop_source_pages): whole pages of served tensors, per mapping,
-  // given back together when the buffer's last tensor is set (one madvise per mapping: each call
-  // costs the process a TLB shootdown, so one per tensor cost more than the zapping itself).
+  // Source bytes of served tensors whose pages to give back (drop_source_pages), given back
+  // together when the buffer's last tensor is set: tensors next to each other in the file in one
+  // madvise (each call costs the process a TLB shootdown; one per tensor cost more than the
+  // zapping itself), the pages of any other tensor left alone.
   struct Drop {
     Mapping m;
-    std::uintptr_t first = 0, last = 0;
+    std::uintptr_t start = 0, end = 0;  // the tensor's bytes
   };
   std::vector<Drop> drops;  // under maps_mu
 
@@ -415,29 +416,28 @@ void repack_here(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, cons
 
 // Gives back this process's mapping of the whole pages inside [p, p + n) of a shared file mapping:
 // they read back from the file.
-// Notes the whole pages inside [p, p + n) of a shared file mapping to give back (give_back_pages);
-// returns how many bytes that is.
+std::uintptr_t page_size() { return static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE)); }
+
+// Notes [p, p + n), a served tensor's bytes in a shared file mapping, to give back its whole pages
+// (give_back_pages); returns how many bytes of whole pages that is.
 std::size_t drop_pages(Buffer* buf, const Mapping& m, const void* p, std::size_t n) {
   if (!m.shared) return 0;  // a private mapping's page may be the only copy of what the process wrote
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t page = page_size(), a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t first = (a + page - 1) & ~(page - 1), last = (a + n) & ~(page - 1);
   if (last <= first) return 0;
-  std::lock_guard<std::mutex> lock(buf->maps_mu);
-  for (Buffer::Drop& d : buf->drops) {
-    if (d.m.start != m.start || d.m.end != m.end || d.m.dev != m.dev || d.m.ino != m.ino) continue;
-    d.first = std::min(d.first, first);
-    d.last = std::max(d.last, last);
-    return last - first;
+  try {
+    std::lock_guard<std::mutex> lock(buf->maps_mu);
+    buf->drops.push_back({m, a, a + n});
+  } catch (...) {
+    return 0;  // no memory to note it: the pages stay mapped (they are clean file pages)
   }
-  buf->drops.push_back({m, first, last});
   return last - first;
 }
 
-// Gives back this process's mapping of the noted pages: per mapping, the span from the first
-// served tensor's pages to the last one's (pages of other tensors in between read back from the
-// page cache on their next use, as after any MADV_DONTNEED of a shared file mapping). Only where
-// a fresh look at /proc/self/maps still finds that very shared mapping of that file.
+// Gives back this process's mapping of the noted tensors' whole pages, where a fresh look at
+// /proc/self/maps still finds that very shared mapping of that file. Tensors next to each other in
+// the file (nothing but the GGUF's alignment padding between them) go in one call, with the page
+// they share; a page holding any byte of a tensor not noted is never given back.
 void give_back_pages(Buffer* buf) {
   std::vector<Buffer::Drop> drops;
   {
@@ -445,13 +445,37 @@ void give_back_pages(Buffer* buf) {
     drops.swap(buf->drops);
   }
   if (drops.empty()) return;
-  const std::vector<Mapping> now = read_maps();
-  for (const Buffer::Drop& d : drops) {
+  constexpr std::uintptr_t kPadding = 64;  // more than GGUF's alignment padding (32 by default)
+  const std::uintptr_t page = page_size();
+  std::vector<Mapping> now;
+  try {
+    now = read_maps();
+    std::sort(drops.begin(), drops.end(), [](const Buffer::Drop& x, const Buffer::Drop& y) {
+      return x.m.start != y.m.start ? x.m.start < y.m.start : x.start < y.start;
+    });
+  } catch (...) {
+    return;  // no memory: the pages stay mapped
+  }
+  auto give_back = [&](const Buffer::Drop& d) {
     bool same = false;
     for (const Mapping& m : now)
       same = same || (m.shared && m.start == d.m.start && m.end == d.m.end && m.dev == d.m.dev && m.ino == d.m.ino);
-    if (same) (void)::madvise(reinterpret_cast<void*>(d.first), d.last - d.first, MADV_DONTNEED);
+    const std::uintptr_t first = (d.start + page - 1) & ~(page - 1), last = d.end & ~(page - 1);
+    if (same && first < last) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+  };
+  Buffer::Drop run = drops.front();
+  for (std::size_t i = 1; i < drops.size(); ++i) {
+    const Buffer::Drop& d = drops[i];
+    const bool same_mapping = d.m.start == run.m.start && d.m.end == run.m.end && d.m.dev == run.m.dev &&
+                              d.m.ino == run.m.ino;
+    if (same_mapping && d.start >= run.end && d.start - run.end < kPadding) {
+      run.end = d.end;  // the next tensor in the file
+      continue;
+    }
+    give_back(run);
+    run = d;
   }
+  give_back(run);
 }
 
 // Points the tensor at a cache entry (a hit) and gives back its source pages.
