@@ -163,9 +163,9 @@ bool Core::confirm_trusted(Entry* e) {
     log::debug("'{}' changed since it was opened; hashing an entry an earlier process verified", opts_.path);
     return finish_verify(e);
   }
+  trusted_entries_.fetch_add(1, std::memory_order_relaxed);  // counted before it is published (settle_verdict)
   e->state.store(kGood, std::memory_order_release);
   wake_verify_waiters();
-  trusted_entries_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

@@ -115,10 +115,13 @@ bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) {
 
 bool Core::settle_verdict(Entry* e, Check c) {
   const bool ok = c == Check::good;
+  // Counted before the verdict is published: a look-up that waited for this verdict (the
+  // verify-ahead thread's) and then reads the stats must find the failure counted. Counting after
+  // the store let such a reader see a miss and verify_failures 0 (the arm64 run caught it once).
+  if (!ok) ++verify_failures_;
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();
   if (!ok) {
-    ++verify_failures_;
     if (c == Check::past_end)
       log::warn("'{}': entry at offset {} ({} bytes) lies past the end of the file (was it truncated by another "
                 "program?); serving a miss. Delete the file to rebuild it.",
