@@ -23,11 +23,12 @@ Writes <work>/ggml-bench.json.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_common import bar_plot, evict, fresh
 
 WINDOW_MS = 2000  # weightcache-ggml --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["repack", "no_repack", "cold", "cold_sync", "warm1", "warm"]
@@ -44,23 +45,6 @@ def run(args, extra, hold=False):
         sys.stderr.write(p.stderr)
         raise SystemExit(f"ggml_bench: {' '.join(cmd)} failed ({p.returncode})")
     return json.loads(p.stdout)
-
-
-def evict(*paths):
-    for path in paths:
-        if os.path.exists(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def fresh(cache):
-    for f in (cache, cache + ".lock"):
-        if os.path.exists(f):
-            os.unlink(f)
 
 
 def one_round(args):
@@ -172,28 +156,11 @@ def main():
               "identical": identical, "four": four, "cold_page_cache_ms": cold_pc}
     with open(os.path.join(args.work, "ggml-bench.json"), "w") as f:
         json.dump(report, f, indent=1)
-    if args.plot and shutil.which("gnuplot"):
-        dat = os.path.join(args.work, "ggml-bench.dat")
-        with open(dat, "w") as f:
-            for c in ORDER:
-                f.write('"{}" {} {}\n'.format(LABELS[c].replace("weightcache, ", ""), rows[c]["load_ms"],
-                                              rows[c]["rss_anon_bytes"] / 2**20))
-        gp = f"""set terminal pngcairo size 900,480 noenhanced
-set output '{args.plot}'
-set title 'ggml Q4_0 model load ({size_mib:.0f} MiB GGUF), each load a new process (median)'
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set logscale y
-set yrange [0.5:*]
-set ylabel 'ms / MiB (log scale)'
-set xtics rotate by -20 scale 0
-set key top right
-plot '{dat}' using 2:xtic(1) title 'load ms', '' using 3 title 'RssAnon MiB'
-"""
-        subprocess.run(["gnuplot"], input=gp, text=True, check=True)
+    if bar_plot(args.plot, f"ggml Q4_0 model load ({size_mib:.0f} MiB GGUF), each load a new process (median)",
+                "ms / MiB (log scale)", [LABELS[c].replace("weightcache, ", "") for c in ORDER],
+                [("load ms", [rows[c]["load_ms"] for c in ORDER]),
+                 ("RssAnon MiB", [rows[c]["rss_anon_bytes"] / 2**20 for c in ORDER])], args.work):
         print(f"ggml_bench: plot in {args.plot}")
-
 
 if __name__ == "__main__":
     main()

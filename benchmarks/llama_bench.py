@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from bar_plot import bar_plot
+from bench_common import bar_plot, evict, fresh
 
 WINDOW_MS = 2000  # --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["stock", "no_repack", "cold", "warm1", "warm"]
@@ -46,23 +46,6 @@ def run(args, extra):
         sys.stderr.write(p.stderr)
         raise SystemExit(f"llama_bench: {' '.join(cmd)} failed ({p.returncode})")
     return json.loads(p.stdout)
-
-
-def evict(*paths):
-    for path in paths:
-        if os.path.exists(path):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def fresh(cache):
-    for f in (cache, cache + ".lock"):
-        if os.path.exists(f):
-            os.unlink(f)
 
 
 def one_round(args, cache):
