@@ -14,6 +14,7 @@
 #include <gguf.h>
 
 #include "spawn.hpp"
+#include "times_track_stores.hpp"
 #include "temp_dir.hpp"
 #include "tool_run.hpp"
 
@@ -75,14 +76,7 @@ void make_model(const TempDir& dir, const std::string& out, const std::string& t
 
 std::uint64_t u64(const ToolRun& r, const char* k) { return r.u64(k); }
 
-bool times_track_stores(const std::string& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return false;
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53UL: case 0x58465342UL: case 0x9123683EUL: case 0xF2F52010UL: return true;
-    default: return false;
-  }
-}
+using weightcache::test::times_track_stores;
 
 // The file offset of a tensor's data in a GGUF.
 std::size_t tensor_offset(const std::string& gguf, const char* name) {

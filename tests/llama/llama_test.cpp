@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "temp_dir.hpp"
+#include "times_track_stores.hpp"
 #include "tool_run.hpp"
 
 #include <algorithm>
@@ -51,14 +52,7 @@ void make_model(const TempDir& dir, const std::string& out, const std::string& t
   ASSERT_EQ(r.code, 0) << r.describe();
 }
 
-bool times_track_stores(const std::string& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return false;
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53UL: case 0x58465342UL: case 0x9123683EUL: case 0xF2F52010UL: return true;
-    default: return false;
-  }
-}
+using weightcache::test::times_track_stores;
 
 class Llama : public ::testing::Test {
  protected:

@@ -11,6 +11,7 @@
 
 #include "lease_probe.hpp"
 #include "spawn.hpp"
+#include "times_track_stores.hpp"
 #include "temp_dir.hpp"
 
 #include <algorithm>
@@ -368,12 +369,7 @@ int64_t external_offset(const std::string& model, const std::string& name) {
   return std::atoll(buf);
 }
 
-bool times_track_stores(const std::string& path) {
-  struct statfs s {};
-  if (::statfs(path.c_str(), &s) != 0) return false;
-  const auto t = static_cast<unsigned long>(s.f_type);
-  return t == 0xEF53UL || t == 0x58465342UL || t == 0x9123683EUL || t == 0xF2F52010UL;
-}
+using weightcache::test::times_track_stores;
 
 // The tests that age a data file past the identity window use the shortest window the provider
 // allows (2 s) rather than its default (60 s), so they wait 2.5 s and not a minute.
