@@ -59,16 +59,7 @@ else()
   list(APPEND _wc_ggml_args -DGGML_OPENMP=ON)
   set(_wc_ggml_openmp ON)
 endif()
-foreach(_lang C CXX)
-  if(CMAKE_${_lang}_COMPILER_LAUNCHER)
-    list(APPEND _wc_ggml_args -DCMAKE_${_lang}_COMPILER_LAUNCHER=${CMAKE_${_lang}_COMPILER_LAUNCHER})
-  endif()
-endforeach()
-if(NOT DEFINED WEIGHTCACHE_XNNPACK_BUILD_JOBS)
-  cmake_host_system_information(RESULT _wc_ggml_jobs QUERY NUMBER_OF_LOGICAL_CORES)
-else()
-  set(_wc_ggml_jobs ${WEIGHTCACHE_XNNPACK_BUILD_JOBS})
-endif()
+weightcache_external_build_settings(_wc_ggml_args _wc_ggml_jobs)
 
 ExternalProject_Add(weightcache_ggml_build
   PREFIX "${_wc_ggml_bin}-steps"

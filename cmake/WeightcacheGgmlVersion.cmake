@@ -39,3 +39,22 @@ function(weightcache_ggml_repack_id dir out)
   string(SUBSTRING "${_id}" 0 16 _id)
   set(${out} "${_id}" PARENT_SCOPE)
 endfunction()
+
+# weightcache_external_build_settings(<args var> <jobs var>): what an ExternalProject build of a
+# third-party tree (ggml, llama.cpp) takes from this build: the compiler launchers (ccache) appended
+# to <args var>, and the parallel jobs (WEIGHTCACHE_XNNPACK_BUILD_JOBS, else every core) in <jobs var>.
+function(weightcache_external_build_settings args_var jobs_var)
+  set(_args ${${args_var}})
+  foreach(_lang C CXX)
+    if(CMAKE_${_lang}_COMPILER_LAUNCHER)
+      list(APPEND _args -DCMAKE_${_lang}_COMPILER_LAUNCHER=${CMAKE_${_lang}_COMPILER_LAUNCHER})
+    endif()
+  endforeach()
+  if(DEFINED WEIGHTCACHE_XNNPACK_BUILD_JOBS)
+    set(_jobs ${WEIGHTCACHE_XNNPACK_BUILD_JOBS})
+  else()
+    cmake_host_system_information(RESULT _jobs QUERY NUMBER_OF_LOGICAL_CORES)
+  endif()
+  set(${args_var} "${_args}" PARENT_SCOPE)
+  set(${jobs_var} "${_jobs}" PARENT_SCOPE)
+endfunction()

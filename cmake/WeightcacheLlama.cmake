@@ -63,16 +63,7 @@ set(_wc_llama_args
   -DLLAMA_BUILD_SERVER=OFF
   -DLLAMA_BUILD_COMMON=OFF
   -DLLAMA_CURL=OFF)
-foreach(_lang C CXX)
-  if(CMAKE_${_lang}_COMPILER_LAUNCHER)
-    list(APPEND _wc_llama_args -DCMAKE_${_lang}_COMPILER_LAUNCHER=${CMAKE_${_lang}_COMPILER_LAUNCHER})
-  endif()
-endforeach()
-if(NOT DEFINED WEIGHTCACHE_XNNPACK_BUILD_JOBS)
-  cmake_host_system_information(RESULT _wc_llama_jobs QUERY NUMBER_OF_LOGICAL_CORES)
-else()
-  set(_wc_llama_jobs ${WEIGHTCACHE_XNNPACK_BUILD_JOBS})
-endif()
+weightcache_external_build_settings(_wc_llama_args _wc_llama_jobs)
 
 ExternalProject_Add(weightcache_llama_build
   PREFIX "${_wc_llama_bin}-steps"
