@@ -67,9 +67,11 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   // The clock first, the file's state after: a change made after this reading gets a change
   // time at or past it (change_would_show), so it cannot hide behind the stamp's.
   const std::int64_t clock = pf_.change_clock_ns();
-  if (clock == 0 || !pf_.boot_id(t->stamp.boot) || !pf_.tracks_changes(fd_)) return;
+  if (clock == 0 || !pf_.boot_id(t->stamp.boot)) return;
   auto info = pf_.stat_file(fd_);
   if (!info) return;
+  const std::int64_t window = pf_.change_window_ns(fd_, info.value());
+  if (window <= 0) return;  // not every change moves its change time here: verification per process
   StateStamp& s = t->stamp;
   s.device = info->device;
   s.inode = info->inode;
@@ -80,7 +82,7 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   s.committed_size = st.slot.committed_size;
   s.index_checksum = st.slot.index_checksum;
   s.entries = st.records.size();
-  t->publishable = change_would_show(s.ctime_ns, clock);
+  t->publishable = change_would_show(s.ctime_ns, clock, window);
 
   if (lock_fd_.is_open() && !leases_own_file_) {
     t->record = &lock_fd_;

@@ -87,14 +87,14 @@ std::optional<std::uint64_t> record_size_if_header(const std::byte* head, std::u
   return size;
 }
 
-bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns) noexcept {
-  constexpr std::int64_t kSecond = 1000000000;
-  if (ctime_ns <= 0 || clock_ns <= 0) return false;
-  // One margin for every file system: the coarsest timestamps kept (FAT's 2 s) and a clock
-  // stepped back by less than that. A sub-second part says nothing about granularity (exFAT
-  // keeps 10 ms, ntfs3 100 ns, UDF 1 us), so it is not asked.
-  constexpr std::int64_t kMargin = 2 * kSecond;
-  return ctime_ns < clock_ns - kMargin;
+bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns, std::int64_t window_ns) noexcept {
+  if (ctime_ns <= 0 || clock_ns <= 0 || window_ns <= 0) return false;
+  // The window is the file system's (Platform::change_window_ns): 10 ms where this file's times
+  // are kept to the nanosecond, else the coarsest timestamps kept (FAT's 2 s), which also covers
+  // a clock stepped back by less than that. A sub-second part alone says nothing about
+  // granularity (exFAT keeps 10 ms, ntfs3 100 ns, UDF 1 us), so only the platform, which knows
+  // the file system, may choose the fine window.
+  return ctime_ns < clock_ns - window_ns;
 }
 
 }  // namespace weightcache

@@ -64,10 +64,10 @@ std::optional<std::uint64_t> record_size_if_header(const std::byte* head, std::u
 /// `max_entries` bits.
 std::optional<VerifyRecord> read_record(platform::Platform& pf, const platform::File& f, std::uint64_t max_entries);
 
-/// Whether a change to a file whose change time is `ctime_ns` made at or after `clock_ns` (the
-/// change clock read before) is certain to get another change time: `ctime_ns` is before the
-/// clock's reading by more than 2 s: the coarsest granularity of any file system's timestamps
-/// (FAT's), which also covers a clock stepped back by less than that.
-bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns) noexcept;
+/// Whether a change to a file whose change time is `ctime_ns`, made at or after `clock_ns` (the
+/// change clock read before), is certain to get another change time: `ctime_ns` is before the
+/// clock's reading by more than `window_ns`, the file system's change-time window
+/// (Platform::change_window_ns: its timestamps' granularity with a margin; 0: never).
+bool change_would_show(std::int64_t ctime_ns, std::int64_t clock_ns, std::int64_t window_ns) noexcept;
 
 }  // namespace weightcache

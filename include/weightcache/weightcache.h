@@ -179,7 +179,10 @@ typedef enum wc_verify {
                               times, commit) is not hashed again: its first look-up checks with
                               one fstat that the file is still in that state. The record of
                               what was verified lives in the lock file ("<path>.lock"); any
-                              change to the file, a replacement or a reboot voids it. Caches on
+                              change to the file, a replacement or a reboot voids it. A
+                              process records only a state older, when it opened, than its file
+                              system's change-time window: 10 ms on ext4, xfs, btrfs and f2fs
+                              with nanosecond times, 2 s on every other. Caches on
                               a descriptor or ":memory:", tmpfs, network and FUSE file systems,
                               and Windows verify per process, as WC_VERIFY_FIRST_USE. See
                               docs/DESIGN.md, "Verified once per file state". */

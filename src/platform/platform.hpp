@@ -16,6 +16,14 @@
 
 namespace weightcache::platform {
 
+/// Change-time windows (Platform::change_window_ns). Fine: a file system that keeps nanoseconds
+/// stamps change times from the kernel's coarse clock, one tick (1-10 ms) fine, the clock
+/// change_clock_ns reads, so a change after a reading gets a time at or past it; 10 ms is a full
+/// tick of the slowest tick rate on top. Coarse: the coarsest timestamps of any file system
+/// (FAT keeps even seconds), which also covers a clock stepped back by less than that.
+inline constexpr std::int64_t kFineChangeWindowNs = 10'000'000;
+inline constexpr std::int64_t kCoarseChangeWindowNs = 2'000'000'000;
+
 struct FileInfo {
   std::uint64_t size = 0;
   std::uint64_t device = 0;
@@ -170,10 +178,15 @@ class Platform {
   /// Now, on the clock the file system stamps change times from, in ns since the epoch, no finer
   /// than the file system sees it (Linux: CLOCK_REALTIME_COARSE); 0 where unknown.
   virtual std::int64_t change_clock_ns() noexcept { return 0; }
-  /// Whether every change to the file open at `h` (a write, through a mapping too, a truncation,
-  /// a fallocate) moves its change time, as this process sees it at once: a local file system
-  /// (not NFS, SMB, FUSE, 9p, Ceph, ...) that keeps change times. False when it cannot tell.
-  virtual bool tracks_changes(const File& /*f*/) noexcept { return false; }
+  /// The change-time window of the file open at `f`, whose fstat is `info`: how much earlier than
+  /// a change_clock_ns() reading its change time must be for every change made after the reading
+  /// to be certain to give it another change time (docs/DESIGN.md, "How a change is known"). It
+  /// is the granularity of the file system's timestamps with a margin: 10 ms where they keep
+  /// nanoseconds for this file, a flat 2 s for every other and every unknown file system.
+  /// 0 when not every change (a write, through a mapping too, a truncation, a fallocate) moves
+  /// the change time as this process sees it at once: tmpfs, stacked and network file systems,
+  /// or when it cannot tell. Then nothing is trusted from an earlier process.
+  virtual std::int64_t change_window_ns(const File& /*f*/, const FileInfo& /*info*/) noexcept { return 0; }
   /// Writes back the dirty pages of [offset, offset + size) of the file and waits for them, so
   /// that every page of it is clean: a later store through any process's shared mapping of it
   /// then faults, and the fault moves the file's change time (a store to a page that stays

@@ -637,14 +637,14 @@ class PosixPlatform final : public Platform {
     return errno != ENODATA && errno != ENOTSUP;  // absent, or a file system without ACLs
   }
 
-  bool tracks_changes(const File& f) noexcept override {
+  std::int64_t change_window_ns(const File& f, const FileInfo& info) noexcept override {
     struct statfs fs {};
-    if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return false;
-    // File systems whose change times another machine or a user-space server may not keep, or
-    // that this process may see late (attribute caches), or that a store through a shared
-    // mapping never moves (tmpfs, ramfs: no write fault updates their times): verification
-    // stays per process there.
-    switch (static_cast<std::uint64_t>(fs.f_type)) {
+    if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return 0;
+    switch (static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu) {
+      // File systems whose change times another machine or a user-space server may not keep, or
+      // that this process may see late (attribute caches), or that a store through a shared
+      // mapping never moves (tmpfs, ramfs: no write fault updates their times): verification
+      // stays per process there.
       case 0x01021994:  // tmpfs (and /dev/shm)
       case 0x858458f6:  // ramfs
       // Stacked file systems: the pages are the lower file's, so writing back through this
@@ -666,9 +666,24 @@ class PosixPlatform final : public Platform {
       case 0x0bd00bd0:  // Lustre
       case 0x47504653:  // GPFS
       case 0x564c:      // NCP
-        return false;
+        return 0;
+      // File systems that keep nanoseconds where the inode has room for them. ext2/3/4 (one
+      // magic) keep whole seconds in 128-byte inodes: the kernel then stamps whole seconds (the
+      // super block's time granularity), so a change time with a sub-second part proves this
+      // file's are kept to the nanosecond. A whole-second one takes the flat window: at worst a
+      // one-in-a-billion fine time costs one process's trust, never a missed change.
+      case 0xef53:      // ext2, ext3, ext4
+      case 0x58465342:  // xfs
+      case 0x9123683e:  // btrfs
+      case 0xf2f52010:  // f2fs (Android's data partition)
+      case 0x2fc12fc1:  // zfs
+      case 0xca451a4e:  // bcachefs
+        if (info.ctime_ns % 1000000000 != 0) return kFineChangeWindowNs;
+        return kCoarseChangeWindowNs;
+      // FAT (even seconds), exFAT (10 ms, but whole seconds for what it calls a change time on
+      // some kernels), ntfs3, UDF, ISO 9660 and everything unknown: the flat window.
       default:
-        return true;
+        return kCoarseChangeWindowNs;
     }
   }
 

@@ -70,15 +70,32 @@ std::int64_t ctime_of(const std::string& path) {
   return static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
 }
 
-// Waits (not a time limit: a condition) until a change made from now on is certain to give the
-// file another change time than it has: the coarse clock has moved past it. Without this, a
-// process opening within the same clock tick as the last change may not record (by design).
-void let_change_time_settle(const std::string& path) {
+// The change-time window the library takes for the file at `path` (Platform::change_window_ns);
+// the coarse one where its file system does not track every change (nothing is trusted there).
+std::int64_t window_of(const std::string& path) {
+  auto& pf = platform::os();
+  auto f = pf.open_file(path, platform::OpenMode::read, 0, /*follow=*/true);
+  if (!f) return platform::kCoarseChangeWindowNs;
+  auto info = pf.stat_file(f.value());
+  const std::int64_t w = info ? pf.change_window_ns(f.value(), info.value()) : 0;
+  return w > 0 ? w : platform::kCoarseChangeWindowNs;
+}
+
+std::int64_t coarse_clock_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Waits (not a time limit: a condition) until the change clock is `past_ns` past the file's
+// change time: by default, until a change made from now on is certain to give the file another
+// change time than it has (its file system's window). Without this, a process opening within
+// the window of the last change may not record (by design).
+void let_change_time_settle(const std::string& path, std::int64_t past_ns = 0) {
   const std::int64_t c = ctime_of(path);
+  const std::int64_t window = past_ns > 0 ? past_ns : window_of(path);
   for (int i = 0; i < 10000; ++i) {
-    struct timespec ts {};
-    ::clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    if (change_would_show(c, static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec)) return;
+    if (change_would_show(c, coarse_clock_ns(), window)) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ADD_FAILURE() << "the clock never moved past the file's change time";
@@ -415,21 +432,22 @@ TEST_F(SharedVerify, AChangeWhileThePublisherHashedLeavesNoRecord) {
   EXPECT_EQ(std::filesystem::file_size(lock), 0u) << "recorded a state the file had left";
 }
 
-// A platform whose change clock is 1 s past the file's change time: within the margin a change
-// may not move the change time, so what is verified in this state must not be recorded.
+// A platform whose change clock is exactly the file system's window past the file's change
+// time: a change may not move the change time, so what is verified in this state must not be
+// recorded.
 class CloseClockPlatform final : public test::ForwardingPlatform {
  public:
-  explicit CloseClockPlatform(std::int64_t ctime_ns) : ctime_ns_(ctime_ns) {}
-  std::int64_t change_clock_ns() noexcept override { return ctime_ns_ + 1000000000; }
+  explicit CloseClockPlatform(std::int64_t clock_ns) : clock_ns_(clock_ns) {}
+  std::int64_t change_clock_ns() noexcept override { return clock_ns_; }
 
  private:
-  std::int64_t ctime_ns_;
+  std::int64_t clock_ns_;
 };
 
 TEST_F(SharedVerify, AStateTooRecentForAChangeToShowIsNotRecorded) {
   const std::string lock = path + ".lock";
   empty_the_record(path);
-  CloseClockPlatform close_clock(ctime_of(path));
+  CloseClockPlatform close_clock(ctime_of(path) + window_of(path));
   {
     auto opened = Core::open(shared_options(path), close_clock);
     ASSERT_TRUE(opened.ok()) << opened.error().message;
@@ -441,6 +459,79 @@ TEST_F(SharedVerify, AStateTooRecentForAChangeToShowIsNotRecorded) {
   // The same with the real clock (the file's change time settled in SetUp) records it.
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount);
+}
+
+// ---- the window per file-system class (Platform::change_window_ns) ----
+
+// Where change times are kept to the nanosecond (ext4 with 256-byte inodes, xfs, btrfs, f2fs),
+// the window is one slow clock tick: a process launched 50 ms after a change records what it
+// verified, and the next process trusts it. With the flat 2 s of other file systems, neither.
+TEST_F(SharedVerify, OnANanosecondFileSystemAProcessLaunched50msAfterAChangeRecordsAndTheNextTrustsIt) {
+  // Decided here, not by the library: ext4, xfs or btrfs, and a change time with a sub-second part.
+  struct statfs fs {};
+  ASSERT_EQ(::statfs(path.c_str(), &fs), 0);
+  const auto type = static_cast<std::uint32_t>(fs.f_type);
+  if ((type != 0xef53u && type != 0x58465342u && type != 0x9123683eu) || ctime_of(path) % 1000000000 == 0)
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs or btrfs with nanosecond change times";
+  EXPECT_EQ(window_of(path), platform::kFineChangeWindowNs);
+  // A new state of the file (a commit), then a verifier 50 ms after it and another process
+  // right after that.
+  {
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    const std::string key = own_key("v", kCount);
+    ASSERT_NE(opened->insert(key, bytes_for_key(key, kSize)), kNotFound) << last_error().message;
+    ASSERT_TRUE(opened->finalize().ok()) << last_error().message;
+  }
+  let_change_time_settle(path, 50 * 1000000);
+  auto verifier = verify_in_child(dir, path);
+  EXPECT_EQ(verifier["trusted_entries"], 0u) << "a new state was trusted";
+  EXPECT_EQ(verifier["verify_failures"], 0u);
+  auto next = verify_in_child(dir, path);
+  EXPECT_EQ(next["trusted_entries"], kCount) << "the verifier, 50 ms after the change, left no record";
+  EXPECT_EQ(next["verify_failures"], 0u);
+}
+
+// ext4 with 128-byte inodes keeps whole seconds (the kernel then stamps whole seconds): the flat
+// 2 s window. A loop-mounted image made so; skipped where the container refuses the mount.
+TEST(SharedVerifyWholeSeconds, OnAWholeSecondFileSystemTheWindowIsTwoSeconds) {
+  TempDir base("wc-verify-ext4");
+  const std::string image = base.file("fs.img"), mnt = base.file("mnt");
+  ASSERT_TRUE(std::filesystem::create_directory(mnt));
+  {
+    std::FILE* f = std::fopen(image.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+    std::filesystem::resize_file(image, 32u << 20);
+  }
+  const std::string mkfs = "mkfs.ext4 -q -F -I 128 " + image + " >/dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) GTEST_SKIP() << "mkfs.ext4 is not available here";
+  const std::string mount = "mount -o loop " + image + " " + mnt + " >/dev/null 2>&1";
+  if (std::system(mount.c_str()) != 0)
+    GTEST_SKIP() << "cannot loop-mount an image here: needs root and a container that allows it";
+  struct Unmount {
+    std::string d;
+    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::string path = mnt + "/cache.wcache";
+  write_entries(path);
+  ASSERT_EQ(ctime_of(path) % 1000000000, 0) << "ext4 with 128-byte inodes kept a sub-second change time";
+  EXPECT_EQ(window_of(path), platform::kCoarseChangeWindowNs);
+  // One second after the change (which the fine window would record), nothing is recorded.
+  CloseClockPlatform one_second_on(ctime_of(path) + 1000000000);
+  {
+    auto opened = Core::open(shared_options(path), one_second_on);
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    for (std::size_t j = 0; j < kCount; ++j) EXPECT_NE((*opened)->look_up(own_key("v", j)), kNotFound);
+    EXPECT_EQ((*opened)->stats().verify_failures, 0u);
+  }
+  std::error_code ec;
+  EXPECT_EQ(std::filesystem::file_size(path + ".lock", ec), 0u) << "recorded a state a change could hide in";
+  // Past the window, the real clock records it, and the next process trusts it.
+  let_change_time_settle(path);
+  TempDir results("wc-verify");
+  EXPECT_EQ(verify_in_child(results, path)["trusted_entries"], 0u);
+  EXPECT_EQ(verify_in_child(results, path)["trusted_entries"], kCount);
 }
 
 TEST(SharedVerifyTmpfs, VerificationStaysPerProcessOnTmpfs) {

@@ -73,7 +73,9 @@ class ForwardingPlatform : public platform::Platform {
   bool vanishes_with_holders(const File& f) noexcept override { return os_.vanishes_with_holders(f); }
   bool boot_id(std::uint8_t (&out)[16]) noexcept override { return os_.boot_id(out); }
   std::int64_t change_clock_ns() noexcept override { return os_.change_clock_ns(); }
-  bool tracks_changes(const File& f) noexcept override { return os_.tracks_changes(f); }
+  std::int64_t change_window_ns(const File& f, const platform::FileInfo& info) noexcept override {
+    return os_.change_window_ns(f, info);
+  }
   bool write_back(const File& f, std::uint64_t o, std::uint64_t n) noexcept override { return os_.write_back(f, o, n); }
   bool has_access_list(const File& f) noexcept override { return os_.has_access_list(f); }
   Result<void> prepare_for_stores(const File& f, std::uint64_t o, std::uint64_t n) override {

@@ -77,19 +77,29 @@ TEST(VerifyRecord, AStampDiffersInEveryField) {
   EXPECT_TRUE(differs([](StateStamp& s) { ++s.entries; }));
 }
 
-TEST(VerifyRecord, AChangeShowsOnlyWhenTheClockIsPastTheChangeTimeByTwoSeconds) {
+TEST(VerifyRecord, AChangeShowsOnlyWhenTheClockIsPastTheChangeTimeByTheWindow) {
   constexpr std::int64_t s = 1000000000;
-  // Nanosecond change times get no less margin: a sub-second part does not prove a fine
-  // granularity (exFAT keeps 10 ms), and a clock may have been stepped back.
-  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 6));
-  EXPECT_FALSE(change_would_show(100 * s + 5, 102 * s + 5));  // exactly 2 s: a change could hide
-  EXPECT_TRUE(change_would_show(100 * s + 5, 102 * s + 6));
-  EXPECT_FALSE(change_would_show(100 * s + 6, 100 * s + 5));  // a clock behind the file
-  EXPECT_FALSE(change_would_show(100 * s, 101 * s));          // whole seconds: the same 2 s
-  EXPECT_FALSE(change_would_show(100 * s, 102 * s));
-  EXPECT_TRUE(change_would_show(100 * s, 102 * s + 1));
-  EXPECT_FALSE(change_would_show(0, 5 * s));  // unknown times trust nothing
-  EXPECT_FALSE(change_would_show(5 * s + 1, 0));
+  constexpr std::int64_t ms = 1000000;
+  constexpr std::int64_t coarse = platform::kCoarseChangeWindowNs, fine = platform::kFineChangeWindowNs;
+  // The coarse window (FAT, unknown file systems, whole-second times): nanosecond change times
+  // get no less margin there, as a sub-second part alone does not prove a fine granularity.
+  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 6, coarse));
+  EXPECT_FALSE(change_would_show(100 * s + 5, 102 * s + 5, coarse));  // exactly 2 s: a change could hide
+  EXPECT_TRUE(change_would_show(100 * s + 5, 102 * s + 6, coarse));
+  EXPECT_FALSE(change_would_show(100 * s + 6, 100 * s + 5, coarse));  // a clock behind the file
+  EXPECT_FALSE(change_would_show(100 * s, 101 * s, coarse));          // whole seconds: the same 2 s
+  EXPECT_FALSE(change_would_show(100 * s, 102 * s, coarse));
+  EXPECT_TRUE(change_would_show(100 * s, 102 * s + 1, coarse));
+  // The fine window (nanosecond times from the coarse clock): one slow tick.
+  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 6, fine));
+  EXPECT_FALSE(change_would_show(100 * s + 5, 100 * s + 5 + 10 * ms, fine));  // exactly the window
+  EXPECT_TRUE(change_would_show(100 * s + 5, 100 * s + 6 + 10 * ms, fine));
+  EXPECT_TRUE(change_would_show(100 * s + 5, 100 * s + 5 + 50 * ms, fine));
+  EXPECT_FALSE(change_would_show(100 * s + 50 * ms, 100 * s + 5, fine));  // a clock behind the file
+  // Unknown times and a file system whose changes do not all show trust nothing.
+  EXPECT_FALSE(change_would_show(0, 5 * s, fine));
+  EXPECT_FALSE(change_would_show(5 * s + 1, 0, fine));
+  EXPECT_FALSE(change_would_show(5 * s, 50 * s, 0));
 }
 
 }  // namespace
