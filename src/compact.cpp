@@ -171,12 +171,20 @@ Result<void> write_cache_file(platform::Platform& pf, const platform::File& src,
 
 std::uint64_t dead_bytes_of(const CommittedState& st, std::uint64_t file_size) noexcept {
   try {
-    std::vector<SourceEntry> entries;
-    entries.reserve(st.records.size());
-    for (const auto& r : st.records) entries.push_back({r.key, r.offset, r.size, r.checksum});
-    std::sort(entries.begin(), entries.end(),
-              [](const SourceEntry& a, const SourceEntry& b) { return a.offset < b.offset; });
-    const std::uint64_t planned = planned_file_size(entries, st.fixed.alignment, st.fixed.size_alignment);
+    // The writer's placement of these entries in file order, as planned_file_size, without
+    // copying a key: an open pays this for every entry of the index.
+    std::vector<const format::IndexRecord*> order;
+    order.reserve(st.records.size());
+    for (const auto& r : st.records) order.push_back(&r);
+    const auto by_offset = [](const format::IndexRecord* a, const format::IndexRecord* b) { return a->offset < b->offset; };
+    if (!std::is_sorted(order.begin(), order.end(), by_offset)) std::sort(order.begin(), order.end(), by_offset);
+    std::uint64_t cursor = format::kHeaderSize;
+    std::uint64_t index_bytes = format::kIndexHeaderSize + format::kFooterSize;
+    for (const format::IndexRecord* r : order) {
+      cursor = align_up(cursor, st.fixed.alignment) + region_of(r->size, st.fixed.size_alignment);
+      index_bytes += format::kRecordFixedSize + r->key.size();
+    }
+    const std::uint64_t planned = align_up(cursor, 8) + index_bytes;
     return file_size > planned ? file_size - planned : 0;
   } catch (...) {
     return 0;  // out of memory: nothing is reclaimed now

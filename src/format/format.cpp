@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
 
 namespace weightcache::format {
 
@@ -241,8 +240,21 @@ std::string span_text(const IndexRecord& r) {
 
 Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
                      std::uint64_t alignment, Findings& f) {
-  std::unordered_set<std::string_view> keys;
-  keys.reserve(records.size());
+  // Duplicate keys: one open-addressing table of record numbers (one allocation, not a node per
+  // key; an open pays this for every entry of the index).
+  std::size_t slots = 16;
+  while (slots < records.size() * 2) slots *= 2;
+  std::vector<std::uint32_t> table(slots, 0);  // record number + 1; 0: empty
+  auto first_with_key = [&](std::size_t i) -> bool {
+    const std::string& key = records[i].key;
+    for (std::size_t at = XXH3_64bits(key.data(), key.size()) & (slots - 1);; at = (at + 1) & (slots - 1)) {
+      if (table[at] == 0) {
+        table[at] = static_cast<std::uint32_t>(i + 1);
+        return true;
+      }
+      if (records[table[at] - 1].key == key) return false;
+    }
+  };
   std::vector<const IndexRecord*> order;
   order.reserve(records.size());
   for (std::size_t i = 0; i < records.size(); ++i) {
@@ -265,14 +277,16 @@ Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, 
           return f.first();
       }
     }
-    if (!keys.insert(r.key).second &&
+    if (!first_with_key(i) &&
         f.found(Problem::bad_value, "duplicate key in index", "duplicate_key",
                 [&] { return "key " + quoted(r.key) + " appears more than once in the index"; }, r.key))
       return f.first();
   }
-  std::sort(order.begin(), order.end(), [](const IndexRecord* a, const IndexRecord* b) {
+  // An append-only file's index is nearly always in file order already: sorted only if not.
+  const auto by_place = [](const IndexRecord* a, const IndexRecord* b) {
     return a->offset != b->offset ? a->offset < b->offset : a->size < b->size;
-  });
+  };
+  if (!std::is_sorted(order.begin(), order.end(), by_place)) std::sort(order.begin(), order.end(), by_place);
   // The entry reaching furthest so far: an overlap with any earlier entry implies one with it.
   const IndexRecord* reach = nullptr;
   const IndexRecord* prev = nullptr;
