@@ -333,6 +333,7 @@ Result<void> Core::init_descriptor() {
     backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
     return {};
   };
+  bool seen_holder = false;  // a read-only opener of an empty file saw another holder
   for (int round = 0;; ++round) {
     // Shared, as every user; exclusive only to initialise or rebuild the file (see init_file).
     auto sh = pf_.try_lock_in_use(fd_, false);
@@ -343,7 +344,20 @@ Result<void> Core::init_descriptor() {
     auto info = pf_.stat_file(fd_);
     if (!info) return info.error();
     if (info->size == 0) {
-      if (opts_.read_only) return Error{Errc::corrupt, 0, "'" + opts_.path + "' is empty: no cache was written to it"};
+      if (opts_.read_only) {
+        // As a path opener waits for the creator's rename: while another process (or handle)
+        // has the file open, a writer may be setting it up, which it does only alone, so let go
+        // of ours and wait. Nobody else when first asked: nobody will write it. Once somebody
+        // was seen, a moment without a holder is a writer between its locks (Windows lets go of
+        // a shared lock to take an exclusive one), so the wait goes on to lease_timeout.
+        pf_.unlock_in_use(fd_);
+        auto others = pf_.in_use_by_others(fd_);
+        seen_holder = seen_holder || (others && others.value());
+        if (!seen_holder)
+          return Error{Errc::corrupt, 0, "'" + opts_.path + "' is empty: no cache was written to it"};
+        if (auto r = wait("stayed empty while another process had it open"); !r) return r;
+        continue;
+      }
       if (!upgrade_in_use()) {  // another process is initialising it
         if (auto r = wait("stayed empty while another process had it open"); !r) return r;
         continue;

@@ -8,15 +8,24 @@
 #include <string>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 namespace weightcache::registry {
 namespace {
 
 using Key = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, bool>;  // dev, inode, compat, ro
 
+struct DescriptorCache {
+  std::uint64_t device, inode, compat;
+  std::weak_ptr<Core> core;
+};
+
 struct Registry {
   std::mutex mu;
   std::map<Key, std::weak_ptr<Core>> caches;
+  // Caches on a caller's descriptor or handle: never shared (each open is a cache of its own),
+  // kept only so that an open under another compatibility key is refused as by path.
+  std::vector<DescriptorCache> descriptor_caches;
   std::map<std::string, std::shared_ptr<std::mutex>> opening;  // per-file gates for opens in progress
 };
 
@@ -51,13 +60,17 @@ std::shared_ptr<Core> find_locked(Registry& reg, const Options& options, std::ui
 // Whether this file is open in this process under another compatibility key. Opening it would
 // find it incompatible and rebuild it under the lease, which this process may hold already (a
 // wait of lease_timeout against ourselves), or rename a new file over the live cache's.
+bool other_key_live_locked(Registry& reg, std::uint64_t device, std::uint64_t inode, std::uint64_t compat) {
+  for (const auto& [k, w] : reg.caches)
+    if (std::get<0>(k) == device && std::get<1>(k) == inode && std::get<2>(k) != compat && live(w)) return true;
+  for (const auto& d : reg.descriptor_caches)
+    if (d.device == device && d.inode == inode && d.compat != compat && live(d.core)) return true;
+  return false;
+}
+
 bool open_with_other_key_locked(Registry& reg, const Options& options, std::uint64_t compat) {
   auto st = platform::os().stat_path(options.path, options.allow_symlink);
-  if (!st) return false;
-  for (const auto& [k, w] : reg.caches)
-    if (std::get<0>(k) == st->device && std::get<1>(k) == st->inode && std::get<2>(k) != compat && live(w))
-      return true;
-  return false;
+  return st && other_key_live_locked(reg, st->device, st->inode, compat);
 }
 
 // This process cannot share its cache with an opener: with backing=file that is an error, with
@@ -96,13 +109,50 @@ std::string opening_key(const Options& options, std::uint64_t compat) {
   return (ec ? options.path : p.string()) + '\0' + std::to_string(compat) + (options.read_only ? "r" : "w");
 }
 
+// A cache on the caller's descriptor or handle: a cache of its own, but refused (as by path)
+// when this process has the same file open under another compatibility key, which would find
+// the file incompatible and wait for a rebuild that its own other cache keeps from happening.
+Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
+  Registry& reg = instance();
+  const std::uint64_t compat = format::hash_bytes(options.compat_key);
+  {
+    auto& pf = platform::os();
+    auto f = options.handle != nullptr ? pf.reopen_os_handle(options.handle, false) : pf.reopen(options.fd, false);
+    auto st = f ? pf.stat_file(f.value()) : Result<platform::FileInfo>(f.error());
+    std::lock_guard<std::mutex> lock(reg.mu);
+    if (st && other_key_live_locked(reg, st->device, st->inode, compat)) {
+      Options named = options;
+      if (named.path.empty())
+        named.path = options.handle != nullptr ? "the file of the handle given" : "fd " + std::to_string(options.fd);
+      return refuse_other_key(named);
+    }
+  }
+  auto core = Core::open(options, platform::os());
+  if (!core || !core.value()->file_backed()) return core;
+  const auto id = core.value()->identity();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::erase_if(reg.descriptor_caches, [](const DescriptorCache& d) { return d.core.expired(); });
+  reg.descriptor_caches.push_back({id.device, id.inode, compat, core.value()});
+  return core;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Core>> open(const Options& options) {
   // A descriptor or ":memory:" cache has no path to share by: each open is a cache of its own.
-  const bool file_candidate = !options.path.empty() && options.fd < 0 && options.handle == nullptr && options.path != kMemoryPath &&
-                              options.backing != Backing::heap && !options.private_cache;
-  if (!file_candidate) return Core::open(options, platform::os());
+  const bool own_backing = options.backing != Backing::heap && !options.private_cache;
+  const bool file_candidate = !options.path.empty() && options.fd < 0 && options.handle == nullptr &&
+                              options.path != kMemoryPath && own_backing;
+  if (!file_candidate) {
+    if (own_backing && (options.fd >= 0 || options.handle != nullptr)) {
+      try {
+        return open_descriptor(options);
+      } catch (const std::bad_alloc&) {
+        return fail(platform::no_memory_error("out of memory while opening the cache", options.path));
+      }
+    }
+    return Core::open(options, platform::os());
+  }
   try {
     Registry& reg = instance();
     const std::uint64_t compat = format::hash_bytes(options.compat_key);

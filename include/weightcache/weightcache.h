@@ -259,10 +259,15 @@ typedef struct wc_options {
              is opened or created at it, no "<path>.lock" either; the writer lease and the in-use
              lock are taken on the file itself. Not a regular file (nor a memfd):
              WC_ERR_INVALID_ARGUMENT (a heap cache with WC_BACKING_AUTO). An empty file is
-             initialised; a corrupt or incompatible one is rebuilt in place only when no other
-             process has it open; it is never compacted at open
+             initialised by a writable opener; a read-only opener of an empty file waits (up to
+             lease_timeout) while another process or descriptor has it open, as a writer may be
+             setting it up, and fails with WC_ERR_CORRUPT at once when nobody has. A corrupt or
+             incompatible file is rebuilt in place only when no other process has it open; it is
+             never compacted at open
              (it cannot be renamed). Such a cache is not shared through the process-wide registry:
-             each wc_open gets a cache of its own. POSIX only: on Windows the open fails as for
+             each wc_open gets a cache of its own; but when this process has the same file open
+             (by path, descriptor or handle) under another compat_key, the open is refused as by
+             path: WC_ERR_INCOMPATIBLE, or a private heap cache with WC_BACKING_AUTO. POSIX only: on Windows the open fails as for
              a file it cannot use (WC_ERR_UNSUPPORTED, or a heap cache with WC_BACKING_AUTO);
              use handle there. */
   void* handle; /* Windows: default NULL. When not NULL: an open HANDLE of the cache file (from

@@ -158,6 +158,12 @@ class Platform {
   /// for writing on POSIX.
   virtual Result<bool> try_lock_in_use(const File& f, bool exclusive) = 0;
   virtual void unlock_in_use(const File& f) noexcept = 0;
+  /// Whether another holder (another process, or another handle of this one) has the in-use
+  /// lock on the file, in either mode; `f` should hold none itself. Works on a handle opened
+  /// read-only. Unsupported where there are no such locks.
+  virtual Result<bool> in_use_by_others(const File& /*f*/) {
+    return Error{Errc::unsupported, 0, "no in-use lock to ask on this system"};
+  }
 
   // ---- facts ----
   /// Granularity of file-mapping offsets and addresses (page size, 64 KiB on Windows).

@@ -486,6 +486,25 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  Result<bool> in_use_by_others(const File& f) override {
+#ifdef F_OFD_GETLK
+    // Would an exclusive lock conflict? F_OFD_GETLK needs no write access, unlike taking it.
+    struct flock fl {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = kInUseOffset;
+    fl.l_len = 1;
+    for (;;) {
+      if (sys().fcntl_lock(fd_of(f), F_OFD_GETLK, &fl) == 0) return fl.l_type != F_UNLCK;
+      if (errno == EINTR) continue;
+      return os_error(errno, "cannot ask for the in-use lock", f.path());
+    }
+#else
+    (void)f;
+    return Error{Errc::unsupported, 0, "open-file-description locks are not available on this system"};
+#endif
+  }
+
   void unlock_in_use(const File& f) noexcept override {
 #ifdef F_OFD_SETLK
     struct flock fl {};

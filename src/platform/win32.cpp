@@ -901,6 +901,18 @@ class Win32Platform final : public Platform {
     return win_error(err, "cannot lock", f.path());
   }
 
+  Result<bool> in_use_by_others(const File& f) override {
+    // An exclusive lock taken and let go at once: LockFileEx needs only read access.
+    OVERLAPPED ov = at_offset(kInUseOffset);
+    if (sys().lock_file_ex(as_handle(f), LOCKFILE_FAIL_IMMEDIATELY | LOCKFILE_EXCLUSIVE_LOCK, 0, 1, 0, &ov)) {
+      (void)sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov);
+      return false;
+    }
+    const DWORD err = ::GetLastError();
+    if (err == ERROR_LOCK_VIOLATION || err == ERROR_IO_PENDING) return true;
+    return win_error(err, "cannot ask for the in-use lock", f.path());
+  }
+
   void unlock_in_use(const File& f) noexcept override {
     OVERLAPPED ov = at_offset(kInUseOffset);
     (void)sys().unlock_file_ex(as_handle(f), 0, 1, 0, &ov);

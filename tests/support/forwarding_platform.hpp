@@ -64,6 +64,7 @@ class ForwardingPlatform : public platform::Platform {
     return os_.try_lock_in_use(h, exclusive);
   }
   void unlock_in_use(const File& h) noexcept override { os_.unlock_in_use(h); }
+  Result<bool> in_use_by_others(const File& h) override { return os_.in_use_by_others(h); }
   std::size_t map_granularity() const noexcept override { return os_.map_granularity(); }
   int process_id() const noexcept override { return os_.process_id(); }
   std::uint64_t file_size_limit() const noexcept override { return os_.file_size_limit(); }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace weightcache::test {
@@ -159,6 +160,85 @@ TEST(WindowsHandle, AHandleWithoutWriteAccessNeverWrites) {
   }
   EXPECT_EQ(contents(ro), before) << "a cache on a read-only handle changed the file";
   ::CloseHandle(ro);
+}
+
+// Another compatibility key on a file this process has open (by path, or by handle): refused
+// as incompatible (backing file) or a private heap cache (automatic), as by path, never a wait
+// for our own lease ending in BUSY (tests/unit/descriptor_open_test.cpp for descriptors).
+TEST(WindowsHandle, AnotherCompatibilityKeyOnAFileThisProcessHasOpenIsIncompatibleNotBusy) {
+  for (const bool first_by_path : {true, false}) {
+    SCOPED_TRACE(first_by_path ? "first open by path" : "first open by handle");
+    TempDir dir;
+    const std::string path = dir.file("keys.wcache");
+    // By path the library creates the file; by handle the caller does.
+    HANDLE h0 = first_by_path ? nullptr : open_handle(path, GENERIC_READ | GENERIC_WRITE, CREATE_NEW);
+    ASSERT_NE(h0, INVALID_HANDLE_VALUE);
+    Options a = first_by_path ? suite_options(path) : on_handle(h0);
+    a.compat_key = "key A";
+    auto first = WeightCache::open(a);
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    ASSERT_NE(first->insert("w", "bytes of key A"), kNotFound) << last_error().message;
+    ASSERT_TRUE(first->finalize().ok());
+
+    HANDLE h = open_handle(path, GENERIC_READ | GENERIC_WRITE, OPEN_EXISTING);
+    ASSERT_NE(h, INVALID_HANDLE_VALUE);
+    Options b = on_handle(h);
+    b.compat_key = "key B";
+    b.backing = Backing::file;
+    b.lease_timeout = std::chrono::seconds(20);
+    auto refused = WeightCache::open(b);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::incompatible) << refused.error().message;
+    b.backing = Backing::automatic;
+    auto heap = WeightCache::open(b);
+    ASSERT_TRUE(heap.ok()) << heap.error().message;
+    EXPECT_EQ(heap->stats().backing, Backing::heap);
+    EXPECT_NE(first->look_up("w"), kNotFound);
+    ::CloseHandle(h);
+    if (h0 != nullptr) ::CloseHandle(h0);
+  }
+}
+
+// A read-only opener of an empty file by handle waits while another handle has it open (a
+// writer may be setting it up), and fails at once when nobody has.
+TEST(WindowsHandle, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterAndFailsAtOnceAlone) {
+  TempDir dir;
+  const std::string path = dir.file("empty.wcache");
+  HANDLE w = open_handle(path, GENERIC_READ | GENERIC_WRITE, CREATE_NEW);
+  HANDLE r = open_handle(path, GENERIC_READ, OPEN_EXISTING);
+  ASSERT_NE(w, INVALID_HANDLE_VALUE);
+  ASSERT_NE(r, INVALID_HANDLE_VALUE);
+  Options ro = on_handle(r);
+  ro.read_only = true;
+  ro.backing = Backing::file;
+  ro.lease_timeout = std::chrono::seconds(20);
+  {
+    auto alone = WeightCache::open(ro);
+    ASSERT_FALSE(alone.ok());
+    EXPECT_EQ(alone.error().code, Errc::corrupt) << alone.error().message;
+  }
+  // Another holder of the in-use lock: a writer that opened the file and has not set it up yet.
+  HANDLE holder = open_handle(path, GENERIC_READ | GENERIC_WRITE, OPEN_EXISTING);
+  ASSERT_NE(holder, INVALID_HANDLE_VALUE);
+  OVERLAPPED ov{};
+  ov.Offset = 0;
+  ov.OffsetHigh = static_cast<DWORD>((std::uint64_t{1} << 41) >> 32);
+  ASSERT_TRUE(::LockFileEx(holder, LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov));
+  Result<WeightCache> reader = Error{Errc::io, 0, "not run"};
+  std::thread t([&] { reader = WeightCache::open(ro); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::CloseHandle(holder);  // the writer sets it up, alone
+  {
+    auto writer = WeightCache::open(on_handle(w));
+    ASSERT_TRUE(writer.ok()) << writer.error().message;
+    ASSERT_NE(writer->insert("w", "bytes"), kNotFound) << last_error().message;
+    ASSERT_TRUE(writer->finalize().ok());
+  }
+  t.join();
+  ASSERT_TRUE(reader.ok()) << reader.error().message;
+  EXPECT_NE(reader->look_up("w"), kNotFound);
+  ::CloseHandle(w);
+  ::CloseHandle(r);
 }
 
 // fd is POSIX's: on Windows it fails like a file that cannot be used, and fd with handle is a

@@ -43,6 +43,29 @@ TEST(Win32Platform, FactsAreWindowsOnes) {
   ::testing::Test::RecordProperty("under_wine", under_wine() ? "yes" : "no");
 }
 
+// in_use_by_others, asked through a read-only handle (what a read-only opener of an empty file
+// has): another handle's shared or exclusive in-use lock shows; its own never counts once let go.
+TEST(Win32Platform, InUseByOthersSeesAnotherHandlesInUseLockThroughAReadOnlyHandle) {
+  TempDir dir("wc-win32");
+  const std::string path = dir.file("inuse.wcache");
+  File writer = open_or_die(path, OpenMode::create_new);
+  File reader = open_or_die(path, OpenMode::read);
+  auto none = pf().in_use_by_others(reader);
+  ASSERT_TRUE(none) << none.error().message;
+  EXPECT_FALSE(none.value());
+  for (bool exclusive : {false, true}) {
+    auto locked = pf().try_lock_in_use(writer, exclusive);
+    ASSERT_TRUE(locked && locked.value());
+    auto seen = pf().in_use_by_others(reader);
+    ASSERT_TRUE(seen) << seen.error().message;
+    EXPECT_TRUE(seen.value()) << (exclusive ? "exclusive" : "shared");
+    pf().unlock_in_use(writer);
+    auto gone = pf().in_use_by_others(reader);
+    ASSERT_TRUE(gone) << gone.error().message;
+    EXPECT_FALSE(gone.value());
+  }
+}
+
 TEST(Win32Platform, MissingFilesReportEnoentWithTheWindowsMessage) {
   TempDir dir("wc-win32");
   auto r = pf().open_file(dir.file("missing.wcache"), OpenMode::read, 0644, false);

@@ -1,0 +1,127 @@
+// Caches on a caller's descriptor (wc_options.fd; Windows handles: tests/windows/handle_test.cpp)
+// behave as by path where this process or another holds the same file:
+//  - under another compatibility key while this process has the file open, the open is refused
+//    as incompatible (backing file) or gets a private heap cache (automatic), never a wait for
+//    the lease this process holds itself ending in BUSY;
+//  - a read-only opener of an empty file waits while another holder may be setting it up, and
+//    fails at once when nobody has it open.
+#include "unit_test_util.hpp"
+
+#ifdef __linux__
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace weightcache::test {
+namespace {
+
+Options on_descriptor(int fd, const std::string& key) {
+  Options o;
+  o.fd = fd;
+  o.compat_key = key;
+  o.lease_timeout = std::chrono::seconds(20);
+  return o;
+}
+
+TEST(DescriptorOpen, AnotherCompatibilityKeyOnAFileThisProcessHasOpenIsIncompatibleNotBusy) {
+  TempDir dir("wc-fd");
+  const std::string path = dir.file("cache.wcache");
+  for (const bool first_by_path : {true, false}) {
+    SCOPED_TRACE(first_by_path ? "first open by path" : "first open by descriptor");
+    std::filesystem::remove(path);
+    std::filesystem::remove(path + ".lock");
+    const int fd0 = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(fd0, 0);
+    Options a = first_by_path ? Options{} : on_descriptor(fd0, "key A");
+    if (first_by_path) {
+      a.path = path;
+      a.compat_key = "key A";
+    }
+    WeightCache first = open_or_fail(a);
+    ASSERT_NE(first.insert("w", "bytes of key A"), kNotFound) << last_error().message;
+    ASSERT_TRUE(first.finalize().ok());
+
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    Options b = on_descriptor(fd, "key B");
+    b.backing = Backing::file;
+    auto refused = WeightCache::open(b);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, Errc::incompatible) << refused.error().message;
+    EXPECT_NE(refused.error().message.find("another compatibility key"), std::string::npos) << refused.error().message;
+
+    b.backing = Backing::automatic;
+    WeightCache heap = open_or_fail(b);
+    EXPECT_EQ(heap.stats().backing, Backing::heap);
+    EXPECT_EQ(heap.look_up("w"), kNotFound);
+    // The first cache and its file are untouched.
+    EXPECT_NE(first.look_up("w"), kNotFound);
+    ::close(fd);
+    ::close(fd0);
+  }
+}
+
+TEST(DescriptorOpen, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterSettingItUp) {
+  TempDir dir("wc-fd");
+  const std::string path = dir.file("cache.wcache");
+  const int fd_w = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd_r = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd_w, 0);
+  ASSERT_GE(fd_r, 0);
+  // Another holder of the empty file: a writer that opened it and has not set it up yet (the
+  // in-use lock every opener holds shared; docs/DESIGN.md).
+  const int holder = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  struct flock fl {};
+  fl.l_type = F_RDLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(1) << 62;
+  fl.l_len = 1;
+  ASSERT_EQ(::fcntl(holder, F_OFD_SETLK, &fl), 0);
+
+  std::atomic<bool> done{false};
+  Result<WeightCache> reader = Error{Errc::io, 0, "not run"};
+  std::thread t([&] {
+    Options r = on_descriptor(fd_r, "key");
+    r.read_only = true;
+    r.backing = Backing::file;
+    reader = WeightCache::open(r);
+    done = true;
+  });
+  // The reader is waiting, not failed (checked once the writer is in: it must then succeed).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(done.load()) << "the read-only opener gave up on a file another holder had open: "
+                            << (reader.ok() ? std::string("ok") : reader.error().message);
+  ::close(holder);  // the writer sets it up, alone
+  {
+    WeightCache w = open_or_fail(on_descriptor(fd_w, "key"));
+    ASSERT_NE(w.insert("w", "bytes"), kNotFound) << last_error().message;
+    ASSERT_TRUE(w.finalize().ok());
+  }
+  t.join();
+  ASSERT_TRUE(reader.ok()) << reader.error().message;
+  EXPECT_NE(reader->look_up("w"), kNotFound);
+  ::close(fd_w);
+  ::close(fd_r);
+}
+
+TEST(DescriptorOpen, AReadOnlyOpenerOfAnEmptyFileNobodyHasOpenFailsAtOnce) {
+  TempDir dir("wc-fd");
+  const std::string path = dir.file("empty.wcache");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  Options r = on_descriptor(fd, "key");
+  r.read_only = true;
+  r.backing = Backing::file;  // automatic would fall back to a heap cache
+  auto opened = WeightCache::open(r);
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.error().code, Errc::corrupt) << opened.error().message;
+  EXPECT_NE(opened.error().message.find("is empty"), std::string::npos) << opened.error().message;
+  ::close(fd);
+}
+
+}  // namespace
+}  // namespace weightcache::test
+#endif
