@@ -2,6 +2,7 @@
 
 #include "core.hpp"
 #include "log.hpp"
+#include "mobile.hpp"
 #include "platform/errors.hpp"
 
 #include <algorithm>
@@ -205,7 +206,7 @@ Result<void> rewrite_compacted(platform::Platform& pf, const platform::File& fd,
     std::vector<SourceEntry> entries;
     entries.reserve(st.records.size());
     for (const auto& r : st.records) entries.push_back({r.key, r.offset, r.size, r.checksum});
-    if (settings.canonical) {
+    if (settings.canonical && !kMobileBuild) {  // compact_path refuses it in a mobile build
       std::sort(entries.begin(), entries.end(), [](const SourceEntry& a, const SourceEntry& b) { return a.key < b.key; });
     } else {
       std::stable_sort(entries.begin(), entries.end(),
@@ -263,6 +264,10 @@ Result<CompactResult> compact_path(const Options& options, const CompactSettings
   try {
     platform::Platform& pf = platform::os();
     if (options.path.empty()) return Error{Errc::invalid_argument, 0, "compact: no path given"};
+    if (kMobileBuild && settings.canonical)
+      return left_out_of_mobile_build("canonical compaction (WC_COMPACT_CANONICAL)",
+                                      "make the canonical file where the prebuilt cache is built, with the weightcache "
+                                      "command-line tool ('weightcache compact --canonical FILE')");
     if (options.path == kMemoryPath)
       return Error{Errc::invalid_argument, 0,
                    "a ':memory:' cache has no file to compact (it lives only while processes hold it open)"};

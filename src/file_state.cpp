@@ -1,6 +1,7 @@
 #include "file_state.hpp"
 
 #include "log.hpp"
+#include "mobile.hpp"
 #include "platform/errors.hpp"
 
 #include <memory>
@@ -38,6 +39,7 @@ const char* explanation(format::Problem p) noexcept {
 }
 
 Result<format::DecodedHeader> decode_header_at(platform::Platform& pf, const platform::File& fd, Diagnosis* diagnosis) {
+  if (kMobileBuild) diagnosis = nullptr;
   std::vector<std::byte> hb(format::kHeaderSize);
   if (auto r = pf.read_at(fd, hb.data(), hb.size(), 0); !r) return r.error();
   format::DecodedHeader h;
@@ -115,6 +117,7 @@ int next_slot_index(const format::DecodedHeader& h) noexcept {
 
 Result<CommittedState> read_committed(platform::Platform& pf, const platform::File& fd, std::uint64_t file_size,
                                       std::uint64_t max_bytes, std::uint64_t newer_than, Diagnosis* diagnosis) {
+  if (kMobileBuild) diagnosis = nullptr;  // no diagnosing reader in a mobile build (mobile.hpp)
   const std::string& path = fd.path();
   try {
     auto report = [diagnosis](const char* kind, std::string message) {

@@ -3,6 +3,7 @@
 #include "core.hpp"
 #include "file_state.hpp"
 #include "log.hpp"
+#include "mobile.hpp"
 #include "platform/errors.hpp"
 #include "format/format.hpp"
 #include "verify_record.hpp"
@@ -20,6 +21,7 @@
 #include <vector>
 
 namespace weightcache {
+#if !WEIGHTCACHE_MOBILE
 namespace {
 
 using platform::FileInfo;
@@ -274,6 +276,7 @@ Result<GcReport> collect(platform::Platform& pf, const std::string& dir, std::ui
 }
 
 }  // namespace
+#endif  // !WEIGHTCACHE_MOBILE
 
 bool temporary_name(const std::string& name, std::string* base) {
   // Exactly what the library and the CLI name them: "<base>.tmp.<pid>.<n>" (n a number) or
@@ -296,6 +299,12 @@ bool temporary_name(const std::string& name, std::string* base) {
 }
 
 Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir, std::uint64_t max_bytes) {
+#if WEIGHTCACHE_MOBILE
+  (void)pf, (void)dir, (void)max_bytes;
+  return left_out_of_mobile_build("garbage collection of a cache directory (wc_gc)",
+                                  "remove old caches with the weightcache command-line tool ('weightcache gc DIR "
+                                  "--max-size SIZE') where the app is not running");
+#else
   try {
     return collect(pf, dir, max_bytes);
   } catch (const std::bad_alloc&) {
@@ -303,6 +312,7 @@ Result<GcReport> collect_garbage(platform::Platform& pf, const std::string& dir,
   } catch (...) {
     return Error{Errc::io, 0, "gc: unexpected failure while reading '" + dir + "'"};
   }
+#endif
 }
 
 const char* to_string(GcReason reason) noexcept {

@@ -2,84 +2,114 @@
 
 #include <weightcache/weight_cache.hpp>
 
-#include <spdlog/sinks/base_sink.h>
+#include <fmt/format.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
+#include <string>
+#include <string_view>
 
+// One logger of our own, where spdlog's was: the same levels, the same line on stderr
+// ("[2026-11-27 10:56:47.123] [weightcache] [warning] text", local time), the same routing to a
+// host callback under one mutex. spdlog's pattern engine, sinks and registry cost more code than
+// everything else the library logs with (docs/BENCHMARKS.md, "Library size").
 namespace weightcache::log {
 namespace {
 
-spdlog::level::level_enum to_spdlog(LogLevel l) {
+// spdlog's levels and names, which WEIGHTCACHE_LOG_LEVEL takes: "critical" lets no message of the
+// library through but a critical one (it logs none), as before.
+enum Level : int { kTrace, kDebug, kInfo, kWarn, kErr, kCritical, kOff };
+constexpr std::string_view kNames[] = {"trace", "debug", "info", "warning", "error", "critical", "off"};
+
+Level to_level(LogLevel l) {
   switch (l) {
-    case LogLevel::trace: return spdlog::level::trace;
-    case LogLevel::debug: return spdlog::level::debug;
-    case LogLevel::info: return spdlog::level::info;
-    case LogLevel::warn: return spdlog::level::warn;
-    case LogLevel::error: return spdlog::level::err;
-    case LogLevel::off: return spdlog::level::off;
+    case LogLevel::trace: return kTrace;
+    case LogLevel::debug: return kDebug;
+    case LogLevel::info: return kInfo;
+    case LogLevel::warn: return kWarn;
+    case LogLevel::error: return kErr;
+    case LogLevel::off: return kOff;
   }
-  return spdlog::level::warn;
+  return kWarn;
 }
 
-wc_log_level to_c(spdlog::level::level_enum l) {
+wc_log_level to_c(Level l) {
   switch (l) {
-    case spdlog::level::trace: return WC_LOG_TRACE;
-    case spdlog::level::debug: return WC_LOG_DEBUG;
-    case spdlog::level::info: return WC_LOG_INFO;
-    case spdlog::level::warn: return WC_LOG_WARN;
-    case spdlog::level::err:
-    case spdlog::level::critical: return WC_LOG_ERROR;
+    case kTrace: return WC_LOG_TRACE;
+    case kDebug: return WC_LOG_DEBUG;
+    case kInfo: return WC_LOG_INFO;
+    case kWarn: return WC_LOG_WARN;
+    case kErr:
+    case kCritical: return WC_LOG_ERROR;
     default: return WC_LOG_OFF;
   }
 }
 
-// One sink that writes to stderr or, when the host installed one, to its callback.
-class RoutingSink final : public spdlog::sinks::base_sink<std::mutex> {
- public:
-  void set_callback(wc_log_callback cb, void* user) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    cb_ = cb;
-    user_ = user;
-  }
-
- protected:
-  void sink_it_(const spdlog::details::log_msg& msg) override {
-    if (cb_ != nullptr) {
-      cb_(user_, to_c(msg.level), msg.payload.data(), msg.payload.size());
-      return;
-    }
-    spdlog::memory_buf_t buf;
-    formatter_->format(msg, buf);
-    std::fwrite(buf.data(), 1, buf.size(), stderr);
-  }
-  void flush_() override { std::fflush(stderr); }
-
- private:
-  wc_log_callback cb_ = nullptr;
-  void* user_ = nullptr;
-};
+// spdlog::level::from_str: a name of kNames, or "warn" or "err"; anything else is off.
+Level from_name(std::string_view name) {
+  for (int i = 0; i < kOff + 1; ++i)
+    if (name == kNames[i]) return static_cast<Level>(i);
+  if (name == "warn") return kWarn;
+  if (name == "err") return kErr;
+  return kOff;
+}
 
 struct State {
-  std::shared_ptr<RoutingSink> sink = std::make_shared<RoutingSink>();
-  std::shared_ptr<spdlog::logger> logger;
+  std::atomic<int> level{kWarn};
+  std::mutex mu;  // around every message written or handed to the callback, and a swap of it
+  wc_log_callback cb = nullptr;
+  void* user = nullptr;
+
+  void write(Level l, std::string_view text) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cb != nullptr) {
+      cb(user, to_c(l), text.data(), text.size());
+      return;
+    }
+    // "[%Y-%m-%d %H:%M:%S.%e] [weightcache] [%l] %v", in one write.
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+    std::tm tm{};
+#if defined(_WIN32)
+    ::localtime_s(&tm, &t);
+#else
+    ::localtime_r(&t, &tm);
+#endif
+    char stamp[64];
+    const int n = std::snprintf(stamp, sizeof stamp, "[%04d-%02d-%02d %02d:%02d:%02d.%03d] [weightcache] [",
+                                tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                                static_cast<int>(ms));
+    fmt::basic_memory_buffer<char, 512> line;
+    line.append(stamp, stamp + (n > 0 ? n : 0));
+    line.append(kNames[l]);
+    line.append(std::string_view("] "));
+    line.append(text);
+    line.push_back('\n');
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  }
+
   State() {
-    logger = std::make_shared<spdlog::logger>("weightcache", sink);
-    logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [weightcache] [%l] %v");
-    logger->set_level(spdlog::level::warn);
     if (const char* env = std::getenv("WEIGHTCACHE_LOG_LEVEL"); env != nullptr && *env != '\0') {
-      // spdlog reads any word it does not know as "off": a typo ("warnings") would silence the
-      // very warnings it meant to keep. Only the names below change the level; anything else
-      // keeps warn and says so, once (this runs once per process).
+      // spdlog read any word it did not know as "off": a typo ("warnings") would silence the very
+      // warnings it meant to keep. Only the names above change the level; anything else keeps
+      // warn and says so, once (this runs once per process).
       const std::string name = env;
-      const auto level = spdlog::level::from_str(name);
-      if (level != spdlog::level::off || name == "off") {
-        logger->set_level(level);
+      const Level l = from_name(name);
+      if (l != kOff || name == "off") {
+        level.store(l, std::memory_order_relaxed);
       } else {
-        logger->warn("WEIGHTCACHE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical or off); "
-                     "logging at warn",
-                     name.size() > 64 ? name.substr(0, 64) + "..." : name);
+        fmt::basic_memory_buffer<char, 256> text;
+        fmt::format_to(fmt::appender(text),
+                       "WEIGHTCACHE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical or off); "
+                       "logging at warn",
+                       name.size() > 64 ? name.substr(0, 64) + "..." : name);
+        write(kWarn, std::string_view(text.data(), text.size()));
       }
     }
   }
@@ -92,18 +122,34 @@ State& state() {
 
 }  // namespace
 
-spdlog::logger& get() { return *state().logger; }
+void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
+  try {
+    State& s = state();
+    const Level l = to_level(level);
+    if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
+    fmt::basic_memory_buffer<char, 250> text;
+    fmt::vformat_to(fmt::appender(text), f, args);
+    s.write(l, std::string_view(text.data(), text.size()));
+  } catch (...) {
+  }
+}
 
 }  // namespace weightcache::log
 
 namespace weightcache {
 
 void set_log_level(LogLevel level) noexcept {
-  try { log::state().logger->set_level(log::to_spdlog(level)); } catch (...) {}
+  try { log::state().level.store(log::to_level(level), std::memory_order_relaxed); } catch (...) {}
 }
 
 void set_log_callback(wc_log_callback callback, void* user) noexcept {
-  try { log::state().sink->set_callback(callback, user); } catch (...) {}
+  try {
+    log::State& s = log::state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.cb = callback;
+    s.user = user;
+  } catch (...) {
+  }
 }
 
 }  // namespace weightcache

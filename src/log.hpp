@@ -1,31 +1,33 @@
-// The library's one logger, "weightcache" (spdlog). Hosts route or silence it through
-// set_log_level / set_log_callback (or the C ABI equivalents); messages are formatted with fmt.
+// The library's one logger, "weightcache". Hosts route or silence it through set_log_level /
+// set_log_callback (or the C ABI equivalents); messages are formatted with fmt. A call site only
+// packs its arguments (fmt::make_format_args): the formatting lives once, in log.cpp, not once
+// per argument list in every file that logs (docs/BENCHMARKS.md, "Library size").
 #pragma once
 
-#include <spdlog/spdlog.h>
+#include <weightcache/weight_cache.hpp>
 
-#include <memory>
+#include <fmt/core.h>
+
+#include <utility>
 
 namespace weightcache::log {
 
-/// The "weightcache" logger. Never null; safe from any thread.
-spdlog::logger& get();  // built on first use: may throw std::bad_alloc
+/// Formats and logs the message at `level` if the logger lets that level through; never throws
+/// (a message that cannot be formatted or written is dropped).
+void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept;
 
 /// Logs at `level`; never throws (a message that cannot be formatted or written is dropped).
 template <class... Args>
-void at(spdlog::level::level_enum level, fmt::format_string<Args...> f, Args&&... args) noexcept {
-  try {
-    get().log(level, f, std::forward<Args>(args)...);
-  } catch (...) {
-  }
+void at(LogLevel level, fmt::format_string<Args...> f, Args&&... args) noexcept {
+  vlog(level, f, fmt::make_format_args(args...));
 }
 template <class... Args>
-void warn(fmt::format_string<Args...> f, Args&&... args) noexcept { at(spdlog::level::warn, f, std::forward<Args>(args)...); }
+void warn(fmt::format_string<Args...> f, Args&&... args) noexcept { at(LogLevel::warn, f, std::forward<Args>(args)...); }
 template <class... Args>
-void info(fmt::format_string<Args...> f, Args&&... args) noexcept { at(spdlog::level::info, f, std::forward<Args>(args)...); }
+void info(fmt::format_string<Args...> f, Args&&... args) noexcept { at(LogLevel::info, f, std::forward<Args>(args)...); }
 template <class... Args>
-void debug(fmt::format_string<Args...> f, Args&&... args) noexcept { at(spdlog::level::debug, f, std::forward<Args>(args)...); }
+void debug(fmt::format_string<Args...> f, Args&&... args) noexcept { at(LogLevel::debug, f, std::forward<Args>(args)...); }
 template <class... Args>
-void error(fmt::format_string<Args...> f, Args&&... args) noexcept { at(spdlog::level::err, f, std::forward<Args>(args)...); }
+void error(fmt::format_string<Args...> f, Args&&... args) noexcept { at(LogLevel::error, f, std::forward<Args>(args)...); }
 
 }  // namespace weightcache::log

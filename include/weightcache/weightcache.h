@@ -151,7 +151,8 @@ typedef enum wc_status {
   WC_ERR_CORRUPT = 4,          /* the file fails a structural or checksum check */
   WC_ERR_INCOMPATIBLE = 5,     /* a sound file of another version, byte order or compat key */
   WC_ERR_BUSY = 6,             /* another process holds the writer lease past the timeout */
-  WC_ERR_UNSUPPORTED = 7,      /* not available on this platform or filesystem */
+  WC_ERR_UNSUPPORTED = 7,      /* not available on this platform or filesystem, or left out of this
+                                  build (WEIGHTCACHE_MOBILE: wc_gc, WC_COMPACT_CANONICAL) */
   WC_ERR_NO_MEMORY = 8,        /* heap or address space allocation failed */
   WC_ERR_READ_ONLY = 9         /* a write was asked of a read-only cache */
 } wc_status;
@@ -587,7 +588,9 @@ WC_API void wc_compact_report_init(wc_compact_report* report);
  */
 WC_API wc_status wc_compact(const wc_options* options);
 /** wc_compact with flags (WC_COMPACT_*; another bit is WC_ERR_INVALID_ARGUMENT) and an optional
- * report (NULL, or initialised with wc_compact_report_init, else WC_ERR_INVALID_ARGUMENT). */
+ * report (NULL, or initialised with wc_compact_report_init, else WC_ERR_INVALID_ARGUMENT). A library
+ * built with WEIGHTCACHE_MOBILE has no canonical compaction: WC_COMPACT_CANONICAL is then
+ * WC_ERR_UNSUPPORTED, the file untouched (docs/INTEGRATION.md, "Mobile builds"). */
 WC_API wc_status wc_compact_ex(const wc_options* options, unsigned flags, wc_compact_report* report);
 
 /* ---- garbage collection of a cache directory ---- */
@@ -632,7 +635,9 @@ WC_API void wc_gc_report_init(wc_gc_report* report);
  * `report` may be NULL, or initialised with wc_gc_report_init. Statuses: WC_OK (the directory was
  * read; see the report), WC_ERR_INVALID_ARGUMENT (NULL or empty dir, uninitialised report),
  * WC_ERR_IO (the directory cannot be read), WC_ERR_NO_MEMORY. Several processes may collect one
- * directory at once (each file is removed by at most one of them).
+ * directory at once (each file is removed by at most one of them). A library built with
+ * WEIGHTCACHE_MOBILE has no gc: WC_ERR_UNSUPPORTED, nothing touched (docs/INTEGRATION.md,
+ * "Mobile builds").
  */
 WC_API wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report);
 

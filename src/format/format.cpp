@@ -1,4 +1,5 @@
 #include "format/format.hpp"
+#include "mobile.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -208,7 +209,9 @@ std::string quoted(std::string_view key) { return "'" + display_key(key) + "'"; 
 class Findings {
  public:
   Findings(std::string* detail, std::vector<Diagnostic>* diagnostics) : detail_(detail), diagnostics_(diagnostics) {}
-  bool diagnosing() const noexcept { return diagnostics_ != nullptr; }
+  // A mobile build has no diagnosing reader (only the CLI's inspect and verify ask for one): the
+  // messages below are then never built, and their code is left out.
+  bool diagnosing() const noexcept { return !kMobileBuild && diagnostics_ != nullptr; }
   Problem first() const noexcept { return first_; }
 
   /// A problem that another finding will describe.
@@ -223,7 +226,7 @@ class Findings {
       first_ = p;
       if (detail_ != nullptr && detail != nullptr) *detail_ = detail;
     }
-    if (diagnostics_ == nullptr) return true;
+    if (!diagnosing()) return true;
     diagnostics_->push_back({kind, message(), std::move(key)});
     return false;
   }

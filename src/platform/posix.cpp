@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 namespace weightcache::platform {
@@ -608,11 +609,29 @@ class PosixPlatform final : public Platform {
   }
 
   Result<void> prepare_for_stores(const File& f, std::uint64_t offset, std::uint64_t len) override {
-    // Never written: its pages stay the kernel's shared zero page, costing no memory.
-    alignas(4096) static std::byte zeros[1 << 20];
+    // One page of zeros, never written (so it stays the kernel's shared zero page), named
+    // kIovecs times in each pwritev: 1 MiB per call, as many calls as writing a 1 MiB buffer
+    // took, without 1 MiB of .bss in every process that loads the library. The iovecs (4 KiB)
+    // are on the stack.
+    constexpr std::size_t kZeros = 4096, kIovecs = 256;
+    alignas(64) static std::byte zeros[kZeros];
+    struct iovec iov[kIovecs];
     while (len > 0) {
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, sizeof zeros));
-      if (auto r = write_at(f, zeros, n, offset); !r) return r;
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, kZeros * kIovecs));
+      if (offset + n > file_size_limit()) return file_size_limit_reached(f);
+      // The 1 MiB piece, over as many calls as it takes (interrupted, or short: the next call
+      // starts where the last one ended).
+      for (std::size_t done = 0; done < n;) {
+        int count = 0;
+        for (std::size_t put = done; put < n; put += kZeros) iov[count++] = {zeros, std::min(kZeros, n - put)};
+        const ssize_t w = sys().pwritev(fd_of(f), iov, count, static_cast<off_t>(offset + done));
+        if (w < 0) {
+          if (errno == EINTR) continue;
+          return os_error(errno, "write failed on", f.path());
+        }
+        if (w == 0) return Error{Errc::io, 0, "write made no progress on '" + f.path() + "'"};
+        done += static_cast<std::size_t>(w);
+      }
       offset += n;
       len -= n;
     }

@@ -17,6 +17,7 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #if defined(__linux__)
 #include <sys/xattr.h>
 #endif
@@ -62,6 +63,22 @@ inline ssize_t fgetxattr(int fd, const char* name, void* value, size_t size) {
   return unavailable<ssize_t>(ENOTSUP, fd, name, value, size);
 #endif
 }
+// Android has pwritev from API level 24, macOS from 11 (iOS 14): before those, one pwrite per
+// buffer, which ends where the first one falls short or fails, as a short pwritev would.
+inline ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t off) {
+#if (defined(__ANDROID__) && __ANDROID_API__ < 24) || defined(__APPLE__)
+  ssize_t done = 0;
+  for (int i = 0; i < count; ++i) {
+    const ssize_t n = ::pwrite(fd, iov[i].iov_base, iov[i].iov_len, off + done);
+    if (n < 0) return done > 0 ? done : n;
+    done += n;
+    if (static_cast<size_t>(n) < iov[i].iov_len) break;
+  }
+  return done;
+#else
+  return ::pwritev(fd, iov, count, off);
+#endif
+}
 inline int getrlimit(int resource, struct rlimit* rl) {
   return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
 }
@@ -79,6 +96,8 @@ inline int getrlimit(int resource, struct rlimit* rl) {
   X(fstat, ::fstat, int, (int fd, struct stat* st))                                                     \
   X(pread, ::pread, ssize_t, (int fd, void* buf, size_t n, off_t off))                                  \
   X(pwrite, ::pwrite, ssize_t, (int fd, const void* buf, size_t n, off_t off))                          \
+  /* zeros for space about to be stored into (Platform::prepare_for_stores) */                          \
+  X(pwritev, posix_default::pwritev, ssize_t, (int fd, const struct iovec* iov, int count, off_t off))  \
   /* SEEK_HOLE only: reads and writes say their offset */                                               \
   X(lseek, ::lseek, off_t, (int fd, off_t off, int whence))                                             \
   /* FS_IOC_FIEMAP only */                                                                              \

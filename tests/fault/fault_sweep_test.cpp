@@ -84,8 +84,8 @@ void run_one(std::uint64_t n, bool persistent, const FaultKind& kind, const Clea
       if (i == n && c != clean.seq[n - 1]) totals->off_script++;
       if ((i == n || (persistent && i > n)) && kind.applies(c)) {
         if (c != Call::munmap) totals->failed[static_cast<int>(c)]++;  // the hooks never fail an unmap
-        // Short writes only make sense for pwrite: EIO elsewhere.
-        if (kind.decision.kind == wctest::Decision::short_write && c != Call::pwrite)
+        // Short writes only make sense for pwrite and pwritev: EIO elsewhere.
+        if (kind.decision.kind == wctest::Decision::short_write && c != Call::pwrite && c != Call::pwritev)
           return wctest::Decision{wctest::Decision::fail, EIO};
         return kind.decision;
       }
@@ -140,7 +140,7 @@ TEST_P(FaultSweep, EveryCallEveryKindTransientAndPersistent) {
   // of the heap fallback. prefetch's madvise: nothing calls it yet.)
   std::array<std::uint64_t, wctest::kCallCount> made{};
   for (Call c : clean.seq) made[static_cast<int>(c)]++;
-  for (Call c : {Call::open, Call::close, Call::fstat, Call::pread, Call::pwrite, Call::posix_fallocate,
+  for (Call c : {Call::open, Call::close, Call::fstat, Call::pread, Call::pwrite, Call::pwritev, Call::posix_fallocate,
                  Call::ftruncate, Call::fdatasync, Call::mmap, Call::munmap, Call::msync, Call::flock, Call::stat,
                  Call::lstat, Call::fcntl, Call::fcntl_lock, Call::futimens, Call::getrlimit})
     EXPECT_GT(made[static_cast<int>(c)], 0u) << wctest::call_name(c) << " is not in the run";

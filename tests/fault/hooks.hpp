@@ -11,7 +11,9 @@
 #include "platform/posix_calls.hpp"
 
 #include <sys/mman.h>
+#include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -40,7 +42,7 @@ constexpr bool hooked(Call c) {
   return c != Call::getpid && c != Call::sysconf && c != Call::opendir && c != Call::readdir && c != Call::closedir;
 }
 
-// What to do with one call: run it, fail it with an errno, or (pwrite only) write half.
+// What to do with one call: run it, fail it with an errno, or (pwrite and pwritev only) write half.
 struct Decision {
   enum Kind { pass, fail, short_write } kind = pass;
   int err = 0;
@@ -62,6 +64,7 @@ class Hooks {
     // The entries whose hook does more than fail or forward and record.
     t.close = close;
     t.pwrite = pwrite;
+    t.pwritev = pwritev;
     t.munmap = munmap;
     t.clock_gettime = clock_gettime;
   }
@@ -210,6 +213,23 @@ class Hooks {
     const ssize_t r = below().pwrite(fd, b, n, o);
     if (r > 0) instance()->observe(Call::pwrite, fd, b, static_cast<size_t>(r), o, 0);
     return r;
+  }
+  static ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t o) {
+    const Decision d = decide(Call::pwritev);
+    if (d.kind == Decision::fail) return (errno = d.err, -1);
+    std::vector<struct iovec> v(iov, iov + count);
+    if (d.kind == Decision::short_write) {  // the first half of the bytes, cut inside a buffer if need be
+      std::size_t total = 0;
+      for (const auto& b : v) total += b.iov_len;
+      std::size_t keep = total / 2;
+      std::size_t i = 0;
+      for (; i < v.size() && keep > 0; ++i) {
+        v[i].iov_len = std::min(v[i].iov_len, keep);
+        keep -= v[i].iov_len;
+      }
+      if (i > 0) v.resize(i);
+    }
+    return below().pwritev(fd, v.data(), static_cast<int>(v.size()), o);
   }
   // A fixed clock, far ahead of any file's change time: whether a process may record what it
   // verified (core_trust.cpp) must not depend on how fast a run goes, or the runs of a sweep would
