@@ -10,7 +10,6 @@
 #include <cstring>
 #include <map>
 #include <new>
-#include <random>
 #include <type_traits>
 
 namespace weightcache {
@@ -58,22 +57,6 @@ bool append_message(char* out, std::size_t& used, const char* text, std::size_t 
   used += mark;
   out[used] = '\0';
   return false;
-}
-
-// Seeds the index's key hash: a hostile file cannot pick keys that collide in this process's
-// tables without knowing it.
-std::uint64_t process_key_seed() {
-  static const std::uint64_t seed = [] {
-    std::uint64_t v = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    try {
-      std::random_device rd;
-      v ^= (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-    } catch (...) {
-      // No entropy source: the clock alone still differs from run to run.
-    }
-    return v;
-  }();
-  return seed;
 }
 
 // Which cache of this process holds the writer lease on a lock file (by the lock file's identity):
@@ -262,7 +245,7 @@ std::size_t StripedCounter::stripe() noexcept {
 Core::Core(const Options& options, platform::Platform& pf)
     : pf_(pf),
       opts_(options),
-      index_(process_key_seed()),
+      index_(format::process_hash_seed()),
       opener_forks_(platform::fork_generation()),
       opener_pid_(pf.process_id()) {
   compat_hash_ = format::hash_bytes(opts_.compat_key);

@@ -5,6 +5,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
 #include <cstring>
 #include <limits>
 
@@ -16,6 +19,26 @@ namespace {
 const bool kUseAvx2 = __builtin_cpu_supports("avx2");
 }
 #endif
+
+std::uint64_t process_hash_seed() noexcept {
+  static const std::uint64_t seed = [] {
+    std::uint64_t v = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    try {
+      std::random_device rd;
+      v ^= (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    } catch (...) {
+      // No entropy source: the clock alone still differs from run to run.
+    }
+    return v;
+  }();
+  return seed;
+}
+
+namespace {
+std::atomic<std::uint64_t> g_duplicate_probes{0};
+}  // namespace
+
+std::uint64_t duplicate_check_probes() noexcept { return g_duplicate_probes.load(std::memory_order_relaxed); }
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
 #if WEIGHTCACHE_HAVE_AVX2_HASH
@@ -248,9 +271,18 @@ Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, 
   std::size_t slots = 16;
   while (slots < records.size() * 2) slots *= 2;
   std::vector<std::uint32_t> table(slots, 0);  // record number + 1; 0: empty
+  const std::uint64_t seed = process_hash_seed();
+  std::uint64_t probes = 0;
+  struct CountProbes {
+    std::uint64_t& n;
+    ~CountProbes() { g_duplicate_probes.fetch_add(n, std::memory_order_relaxed); }
+  } count_probes{probes};
   auto first_with_key = [&](std::size_t i) -> bool {
     const std::string& key = records[i].key;
-    for (std::size_t at = XXH3_64bits(key.data(), key.size()) & (slots - 1);; at = (at + 1) & (slots - 1)) {
+    // Seeded per process: a hostile file cannot pile its keys into one probe run.
+    for (std::size_t at = XXH3_64bits_withSeed(key.data(), key.size(), seed) & (slots - 1);;
+         at = (at + 1) & (slots - 1)) {
+      ++probes;
       if (table[at] == 0) {
         table[at] = static_cast<std::uint32_t>(i + 1);
         return true;

@@ -144,6 +144,13 @@ inline std::uint64_t get_u64_be(const std::byte* p) {
 }
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept;
+/// A seed for hash tables keyed by what a file says (keys), random per process: a hostile file
+/// cannot pick keys that collide in this process's tables without knowing it.
+std::uint64_t process_hash_seed() noexcept;
+/// Slots visited by check_layout's duplicate-key table since the process started (every record
+/// visits at least one): what tests read to see that a file's keys cannot make the check
+/// quadratic.
+std::uint64_t duplicate_check_probes() noexcept;
 inline std::uint64_t hash_bytes(std::string_view s) noexcept { return hash_bytes(s.data(), s.size()); }
 
 /// XXH3-64 over data that arrives in pieces; equals hash_bytes() of the concatenation. The
