@@ -101,12 +101,28 @@ Result<std::shared_ptr<Core>> share(std::shared_ptr<Core> core, const Options& o
                                    std::to_string(options.alignment) + " asked for; open it with one alignment everywhere");
 }
 
-// A key for "an open of this file is in progress", known before the file's identity is: the
-// path with its existing directories resolved.
-std::string opening_key(const Options& options, std::uint64_t compat) {
+// A key for "an open of this file is in progress", whatever its compatibility key and mode, so
+// that two opens of one file under two keys take turns and the second is refused as
+// incompatible instead of racing the first to a rebuild. The file's identity where it exists
+// (a path and a descriptor of one file share it), else the path with its existing directories
+// resolved (a file about to be created).
+std::string opening_key(const Options& options) {
+  if (auto st = platform::os().stat_path(options.path, options.allow_symlink))
+    return "id:" + std::to_string(st->device) + ':' + std::to_string(st->inode);
   std::error_code ec;
   auto p = std::filesystem::weakly_canonical(options.path, ec);
-  return (ec ? options.path : p.string()) + '\0' + std::to_string(compat) + (options.read_only ? "r" : "w");
+  return "path:" + (ec ? options.path : p.string());
+}
+
+std::shared_ptr<std::mutex> gate_locked(Registry& reg, const std::string& key) {
+  auto& g = reg.opening[key];
+  if (!g) g = std::make_shared<std::mutex>();
+  return g;
+}
+
+void prune_gates_locked(Registry& reg, const std::shared_ptr<std::mutex>& ours) {
+  for (auto it = reg.opening.begin(); it != reg.opening.end();)
+    it = it->second.use_count() == 1 && it->second != ours ? reg.opening.erase(it) : std::next(it);
 }
 
 // A cache on the caller's descriptor or handle: a cache of its own, but refused (as by path)
@@ -115,12 +131,22 @@ std::string opening_key(const Options& options, std::uint64_t compat) {
 Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
   Registry& reg = instance();
   const std::uint64_t compat = format::hash_bytes(options.compat_key);
-  {
-    auto& pf = platform::os();
-    auto f = options.handle != nullptr ? pf.reopen_os_handle(options.handle, false) : pf.reopen(options.fd, false);
-    auto st = f ? pf.stat_file(f.value()) : Result<platform::FileInfo>(f.error());
+  auto& pf = platform::os();
+  auto f = options.handle != nullptr ? pf.reopen_os_handle(options.handle, false) : pf.reopen(options.fd, false);
+  auto st = f ? pf.stat_file(f.value()) : Result<platform::FileInfo>(f.error());
+  // Writable opens of one file take turns (see opening_key), by path or descriptor alike. Not a
+  // read-only one: it never rebuilds, and may wait for a writer of this process to set an empty
+  // file up.
+  std::shared_ptr<std::mutex> gate;
+  if (st && !options.read_only) {
     std::lock_guard<std::mutex> lock(reg.mu);
-    if (st && other_key_live_locked(reg, st->device, st->inode, compat)) {
+    gate = gate_locked(reg, "id:" + std::to_string(st->device) + ':' + std::to_string(st->inode));
+  }
+  std::unique_lock<std::mutex> opening;
+  if (gate) opening = std::unique_lock<std::mutex>(*gate);
+  if (st) {
+    std::lock_guard<std::mutex> lock(reg.mu);
+    if (other_key_live_locked(reg, st->device, st->inode, compat)) {
       Options named = options;
       if (named.path.empty())
         named.path = options.handle != nullptr ? "the file of the handle given" : "fd " + std::to_string(options.fd);
@@ -133,6 +159,7 @@ Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
   std::lock_guard<std::mutex> lock(reg.mu);
   std::erase_if(reg.descriptor_caches, [](const DescriptorCache& d) { return d.core.expired(); });
   reg.descriptor_caches.push_back({id.device, id.inode, compat, core.value()});
+  prune_gates_locked(reg, gate);
   return core;
 }
 
@@ -160,9 +187,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) {
     {
       std::lock_guard<std::mutex> lock(reg.mu);
       if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);
-      auto& g = reg.opening[opening_key(options, compat)];
-      if (!g) g = std::make_shared<std::mutex>();
-      gate = g;
+      gate = gate_locked(reg, opening_key(options));
     }
     // Opening may wait for another process's lease (while it builds the file): hold only this
     // file's gate, never the registry's mutex, so opens of other files go on meanwhile.
@@ -185,9 +210,7 @@ Result<std::shared_ptr<Core>> open(const Options& options) {
     for (auto it = reg.caches.begin(); it != reg.caches.end();) {
       it = it->second.expired() ? reg.caches.erase(it) : std::next(it);
     }
-    for (auto it = reg.opening.begin(); it != reg.opening.end();) {
-      it = it->second.use_count() == 1 && it->second != gate ? reg.opening.erase(it) : std::next(it);
-    }
+    prune_gates_locked(reg, gate);
     return core;
   } catch (const std::bad_alloc&) {
     return fail(platform::no_memory_error("out of memory while opening the cache", options.path));

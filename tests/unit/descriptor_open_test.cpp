@@ -64,6 +64,64 @@ TEST(DescriptorOpen, AnotherCompatibilityKeyOnAFileThisProcessHasOpenIsIncompati
   }
 }
 
+// Two threads open one file at once under two keys, by path or descriptor: the opens take
+// turns, so one gets the cache and the other is refused as incompatible; never BUSY (the loser
+// waiting for a rebuild that the winner's cache keeps from happening).
+TEST(DescriptorOpen, TwoKeysOpeningOneFileAtOnceGiveOneCacheAndOneIncompatibleNeverBusy) {
+  TempDir dir("wc-fd");
+  const std::string path = dir.file("race.wcache");
+  enum How { by_path, by_fd };
+  for (const auto [how_a, how_b] : {std::pair{by_path, by_path}, std::pair{by_path, by_fd}, std::pair{by_fd, by_fd}}) {
+    for (int round = 0; round < 15; ++round) {
+      SCOPED_TRACE(std::to_string(how_a) + "/" + std::to_string(how_b) + " round " + std::to_string(round));
+      std::filesystem::remove(path);
+      std::filesystem::remove(path + ".lock");
+      {
+        Options o;
+        o.path = path;
+        o.compat_key = "key A";
+        WeightCache w = open_or_fail(o);
+        ASSERT_NE(w.insert("w", "bytes of key A"), kNotFound) << last_error().message;
+        ASSERT_TRUE(w.finalize().ok());
+      }
+      const int fd_a = ::open(path.c_str(), O_RDWR | O_CLOEXEC), fd_b = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      ASSERT_GE(fd_a, 0);
+      ASSERT_GE(fd_b, 0);
+      auto options = [&](How how, int fd, const char* key) {
+        Options o = how == by_fd ? on_descriptor(fd, key) : Options{};
+        if (how == by_path) {
+          o.path = path;
+          o.compat_key = key;
+        }
+        o.backing = Backing::file;
+        o.lease_timeout = std::chrono::seconds(20);
+        return o;
+      };
+      std::atomic<int> ready{0};
+      Result<WeightCache> a = Error{Errc::io, 0, "not run"}, b = Error{Errc::io, 0, "not run"};
+      auto run = [&](Result<WeightCache>* out, Options o) {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        *out = WeightCache::open(o);
+      };
+      std::thread ta(run, &a, options(how_a, fd_a, "key A")), tb(run, &b, options(how_b, fd_b, "key B"));
+      ta.join();
+      tb.join();
+      for (const Result<WeightCache>* r : {&a, &b})
+        if (!r->ok()) {
+          EXPECT_EQ(r->error().code, Errc::incompatible) << r->error().message;
+        }
+      EXPECT_NE(a.ok(), b.ok()) << "both or neither got a cache: " << (a.ok() ? "ok" : a.error().message) << " / "
+                                << (b.ok() ? "ok" : b.error().message);
+      a = Error{Errc::io, 0, "closed"};
+      b = Error{Errc::io, 0, "closed"};
+      ::close(fd_a);
+      ::close(fd_b);
+    }
+  }
+}
+
 TEST(DescriptorOpen, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterSettingItUp) {
   TempDir dir("wc-fd");
   const std::string path = dir.file("cache.wcache");
