@@ -260,9 +260,11 @@ typedef struct wc_options {
              is opened or created at it, no "<path>.lock" either; the writer lease and the in-use
              lock are taken on the file itself. Not a regular file (nor a memfd):
              WC_ERR_INVALID_ARGUMENT (a heap cache with WC_BACKING_AUTO). An empty file is
-             initialised by a writable opener; a read-only opener of an empty file waits (up to
-             lease_timeout) while another process or descriptor has it open, as a writer may be
-             setting it up, and fails with WC_ERR_CORRUPT at once when nobody has. A corrupt or
+             initialised by a writable opener; a read-only opener of an empty file waits while
+             another opener through this library (in any process) has it open, as a writer may
+             be setting it up (WC_ERR_BUSY past lease_timeout), and fails with WC_ERR_CORRUPT at
+             once when none has (a plain open() by a program that is not yet a cache user is not
+             seen: give a reader its descriptor after the writer's wc_open returned). A corrupt or
              incompatible file is rebuilt in place only when no other process has it open; it is
              never compacted at open
              (it cannot be renamed). Such a cache is not shared through the process-wide registry:
