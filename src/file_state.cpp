@@ -96,13 +96,18 @@ Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform
 
 Result<CommittedState> read_committed_current(platform::Platform& pf, const platform::File& fd,
                                               platform::FileInfo* info, std::uint64_t max_bytes,
-                                              std::uint64_t newer_than) {
+                                              std::uint64_t newer_than, Diagnosis* diagnosis) {
   // Each retry needs a commit by another process between two fstat()s; a writer committing in a
   // tight loop could in theory outrun a few, so the bound only keeps a reader from spinning.
   constexpr int kAttempts = 16;
   for (int attempt = 1;; ++attempt) {
-    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than);
-    if (st || st.error().code != Errc::corrupt || attempt == kAttempts) return st;
+    if (diagnosis) *diagnosis = Diagnosis{};
+    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than, diagnosis);
+    // What a commit landing meanwhile looks like: a newest slot past the size seen, which is
+    // either the only one (corrupt) or one the read fell back from.
+    const bool suspect = st ? st->newest_damaged || (diagnosis && !diagnosis->problems.empty())
+                            : st.error().code == Errc::corrupt;
+    if (!suspect || attempt == kAttempts) return st;
     auto seen = pf.stat_file(fd);
     if (!seen || seen->size == info->size) return st;  // damage: nothing moved
     *info = seen.value();
