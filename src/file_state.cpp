@@ -107,10 +107,17 @@ Result<CommittedState> read_committed_current(platform::Platform& pf, const plat
     // either the only one (corrupt) or one the read fell back from.
     const bool suspect = st ? st->newest_damaged || (diagnosis && !diagnosis->problems.empty())
                             : st.error().code == Errc::corrupt;
-    if (!suspect || attempt == kAttempts) return st;
-    auto seen = pf.stat_file(fd);
-    if (!seen || seen->size == info->size) return st;  // damage: nothing moved
-    *info = seen.value();
+    if (suspect && attempt < kAttempts) {
+      auto seen = pf.stat_file(fd);
+      if (seen && seen->size != info->size) {  // a commit landed: read again
+        *info = seen.value();
+        continue;
+      }
+    }
+    // Damage (nothing moved), or none. Said once, for the read that stands: a read that a
+    // commit overtook is not damage.
+    if (st && st->newest_damaged) log::warn("'{}': newest commit slot is damaged; using the previous one", fd.path());
+    return st;
   }
 }
 
@@ -258,7 +265,6 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
     out.slot_index = used;
     out.newest_damaged = used != order[0];
     out.records = std::move(tried[used].records);
-    if (out.newest_damaged) log::warn("'{}': newest commit slot is damaged; using the previous one", path);
     return out;
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while reading the index of '" + path + "'"};

@@ -111,9 +111,10 @@ void expect_all_batches(WeightCache& c, int batches) {
     }
 }
 
-// Writes batch 0, finalizes, and returns the file's size then; batches 1 and 2 follow, each with
-// its own finalize, so that both commit slots end past that size.
-std::uint64_t three_commits(const std::string& path, WeightCache* reader_between = nullptr,
+// Writes batch 0, finalizes, and returns the file's size then; batches 1 .. batches-1 follow,
+// each with its own finalize: with three batches both commit slots end past that size, with two
+// the newest does and the older one still fits.
+std::uint64_t commits_after(const std::string& path, int batches, WeightCache* reader_between = nullptr,
                             Options* reader_options = nullptr) {
   auto w = WeightCache::open(options_for(path));
   EXPECT_TRUE(w) << w.error().message;
@@ -126,12 +127,17 @@ std::uint64_t three_commits(const std::string& path, WeightCache* reader_between
     EXPECT_TRUE(r) << r.error().message;
     if (r) *reader_between = std::move(r.value());
   }
-  for (int b = 1; b < 3; ++b) {
+  for (int b = 1; b < batches; ++b) {
     insert_batch(*w, b);
     EXPECT_TRUE(w->finalize());
   }
   EXPECT_GT(size_of(path), first) << "the later commits did not grow the file";
   return first;
+}
+
+std::uint64_t three_commits(const std::string& path, WeightCache* reader_between = nullptr,
+                            Options* reader_options = nullptr) {
+  return commits_after(path, 3, reader_between, reader_options);
 }
 
 TEST(MovingSize, AnOpenerThatSawTheSizeBeforeTwoCommitsReadsTheFileAgain) {
@@ -169,6 +175,45 @@ TEST(MovingSize, ARefreshThatSawTheSizeBeforeTwoCommitsReadsTheFileAgain) {
   ASSERT_TRUE(refreshed) << refreshed.error().message;
   ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
   expect_all_batches(reader, 3);
+}
+
+// One commit past the size seen: the newest slot points past it while the older one still fits.
+// That is no more damage than two commits are: a read-only opener, which cannot repair anything,
+// must read again and serve the newest commit, not fall back to the older one.
+TEST(MovingSize, AnOpenerThatSawTheSizeBeforeOneCommitReadsTheFileAgain) {
+  weightcache::test::TempDir dir("wc-fault-moving");
+  const std::string path = dir.file("cache.wc");
+  const std::uint64_t stale = commits_after(path, 2);
+  ASSERT_FALSE(testing::Test::HasFailure());
+
+  for (bool read_only : {true, false}) {
+    SCOPED_TRACE(read_only ? "read-only opener" : "writing opener");
+    Options o = options_for(path);
+    o.read_only = read_only;
+    StaleSizeUntilHeaderRead race(path, stale);
+    auto c = WeightCache::open(o);
+    ASSERT_TRUE(c) << c.error().message;
+    ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
+    EXPECT_EQ(c->stats().backing, Backing::file);
+    expect_all_batches(*c, 2);
+  }
+}
+
+TEST(MovingSize, ARefreshThatSawTheSizeBeforeOneCommitReadsTheFileAgain) {
+  weightcache::test::TempDir dir("wc-fault-moving");
+  const std::string path = dir.file("cache.wc");
+  Options ro = options_for(path);
+  ro.read_only = true;
+  WeightCache reader;
+  const std::uint64_t stale = commits_after(path, 2, &reader, &ro);
+  ASSERT_FALSE(testing::Test::HasFailure());
+  ASSERT_EQ(reader.look_up(key_of(1, 0)), kNotFound) << "the reader opened after the later commit";
+
+  StaleSizeUntilHeaderRead race(path, stale);
+  const auto refreshed = reader.refresh();
+  ASSERT_TRUE(refreshed) << refreshed.error().message;
+  ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
+  expect_all_batches(reader, 2);
 }
 
 }  // namespace
