@@ -10,6 +10,7 @@
 #include "platform/posix_calls.hpp"
 #include "temp_dir.hpp"
 
+#include <weightcache/inspect.hpp>
 #include <weightcache/weight_cache.hpp>
 
 #include <gtest/gtest.h>
@@ -214,6 +215,41 @@ TEST(MovingSize, ARefreshThatSawTheSizeBeforeOneCommitReadsTheFileAgain) {
   ASSERT_TRUE(refreshed) << refreshed.error().message;
   ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
   expect_all_batches(reader, 2);
+}
+
+// Inspection (weightcache/inspect.hpp, what `weightcache verify` and `info` print) reads with the
+// same rule: a file that moved under the read is read again, and reported sound, whether one or
+// both commit slots end past the size first seen.
+TEST(MovingSize, AnInspectionThatSawTheSizeBeforeACommitReadsTheFileAgain) {
+  for (int batches : {2, 3}) {
+    SCOPED_TRACE(std::to_string(batches - 1) + " commits past the size seen");
+    weightcache::test::TempDir dir("wc-fault-moving");
+    const std::string path = dir.file("cache.wc");
+    const std::uint64_t stale = commits_after(path, batches);
+    ASSERT_FALSE(testing::Test::HasFailure());
+    std::uint64_t newest = 0;  // the sequence of the last commit, read without a race
+    {
+      auto f = weightcache::inspect::File::open(path);
+      ASSERT_TRUE(f) << f.error().message;
+      auto in = weightcache::inspect::inspect(f.value());
+      ASSERT_TRUE(in && in->findings.empty() && in->slot_index >= 0);
+      newest = in->commit.sequence;
+    }
+
+    StaleSizeUntilHeaderRead race(path, stale);
+    auto f = weightcache::inspect::File::open(path);
+    ASSERT_TRUE(f) << f.error().message;
+    ASSERT_EQ(f->size(), stale) << "the stale size was not reported at open: the race was not made";
+    auto in = weightcache::inspect::inspect(f.value());
+    ASSERT_TRUE(in) << in.error().message;
+    for (const auto& finding : in->findings) ADD_FAILURE() << finding.kind << ": " << finding.message;
+    EXPECT_TRUE(in->index_usable);
+    EXPECT_FALSE(in->newest_commit_damaged);
+    EXPECT_EQ(in->commit.sequence, newest);
+    EXPECT_EQ(in->entries.size(), static_cast<std::size_t>(batches * kPerBatch));
+    EXPECT_EQ(in->file_size, size_of(path)) << "the inspection did not read against the size that moved";
+    EXPECT_EQ(f->size(), in->file_size);
+  }
 }
 
 }  // namespace
