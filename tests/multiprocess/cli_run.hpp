@@ -9,9 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <fcntl.h>
-#include <spawn.h>
-
 #ifndef WEIGHTCACHE_CLI_PATH
 #error "WEIGHTCACHE_CLI_PATH must name the weightcache executable (see tests/multiprocess/CMakeLists.txt)"
 #endif
@@ -23,34 +20,28 @@ struct CliRun {
   std::string out, err;
 };
 
-inline CliRun run_cli(const TempDir& aux, const std::vector<std::string>& args) {
-  const std::string out = aux.file("cli.out"), err = aux.file("cli.err");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  std::vector<std::string> storage;
-#ifdef WEIGHTCACHE_TEST_EMULATOR
-  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);  // see tests/support/spawn.hpp
-#endif
-  storage.push_back(WEIGHTCACHE_CLI_PATH);
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
+/// Starts the tool with its stdout and stderr in the files `name`.out and `name`.err of `aux`;
+/// collect it with finish_cli. Several may run at once (with different names).
+inline Process start_cli(const TempDir& aux, const std::string& name, const std::vector<std::string>& args) {
+  const Process p = spawn_to_files(WEIGHTCACHE_CLI_PATH, args, aux.file(name + ".out"), aux.file(name + ".err"));
+  if (p == kNoProcess) ADD_FAILURE() << "cannot start " << WEIGHTCACHE_CLI_PATH;
+  return p;
+}
+
+/// Waits for a tool started by start_cli and reads what it wrote.
+inline CliRun finish_cli(const TempDir& aux, const std::string& name, Process p) {
   CliRun r;
-  const int rc = ::posix_spawn(&pid, storage.front().c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) {
-    ADD_FAILURE() << "cannot start " << WEIGHTCACHE_CLI_PATH;
-    return r;
-  }
-  const ExitStatus st = wait_process(pid);
+  if (p == kNoProcess) return r;
+  const ExitStatus st = wait_process(p);
   r.code = st.exited ? st.code : 128 + st.signal;
-  r.out = read_file(out);
-  r.err = read_file(err);
+  r.out = read_file(aux.file(name + ".out"));
+  r.err = read_file(aux.file(name + ".err"));
   return r;
+}
+
+/// Runs the tool to its end.
+inline CliRun run_cli(const TempDir& aux, const std::vector<std::string>& args) {
+  return finish_cli(aux, "cli", start_cli(aux, "cli", args));
 }
 
 }  // namespace weightcache::test::mp
