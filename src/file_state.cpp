@@ -96,16 +96,28 @@ Result<format::DecodedHeader> read_header(platform::Platform& pf, const platform
 
 Result<CommittedState> read_committed_current(platform::Platform& pf, const platform::File& fd,
                                               platform::FileInfo* info, std::uint64_t max_bytes,
-                                              std::uint64_t newer_than) {
+                                              std::uint64_t newer_than, Diagnosis* diagnosis) {
   // Each retry needs a commit by another process between two fstat()s; a writer committing in a
   // tight loop could in theory outrun a few, so the bound only keeps a reader from spinning.
   constexpr int kAttempts = 16;
   for (int attempt = 1;; ++attempt) {
-    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than);
-    if (st || st.error().code != Errc::corrupt || attempt == kAttempts) return st;
-    auto seen = pf.stat_file(fd);
-    if (!seen || seen->size == info->size) return st;  // damage: nothing moved
-    *info = seen.value();
+    if (diagnosis) *diagnosis = Diagnosis{};
+    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than, diagnosis);
+    // What a commit landing meanwhile looks like: a newest slot past the size seen, which is
+    // either the only one (corrupt) or one the read fell back from.
+    const bool suspect = st ? st->newest_damaged || (diagnosis && !diagnosis->problems.empty())
+                            : st.error().code == Errc::corrupt;
+    if (suspect && attempt < kAttempts) {
+      auto seen = pf.stat_file(fd);
+      if (seen && seen->size != info->size) {  // a commit landed: read again
+        *info = seen.value();
+        continue;
+      }
+    }
+    // Damage (nothing moved), or none. Said once, for the read that stands: a read that a
+    // commit overtook is not damage.
+    if (st && st->newest_damaged) log::warn("'{}': newest commit slot is damaged; using the previous one", fd.path());
+    return st;
   }
 }
 
@@ -253,7 +265,6 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
     out.slot_index = used;
     out.newest_damaged = used != order[0];
     out.records = std::move(tried[used].records);
-    if (out.newest_damaged) log::warn("'{}': newest commit slot is damaged; using the previous one", path);
     return out;
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory while reading the index of '" + path + "'"};

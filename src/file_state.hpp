@@ -1,6 +1,7 @@
 // Reading what a cache file has committed: the header, the commit slot in use and its index. One
-// parser for every reader of the format (a Core opening or refreshing, compaction, and the CLI,
-// which asks it for a Diagnosis: every problem it meets, in words).
+// parser for every reader of the format (a Core opening or refreshing, compaction, and the
+// inspection library behind the CLI, which asks it for a Diagnosis: every problem it meets, in
+// words).
 #pragma once
 
 #include "format/format.hpp"
@@ -22,7 +23,7 @@ struct CommittedState {
   std::vector<format::IndexRecord> records;
 };
 
-/// What read_committed tells a caller that asks for it (the CLI's verify, info and ls) besides
+/// What read_committed tells a caller that asks for it (inspection: the CLI's verify, info, ls) besides
 /// its result: every problem it meets, in file order, including those it steps over (a damaged
 /// older slot, a newest commit it falls back from); the header, when it decodes; and, when no
 /// commit can be used, the records of the best index that parsed at all, so that their data can
@@ -47,14 +48,18 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
                                       Diagnosis* diagnosis = nullptr);
 
 /// read_committed on the file's current size: reads against `*info` (an fstat of `fd` the caller
-/// made), and when the result is corrupt but a new fstat shows another size, reads again. A writer on another name of the same
-/// file (a hard link, or a path renamed since) may grow the file and commit between the fstat and
-/// the header read; the newest slot then points past the size seen. Writers grow the file before
-/// they write a slot and never cut it below a commit, so a moved size means a commit landed, not
-/// damage. On return `*info` is the fstat the result was read against.
+/// made), and when the result is corrupt, or falls back from the newest commit, or (with a
+/// `diagnosis`) found any problem, but a new fstat shows another size, reads again. A writer in
+/// another process, or on another name of the same file (a hard link, or a path renamed since),
+/// may grow the file and commit between the fstat and the header read; the newest slot then
+/// points past the size seen. Writers grow the file before they write a slot and never cut it
+/// below a commit, so a moved size means a commit landed, not damage. On return `*info` is the
+/// fstat the result was read against, and `*diagnosis` (when given) is the diagnosis of that
+/// read. Every reader of a file that another process may be committing uses this: a Core
+/// opening or refreshing, and the inspection library (weightcache/inspect.hpp).
 Result<CommittedState> read_committed_current(platform::Platform& pf, const platform::File& fd,
                                               platform::FileInfo* info, std::uint64_t max_bytes,
-                                              std::uint64_t newer_than);
+                                              std::uint64_t newer_than, Diagnosis* diagnosis = nullptr);
 
 /// Which header slot the next commit goes to: a slot that never verified, else the one holding
 /// the lower sequence, so the newest commit is never overwritten.

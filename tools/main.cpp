@@ -1,9 +1,8 @@
 // weightcache: inspect and maintain weightcache files (docs/CLI.md).
-#include "format/format.hpp"
-#include "inspect.hpp"
 #include "output.hpp"
 #include "rewrite.hpp"
 
+#include <weightcache/inspect.hpp>
 #include <weightcache/weight_cache.hpp>
 
 #include <nlohmann/json.hpp>
@@ -23,7 +22,9 @@
 namespace weightcache::cli {
 namespace {
 
-namespace fmt_ = weightcache::format;
+using inspect::display_key;
+using inspect::FileFormat;
+using inspect::Inspection;
 // Fields come out in the order they are set, the order docs/CLI.md shows.
 using Json = nlohmann::ordered_json;
 
@@ -172,14 +173,14 @@ void print_json(const Json& j) { print(j.dump(-1, ' ', false, Json::error_handle
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
 // Opens and inspects FILE; on failure prints why and returns the exit code in *code.
-std::optional<std::pair<InputFile, Inspection>> load(const std::string& path, int* code) {
-  auto f = open_for_reading(path);
+std::optional<std::pair<inspect::File, Inspection>> load(const std::string& path, int* code) {
+  auto f = inspect::File::open(path);
   if (!f) {
     say_error(f.error().message);
     *code = kExitCannotRead;
     return std::nullopt;
   }
-  auto in = inspect(f.value());
+  auto in = inspect::inspect(f.value());
   if (!in) {
     say_error("cannot read '" + path + "': " + in.error().message);
     *code = kExitCannotRead;
@@ -213,14 +214,14 @@ int cmd_info(const std::string& path, bool json) {
   const bool ours = in.format == FileFormat::weightcache;
   if (json) {
     Json o = {{"file", path},
-              {"format", format_name(in)},
+              {"format", inspect::to_string(in.format)},
               {"version", ours ? in.header.format_version : in.xpwc_version},
               {"byte_order", in.byte_swapped ? "big" : "little"}};
     if (ours) {
       o["compat_hash"] = hex64(in.header.compat_hash);
       o["alignment"] = in.header.alignment;
       o["size_alignment"] = in.header.size_alignment;
-      o["sequence"] = in.slot.sequence;
+      o["sequence"] = in.commit.sequence;
       o["slot"] = in.slot_index;
       o["newest_commit_damaged"] = in.newest_commit_damaged;
     } else {
@@ -250,7 +251,7 @@ int cmd_info(const std::string& path, bool json) {
     line("compat key hash:", hex64(in.header.compat_hash));
     line("alignment:", u64s(in.header.alignment));
     line("size alignment:", u64s(in.header.size_alignment));
-    line("commit:", "sequence " + u64s(in.slot.sequence) + " (slot " + u64s(in.slot_index) + ")" +
+    line("commit:", "sequence " + u64s(in.commit.sequence) + " (slot " + u64s(in.slot_index) + ")" +
                         (in.newest_commit_damaged ? "; the newest commit is damaged" : ""));
   } else {
     line("compat key hash:", "none (XPWC files carry no compatibility key)");
@@ -277,22 +278,22 @@ int cmd_ls(const std::string& path, bool json) {
   if (json) {
     Json entries = Json::array();
     for (const auto& e : in.entries) {
-      Json j = {{"key", fmt_::display_key(e.key)},
+      Json j = {{"key", display_key(e.key)},
                 {"offset", e.offset},
                 {"size", e.size},
                 {"checksum", optional_string(e.checksum ? std::optional(hex64(*e.checksum)) : std::nullopt)}};
       if (in.format == FileFormat::xpwc) {
-        j["name"] = fmt_::display_key(e.name);
+        j["name"] = display_key(e.name);
         j["seed"] = e.seed ? Json(*e.seed) : Json(nullptr);
       }
       entries.push_back(std::move(j));
     }
-    print_json({{"file", path}, {"format", format_name(in)}, {"entries", std::move(entries)}});
+    print_json({{"file", path}, {"format", inspect::to_string(in.format)}, {"entries", std::move(entries)}});
     return kExitOk;
   }
   std::string o;
   for (const auto& e : in.entries) {
-    o += fmt_::display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
+    o += display_key(e.key) + "\t" + u64s(e.offset) + "\t" + u64s(e.size) + "\t" +
          (e.checksum ? hex64(*e.checksum) : std::string("-")) + "\n";
     if (o.size() > (1u << 16)) {
       print(o);
@@ -308,20 +309,11 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
   auto loaded = load(path, &code);
   if (!loaded) return code;
   Inspection& in = loaded->second;
-  if (compat_key) {
-    if (in.format != FileFormat::weightcache)
-      in.findings.push_back({"compat_key", "an XPWC file records no compatibility key: it was not written for --compat-key",
-                             std::nullopt});
-    else if (in.header.compat_hash != weightcache::format::hash_bytes(*compat_key))
-      in.findings.push_back({"compat_key",
-                             "written for another compatibility key (hash " + hex64(in.header.compat_hash) +
-                                 ", --compat-key hashes to " + hex64(weightcache::format::hash_bytes(*compat_key)) + ")",
-                             std::nullopt});
-  }
+  if (compat_key) inspect::check_compat_key(&in, *compat_key);
   std::uint64_t hashed = 0;
   {
     Progress progress("verifying", in.payload_bytes());
-    auto r = check_checksums(loaded->first, &in, &progress);
+    auto r = inspect::check_checksums(loaded->first, &in, progress.callback());
     if (!r) {
       progress.finish();
       say_error("cannot read '" + path + "': " + r.error().message);
@@ -334,12 +326,12 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
     Json problems = Json::array();
     for (const auto& f : in.findings) {
       Json p = {{"kind", f.kind}};
-      if (f.key) p["key"] = fmt_::display_key(*f.key);
+      if (f.key) p["key"] = display_key(*f.key);
       p["message"] = f.message;
       problems.push_back(std::move(p));
     }
     print_json({{"file", path},
-                {"format", format_name(in)},
+                {"format", inspect::to_string(in.format)},
                 {"ok", ok},
                 {"entries", in.entries.size()},
                 {"checksummed_bytes", hashed},
@@ -360,34 +352,34 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
 }
 
 int cmd_cat(const std::string& path, const std::string& key_arg) {
-  const auto key = fmt_::parse_key(key_arg);
+  const auto key = inspect::parse_key(key_arg);
   if (!key) return usage_error("KEY '" + key_arg + "' starts with 0x but is not an even number of hex digits", "cat");
   int code = kExitOk;
   auto loaded = load(path, &code);
   if (!loaded) return code;
   const Inspection& in = loaded->second;
   if (!require_index(path, in, &code)) return code;
-  const Entry* e = nullptr;
+  const inspect::Entry* e = nullptr;
   for (const auto& x : in.entries)
     if (x.key == *key) e = &x;
   if (e == nullptr) {
-    say_error("no entry with key '" + fmt_::display_key(*key) + "' in '" + path + "'");
+    say_error("no entry with key '" + display_key(*key) + "' in '" + path + "'");
     return kExitProblems;
   }
   if (!e->in_bounds) {
-    say_error("entry '" + fmt_::display_key(*key) + "' lies outside the file's data area; nothing written");
+    say_error("entry '" + display_key(*key) + "' lies outside the file's data area; nothing written");
     return kExitProblems;
   }
   // Check first, then write: a damaged entry must produce no output at all. The second read of
   // a large entry comes from the page cache.
   if (e->checksum) {
-    auto h = hash_range(loaded->first, e->offset, e->size, nullptr);
+    auto h = inspect::hash_range(loaded->first, e->offset, e->size);
     if (!h) {
       say_error("cannot read '" + path + "': " + h.error().message);
       return kExitCannotRead;
     }
     if (h.value() != *e->checksum) {
-      say_error("entry '" + fmt_::display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
+      say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
                 ", the data hashes to " + hex64(h.value()) + "); nothing written");
       return kExitProblems;
     }
@@ -400,7 +392,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     }
     return {};
   };
-  auto h = hash_range(loaded->first, e->offset, e->size, nullptr, sink);
+  auto h = inspect::hash_range(loaded->first, e->offset, e->size, {}, sink);
   if (write_failed || std::fflush(stdout) != 0) {
     say_error(std::string("cannot write to stdout: ") + std::strerror(errno));
     return kExitIo;
@@ -410,7 +402,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     return kExitCannotRead;
   }
   if (e->checksum && h.value() != *e->checksum) {
-    say_error("entry '" + fmt_::display_key(*key) + "' changed while it was being written");
+    say_error("entry '" + display_key(*key) + "' changed while it was being written");
     return kExitProblems;
   }
   return kExitOk;

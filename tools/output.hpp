@@ -1,9 +1,10 @@
 // Presentation helpers of the command-line tool: hex and human sizes, and the progress line.
-// Keys are shown and parsed as the library does (format::display_key, parse_key).
+// Keys are shown and parsed as the library does (inspect::display_key, parse_key).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace weightcache::cli {
@@ -34,6 +35,10 @@ class Progress {
   Progress& operator=(const Progress&) = delete;
 
   void add(std::uint64_t bytes);
+  /// add() as a callback for the library's inspection calls; this Progress must outlive it.
+  std::function<void(std::uint64_t)> callback() {
+    return [this](std::uint64_t bytes) { add(bytes); };
+  }
   /// Clears the line (if one was drawn).
   void finish();
 

@@ -1,7 +1,8 @@
-// Writing side of the command-line tool: `compact` (rewrite a cache with only its live entries)
-// and `convert` (ExecuTorch XPWC file -> weightcache file). Both build the new file under a
-// temporary name in the destination's directory, verify it, and rename it into place, so a
-// reader never sees a half-written file and processes that have the old file mapped keep it.
+// Writing commands of the command-line tool: `compact` (rewrite a cache with only its live
+// entries: wc_compact_ex) and `convert` (ExecuTorch XPWC file -> weightcache file:
+// inspect::convert_xpwc). The library builds the new file under a temporary name in the
+// destination's directory, verifies it and renames it into place; here are the arguments, the
+// checks that pick a message and an exit code, and the printing.
 #pragma once
 
 #include <cstdint>

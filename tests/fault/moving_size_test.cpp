@@ -10,6 +10,7 @@
 #include "platform/posix_calls.hpp"
 #include "temp_dir.hpp"
 
+#include <weightcache/inspect.hpp>
 #include <weightcache/weight_cache.hpp>
 
 #include <gtest/gtest.h>
@@ -111,9 +112,10 @@ void expect_all_batches(WeightCache& c, int batches) {
     }
 }
 
-// Writes batch 0, finalizes, and returns the file's size then; batches 1 and 2 follow, each with
-// its own finalize, so that both commit slots end past that size.
-std::uint64_t three_commits(const std::string& path, WeightCache* reader_between = nullptr,
+// Writes batch 0, finalizes, and returns the file's size then; batches 1 .. batches-1 follow,
+// each with its own finalize: with three batches both commit slots end past that size, with two
+// the newest does and the older one still fits.
+std::uint64_t commits_after(const std::string& path, int batches, WeightCache* reader_between = nullptr,
                             Options* reader_options = nullptr) {
   auto w = WeightCache::open(options_for(path));
   EXPECT_TRUE(w) << w.error().message;
@@ -126,12 +128,17 @@ std::uint64_t three_commits(const std::string& path, WeightCache* reader_between
     EXPECT_TRUE(r) << r.error().message;
     if (r) *reader_between = std::move(r.value());
   }
-  for (int b = 1; b < 3; ++b) {
+  for (int b = 1; b < batches; ++b) {
     insert_batch(*w, b);
     EXPECT_TRUE(w->finalize());
   }
   EXPECT_GT(size_of(path), first) << "the later commits did not grow the file";
   return first;
+}
+
+std::uint64_t three_commits(const std::string& path, WeightCache* reader_between = nullptr,
+                            Options* reader_options = nullptr) {
+  return commits_after(path, 3, reader_between, reader_options);
 }
 
 TEST(MovingSize, AnOpenerThatSawTheSizeBeforeTwoCommitsReadsTheFileAgain) {
@@ -169,6 +176,80 @@ TEST(MovingSize, ARefreshThatSawTheSizeBeforeTwoCommitsReadsTheFileAgain) {
   ASSERT_TRUE(refreshed) << refreshed.error().message;
   ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
   expect_all_batches(reader, 3);
+}
+
+// One commit past the size seen: the newest slot points past it while the older one still fits.
+// That is no more damage than two commits are: a read-only opener, which cannot repair anything,
+// must read again and serve the newest commit, not fall back to the older one.
+TEST(MovingSize, AnOpenerThatSawTheSizeBeforeOneCommitReadsTheFileAgain) {
+  weightcache::test::TempDir dir("wc-fault-moving");
+  const std::string path = dir.file("cache.wc");
+  const std::uint64_t stale = commits_after(path, 2);
+  ASSERT_FALSE(testing::Test::HasFailure());
+
+  for (bool read_only : {true, false}) {
+    SCOPED_TRACE(read_only ? "read-only opener" : "writing opener");
+    Options o = options_for(path);
+    o.read_only = read_only;
+    StaleSizeUntilHeaderRead race(path, stale);
+    auto c = WeightCache::open(o);
+    ASSERT_TRUE(c) << c.error().message;
+    ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
+    EXPECT_EQ(c->stats().backing, Backing::file);
+    expect_all_batches(*c, 2);
+  }
+}
+
+TEST(MovingSize, ARefreshThatSawTheSizeBeforeOneCommitReadsTheFileAgain) {
+  weightcache::test::TempDir dir("wc-fault-moving");
+  const std::string path = dir.file("cache.wc");
+  Options ro = options_for(path);
+  ro.read_only = true;
+  WeightCache reader;
+  const std::uint64_t stale = commits_after(path, 2, &reader, &ro);
+  ASSERT_FALSE(testing::Test::HasFailure());
+  ASSERT_EQ(reader.look_up(key_of(1, 0)), kNotFound) << "the reader opened after the later commit";
+
+  StaleSizeUntilHeaderRead race(path, stale);
+  const auto refreshed = reader.refresh();
+  ASSERT_TRUE(refreshed) << refreshed.error().message;
+  ASSERT_GT(race.stale_reports.load(), 0) << "the stale size was never reported: the race was not made";
+  expect_all_batches(reader, 2);
+}
+
+// Inspection (weightcache/inspect.hpp, what `weightcache verify` and `info` print) reads with the
+// same rule: a file that moved under the read is read again, and reported sound, whether one or
+// both commit slots end past the size first seen.
+TEST(MovingSize, AnInspectionThatSawTheSizeBeforeACommitReadsTheFileAgain) {
+  for (int batches : {2, 3}) {
+    SCOPED_TRACE(std::to_string(batches - 1) + " commits past the size seen");
+    weightcache::test::TempDir dir("wc-fault-moving");
+    const std::string path = dir.file("cache.wc");
+    const std::uint64_t stale = commits_after(path, batches);
+    ASSERT_FALSE(testing::Test::HasFailure());
+    std::uint64_t newest = 0;  // the sequence of the last commit, read without a race
+    {
+      auto f = weightcache::inspect::File::open(path);
+      ASSERT_TRUE(f) << f.error().message;
+      auto in = weightcache::inspect::inspect(f.value());
+      ASSERT_TRUE(in && in->findings.empty() && in->slot_index >= 0);
+      newest = in->commit.sequence;
+    }
+
+    StaleSizeUntilHeaderRead race(path, stale);
+    auto f = weightcache::inspect::File::open(path);
+    ASSERT_TRUE(f) << f.error().message;
+    ASSERT_EQ(f->size(), stale) << "the stale size was not reported at open: the race was not made";
+    auto in = weightcache::inspect::inspect(f.value());
+    ASSERT_TRUE(in) << in.error().message;
+    for (const auto& finding : in->findings) ADD_FAILURE() << finding.kind << ": " << finding.message;
+    EXPECT_TRUE(in->index_usable);
+    EXPECT_FALSE(in->newest_commit_damaged);
+    EXPECT_EQ(in->commit.sequence, newest);
+    EXPECT_EQ(in->entries.size(), static_cast<std::size_t>(batches * kPerBatch));
+    EXPECT_EQ(in->file_size, size_of(path)) << "the inspection did not read against the size that moved";
+    EXPECT_EQ(f->size(), in->file_size);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 # Installs the build tree into a fresh prefix with `cmake --install --prefix`, then builds the
 # consumers the way users do: with pkg-config (C, shared), with pkg-config and the static library
 # (C++), and with find_package(weightcache CONFIG) (both targets, also from a C-only project);
+# the inspection library with pkg-config and find_package;
 # each runs twice on one cache file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
 # <weightcache/xnnpack.h>) is built against the shared and the static library both ways too.
 # Finally the prefix is moved, and the pkg-config build still works (the .pc file finds its
@@ -24,7 +25,7 @@ run_twice() {  # name, binary
 }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for h in weightcache.h weight_cache.hpp xnnpack.h; do
+for h in weightcache.h weight_cache.hpp xnnpack.h inspect.hpp; do
   [[ -f $prefix/include/weightcache/$h ]] || fail "no installed weightcache/$h"
 done
 pcdir=$(dirname "$(find "$prefix" -name weightcache.pc | head -1)")
@@ -65,6 +66,15 @@ if readelf -d "$work/xnn_static" | grep >/dev/null 'NEEDED.*libweightcache'; the
 fi
 run_twice xnn_static "$work/xnn_static"
 
+# 3b. The inspection library through pkg-config (C++, with the static library it needs).
+rm -f "$work/inspect_pc.wcache"
+# shellcheck disable=SC2046
+"$cxx" -std=c++20 -Wall -Werror "$src/tests/install/consumer_inspect.cpp" -o "$work/inspect_pc" \
+  $(PKG_CONFIG_PATH=$pcdir pkg-config --cflags --libs weightcache-inspect)
+out=$("$work/inspect_pc" "$work/inspect_pc.wcache") || fail "inspect_pc failed: $out"
+[[ $out == "entries=1 findings=0 checksummed=5" ]] || fail "inspect_pc printed '$out'"
+echo "install_test: inspect_pc ok"
+
 # 4. find_package, both targets.
 mkdir -p "$work/consumer"
 cat >"$work/consumer/CMakeLists.txt" <<CMAKE
@@ -80,6 +90,9 @@ add_executable(xnn_cmake $src/tests/install/consumer_xnnpack.c)
 target_link_libraries(xnn_cmake PRIVATE weightcache::weightcache)
 add_executable(xnn_cmake_static $src/tests/install/consumer_xnnpack.c)
 target_link_libraries(xnn_cmake_static PRIVATE weightcache::weightcache_static)
+add_executable(inspect_cmake $src/tests/install/consumer_inspect.cpp)
+target_compile_features(inspect_cmake PRIVATE cxx_std_20)
+target_link_libraries(inspect_cmake PRIVATE weightcache::weightcache_inspect)
 CMAKE
 cmake -S "$work/consumer" -B "$work/consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
@@ -88,6 +101,9 @@ run_twice c_cmake "$work/consumer/build/c_cmake"
 run_twice cxx_cmake_static "$work/consumer/build/cxx_cmake_static"
 run_twice xnn_cmake "$work/consumer/build/xnn_cmake"
 run_twice xnn_cmake_static "$work/consumer/build/xnn_cmake_static"
+out=$("$work/consumer/build/inspect_cmake" "$work/inspect_cmake.wcache") || fail "inspect_cmake failed: $out"
+[[ $out == "entries=1 findings=0 checksummed=5" ]] || fail "inspect_cmake printed '$out'"
+echo "install_test: inspect_cmake ok"
 
 # 4b. The ONNX Runtime execution provider, when the build made one: pkg-config's ort_ep and the
 # package's WEIGHTCACHE_ORT_EP_LIBRARY name the installed file (the absolute path ONNX Runtime's

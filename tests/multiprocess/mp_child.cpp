@@ -219,6 +219,30 @@ int run_verify(const KeyValues& kv) {
   return kChildOk;
 }
 
+// Commits one small entry at a time, each under one of a few keys with new bytes (so the index
+// stays small while the file keeps growing), until the file `stop` exists or `rounds` commits are
+// made: a writer committing in a tight loop for readers that race it. Reports the commits made.
+int run_commit_loop(const KeyValues& kv) {
+  const std::string path = str(kv, "path"), stop = str(kv, "stop"), results = str(kv, "results");
+  const std::size_t rounds = num(kv, "rounds", 0), size = num(kv, "size", 0);
+  if (path.empty() || stop.empty() || rounds == 0 || size == 0)
+    return fail(kChildUsage, "commit_loop: path, stop, rounds and size are required");
+  auto opened = WeightCache::open(cache_options(path));
+  if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
+  WeightCache& cache = opened.value();
+  std::uint64_t commits = 0;
+  std::error_code ec;
+  for (std::size_t r = 0; r < rounds && !std::filesystem::exists(stop, ec); ++r) {
+    const std::string key = "loop/" + std::to_string(r % 8);
+    if (cache.insert(key, bytes_for_key(key + "#" + std::to_string(r), size)) == kNotFound)
+      return fail(kChildCacheError, "insert: " + last_error().message);
+    if (auto f = cache.finalize(); !f) return fail(kChildCacheError, "finalize: " + f.error().message);
+    ++commits;
+  }
+  if (!results.empty() && !write_results(results, {{"commits", commits}})) return fail(kChildUsage, "cannot write results");
+  return kChildOk;
+}
+
 int run_hold(const KeyValues& kv) {
   const std::string path = str(kv, "path"), tag = str(kv, "tag");
   const std::size_t count = num(kv, "count", 0), size = num(kv, "size", 0);
@@ -448,6 +472,7 @@ int main(int argc, char** argv) {
   if (mode == "pack") return run_pack(kv);
   if (mode == "reader") return run_reader(kv);
   if (mode == "hold") return run_hold(kv);
+  if (mode == "commit_loop") return run_commit_loop(kv);
   if (mode == "verify") return run_verify(kv);
   if (mode == "replace") return run_replace(kv);
   if (mode == "keep_reading") return run_keep_reading(kv);

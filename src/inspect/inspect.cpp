@@ -1,17 +1,25 @@
-#include "inspect.hpp"
+// The reading side of inspection (weightcache/inspect.hpp): recognises a weightcache file or an
+// ExecuTorch XPWC file, checks every structure it can reach, and lists the entries. A weightcache
+// file is read by the library's own reader (read_committed_current, with a Diagnosis); XPWC
+// files, which caches never read, are parsed here with the format's byte helpers. All reads go
+// through pread (platform read_at), never a mapping, so a file truncated under us yields an
+// error instead of SIGBUS.
+#include "inspect/file_impl.hpp"
 
 #include "file_state.hpp"
-#include "output.hpp"
+#include "format/format.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <memory>
+#include <new>
 
-namespace weightcache::cli {
+namespace weightcache::inspect {
 namespace {
 
 namespace fmt_ = weightcache::format;
+using InputFile = File::Impl;
 
 // Large enough to keep the disk streaming, small enough that the tool never holds much memory.
 constexpr std::size_t kChunk = std::size_t{8} << 20;
@@ -70,6 +78,17 @@ Result<std::vector<std::byte>> read_bytes(const InputFile& f, std::uint64_t offs
   return b;
 }
 
+std::string hex64(std::uint64_t v) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out = "0x0000000000000000";
+  for (int i = 0; i < 16; ++i) out[17 - i] = kDigits[(v >> (4 * i)) & 15];
+  return out;
+}
+
+void append_findings(Inspection* in, std::vector<fmt_::Diagnostic>&& found) {
+  for (auto& d : found) in->findings.push_back({std::move(d.kind), std::move(d.message), std::move(d.key)});
+}
+
 // Entries of a weightcache index; those outside [kHeaderSize, data_end) are never read.
 void add_entries(Inspection* in, std::vector<fmt_::IndexRecord>& records, std::uint64_t data_end) {
   for (auto& r : records) {
@@ -83,21 +102,25 @@ void add_entries(Inspection* in, std::vector<fmt_::IndexRecord>& records, std::u
   }
 }
 
-// The library reads the file and says what is wrong with it.
-Result<void> inspect_weightcache(const InputFile& f, Inspection* in) {
+// The library reads the file and says what is wrong with it, on the file's current size: a
+// commit another process makes meanwhile is read again, as a cache opening the file would.
+Result<void> inspect_weightcache(InputFile& f, Inspection* in) {
   Diagnosis d;
-  auto st = read_committed(platform::os(), f.file, f.size, UINT64_MAX, 0, &d);
-  in->findings = std::move(d.problems);
+  auto st = read_committed_current(platform::os(), f.file, &f.info, UINT64_MAX, 0, &d);
+  f.size = f.info.size;
+  in->file_size = f.size;
+  append_findings(in, std::move(d.problems));
   if (d.header) {
     in->header_ok = true;
-    in->header = *d.header;
+    in->header = {d.header->format_version, d.header->alignment, d.header->size_alignment, d.header->compat_hash};
   }
   if (st) {
+    const fmt_::CommitSlot& s = st->slot;
     in->slot_index = st->slot_index;
-    in->slot = st->slot;
+    in->commit = {s.sequence, s.index_offset, s.index_size, s.committed_size, s.entry_count};
     in->newest_commit_damaged = st->newest_damaged;
     in->index_usable = true;
-    add_entries(in, st->records, st->slot.index_offset);
+    add_entries(in, st->records, s.index_offset);
     return {};
   }
   // Damage is a finding; anything else (an I/O error) means the file could not be read.
@@ -160,19 +183,56 @@ Result<void> inspect_xpwc(const InputFile& f, Inspection* in, std::uint64_t inde
   std::vector<fmt_::IndexRecord> layout;
   layout.reserve(in->entries.size());
   for (const auto& e : in->entries) layout.push_back({e.key, e.offset, e.size, 0});
-  fmt_::check_layout(layout, 0, index_start, 1, nullptr, &in->findings);
+  std::vector<fmt_::Diagnostic> found;
+  fmt_::check_layout(layout, 0, index_start, 1, nullptr, &found);
+  append_findings(in, std::move(found));
   in->index_usable = complete;
   return {};
 }
 
 }  // namespace
 
-Result<InputFile> open_for_reading(const std::string& path) {
-  auto f = platform::os().open_file(path, platform::OpenMode::read, 0, true);
-  if (!f) return f.error();
-  auto info = platform::os().stat_file(f.value());
-  if (!info) return info.error();
-  return InputFile{std::move(f).value(), info->size};
+File::File(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+File::File(File&&) noexcept = default;
+File& File::operator=(File&&) noexcept = default;
+File::~File() = default;
+const std::string& File::path() const noexcept { return impl_->file.path(); }
+std::uint64_t File::size() const noexcept { return impl_->size; }
+
+Result<File> File::open(const std::string& path) noexcept {
+  try {
+    auto f = platform::os().open_file(path, platform::OpenMode::read, 0, true);
+    if (!f) return f.error();
+    auto info = platform::os().stat_file(f.value());
+    if (!info) return info.error();
+    auto impl = std::make_unique<Impl>(Impl{std::move(f).value(), info.value(), info->size});
+    return File(std::move(impl));
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory while opening '" + path + "'"};
+  }
+}
+
+const char* to_string(FileFormat format) noexcept {
+  switch (format) {
+    case FileFormat::weightcache: return "weightcache";
+    case FileFormat::xpwc: return "xpwc";
+    case FileFormat::unknown: break;
+  }
+  return "unknown";
+}
+
+std::uint64_t compat_hash(std::string_view compat_key) noexcept { return fmt_::hash_bytes(compat_key); }
+std::string display_key(std::string_view key) { return fmt_::display_key(key); }
+std::optional<std::string> parse_key(std::string_view text) { return fmt_::parse_key(text); }
+
+void check_compat_key(Inspection* in, std::string_view compat_key) {
+  if (in->format != FileFormat::weightcache) {
+    add(in, "compat_key", "an XPWC file records no compatibility key: it was not written for --compat-key");
+  } else if (in->header.compat_hash != compat_hash(compat_key)) {
+    add(in, "compat_key",
+        "written for another compatibility key (hash " + hex64(in->header.compat_hash) + ", --compat-key hashes to " +
+            hex64(compat_hash(compat_key)) + ")");
+  }
 }
 
 std::uint64_t Inspection::payload_bytes() const noexcept {
@@ -186,7 +246,7 @@ std::uint64_t Inspection::dead_bytes() const {  // allocates: may throw std::bad
   std::vector<std::pair<std::uint64_t, std::uint64_t>> used;
   if (format == FileFormat::weightcache) {
     used.emplace_back(0, fmt_::kHeaderSize);
-    if (slot_index >= 0) used.emplace_back(slot.index_offset, slot.committed_size);
+    if (slot_index >= 0) used.emplace_back(commit.index_offset, commit.committed_size);
   } else if (format == FileFormat::xpwc) {
     used.emplace_back(index_start, file_size);
   }
@@ -213,7 +273,8 @@ std::uint64_t Inspection::offset_alignment() const noexcept {
   return a;
 }
 
-Result<Inspection> inspect(const InputFile& f) {
+Result<Inspection> inspect(File& file) noexcept {
+  const InputFile& f = file.impl();
   Inspection in;
   in.file_size = f.size;
   try {
@@ -222,7 +283,7 @@ Result<Inspection> inspect(const InputFile& f) {
       if (!m) return m.error();
       if (std::memcmp(m->data(), fmt_::kHeaderMagic.data(), fmt_::kHeaderMagic.size()) == 0) {
         in.format = FileFormat::weightcache;
-        if (auto r = inspect_weightcache(f, &in); !r) return r.error();
+        if (auto r = inspect_weightcache(file.impl(), &in); !r) return r.error();
         return in;
       }
     }
@@ -257,9 +318,9 @@ Result<Inspection> inspect(const InputFile& f) {
   }
 }
 
-Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::uint64_t size, Progress* progress,
-                                 const std::function<Result<void>(const std::byte*, std::size_t)>& sink,
-                                 std::vector<std::byte>* scratch) {
+Result<std::uint64_t> hash_range(const File& file, std::uint64_t offset, std::uint64_t size, const Progress& progress,
+                                 const Sink& sink, std::vector<std::byte>* scratch) noexcept {
+  const InputFile& f = file.impl();
   try {
     // No thread_local buffer: its destructor would be registered at first use, an allocation
     // glibc aborts on when it fails. A caller hashing many entries passes one buffer instead.
@@ -271,7 +332,7 @@ Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::
       // The common case: exactly the library's own checksum call.
       const auto n = static_cast<std::size_t>(size);
       if (auto r = platform::os().read_at(f.file, buf.data(), n, offset); !r) return r.error();
-      if (progress) progress->add(size);
+      if (progress) progress(size);
       if (sink)
         if (auto r = sink(buf.data(), n); !r) return r.error();
       return fmt_::hash_bytes(buf.data(), n);
@@ -284,7 +345,7 @@ Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::
       hash.update(buf.data(), n);
       if (sink)
         if (auto r = sink(buf.data(), n); !r) return r.error();
-      if (progress) progress->add(n);
+      if (progress) progress(n);
       done += n;
     }
     return hash.digest();
@@ -293,31 +354,26 @@ Result<std::uint64_t> hash_range(const InputFile& f, std::uint64_t offset, std::
   }
 }
 
-Result<std::uint64_t> check_checksums(const InputFile& f, Inspection* in, Progress* progress) {
-  std::uint64_t hashed = 0;
-  std::vector<std::byte> buf;  // one read buffer for every entry
-  for (const auto& e : in->entries) {
-    if (!e.checksum || !e.in_bounds) continue;
-    auto h = hash_range(f, e.offset, e.size, progress, {}, &buf);
-    if (!h) return h.error();
-    hashed += e.size;
-    if (h.value() != *e.checksum)
-      add(in, "entry_checksum",
-          "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ", " + std::to_string(e.size) +
-              " bytes) fails its checksum: the index says " + hex64(*e.checksum) + ", the data hashes to " +
-              hex64(h.value()),
-          e.key);
+Result<std::uint64_t> check_checksums(const File& file, Inspection* in, const Progress& progress) noexcept {
+  try {
+    std::uint64_t hashed = 0;
+    std::vector<std::byte> buf;  // one read buffer for every entry
+    for (const auto& e : in->entries) {
+      if (!e.checksum || !e.in_bounds) continue;
+      auto h = hash_range(file, e.offset, e.size, progress, {}, &buf);
+      if (!h) return h.error();
+      hashed += e.size;
+      if (h.value() != *e.checksum)
+        add(in, "entry_checksum",
+            "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ", " + std::to_string(e.size) +
+                " bytes) fails its checksum: the index says " + hex64(*e.checksum) + ", the data hashes to " +
+                hex64(h.value()),
+            e.key);
+    }
+    return hashed;
+  } catch (const std::bad_alloc&) {
+    return Error{Errc::no_memory, 0, "out of memory"};
   }
-  return hashed;
 }
 
-const char* format_name(const Inspection& in) {
-  switch (in.format) {
-    case FileFormat::weightcache: return "weightcache";
-    case FileFormat::xpwc: return "xpwc";
-    case FileFormat::unknown: break;
-  }
-  return "unknown";
-}
-
-}  // namespace weightcache::cli
+}  // namespace weightcache::inspect
