@@ -71,7 +71,7 @@ TEST(DescriptorOpen, TwoKeysOpeningOneFileAtOnceGiveOneCacheAndOneIncompatibleNe
   TempDir dir("wc-fd");
   const std::string path = dir.file("race.wcache");
   enum How { by_path, by_fd };
-  for (const auto [how_a, how_b] : {std::pair{by_path, by_path}, std::pair{by_path, by_fd}, std::pair{by_fd, by_fd}}) {
+  for (const auto& [how_a, how_b] : {std::pair{by_path, by_path}, std::pair{by_path, by_fd}, std::pair{by_fd, by_fd}}) {
     for (int round = 0; round < 15; ++round) {
       SCOPED_TRACE(std::to_string(how_a) + "/" + std::to_string(how_b) + " round " + std::to_string(round));
       std::filesystem::remove(path);
