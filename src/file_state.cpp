@@ -102,7 +102,7 @@ Result<CommittedState> read_committed_current(platform::Platform& pf, const plat
   constexpr int kAttempts = 16;
   for (int attempt = 1;; ++attempt) {
     if (diagnosis) *diagnosis = Diagnosis{};
-    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than, diagnosis);
+    auto st = read_committed(pf, fd, info->size, max_bytes, newer_than, diagnosis, info);
     // What a commit landing meanwhile looks like: a newest slot past the size seen, which is
     // either the only one (corrupt) or one the read fell back from.
     const bool suspect = st ? st->newest_damaged || (diagnosis && !diagnosis->problems.empty())
@@ -128,7 +128,8 @@ int next_slot_index(const format::DecodedHeader& h) noexcept {
 }
 
 Result<CommittedState> read_committed(platform::Platform& pf, const platform::File& fd, std::uint64_t file_size,
-                                      std::uint64_t max_bytes, std::uint64_t newer_than, Diagnosis* diagnosis) {
+                                      std::uint64_t max_bytes, std::uint64_t newer_than, Diagnosis* diagnosis,
+                                      platform::FileInfo* restat) {
   if (kMobileBuild) diagnosis = nullptr;  // no diagnosing reader in a mobile build (mobile.hpp)
   const std::string& path = fd.path();
   try {
@@ -143,6 +144,12 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
     }
     auto hr = decode_header_at(pf, fd, diagnosis);
     if (!hr) return hr.error();
+    if (restat != nullptr) {  // the size after the header: it covers every commit the header names
+      if (auto now = pf.stat_file(fd)) {
+        *restat = now.value();
+        file_size = now->size;
+      }
+    }
     const format::DecodedHeader& h = hr.value();
     if (diagnosis) diagnosis->header = h.fixed;
     for (int i : {0, 1})

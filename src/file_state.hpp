@@ -43,9 +43,13 @@ struct Diagnosis {
 /// `max_bytes`. Errors: corrupt, incompatible (version or byte order), io, no_memory.
 /// With `diagnosis`, also reads the slot it does not use (and an index whose checksum fails, to
 /// say what else is wrong with it) and fills `*diagnosis`; the result is the same.
+/// With `restat`, the file is fstat()ed again once its header is read, into `*restat`, and that
+/// size bounds the slots instead of `file_size`: our writers grow the file before they write a
+/// slot and never cut it below a commit, so a size taken after the header covers every commit
+/// the header names, however long the reader was held up between the two.
 Result<CommittedState> read_committed(platform::Platform& pf, const platform::File& fd, std::uint64_t file_size,
                                       std::uint64_t max_bytes, std::uint64_t newer_than,
-                                      Diagnosis* diagnosis = nullptr);
+                                      Diagnosis* diagnosis = nullptr, platform::FileInfo* restat = nullptr);
 
 /// read_committed on the file's current size: reads against `*info` (an fstat of `fd` the caller
 /// made), and when the result is corrupt, or falls back from the newest commit, or (with a
