@@ -101,17 +101,20 @@ Result<std::shared_ptr<Core>> share(std::shared_ptr<Core> core, const Options& o
                                    std::to_string(options.alignment) + " asked for; open it with one alignment everywhere");
 }
 
-// A key for "an open of this file is in progress", whatever its compatibility key and mode, so
+// Keys for "an open of this file is in progress", whatever its compatibility key and mode, so
 // that two opens of one file under two keys take turns and the second is refused as
-// incompatible instead of racing the first to a rebuild. The file's identity where it exists
-// (a path and a descriptor of one file share it), else the path with its existing directories
-// resolved (a file about to be created).
-std::string opening_key(const Options& options) {
-  if (auto st = platform::os().stat_path(options.path, options.allow_symlink))
-    return "id:" + std::to_string(st->device) + ':' + std::to_string(st->inode);
+// incompatible instead of racing the first to a rebuild. A path open holds the gate of its path
+// (its existing directories resolved), then the gate of the file's identity where it exists; a
+// descriptor open holds only the latter (its file cannot change under it). The path's gate is
+// the one that serialises path opens: a rebuild gives the path a new identity meanwhile.
+std::string path_gate_key(const Options& options) {
   std::error_code ec;
   auto p = std::filesystem::weakly_canonical(options.path, ec);
   return "path:" + (ec ? options.path : p.string());
+}
+
+std::string identity_gate_key(std::uint64_t device, std::uint64_t inode) {
+  return "id:" + std::to_string(device) + ':' + std::to_string(inode);
 }
 
 std::shared_ptr<std::mutex> gate_locked(Registry& reg, const std::string& key) {
@@ -140,7 +143,7 @@ Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
   std::shared_ptr<std::mutex> gate;
   if (st && !options.read_only) {
     std::lock_guard<std::mutex> lock(reg.mu);
-    gate = gate_locked(reg, "id:" + std::to_string(st->device) + ':' + std::to_string(st->inode));
+    gate = gate_locked(reg, identity_gate_key(st->device, st->inode));
   }
   std::unique_lock<std::mutex> opening;
   if (gate) opening = std::unique_lock<std::mutex>(*gate);
@@ -183,15 +186,23 @@ Result<std::shared_ptr<Core>> open(const Options& options) {
   try {
     Registry& reg = instance();
     const std::uint64_t compat = format::hash_bytes(options.compat_key);
-    std::shared_ptr<std::mutex> gate;
+    std::shared_ptr<std::mutex> gate, id_gate;
     {
       std::lock_guard<std::mutex> lock(reg.mu);
       if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);
-      gate = gate_locked(reg, opening_key(options));
+      gate = gate_locked(reg, path_gate_key(options));
     }
     // Opening may wait for another process's lease (while it builds the file): hold only this
-    // file's gate, never the registry's mutex, so opens of other files go on meanwhile.
+    // file's gates, never the registry's mutex, so opens of other files go on meanwhile.
     std::lock_guard<std::mutex> opening(*gate);
+    std::unique_lock<std::mutex> opening_id;
+    if (auto st = platform::os().stat_path(options.path, options.allow_symlink)) {
+      {
+        std::lock_guard<std::mutex> lock(reg.mu);
+        id_gate = gate_locked(reg, identity_gate_key(st->device, st->inode));
+      }
+      opening_id = std::unique_lock<std::mutex>(*id_gate);
+    }
     {
       std::lock_guard<std::mutex> lock(reg.mu);
       if (auto core = find_locked(reg, options, compat)) return share(std::move(core), options);

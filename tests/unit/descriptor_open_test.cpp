@@ -65,8 +65,8 @@ TEST(DescriptorOpen, AnotherCompatibilityKeyOnAFileThisProcessHasOpenIsIncompati
 }
 
 // Two threads open one file at once under two keys, by path or descriptor: the opens take
-// turns, so one gets the cache and the other is refused as incompatible; never BUSY (the loser
-// waiting for a rebuild that the winner's cache keeps from happening).
+// turns, so the second is refused as incompatible; never BUSY (the loser waiting for a rebuild
+// that the winner's cache keeps from happening).
 TEST(DescriptorOpen, TwoKeysOpeningOneFileAtOnceGiveOneCacheAndOneIncompatibleNeverBusy) {
   TempDir dir("wc-fd");
   const std::string path = dir.file("race.wcache");
@@ -112,8 +112,12 @@ TEST(DescriptorOpen, TwoKeysOpeningOneFileAtOnceGiveOneCacheAndOneIncompatibleNe
         if (!r->ok()) {
           EXPECT_EQ(r->error().code, Errc::incompatible) << r->error().message;
         }
-      EXPECT_NE(a.ok(), b.ok()) << "both or neither got a cache: " << (a.ok() ? "ok" : a.error().message) << " / "
-                                << (b.ok() ? "ok" : b.error().message);
+      EXPECT_TRUE(a.ok() || b.ok()) << "neither got a cache";
+      // By path, a "key B" open that went first rebuilt the file under a new name's inode: a
+      // descriptor of the old file then opens that (a file of its own, still "key A"). Two opens
+      // of one name, or of one descriptor's file, give exactly one cache.
+      if (how_a == how_b)
+        EXPECT_NE(a.ok(), b.ok()) << "both got a cache of one file under two keys";
       a = Error{Errc::io, 0, "closed"};
       b = Error{Errc::io, 0, "closed"};
       ::close(fd_a);
