@@ -1,5 +1,8 @@
 #include "file_state.hpp"
 
+#include <chrono>
+#include <thread>
+
 #include "log.hpp"
 #include "mobile.hpp"
 #include "platform/errors.hpp"
@@ -100,6 +103,7 @@ Result<CommittedState> read_committed_current(platform::Platform& pf, const plat
   // Each retry needs a commit by another process between two fstat()s; a writer committing in a
   // tight loop could in theory outrun a few, so the bound only keeps a reader from spinning.
   constexpr int kAttempts = 16;
+  constexpr int kTornAttempts = 4;
   for (int attempt = 1;; ++attempt) {
     if (diagnosis) *diagnosis = Diagnosis{};
     auto st = read_committed(pf, fd, info->size, max_bytes, newer_than, diagnosis, info);
@@ -111,6 +115,13 @@ Result<CommittedState> read_committed_current(platform::Platform& pf, const plat
       auto seen = pf.stat_file(fd);
       if (seen && seen->size != info->size) {  // a commit landed: read again
         *info = seen.value();
+        continue;
+      }
+      // A diagnosis also sees the slot a writer is writing at this moment, torn (its checksum
+      // fails), without the size moving: the file was grown before. Read again after a pause,
+      // a few times; damage stays, a torn slot is finished or gone.
+      if (diagnosis && attempt < kTornAttempts) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
     }
