@@ -164,6 +164,9 @@ TEST(DescriptorOpen, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterSettingItUp) {
   }
   t.join();
   ASSERT_TRUE(reader.ok()) << reader.error().message;
+  // The reader may have opened the file as soon as the writer set it up, before its commit of
+  // "w": what another process committed since is a refresh away.
+  ASSERT_TRUE(reader->refresh().ok()) << last_error().message;
   EXPECT_NE(reader->look_up("w"), kNotFound);
   ::close(fd_w);
   ::close(fd_r);

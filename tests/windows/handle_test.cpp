@@ -236,6 +236,8 @@ TEST(WindowsHandle, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterAndFailsAtOnceA
   }
   t.join();
   ASSERT_TRUE(reader.ok()) << reader.error().message;
+  // The reader may have opened the file as soon as the writer set it up, before its commit.
+  ASSERT_TRUE(reader->refresh().ok()) << last_error().message;
   EXPECT_NE(reader->look_up("w"), kNotFound);
   ::CloseHandle(w);
   ::CloseHandle(r);
