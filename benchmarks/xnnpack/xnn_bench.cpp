@@ -195,6 +195,22 @@ Series measure_launches(const ModelCase& m, int rounds) {
     if (output.empty()) output = f.at("output");
     check(f.at("output") == output, m.label + ": " + what + " output differs from XNNPACK's without a cache");
   };
+  // The k-th process (k >= 2) after a change, checked: it packs nothing and hits every look-up;
+  // the second verifies everything, every later one trusts all of it.
+  auto warm_launch = [&](int k, bool settle_first, const char* what) {
+    const Fields w = launch(with(args, {"--cache", cache_path(m)}), settle_first);
+    same_output(w, what);
+    check(num(w, "reservations") == 0 && num(w, "hits") == num(w, "look_ups"),
+          m.label + ": a warm launch packed something");
+    check(num(w, "verify_failures") == 0, m.label + ": verification failed");
+    if (k == 2)
+      check(num(w, "trusted_entries") == 0, m.label + ": the first process after a change must verify everything");
+    else
+      check(num(w, "trusted_entries") == num(w, "look_ups"),
+            m.label + ": " + what + ", process " + std::to_string(k) +
+                " re-hashed entries the process before it had verified");
+    return w;
+  };
   for (int r = 0; r < rounds; ++r) {
     const Fields pack = launch(with(args, {"--no-cache"}));
     same_output(pack, "no-cache");
@@ -210,20 +226,11 @@ Series measure_launches(const ModelCase& m, int rounds) {
     s.cold_finalize.push_back(num(cold, "create1_ms") + num(cold, "finalize_ms"));
     s.cache_bytes = num(cold, "cache_bytes");
     s.kth[0].push_back(num(cold, "create1_ms"));
-    // Verification is recorded only for a file state older than the library's 2 s margin.
+    // Past every file system's change-time window (2 s at most), as a later launch would be.
     std::this_thread::sleep_for(std::chrono::milliseconds(2200));
 
     for (int k = 2; k <= kProcesses; ++k) {
-      const Fields w = launch(with(args, {"--cache", cache_path(m)}));
-      same_output(w, "warm");
-      check(num(w, "reservations") == 0 && num(w, "hits") == num(w, "look_ups"),
-            m.label + ": a warm launch packed something");
-      check(num(w, "verify_failures") == 0, m.label + ": verification failed");
-      if (k == 2)
-        check(num(w, "trusted_entries") == 0, m.label + ": the first process after a change must verify everything");
-      else
-        check(num(w, "trusted_entries") == num(w, "look_ups"),
-              m.label + ": a later process re-hashed entries another process had verified");
+      const Fields w = warm_launch(k, true, "warm");
       s.kth[k - 1].push_back(num(w, "create1_ms"));
       (k == 2 ? s.first_verified : s.trusted).push_back(num(w, "create1_ms"));
     }
@@ -236,17 +243,7 @@ Series measure_launches(const ModelCase& m, int rounds) {
     same_output(cold2, "cold");
     s.kth_no_pause[0].push_back(num(cold2, "create1_ms"));
     for (int k = 2; k <= kProcesses; ++k) {
-      const Fields w = launch(with(args, {"--cache", cache_path(m)}), /*settle_first=*/false);
-      same_output(w, "warm, no pause");
-      check(num(w, "reservations") == 0 && num(w, "hits") == num(w, "look_ups"),
-            m.label + ": a warm launch packed something");
-      check(num(w, "verify_failures") == 0, m.label + ": verification failed");
-      if (k == 2)
-        check(num(w, "trusted_entries") == 0, m.label + ": the first process after a change must verify everything");
-      else
-        check(num(w, "trusted_entries") == num(w, "look_ups"),
-              m.label + ": launched with no pause, process " + std::to_string(k) +
-                  " re-hashed entries the process before it had verified");
+      const Fields w = warm_launch(k, false, "warm, no pause");
       s.kth_no_pause[k - 1].push_back(num(w, "create1_ms"));
     }
     const Fields fu = launch(with(args, {"--cache", cache_path(m), "--verify", "first_use"}));
