@@ -2,7 +2,8 @@
 """ggml's CPU repacking with and without the cache, each load a new process of weightcache-ggml.
 
 For a generated llama-architecture Q4_0 GGUF (weightcache-gguf-gen), per round:
-  repack      ggml's stock CPU_REPACK (repacks every eligible tensor into private memory)
+  repack      ggml's stock repacking in its CPU backend's order (AMX where the CPU has it, CPU_REPACK),
+              every eligible tensor into private memory
   no_repack   plain CPU buffers used in place from the mapping (llama.cpp's use_extra_bufts=false)
   cold        the cache on a fresh file: repacks into it; the load returns when every tensor is
               served and the file becomes durable (WC_DURABILITY_FULL) on a background thread
@@ -32,7 +33,7 @@ from bench_common import bar_plot, evict, fresh
 
 WINDOW_MS = 2000  # weightcache-ggml --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["repack", "no_repack", "cold", "cold_sync", "warm1", "warm"]
-LABELS = {"repack": "stock CPU_REPACK (repacks)", "no_repack": "no repacking (--no-repack)",
+LABELS = {"repack": "stock ggml (repacks)", "no_repack": "no repacking (--no-repack)",
           "cold": "weightcache, cold", "cold_sync": "weightcache, cold, durable before it returns",
           "warm1": "weightcache, warm, verifies", "warm": "weightcache, warm, every later"}
 
@@ -103,7 +104,16 @@ def main():
                        stdout=subprocess.DEVNULL)
         time.sleep(WINDOW_MS / 1000 + 0.2)  # the GGUF's identity is trusted once it is older than the window
     size_mib = os.path.getsize(args.model) / 2**20
-    rounds = [one_round(args) for _ in range(args.rounds)]
+    first = one_round(args)
+    cpu, stock_bufts = first["repack"].get("cpu", "this CPU"), first["repack"].get("stock_buffer_types", "")
+    print(f"ggml_bench: on {cpu}, ggml's CPU backend repacks this model into {stock_bufts or 'nothing'}")
+    if first["repack"]["repack_tensors"] == 0 or (first["cold"]["repacked"] == 0 and first["cold"]["served_from_cache"] == 0):
+        print("ggml_bench: nothing was cacheable here, because ggml's CPU backend repacks none of this model's "
+              "weights into a layout the cache serves on this CPU; no cache rows on this CPU")
+        with open(os.path.join(args.work, "ggml-bench.json"), "w") as f:
+            json.dump({"type": args.type, "cpu": cpu, "stock_buffer_types": stock_bufts, "cacheable": False}, f, indent=1)
+        return
+    rounds = [first] + [one_round(args) for _ in range(args.rounds - 1)]
     rows = {c: {k: med([r[c] for r in rounds], k)
                 for k in ("load_ms", "durable_ms", "rss_anon_bytes", "tok_s_batch64", "tok_s_batch1")} for c in ORDER}
     sums = {c: {r[c]["checksum"] for r in rounds} for c in ORDER}
@@ -129,7 +139,7 @@ def main():
     cold_pc = {k: statistics.median(v) for k, v in cold_pc.items()}
 
     base = rows["repack"]
-    print(f"ggml {args.type}: {args.layers} layers of {args.dim} (ffn {args.ffn}), GGUF {size_mib:.1f} MiB, "
+    print(f"ggml {args.type} on {cpu}, repacked by stock into {stock_bufts}: {args.layers} layers of {args.dim} (ffn {args.ffn}), GGUF {size_mib:.1f} MiB, "
           f"{repacked_bytes / 2**20:.1f} MiB repacked; {args.threads} threads; medians of {args.rounds} rounds, "
           "every load a new process")
     print(f"{'load':40s} {'load ms':>9s} {'vs stock':>9s} {'RssAnon MiB':>12s} {'b64 rows/s':>11s} {'b1 rows/s':>10s}")
@@ -147,12 +157,12 @@ def main():
     print("outputs of stock, cold and warm loads bit-identical" if identical else
           f"OUTPUTS DIFFER: {json.dumps({c: sorted(sums[c]) for c in ORDER})}")
     print(f"four processes at once: stock {four['stock_anon_mib']:.1f} MiB private (four copies); weightcache summed Pss "
-          f"{four['cache_pss_mib']:.1f} MiB = {four['cache_pss_mib'] / four['cache_rss_mib']:.3f}x one copy "
+          f"{four['cache_pss_mib']:.1f} MiB = {four['cache_pss_mib'] / max(four['cache_rss_mib'], 1e-9):.3f}x one copy "
           f"({four['cache_rss_mib']:.1f} MiB), Private_Dirty {four['cache_private_dirty_mib']:.1f} MiB")
     print(f"cold page cache (GGUF and cache evicted): stock {cold_pc['repack']:.1f} ms, weightcache warm {cold_pc['warm']:.1f} ms "
           f"({cold_pc['repack'] / cold_pc['warm']:.1f}x)")
     report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
-              "rounds": args.rounds, "gguf_mib": size_mib, "repacked_mib": repacked_bytes / 2**20, "rows": rows,
+              "rounds": args.rounds, "gguf_mib": size_mib, "cpu": cpu, "stock_buffer_types": stock_bufts, "repacked_mib": repacked_bytes / 2**20, "rows": rows,
               "identical": identical, "four": four, "cold_page_cache_ms": cold_pc}
     with open(os.path.join(args.work, "ggml-bench.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -3,7 +3,8 @@
 
 For a generated llama-architecture GGUF with a byte vocabulary (weightcache-gguf-gen --vocab), per
 round:
-  stock       llama.cpp's default: CPU_REPACK repacks every eligible tensor into private memory
+  stock       llama.cpp's default: its CPU repacking (AMX where the CPU has it, CPU_REPACK) repacks
+              every eligible tensor into private memory
   no_repack   use_extra_bufts=false: nothing repacked, the weights used in place from the mapping
   cold        weightcache on a fresh file: repacked into it, durable on a background thread
   warm1       the next process, right after the cold one: verifies what it maps
@@ -99,7 +100,19 @@ def main():
         time.sleep(WINDOW_MS / 1000 + 0.2)  # the GGUF's identity is trusted once it is older than the window
     size_mib = os.path.getsize(args.model) / 2**20
     cache = os.path.join(args.work, "c.wcache")
-    rounds = [one_round(args, cache) for _ in range(args.rounds)]
+    first = one_round(args, cache)
+    cpu, stock_bufts = first["stock"].get("cpu", "this CPU"), first["stock"].get("stock_buffer_types", "")
+    print(f"llama_bench: on {cpu}, stock llama.cpp repacks {first['stock'].get('stock_repacked', 0)} weights of this "
+          f"model into {stock_bufts or 'nothing'}")
+    if first["cold"]["routed"] == 0:
+        # The library did what it promises (stock outputs, one warning); there is nothing to measure.
+        why = first["cold"].get("why_none") or "no weight was routed"
+        print(f"llama_bench: nothing was cacheable here, because {why}; no cache rows on this CPU")
+        with open(os.path.join(args.work, "llama-bench.json"), "w") as f:
+            json.dump({"type": args.type, "cpu": cpu, "stock_buffer_types": stock_bufts, "cacheable": False,
+                       "why_none": why}, f, indent=1)
+        return
+    rounds = [first] + [one_round(args, cache) for _ in range(args.rounds - 1)]
     keys = ("load_ms", "rss_anon_bytes", "rss_file_bytes", "rss_anon_end_bytes", "rss_file_end_bytes",
             "prompt_tok_s", "gen_tok_s")
     rows = {c: {k: statistics.median(r[c][k] for r in rounds) for k in keys} for c in ORDER}
@@ -123,7 +136,9 @@ def main():
     cold_pc = {k: statistics.median(v) for k, v in cold_pc.items()}
 
     base, nr, w = rows["stock"], rows["no_repack"], rows["warm"]
-    print(f"llama.cpp {args.type}: {args.layers} layers of {args.dim} (ffn {args.ffn}), GGUF {size_mib:.1f} MiB, "
+    routed = rounds[0]["cold"]["routed"]
+    print(f"llama.cpp {args.type} on {cpu}, repacked by stock into {stock_bufts} ({routed} routed to the cache): "
+          f"{args.layers} layers of {args.dim} (ffn {args.ffn}), GGUF {size_mib:.1f} MiB, "
           f"{repacked_mib:.1f} MiB repacked; {args.threads} threads; prompt {prompt_tokens} tokens, "
           f"{args.n_predict} generated; medians of {args.rounds} rounds, every load a new process")
     print(f"{'load':32s} {'load ms':>8s} {'vs stock':>8s} {'RssAnon':>8s} {'RssFile':>8s} {'pp tok/s':>9s} "
@@ -143,12 +158,13 @@ def main():
     print("logits and tokens of stock, cold and warm loads bit-identical" if identical else
           f"OUTPUTS DIFFER: {json.dumps({c: sorted(map(str, sums[c])) for c in ORDER})}")
     print(f"four processes at once: stock {four['stock_anon_mib']:.1f} MiB private; weightcache summed Pss of the "
-          f"repacked weights {four['cache_pss_mib']:.1f} MiB = {four['cache_pss_mib'] / four['cache_rss_mib']:.3f}x "
+          f"repacked weights {four['cache_pss_mib']:.1f} MiB = {four['cache_pss_mib'] / max(four['cache_rss_mib'], 1e-9):.3f}x "
           f"one copy ({four['cache_rss_mib']:.1f} MiB), {four['cache_anon_mib']:.1f} MiB private in all")
     print(f"cold page cache (GGUF and cache evicted): stock {cold_pc['stock']:.1f} ms, use_extra_bufts=false "
           f"{cold_pc['no_repack']:.1f} ms, weightcache warm {cold_pc['warm']:.1f} ms")
     report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
-              "rounds": args.rounds, "gguf_mib": size_mib, "repacked_mib": repacked_mib,
+              "rounds": args.rounds, "gguf_mib": size_mib, "repacked_mib": repacked_mib, "cpu": cpu,
+              "stock_buffer_types": stock_bufts, "routed": routed, "cacheable": True,
               "prompt_tokens": prompt_tokens, "rows": rows, "identical": identical, "four": four,
               "cold_page_cache_ms": cold_pc}
     with open(os.path.join(args.work, "llama-bench.json"), "w") as f:

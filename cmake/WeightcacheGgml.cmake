@@ -28,6 +28,7 @@ if(NOT EXISTS "${_wc_ggml_src}/include/ggml.h" OR NOT EXISTS "${_wc_ggml_src}/sr
 endif()
 weightcache_ggml_version("${_wc_ggml_src}" WEIGHTCACHE_GGML_VERSION)
 weightcache_ggml_repack_id("${_wc_ggml_src}" WEIGHTCACHE_GGML_REPACK_ID)
+weightcache_ggml_amx_id("${_wc_ggml_src}" WEIGHTCACHE_GGML_AMX_ID)
 set(WEIGHTCACHE_GGML_SOURCE "${_wc_ggml_src}")
 
 string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")

@@ -40,6 +40,28 @@ function(weightcache_ggml_repack_id dir out)
   set(${out} "${_id}" PARENT_SCOPE)
 endfunction()
 
+# weightcache_ggml_amx_id(<ggml tree> <out var>): the same fingerprint for the code that writes the
+# AMX buffer type's tile layout (src/ggml-cpu/amx/*, ggml-common.h); "none" for a tree without it.
+function(weightcache_ggml_amx_id dir out)
+  file(GLOB _files "${dir}/src/ggml-cpu/amx/*")
+  if(NOT _files)
+    set(${out} "none" PARENT_SCOPE)
+    return()
+  endif()
+  list(APPEND _files "${dir}/src/ggml-common.h")
+  list(SORT _files)
+  set(_all "")
+  foreach(_f IN LISTS _files)
+    file(SHA256 "${_f}" _h)
+    file(RELATIVE_PATH _rel "${dir}" "${_f}")
+    string(APPEND _all "${_rel}:${_h};")
+  endforeach()
+  set_property(DIRECTORY "${CMAKE_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_files})
+  string(SHA256 _id "${_all}")
+  string(SUBSTRING "${_id}" 0 16 _id)
+  set(${out} "${_id}" PARENT_SCOPE)
+endfunction()
+
 # weightcache_external_build_settings(<args var> <jobs var>): what an ExternalProject build of a
 # third-party tree (ggml, llama.cpp) takes from this build: the compiler launchers (ccache) appended
 # to <args var>, and the parallel jobs (WEIGHTCACHE_XNNPACK_BUILD_JOBS, else every core) in <jobs var>.

@@ -34,6 +34,7 @@ else()
 endif()
 weightcache_ggml_version("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_VERSION)
 weightcache_ggml_repack_id("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_REPACK_ID)
+weightcache_ggml_amx_id("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_AMX_ID)
 set(WEIGHTCACHE_LLAMA_GGML_SOURCE "${_wc_llama_src}/ggml")
 set(WEIGHTCACHE_LLAMA_SOURCE "${_wc_llama_src}")
 

@@ -22,6 +22,36 @@ inline std::uint64_t status_kib(const char* field) {
   return 0;
 }
 
+// The CPU this process runs on, as a report names it: /proc/cpuinfo's model name and the features
+// that decide ggml's and XNNPACK's layouts ("AMD EPYC (AVX2; no AMX)", "Intel Xeon ... (AVX-512, AMX)").
+inline std::string cpu_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(f, line)) {
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    if (model.empty() && (key == "model name" || key == "CPU part")) model = value;
+    if (flags.empty() && (key == "flags" || key == "Features")) flags = " " + value + " ";
+  }
+  if (model.empty()) model = "an unnamed CPU";
+  auto has = [&](const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; };
+  std::string features;
+  auto add = [&](const char* what) { features += (features.empty() ? "" : ", ") + std::string(what); };
+  if (has("avx512f")) add("AVX-512");
+  else if (has("avx2")) add("AVX2");
+  if (has("avx512_vnni")) add("VNNI");
+  if (has("asimddp")) add("dot product");
+  if (has("i8mm")) add("i8mm");
+  if (has("sme")) add("SME");
+  const bool x86 = has("sse2");
+  std::string out = model;
+  if (!features.empty() || x86) out += " (" + features + (x86 ? std::string(features.empty() ? "" : "; ") + (has("amx_int8") ? "AMX" : "no AMX") : "") + ")";
+  return out;
+}
+
 // Summed Rss/Pss/Private_Dirty (KiB) of this process's mappings of `path` (by inode).
 struct Usage {
   std::uint64_t rss = 0, pss = 0, private_dirty = 0;

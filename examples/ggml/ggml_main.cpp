@@ -19,8 +19,9 @@
 //
 // --hold-ms MS waits before measuring the mappings' memory and again before exiting, so several
 // processes started together each measure while all of them have the files mapped.
-// --cache PATH: the weightcache buffer type over the cache file PATH; without it, ggml's own
-// CPU_REPACK (stock); --no-repack: plain CPU buffers (llama.cpp's use_extra_bufts=false).
+// --cache PATH: the weightcache buffer types over the cache file PATH; without it, ggml's own
+// repacking buffer types in its CPU backend's order (AMX, KleidiAI, CPU_REPACK: stock); --no-repack:
+// plain CPU buffers (llama.cpp's use_extra_bufts=false).
 #include <weightcache/ggml.h>
 #include <weightcache/weightcache.h>
 
@@ -200,10 +201,9 @@ int main(int argc, char** argv) {
   if (cpu == nullptr) die("no CPU backend");
   ggml_backend_cpu_set_n_threads(cpu, threads);
 
-  // The repacking buffer type: ours, ggml's CPU_REPACK, or none.
+  // The cache and its buffer types (one per layout this CPU's ggml writes), or none.
   wc_cache* cache = nullptr;
   wc_ggml* wg = nullptr;
-  ggml_backend_buffer_type_t repack_buft = nullptr;
   if (!cache_path.empty()) {
     wc_options o;
     wc_options_init(&o);
@@ -219,50 +219,75 @@ int main(int argc, char** argv) {
     go.identity_window_ms = window_ms;
     if (finalize_sync) go.finalize_when_loaded = 1;  // durable before the load returns
     if (wc_ggml_create(cache, &go, &wg) != WC_OK) die(std::string("wc_ggml_create: ") + wc_ggml_last_error());
-    repack_buft = wc_ggml_buffer_type(wg);
-  } else if (!no_repack) {
-    ggml_backend_dev_t dev = ggml_backend_get_device(cpu);
-    auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
-        ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts"));
-    for (ggml_backend_buffer_type_t* b = extra ? extra(dev) : nullptr; b != nullptr && *b != nullptr; ++b)
-      if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) repack_buft = *b;
-    if (repack_buft == nullptr) die("this ggml has no CPU_REPACK buffer type");
   }
 
-  // Weights: those CPU_REPACK repacks go to the repacking buffer type, the rest are used in place
-  // from the mapping (one CPU buffer over the data section, as llama.cpp does with mmap).
+  // Weights: each that ggml's CPU backend repacks goes to the buffer type its order gives on this
+  // CPU (AMX, KleidiAI, CPU_REPACK): stock, ggml's own; with the cache, the cache's for that layout
+  // where it serves it (ggml's own where it does not). The rest are used in place from the mapping
+  // (one CPU buffer over the data section, as llama.cpp does with mmap).
   const std::int64_t n = gguf_get_n_tensors(gg);
   ggml_init_params ip{};
   ip.mem_size = ggml_tensor_overhead() * static_cast<std::size_t>(n + 1);
   ip.no_alloc = true;
   ggml_context* wctx = ggml_init(ip);
-  ggml_context* rctx = ggml_init(ip);
+  struct Group {
+    ggml_backend_buffer_type_t buft = nullptr, stock = nullptr;
+    ggml_context* ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    std::vector<std::pair<ggml_tensor*, const std::uint8_t*>> tensors;
+  };
+  std::vector<Group> groups;
   ggml_backend_buffer_t plain = ggml_backend_cpu_buffer_from_ptr(map + data_at, static_cast<std::size_t>(st.st_size) - data_at);
   std::vector<std::pair<ggml_tensor*, const std::uint8_t*>> to_set;
-  std::uint64_t repacked_here = 0;
+  std::uint64_t repacked_here = 0, not_served = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const char* name = gguf_get_tensor_name(gg, i);
     ggml_tensor* src = ggml_get_tensor(meta, name);
     const std::uint8_t* at = map + data_at + gguf_get_tensor_offset(gg, i);
     if (at + ggml_nbytes(src) > map + st.st_size) die(std::string("tensor ") + name + " runs past the end of the file");
-    // What CPU_REPACK would repack on this CPU, stock or through the cache alike.
-    const bool repack = repack_buft != nullptr && wc_ggml_would_repack(src) != 0;
-    ggml_tensor* t = ggml_dup_tensor(repack ? rctx : wctx, src);
-    ggml_set_name(t, name);
-    if (repack) {
-      to_set.emplace_back(t, at);
-    } else if (ggml_backend_tensor_alloc(plain, t, const_cast<std::uint8_t*>(at)) != GGML_STATUS_SUCCESS) {
-      die(std::string("cannot place tensor ") + name);
+    ggml_backend_buffer_type_t stock = no_repack ? nullptr : wc_ggml_stock_buffer_type(src);
+    ggml_backend_buffer_type_t buft = stock;
+    if (wg != nullptr && stock != nullptr) {
+      if (ggml_backend_buffer_type_t ours = wc_ggml_buffer_type_for(wg, src); ours != nullptr) buft = ours;
+      else ++not_served;
     }
+    if (buft == nullptr) {
+      ggml_tensor* t = ggml_dup_tensor(wctx, src);
+      ggml_set_name(t, name);
+      if (ggml_backend_tensor_alloc(plain, t, const_cast<std::uint8_t*>(at)) != GGML_STATUS_SUCCESS)
+        die(std::string("cannot place tensor ") + name);
+      continue;
+    }
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.buft == buft; });
+    if (g == groups.end()) {
+      Group x;
+      x.buft = buft;
+      x.stock = stock;
+      x.ctx = ggml_init(ip);
+      g = groups.insert(groups.end(), std::move(x));
+    }
+    ggml_tensor* t = ggml_dup_tensor(g->ctx, src);
+    ggml_set_name(t, name);
+    g->tensors.emplace_back(t, at);
+    to_set.emplace_back(t, at);
   }
-  ggml_backend_buffer_t rbuf = nullptr;
-  if (!to_set.empty()) {
-    rbuf = ggml_backend_alloc_ctx_tensors_from_buft(rctx, repack_buft);
-    if (rbuf == nullptr) die("cannot allocate the repacked weights' buffer");
-    ggml_backend_buffer_set_usage(rbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    for (auto& [t, at] : to_set) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
-    repacked_here = wg == nullptr ? to_set.size() : 0;
+  std::string stock_bufts;  // "AMX=7,CPU_REPACK=9": where stock ggml puts the repacked weights
+  for (Group& g : groups) {
+    g.buf = ggml_backend_alloc_ctx_tensors_from_buft(g.ctx, g.buft);
+    if (g.buf == nullptr) die(std::string("cannot allocate the ") + ggml_backend_buft_name(g.buft) + " buffer");
+    ggml_backend_buffer_set_usage(g.buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    for (auto& [t, at] : g.tensors) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
+    if (g.buft == g.stock) repacked_here += g.tensors.size();  // ggml's own: repacked in this process
   }
+  for (const Group& g : groups) {
+    std::size_t k = 0;
+    for (const Group& h : groups) k += h.stock == g.stock ? h.tensors.size() : 0;
+    const std::string item = std::string(ggml_backend_buft_name(g.stock)) + "=" + std::to_string(k);
+    if (stock_bufts.find(item) == std::string::npos) stock_bufts += (stock_bufts.empty() ? "" : ",") + item;
+  }
+  if (wg != nullptr && to_set.empty())
+    std::fprintf(stderr, "weightcache-ggml: nothing was cacheable here: ggml's CPU backend repacks none of this "
+                         "model's weights on this CPU (%s)\n", weightcache::example::cpu_name().c_str());
   // The cache finalizes in the background from here (finalize_when_loaded's default): the load is
   // done, and the repacked tensors are served from the mapping while they are written back.
   const double load_ms = ms_since(t0);
@@ -270,7 +295,8 @@ int main(int argc, char** argv) {
 
   auto find = [&](const std::string& name) -> ggml_tensor* {
     ggml_tensor* t = ggml_get_tensor(wctx, name.c_str());
-    if (t == nullptr) t = ggml_get_tensor(rctx, name.c_str());
+    for (const Group& g : groups)
+      if (t == nullptr) t = ggml_get_tensor(g.ctx, name.c_str());
     return t;
   };
   for (std::int64_t l = 0; l < m.layers; ++l) {
@@ -352,7 +378,7 @@ int main(int argc, char** argv) {
                 "\"source_bytes_dropped\":%llu,\"repack_tensors\":%zu,\"source_pages\":%llu,\"source_pages_resident\":%llu,"
                 "\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,"
                 "\"model_rss_bytes\":%llu,\"model_pss_bytes\":%llu,\"tok_s_batch64\":%.2f,\"tok_s_batch1\":%.2f,"
-                "\"checksum\":\"%s\"}\n",
+                "\"checksum\":\"%s\",\"stock_buffer_types\":\"%s\",\"not_served\":%llu,\"cpu\":\"%s\"}\n",
                 mode, model_path.c_str(), m.layers, m.dim, threads, steps, load_ms, durable_ms,
                 wc_status_string(finished),
                 static_cast<unsigned long long>(status_kib("RssAnon:")) * 1024,
@@ -364,17 +390,22 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(source_pages), static_cast<unsigned long long>(resident),
                 static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
                 static_cast<unsigned long long>(cu.private_dirty) * 1024, static_cast<unsigned long long>(mu.rss) * 1024,
-                static_cast<unsigned long long>(mu.pss) * 1024, tok_s[0], tok_s[1], sum);
+                static_cast<unsigned long long>(mu.pss) * 1024, tok_s[0], tok_s[1], sum, stock_bufts.c_str(),
+                static_cast<unsigned long long>(not_served), weightcache::example::cpu_name().c_str());
   } else {
     std::printf("weightcache-ggml (%s): %s, %" PRId64 " layers of %" PRId64 "\n", mode, model_path.c_str(), m.layers, m.dim);
     std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB; repacked %llu tensors, %llu from the cache\n", load_ms,
                 status_kib("RssAnon:") / 1024.0, static_cast<unsigned long long>(wg != nullptr ? gs.repacked : repacked_here),
                 static_cast<unsigned long long>(gs.served_from_cache));
+    std::printf("  on %s, ggml repacks into %s\n", weightcache::example::cpu_name().c_str(),
+                stock_bufts.empty() ? "nothing" : stock_bufts.c_str());
     std::printf("  batch 64: %.1f rows/s; batch 1: %.1f rows/s; checksum %s\n", tok_s[0], tok_s[1], sum);
   }
-  if (rbuf != nullptr) ggml_backend_buffer_free(rbuf);
+  for (Group& g : groups) {
+    if (g.buf != nullptr) ggml_backend_buffer_free(g.buf);
+    ggml_free(g.ctx);
+  }
   ggml_backend_buffer_free(plain);
-  ggml_free(rctx);
   ggml_free(wctx);
   wc_ggml_destroy(wg);
   if (cache != nullptr) wc_close(cache);

@@ -36,7 +36,7 @@ namespace {
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "weightcache-gguf-gen: %s\n"
-               "usage: weightcache-gguf-gen --out FILE [--layers N] [--dim D] [--ffn F] [--type q4_0|iq4_nl|q4_k|q8_0]"
+               "usage: weightcache-gguf-gen --out FILE [--layers N] [--dim D] [--ffn F] [--type q4_0|iq4_nl|q4_k|q8_0|f16|f32]"
                " [--seed S] [--vocab V] [--tensor-type NAME=TYPE]... [--experts N] [--splits N]\n",
                why);
   std::exit(2);
@@ -158,6 +158,8 @@ int main(int argc, char** argv) {
     if (n == "iq4_nl") return GGML_TYPE_IQ4_NL;
     if (n == "q4_k") return GGML_TYPE_Q4_K;
     if (n == "q8_0") return GGML_TYPE_Q8_0;
+    if (n == "f16") return GGML_TYPE_F16;  // matrices ggml repacks nowhere but AMX
+    if (n == "f32") return GGML_TYPE_F32;  // matrices ggml repacks nowhere
     usage(("unknown type " + n).c_str());
   };
   const ggml_type type = type_of(type_name);

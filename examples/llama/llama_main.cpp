@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
   wc_llama* wl = nullptr;
   std::size_t routed = 0;
   double params_ms = 0, open_ms = 0, create_ms = 0;
+  // Where stock llama.cpp puts this model's repacked weights on this CPU (AMX, CPU_REPACK, ...), and
+  // with the cache, what was routed and, when nothing was, why.
+  wc_llama_routing routing;
+  wc_llama_routing_init(&routing);
   if (!cache_path.empty()) {
     wc_options o;
     wc_options_init(&o);
@@ -141,13 +145,23 @@ int main(int argc, char** argv) {
     if (wc_llama_create(cache, &go, &wl) != WC_OK) die(std::string("wc_llama_create: ") + wc_ggml_last_error());
     create_ms = ms_since(t0) - open_ms;
     const auto tp = Clock::now();
-    if (wc_llama_model_params(wl, model_path.c_str(), &mp, &routed) != WC_OK)
+    if (wc_llama_model_params_ex(wl, model_path.c_str(), &mp, &routing) != WC_OK)
       die(std::string("wc_llama_model_params: ") + wc_ggml_last_error());
+    routed = routing.routed;
     params_ms = ms_since(tp);
   }
+  // Stock and no-repack: the same report, outside the timed load.
+  const auto t_load = Clock::now();
+  if (cache_path.empty()) {
+    llama_model_params stock = llama_model_default_params();
+    stock.use_mmap = mp.use_mmap;
+    if (wc_llama_stock_routing(model_path.c_str(), &stock, &routing) != WC_OK)
+      die(std::string("wc_llama_stock_routing: ") + wc_ggml_last_error());
+  }
+  const double report_ms = ms_since(t_load);
   llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
   if (model == nullptr) die("llama.cpp could not load " + model_path);
-  const double load_ms = ms_since(t0);
+  const double load_ms = ms_since(t0) - report_ms;
   const std::uint64_t anon_load = status_kib("RssAnon:"), file_load = status_kib("RssFile:");
   wc_stats cs;  // the cache's own view right after the load
   wc_stats_init(&cs);
@@ -220,7 +234,8 @@ int main(int argc, char** argv) {
         "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
         "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
-        "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu}\n",
+        "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu,"
+        "\"stock_repacked\":%zu,\"stock_buffer_types\":\"%s\",\"why_none\":\"%s\",\"cpu\":\"%s\"}\n",
         mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, create_ms, params_ms,
         static_cast<unsigned long long>(anon_load) * 1024, static_cast<unsigned long long>(file_load) * 1024,
         static_cast<unsigned long long>(anon_load > anon_before ? anon_load - anon_before : 0) * 1024,
@@ -231,14 +246,21 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
         static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
         ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str(), static_cast<unsigned long long>(cs.trusted_entries),
-        static_cast<unsigned long long>(cs.verified_ahead));
+        static_cast<unsigned long long>(cs.verified_ahead), routing.stock_repacked,
+        json_escape(routing.stock_buffer_types).c_str(), json_escape(routing.why_none).c_str(),
+        json_escape(weightcache::example::cpu_name()).c_str());
   } else {
     std::printf("weightcache-llama (%s): %s\n", mode, model_path.c_str());
     std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB, file pages (RssFile) %.1f MiB after the load\n",
                 load_ms, anon_load / 1024.0, file_load / 1024.0);
-    if (wl != nullptr)
+    std::printf("  on %s, stock llama.cpp repacks %zu weights of this model (%s)\n",
+                weightcache::example::cpu_name().c_str(), routing.stock_repacked,
+                routing.stock_buffer_types[0] != '\0' ? routing.stock_buffer_types : "none");
+    if (wl != nullptr && routed > 0)
       std::printf("  %zu tensors routed to the cache: %llu repacked here, %llu served from the cache\n", routed,
                   static_cast<unsigned long long>(gs.repacked), static_cast<unsigned long long>(gs.served_from_cache));
+    else if (wl != nullptr)
+      std::printf("  nothing routed to the cache: %s\n", routing.why_none);
     std::printf("  prompt %zu tokens at %.1f tok/s; %d generated at %.1f tok/s; logits %s\n", toks.size(), pp,
                 n_predict, tg, hex(checksum_all).c_str());
   }

@@ -1,23 +1,31 @@
 /*
  * weightcache for ggml's CPU repacking (llama.cpp, whisper.cpp, stable-diffusion.cpp, ...).
  *
- * ggml's CPU backend repacks quantized weights (Q4_0, IQ4_NL, Q4_K, ...) into interleaved layouts
- * at every model load, into private heap memory of every process (its "CPU_REPACK" buffer type).
- * This header gives a ggml buffer type that does the same repacking once, into a weightcache file,
- * and serves the repacked bytes from that file's shared mapping to every later load, session and
- * process. A runtime uses it where it would use a CPU buffer type:
- *   - llama.cpp: one llama_model_params.tensor_buft_overrides entry per tensor that
- *     wc_ggml_would_repack() accepts (docs/INTEGRATION.md shows the lines);
- *   - any ggml program: ggml_backend_alloc_ctx_tensors_from_buft(ctx, wc_ggml_buffer_type(b))
- *     for a context holding such tensors, then ggml_backend_tensor_set from the GGUF as usual.
+ * ggml's CPU backend repacks quantized weights (Q4_0, IQ4_NL, Q4_K, ...) into kernel layouts at
+ * every model load, into private heap memory of every process. It has several repacking buffer
+ * types ("extra" buffer types), tried in its order: "AMX" on x86-64 CPUs with AMX (Intel Xeon 4th
+ * generation and later: a tile layout for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS and F16 weights
+ * whose rows are a multiple of 2048), "KleidiAI" on arm64 builds with it, "CPU_REPACK" everywhere
+ * (interleaved layouts). This header gives, for each layout it serves (AMX and CPU_REPACK), a ggml
+ * buffer type that does the same repacking once, into a weightcache file, and serves the repacked
+ * bytes from that file's shared mapping to every later load, session and process. A weight gets
+ * the layout ggml's CPU backend would give it on this CPU, so the kernels that compute from it are
+ * the ones stock ggml runs. A runtime uses them where it would use the repacking buffer types:
+ *   - llama.cpp: include/weightcache/llama.h does it (tensor_buft_overrides);
+ *   - any ggml program: for each weight, wc_ggml_buffer_type_for(g, tensor) names the buffer type
+ *     (NULL: keep it where the program keeps weights ggml does not repack); allocate a context of
+ *     the tensors of each buffer type with ggml_backend_alloc_ctx_tensors_from_buft, then
+ *     ggml_backend_tensor_set from the GGUF as usual.
  *
  * This part of weightcache is compiled against the ggml tree the runtime is built with (it needs
  * ggml's internal buffer interface, ggml-backend-impl.h): link libweightcache_ggml built from
  * that same tree. wc_ggml_check_abi() says whether the ggml the process runs is that one.
  *
  * Keys (docs/DESIGN.md, "ggml keys"): a repacked tensor is stored under its content (XXH3-128 of
- * the GGUF bytes, type and shape), the repacked layout (ggml's version and build, the CPU features
- * its choice of layout depends on) and nothing else. A warm load does not read the tensor's bytes
+ * the GGUF bytes, type and shape), the repacked layout (its name, AMX or CPU_REPACK, a fingerprint
+ * of the code that writes it, ggml's version, the CPU features its choice of layout depends on) and
+ * nothing else: a cache written under one layout is never served to a process that would use
+ * another. A warm load does not read the tensor's bytes
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
  * handed to set_tensor are that file's own pages at that offset, on a file system whose times
@@ -78,10 +86,11 @@ typedef struct wc_ggml_options {
 void wc_ggml_options_init(wc_ggml_options* options);
 
 /**
- * Creates a buffer type over `cache` (which must stay open until wc_ggml_destroy). options may
- * be NULL (the defaults). Fails with WC_ERR_INVALID_ARGUMENT (NULL cache or out, a bad option),
- * WC_ERR_INCOMPATIBLE (this process's ggml has no CPU backend with CPU_REPACK, or is not the tree
- * this library was built against), WC_ERR_NO_MEMORY; wc_ggml_last_error() says which. *out is NULL on failure.
+ * Creates the buffer types over `cache` (which must stay open until wc_ggml_destroy), one per
+ * layout served on this CPU (wc_ggml_layouts). options may be NULL (the defaults). Fails with
+ * WC_ERR_INVALID_ARGUMENT (NULL cache or out, a bad option), WC_ERR_INCOMPATIBLE (this process's
+ * ggml has no CPU backend with AMX or CPU_REPACK, or is not the tree this library was built
+ * against), WC_ERR_NO_MEMORY; wc_ggml_last_error() says which. *out is NULL on failure.
  */
 wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggml** out);
 
@@ -93,18 +102,40 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
  */
 void wc_ggml_destroy(wc_ggml* g);
 
-/** The ggml buffer type; valid until wc_ggml_destroy. Buffers it allocates report ggml's own
- * CPU_REPACK buffer type as theirs (ggml-cpu recognizes repacked weights by that pointer). */
+/**
+ * The buffer type for the layout ggml's CPU backend gives `tensor` on this CPU (that of
+ * wc_ggml_stock_buffer_type), named "WEIGHTCACHE_AMX" or "WEIGHTCACHE_REPACK"; NULL when ggml
+ * would not repack it, or repacks it into a layout this library does not serve (KleidiAI): keep
+ * such a tensor where the program keeps it without the cache. Buffers of the returned type report
+ * ggml's own buffer type of that layout as theirs (ggml-cpu recognizes repacked weights, and picks
+ * the kernels that read them, by that pointer). A tensor put in a buffer type other than the one
+ * returned here for it is refused by ggml_backend_tensor_alloc's init step (GGML_STATUS_FAILED)
+ * with a message on the log. Looks at type and ne only; tensor->data may be NULL. Valid until
+ * wc_ggml_destroy.
+ */
+ggml_backend_buffer_type_t wc_ggml_buffer_type_for(wc_ggml* g, const struct ggml_tensor* tensor);
+
+/** The buffer type of the CPU_REPACK layout (NULL when this ggml has none); valid until
+ * wc_ggml_destroy. Only the tensors wc_ggml_buffer_type_for gives it may be put in it: on a CPU
+ * with AMX some weights are AMX's, so use wc_ggml_buffer_type_for. */
 ggml_backend_buffer_type_t wc_ggml_buffer_type(wc_ggml* g);
 
 /**
- * Nonzero when ggml's CPU backend, on this CPU, would repack `tensor` (its type and shape: a 2-D
- * or 3-D weight of a type with a repacked layout for this CPU, ne[1] a multiple of the layout's
- * rows). Only such tensors may be put in a buffer of this type; any other is refused by
- * ggml_backend_tensor_alloc's init step (GGML_STATUS_FAILED) with a message on the log.
- * Looks at type and ne only; tensor->data may be NULL.
+ * ggml's own choice for `tensor` on this CPU, without the cache: the first of its CPU backend's
+ * extra buffer types, in its order (AMX, KleidiAI, CPU_REPACK), that computes the weight's product
+ * (GGML_OP_MUL_MAT of a 2-D weight, GGML_OP_MUL_MAT_ID of a 3-D one), asked through ggml's
+ * supports_op as llama.cpp asks; NULL when none does (ggml computes it from plain memory). What a
+ * program without the cache puts the tensor in. Looks at type and ne only.
  */
+ggml_backend_buffer_type_t wc_ggml_stock_buffer_type(const struct ggml_tensor* tensor);
+
+/** Nonzero when wc_ggml_buffer_type_for would give `tensor` a buffer type (of any wc_ggml): ggml
+ * repacks it on this CPU into a layout this library serves. */
 int wc_ggml_would_repack(const struct ggml_tensor* tensor);
+
+/** The layouts served on this CPU, in ggml's order, by ggml's names: "AMX,CPU_REPACK",
+ * "CPU_REPACK", or "" when none. Valid for the life of the process. */
+const char* wc_ggml_layouts(void);
 
 /**
  * Ends loading: makes every tensor repacked into the cache so far durable (wc_finalize), waiting

@@ -2,8 +2,9 @@
  * weightcache for llama.cpp: libllama loads a GGUF model with the weights ggml's CPU backend
  * repacks (Q4_0, IQ4_NL, Q4_K, ...) served from a weightcache file instead of repacked into this
  * process's memory. No patch to llama.cpp: the front fills llama_model_params.tensor_buft_overrides
- * so that exactly the tensors llama.cpp would put in ggml's CPU_REPACK buffer type go to the cache's
- * buffer type (weightcache/ggml.h) instead.
+ * so that exactly the tensors llama.cpp would put in one of ggml's repacking buffer types that the
+ * cache serves (AMX on CPUs with it, CPU_REPACK) go to the cache's buffer type for that layout
+ * (weightcache/ggml.h) instead.
  *
  *   wc_cache* cache;                       // wc_open, as usual
  *   wc_llama* wl;
@@ -16,10 +17,13 @@
  *   wc_llama_destroy(wl);                  // after every model it routed is freed
  *   wc_close(cache);
  *
- * Which tensors: those of the GGUF (every file of a split model) whose type and shape ggml's CPU
- * backend repacks on this CPU (wc_ggml_would_repack) and that llama.cpp uses where CPU_REPACK
- * computes from repacked weights: a 2-D weight of a matrix product, a 3-D weight of the experts'
- * product (llama.cpp's tensor table gives each kind of tensor its operation). Not the ones
+ * Which tensors: those of the GGUF (every file of a split model) that llama.cpp computes by a
+ * matrix product (a 2-D weight) or the experts' product (a 3-D one; llama.cpp's tensor table gives
+ * each kind of tensor its operation) and would put, trying its buffer types in its own order
+ * (an accelerator's, a GPU's host buffer type, the CPU's AMX, KleidiAI, CPU_REPACK, plain memory)
+ * and asking each through ggml's supports_op as llama.cpp does, in AMX or CPU_REPACK. Each goes to
+ * the cache's buffer type of that layout: the bytes are ggml's own packing, computed by the kernels
+ * stock llama.cpp runs. Not the ones
  * llama.cpp reads by row (token_embd, ...), scales, norms or convolves, nor a 3-D weight of a
  * plain product or the 2-D experts of a one-expert model: llama.cpp keeps those in plain memory.
  * A model with tied embeddings (no output.weight) uses token_embd as its output too: llama.cpp
@@ -39,6 +43,7 @@
 
 #include <llama.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,17 +73,48 @@ wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_ll
  * go to the cache.
  *
  * Routes nothing (WC_OK, *routed 0; params keep the application's entries only) when llama.cpp
- * would put no CPU weight in CPU_REPACK: params->use_extra_bufts false, params->vocab_only, an
- * accelerator device or a GPU's host buffer type that takes CPU weights first (a GPU device with
+ * would put no CPU weight of this model in AMX or CPU_REPACK: params->use_extra_bufts false,
+ * params->vocab_only, a GPU's host buffer type that takes CPU weights first (a GPU device with
  * no_host false), a GPU device with params->n_gpu_layers not 0 (the front serves CPU weights
- * only), another CPU buffer type before CPU_REPACK (AMX, KleidiAI), or no tensor of this model
- * repacked on this CPU. The reason is logged at info level.
+ * only), an accelerator or a buffer type the cache does not serve (KleidiAI) taking every one of
+ * them, or no tensor of this model repacked on this CPU. The reason is logged once through ggml's
+ * log, naming the buffer type: at info level for use_extra_bufts false and vocab_only (the
+ * application turned repacking off), at warn level otherwise. When only some of the weights go to
+ * a buffer type the cache does not serve, the others are routed and one warn line names it.
  * Fails with WC_ERR_INVALID_ARGUMENT (a NULL argument), WC_ERR_IO (a file of the model cannot be
  * read or parsed, or a split model's first file is not named PREFIX-00001-of-NNNNN.gguf),
  * WC_ERR_NO_MEMORY; params then keep the application's entries only (stock repacking).
  */
 wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
                                 size_t* routed);
+
+/** What wc_llama_model_params_ex found (wc_llama_routing_init first). */
+typedef struct wc_llama_routing {
+  uint32_t struct_size;
+  size_t routed;         /* tensors routed to the cache */
+  size_t stock_repacked; /* tensors stock llama.cpp, with these params, puts in a buffer type other than
+                            plain CPU memory (repacked, or an accelerator's) */
+  /* Where stock llama.cpp puts those, per buffer type in its order, "NAME=COUNT" joined by ",":
+   * "AMX=28,CPU_REPACK=4" on a CPU with AMX, "CPU_REPACK=32" on most others; "" when none. */
+  char stock_buffer_types[256];
+  /* When routed is 0: why (what was logged); otherwise "". */
+  char why_none[512];
+} wc_llama_routing;
+
+void wc_llama_routing_init(wc_llama_routing* routing);
+
+/** wc_llama_model_params, reporting into `routing` (may be NULL; otherwise set up by
+ * wc_llama_routing_init, else WC_ERR_INVALID_ARGUMENT and params untouched). */
+wc_status wc_llama_model_params_ex(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
+                                   wc_llama_routing* routing);
+
+/** What stock llama.cpp does with the weights of the GGUF at `gguf_path` under `params`, on this CPU
+ * and with the devices this process has registered, without a cache: `routing` gets
+ * stock_repacked, stock_buffer_types and (when no weight would be repacked) why_none; routed is 0.
+ * params are not changed; nothing is logged. Fails as wc_llama_model_params does (a NULL argument,
+ * an unreadable GGUF). */
+wc_status wc_llama_stock_routing(const char* gguf_path, const struct llama_model_params* params,
+                                 wc_llama_routing* routing);
 
 /** The buffer type underneath: wc_ggml_get_stats, wc_ggml_finish. Valid until wc_llama_destroy. */
 wc_ggml* wc_llama_ggml(wc_llama* l);

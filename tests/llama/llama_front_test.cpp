@@ -10,6 +10,17 @@
 
 #include "temp_dir.hpp"
 #include "tool_run.hpp"
+#include "../../src/integrations/common/source_identity.hpp"
+#include "../../src/integrations/ggml/ggml_detail.hpp"
+
+#include <gguf.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
 
 #include <cstdio>
 #include <cstring>
@@ -375,6 +386,178 @@ TEST_F(LlamaFront, OneModelLoadedTwiceInOneProcess) {
   EXPECT_EQ(logits_of(second), want) << "freeing one model changed the other's weights";
   llama_model_free(second);
   EXPECT_EQ(stats().repacked, 15u) << "the second load packed again";
+}
+
+// ---- layouts: AMX's and CPU_REPACK's keys never meet ---------------------------------------------
+
+// Each routed tensor of `model`: its name, the layout this CPU's ggml gives it ("AMX" or
+// "CPU_REPACK"), and its content key (what the buffer type hashes).
+struct Keyed {
+  std::string name, layout, content;
+};
+std::vector<Keyed> keyed_tensors(const std::string& model) {
+  std::vector<Keyed> out;
+  ggml_context* meta = nullptr;
+  gguf_init_params gp{};
+  gp.no_alloc = true;
+  gp.ctx = &meta;
+  gguf_context* g = gguf_init_from_file(model.c_str(), gp);
+  if (g == nullptr) return out;
+  std::ifstream f(model, std::ios::binary);
+  for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+    const char* name = gguf_get_tensor_name(g, i);
+    ggml_tensor* t = ggml_get_tensor(meta, name);
+    if (wc_ggml_would_repack(t) == 0 || std::string(name) == "token_embd.weight") continue;
+    std::vector<char> bytes(ggml_nbytes(t));
+    f.seekg(static_cast<std::streamoff>(gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i)));
+    f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    weightcache::source::WeightSource w;
+    w.data = bytes.data();
+    w.bytes = bytes.size();
+    w.element_type = static_cast<int>(t->type);
+    for (int d = 0; d < GGML_MAX_DIMS; ++d) w.dims.push_back(t->ne[d]);
+    out.push_back({name, ggml_backend_buft_name(wc_ggml_stock_buffer_type(t)), weightcache::source::content_identity(w)});
+  }
+  gguf_free(g);
+  ggml_free(meta);
+  return out;
+}
+
+std::string other_layout(const std::string& layout) { return layout == "AMX" ? "CPU_REPACK" : "AMX"; }
+
+TEST_F(LlamaFront, EachLayoutsKeysNameItsLayoutAndItsCode) {
+  const std::string amx = weightcache::ggml_detail::key_prefix_of("AMX");
+  const std::string repack = weightcache::ggml_detail::key_prefix_of("CPU_REPACK");
+  EXPECT_NE(amx, repack);
+  EXPECT_NE(amx.find(" amx "), std::string::npos) << amx;
+  EXPECT_NE(repack.find(" repack "), std::string::npos) << repack;
+  EXPECT_EQ(weightcache::ggml_detail::key_prefix_of("KleidiAI"), "") << "a layout the cache does not serve has no keys";
+  // Neither is a prefix of the other: no look-up under one can land on an entry of the other.
+  EXPECT_NE(amx.compare(0, repack.size(), repack), 0);
+  EXPECT_NE(repack.compare(0, amx.size(), amx), 0);
+}
+
+// A cache written under the other layout (AMX's entries for a CPU_REPACK process, CPU_REPACK's for
+// an AMX one: here garbage under exactly the keys that process would have written) is never
+// served; the outputs stay stock and the tensors are repacked into this layout's own entries.
+TEST_F(LlamaFront, ACacheWrittenUnderAnotherLayoutIsNeverServed) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_0", "21");
+  const std::vector<Keyed> keyed = keyed_tensors(model);
+  ASSERT_FALSE(keyed.empty());
+  // The other layout's entries, in a cache of their own.
+  wc_llama_destroy(wl_);
+  wl_ = nullptr;
+  wc_close(cache_);
+  cache_ = nullptr;
+  ::unlink(path_.c_str());
+  {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path_.c_str();
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    for (const Keyed& k : keyed) {
+      const std::string key = weightcache::ggml_detail::key_prefix_of(other_layout(k.layout).c_str()) + k.content;
+      std::vector<unsigned char> junk(4096 * 9, 0xA5);
+      ASSERT_EQ(wc_look_up(c, key.data(), key.size()), SIZE_MAX) << "a fresh cache has no entries";
+      void* p = wc_reserve_space(c, junk.size());
+      ASSERT_NE(p, nullptr);
+      std::memcpy(p, junk.data(), junk.size());
+      ASSERT_NE(wc_look_up_or_insert(c, key.data(), key.size(), p, junk.size()), SIZE_MAX) << wc_last_error();
+    }
+    ASSERT_EQ(wc_finalize(c), WC_OK) << wc_last_error();
+    wc_close(c);
+  }
+  wc_options o;
+  wc_options_init(&o);
+  o.path = path_.c_str();
+  ASSERT_EQ(wc_open(&o, &cache_), WC_OK) << wc_last_error();
+  ASSERT_EQ(wc_llama_create(cache_, nullptr, &wl_), WC_OK) << wc_ggml_last_error();
+  std::size_t routed = 0;
+  llama_model* m = load(model, &routed);
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(routed, keyed.size());
+  EXPECT_EQ(stats().served_from_cache, 0u) << "an entry of the other layout was served";
+  EXPECT_EQ(stats().repacked, routed);
+  EXPECT_EQ(logits_of(m), stock_logits(model));
+  llama_model_free(m);
+  ASSERT_EQ(wc_ggml_finish(wc_llama_ggml(wl_)), WC_OK);
+  // Both layouts' entries side by side now, each under its own keys.
+  for (const Keyed& k : keyed) {
+    const std::string mine = weightcache::ggml_detail::key_prefix_of(k.layout.c_str()) + k.content;
+    const std::string theirs = weightcache::ggml_detail::key_prefix_of(other_layout(k.layout).c_str()) + k.content;
+    EXPECT_NE(wc_look_up(cache_, mine.data(), mine.size()), SIZE_MAX) << k.name;
+    EXPECT_NE(wc_look_up(cache_, theirs.data(), theirs.size()), SIZE_MAX) << k.name;
+  }
+}
+
+// The reverse, read by key: a cache this CPU's layout wrote holds nothing under the other layout's
+// keys, so a process that would use the other one finds none of it.
+TEST_F(LlamaFront, ACacheWrittenUnderThisLayoutHoldsNothingUnderAnothers) {
+  const std::string model = dir_.file("m.gguf");
+  make_model(dir_, model, "q4_k", "22");
+  const std::vector<Keyed> keyed = keyed_tensors(model);
+  ASSERT_FALSE(keyed.empty());
+  llama_model* m = load(model);
+  ASSERT_NE(m, nullptr);
+  llama_model_free(m);
+  ASSERT_EQ(wc_ggml_finish(wc_llama_ggml(wl_)), WC_OK);
+  for (const Keyed& k : keyed) {
+    const std::string mine = weightcache::ggml_detail::key_prefix_of(k.layout.c_str()) + k.content;
+    const std::string theirs = weightcache::ggml_detail::key_prefix_of(other_layout(k.layout).c_str()) + k.content;
+    EXPECT_NE(wc_look_up(cache_, mine.data(), mine.size()), SIZE_MAX) << k.name << " was not cached under " << k.layout;
+    EXPECT_EQ(wc_look_up(cache_, theirs.data(), theirs.size()), SIZE_MAX) << k.name << " is under " << other_layout(k.layout);
+  }
+}
+
+// ---- the AMX path, where this CPU has it ----------------------------------------------------------
+
+bool cpu_has_amx() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) return line.find(" amx_int8") != std::string::npos;
+  return false;
+}
+
+// Where ggml offers AMX (a CPU with it, a ggml built for it), weights with rows a multiple of 2048
+// are AMX's and go to the cache's AMX buffer type, the others CPU_REPACK's; the logits stay stock's.
+// Where it does not, AMX is never offered and no weight is AMX's.
+TEST_F(LlamaFront, AmxWeightsGoToTheCachesAmxLayoutWhereThisCpuHasIt) {
+  const std::string layouts = wc_ggml_layouts();
+  if (layouts.find("AMX") == std::string::npos) {
+    if (cpu_has_amx())
+      std::printf("note: this CPU has AMX, but this ggml was built without it (GGML_NATIVE on another CPU?)\n");
+    else
+      EXPECT_EQ(layouts, "CPU_REPACK");
+    GTEST_SKIP() << "skipped: this CPU has no AMX (" << (cpu_has_amx() ? "ggml built without it" : "no amx_int8")
+                 << "); its layouts: " << layouts;
+  }
+  for (const char* type : {"q4_0", "q4_k", "q8_0"}) {
+    const std::string model = dir_.file(std::string("amx-") + type + ".gguf");
+    const auto r = weightcache::test::run_tool(
+        dir_, gen(),
+        {"--out", model, "--type", type, "--seed", "9", "--layers", "1", "--dim", "2048", "--ffn", "2560", "--vocab", "264"});
+    ASSERT_EQ(r.code, 0) << r.describe();
+    llama_model_params mp = quiet_params();
+    wc_llama_routing routing;
+    wc_llama_routing_init(&routing);
+    ASSERT_EQ(wc_llama_model_params_ex(wl_, model.c_str(), &mp, &routing), WC_OK);
+    EXPECT_NE(std::string(routing.stock_buffer_types).find("AMX="), std::string::npos) << routing.stock_buffer_types;
+    EXPECT_EQ(routing.routed, routing.stock_repacked) << routing.stock_buffer_types;
+    const wc_ggml_stats before = stats();
+    llama_model* m = llama_model_load_from_file(model.c_str(), mp);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(logits_of(m), stock_logits(model)) << type << ": cold";
+    llama_model_free(m);
+    EXPECT_EQ(stats().repacked - before.repacked, routing.routed) << type;
+    m = llama_model_load_from_file(model.c_str(), mp);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(logits_of(m), stock_logits(model)) << type << ": warm";
+    llama_model_free(m);
+    EXPECT_EQ(stats().served_from_cache - before.served_from_cache, routing.routed) << type;
+  }
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-// A ggml buffer type whose repacked weights live in a weightcache file (include/weightcache/ggml.h).
+// ggml buffer types whose repacked weights live in a weightcache file (include/weightcache/ggml.h).
 //
 // ggml-cpu decides that a weight is repacked, and how to multiply it, by comparing its buffer's
-// type with CPU_REPACK's buffer type *pointer*. So the buffers this type allocates report
-// CPU_REPACK's type as theirs and borrow its init_tensor (which picks the layout and sets
-// tensor->extra) and set_tensor (which repacks). What they change is where the repacked bytes go:
+// type with the repacking buffer type's *pointer* (CPU_REPACK's, AMX's). So there is one
+// weightcache buffer type per such layout, and the buffers each allocates report that layout's
+// ggml type as theirs and borrow its init_tensor (which picks the layout and sets tensor->extra),
+// set_tensor (which repacks) and alloc size. What they change is where the repacked bytes go:
 // - the buffer's own memory is an anonymous reservation (MAP_NORESERVE) that costs nothing unless a
 //   tensor falls back to it;
 // - set_tensor finds the tensor's key; on a hit it points tensor->data at the cache entry (the
@@ -45,8 +46,8 @@
 // messages go wherever the application pointed ggml's log (ggml_log_set, llama_log_set).
 extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format, ...);
 
-#if !defined(WEIGHTCACHE_GGML_VERSION) || !defined(WEIGHTCACHE_GGML_REPACK_ID)
-#error "WEIGHTCACHE_GGML_VERSION and WEIGHTCACHE_GGML_REPACK_ID (the ggml tree's) must be defined by the build"
+#if !defined(WEIGHTCACHE_GGML_VERSION) || !defined(WEIGHTCACHE_GGML_REPACK_ID) || !defined(WEIGHTCACHE_GGML_AMX_ID)
+#error "WEIGHTCACHE_GGML_VERSION, WEIGHTCACHE_GGML_REPACK_ID and WEIGHTCACHE_GGML_AMX_ID (the ggml tree's) must be defined by the build"
 #endif
 
 using weightcache::source::content_identity;
@@ -71,73 +72,177 @@ using weightcache::ggml_detail::fail;
 constexpr std::int64_t kDefaultWindowMs = 60'000;
 constexpr std::int64_t kMinWindowMs = 2'000;
 
-// ---- CPU_REPACK, found through ggml's public registry -------------------------------------------
+// ---- the CPU backend's repacking buffer types, found through ggml's public registry -------------
 
 using init_tensor_fn = enum ggml_status (*)(ggml_backend_buffer_t, struct ggml_tensor*);
 using set_tensor_fn = void (*)(ggml_backend_buffer_t, struct ggml_tensor*, const void*, size_t, size_t);
+using alloc_size_fn = size_t (*)(ggml_backend_buffer_type_t, const struct ggml_tensor*);
 
-struct Repack {
-  ggml_backend_buffer_type_t buft = nullptr;
-  init_tensor_fn init = nullptr;
-  set_tensor_fn set = nullptr;
-  std::string features;  // the CPU features ggml-cpu reports ("AVX2=1;...")
-  std::string why;       // why there is none
+// The layouts this library stores, by the name of the ggml buffer type that writes them, with the
+// word that names them in keys and the fingerprint of the code that writes them (taken by the
+// build from the tree this library is compiled against). CPU_REPACK's key words are those of every
+// earlier release, so caches written before AMX was served keep serving.
+struct KnownLayout {
+  const char* buft_name;
+  const char* key_word;
+  const char* fingerprint;
+};
+constexpr KnownLayout kKnown[] = {
+    {"AMX", "amx", WEIGHTCACHE_GGML_AMX_ID},
+    {"CPU_REPACK", "repack", WEIGHTCACHE_GGML_REPACK_ID},
 };
 
-const Repack& repack() {
-  static const Repack r = [] {
-    Repack x;
-    ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-    if (cpu == nullptr) {
-      x.why = "this process's ggml has no CPU backend";
+}  // namespace
+
+namespace weightcache::ggml_detail {
+// One repacking buffer type of ggml's CPU backend that this library serves: its buffers' own
+// init_tensor (picks the layout, sets tensor->extra) and set_tensor (repacks), and its alloc size.
+struct Layout {
+  ggml_backend_buffer_type_t buft = nullptr;  // ggml's
+  const KnownLayout* known = nullptr;
+  init_tensor_fn init = nullptr;
+  set_tensor_fn set = nullptr;
+  alloc_size_fn alloc_size = nullptr;  // nullptr: ggml_nbytes
+  std::string key_prefix;              // "ggml-repack/1|ggml V <word> <fingerprint> apiN|cpu FEATURES|"
+};
+}  // namespace weightcache::ggml_detail
+
+namespace {
+
+using weightcache::ggml_detail::Layout;
+
+// The CPU backend as this process's ggml has it: its device, its extra buffer types in its order
+// (the order llama.cpp tries them in), and the layouts among them this library serves.
+struct Cpu {
+  ggml_backend_dev_t dev = nullptr;
+  std::vector<ggml_backend_buffer_type_t> extras;
+  std::vector<Layout> layouts;  // in ggml's order
+  std::string features;         // the CPU features ggml-cpu reports ("AVX2=1;...")
+  std::string why;              // why no layout is served
+};
+
+const Cpu& cpu() {
+  static const Cpu* c = [] {
+    auto* x = new Cpu;  // never destroyed: buffer types of it may outlive static destructors
+    x->dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (x->dev == nullptr) {
+      x->why = "this process's ggml has no CPU backend";
       return x;
     }
-    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(cpu);
-    auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
-        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
-    if (extra != nullptr) {
-      for (ggml_backend_buffer_type_t* b = extra(cpu); b != nullptr && *b != nullptr; ++b)
-        if (std::strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) x.buft = *b;
-    }
-    if (x.buft == nullptr) {
-      x.why = "this process's ggml CPU backend has no CPU_REPACK buffer type (built without GGML_CPU_REPACK?)";
-      return x;
-    }
-    // Its buffers' functions: allocate a small one and keep its init_tensor and set_tensor.
-    ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(x.buft, 256);
-    if (probe == nullptr) {
-      x.why = "could not allocate a CPU_REPACK buffer";
-      x.buft = nullptr;
-      return x;
-    }
-    x.init = probe->iface.init_tensor;
-    x.set = probe->iface.set_tensor;
-    ggml_backend_buffer_free(probe);
-    if (x.init == nullptr || x.set == nullptr) {
-      x.why = "CPU_REPACK's buffers have no init_tensor or set_tensor";
-      x.buft = nullptr;
-      return x;
-    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(x->dev);
     auto features = reinterpret_cast<ggml_backend_get_features_t>(
         ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features"));
     if (features != nullptr)
       for (ggml_backend_feature* f = features(reg); f != nullptr && f->name != nullptr; ++f)
-        x.features += std::string(f->name) + "=" + (f->value ? f->value : "") + ";";
+        x->features += std::string(f->name) + "=" + (f->value ? f->value : "") + ";";
+    auto extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    for (ggml_backend_buffer_type_t* b = extra != nullptr ? extra(x->dev) : nullptr; b != nullptr && *b != nullptr; ++b)
+      x->extras.push_back(*b);
+    std::string unusable;
+    for (ggml_backend_buffer_type_t b : x->extras) {
+      const char* name = ggml_backend_buft_name(b);
+      const KnownLayout* known = nullptr;
+      for (const KnownLayout& k : kKnown)
+        if (std::strcmp(name, k.buft_name) == 0) known = &k;
+      if (known == nullptr) continue;  // KleidiAI and others: llama.cpp repacks those itself
+      // Its buffers' functions: allocate a small one and keep its init_tensor and set_tensor.
+      ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(b, 256);
+      if (probe == nullptr) {
+        unusable += std::string(unusable.empty() ? "" : "; ") + "could not allocate a " + name + " buffer";
+        continue;
+      }
+      Layout l;
+      l.buft = b;
+      l.known = known;
+      l.init = probe->iface.init_tensor;
+      l.set = probe->iface.set_tensor;
+      l.alloc_size = b->iface.get_alloc_size;
+      ggml_backend_buffer_free(probe);
+      if (l.init == nullptr || l.set == nullptr) {
+        unusable += std::string(unusable.empty() ? "" : "; ") + name + "'s buffers have no init_tensor or set_tensor";
+        continue;
+      }
+      l.key_prefix = std::string("ggml-repack/1|ggml ") + WEIGHTCACHE_GGML_VERSION + " " + known->key_word + " " +
+                     known->fingerprint + " api" + std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + x->features +
+                     "|";
+      x->layouts.push_back(std::move(l));
+    }
+    if (x->layouts.empty())
+      x->why = !unusable.empty() ? unusable
+                                 : "this process's ggml CPU backend has no repacking buffer type the cache serves (AMX "
+                                   "or CPU_REPACK; built without GGML_CPU_REPACK?)";
     return x;
   }();
-  return r;
+  return *c;
 }
 
-// Whether CPU_REPACK gives the tensor a layout (the call only reads type and ne, and sets extra).
-const void* repack_traits(const struct ggml_tensor* t) {
-  const Repack& r = repack();
-  if (r.buft == nullptr || t == nullptr) return nullptr;
+const Layout* layout_of(ggml_backend_buffer_type_t b) {
+  for (const Layout& l : cpu().layouts)
+    if (l.buft == b) return &l;
+  return nullptr;
+}
+
+// Whether the device would compute `op` of weight `w` from a weight held in `buft`: what llama.cpp
+// asks (llama-model.cpp, weight_buft_supported), with the same stand-in operands.
+bool supports(const struct ggml_tensor* w0, enum ggml_op op, int n_expert_used, ggml_backend_dev_t dev,
+              ggml_backend_buffer_type_t buft) {
+  if (w0 == nullptr || dev == nullptr || buft == nullptr) return false;
+  ggml_init_params p{};
+  p.mem_size = ggml_tensor_overhead() * 8;
+  p.no_alloc = true;
+  ggml_context* ctx = ggml_init(p);
+  if (ctx == nullptr) return false;
+  struct ggml_tensor* w = ggml_new_tensor(ctx, w0->type, GGML_MAX_DIMS, w0->ne);
+  struct ggml_tensor* opt = nullptr;
+  if (op == GGML_OP_MUL_MAT) {
+    opt = ggml_mul_mat(ctx, w, ggml_new_tensor_4d(ctx, GGML_TYPE_F32, w->ne[0], 512, w->ne[2], w->ne[3]));
+  } else if (op == GGML_OP_MUL_MAT_ID) {
+    const int used = std::max(1, n_expert_used);
+    opt = ggml_mul_mat_id(ctx, w, ggml_new_tensor_3d(ctx, GGML_TYPE_F32, w->ne[0], used, 512),
+                          ggml_new_tensor_2d(ctx, GGML_TYPE_I32, used, 512));
+  }
+  bool ok = false;
+  if (opt != nullptr) {
+    w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);  // a dummy: supports_op looks at its type
+    if (w->buffer != nullptr) {
+      ok = ggml_backend_dev_supports_op(dev, opt);
+      ggml_backend_buffer_free(w->buffer);
+      w->buffer = nullptr;
+    }
+  }
+  ggml_free(ctx);
+  return ok;
+}
+
+}  // namespace
+
+// The first of `candidates` (device and buffer type, in the order the runtime tries them) that
+// computes `op` of `w`; nullptr when none does.
+ggml_backend_buffer_type_t weightcache::ggml_detail::first_supporting(
+    const struct ggml_tensor* w, enum ggml_op op, int n_expert_used,
+    const std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>>& candidates) {
+  for (const auto& [dev, buft] : candidates)
+    if (supports(w, op, n_expert_used, dev, buft)) return buft;
+  return nullptr;
+}
+
+std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> weightcache::ggml_detail::cpu_extras() {
+  std::vector<std::pair<ggml_backend_dev_t, ggml_backend_buffer_type_t>> v;
+  for (ggml_backend_buffer_type_t b : cpu().extras) v.emplace_back(cpu().dev, b);
+  return v;
+}
+
+namespace {
+
+// ggml's CPU backend's own choice for a weight: the first of its extra buffer types, in its order,
+// that computes the weight's product (MUL_MAT of a 2-D weight, MUL_MAT_ID of a 3-D one).
+ggml_backend_buffer_type_t stock_choice(const struct ggml_tensor* t) {
+  if (t == nullptr) return nullptr;
   const int dims = ggml_n_dims(t);
-  if (dims != 2 && dims != 3) return nullptr;  // ggml-cpu uses repacked weights in MUL_MAT (2-D) and MUL_MAT_ID (3-D)
-  struct ggml_tensor copy = *t;
-  copy.extra = nullptr;
-  if (r.init(nullptr, &copy) != GGML_STATUS_SUCCESS) return nullptr;
-  return copy.extra;
+  if (dims != 2 && dims != 3) return nullptr;
+  return weightcache::ggml_detail::first_supporting(t, dims == 2 ? GGML_OP_MUL_MAT : GGML_OP_MUL_MAT_ID, 1,
+                                                    weightcache::ggml_detail::cpu_extras());
 }
 
 // ---- where the bytes handed to set_tensor come from ---------------------------------------------
@@ -187,11 +292,20 @@ std::vector<Mapping> read_maps() {
 
 // ---- the buffer type ------------------------------------------------------------------------------
 
+namespace {
+// One layout's weightcache buffer type: buffers of it hold tensors of that layout only.
+struct Served {
+  wc_ggml* g = nullptr;
+  const Layout* layout = nullptr;
+  std::string name;  // "WEIGHTCACHE_AMX", "WEIGHTCACHE_REPACK"
+  struct ggml_backend_buffer_type buft {};
+};
+}  // namespace
+
 struct wc_ggml {
   wc_cache* cache = nullptr;
   wc_ggml_options options{};
-  struct ggml_backend_buffer_type buft {};
-  std::string build_id;  // everything the repacked layout depends on besides the tensor
+  std::vector<std::unique_ptr<Served>> served_types;  // one per layout, in ggml's order
   // Which tensors the runtime may put here besides the repack check (the llama.cpp front: only
   // those llama.cpp computes from repacked weights); nullptr: any.
   std::atomic<bool (*)(const struct ggml_tensor*)> filter{nullptr};
@@ -296,6 +410,7 @@ namespace {
 // One buffer: its anonymous memory, and how many of its tensors are still to be set.
 struct Buffer {
   wc_ggml* g = nullptr;
+  const Layout* layout = nullptr;  // what its tensors are repacked into (its buffer type's)
   void* base = nullptr;
   std::size_t mapped = 0;
   std::mutex mu;
@@ -377,15 +492,27 @@ void* b_base(ggml_backend_buffer_t b) { return buffer_of(b)->base; }
 enum ggml_status b_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t) {
   if (t->view_src != nullptr) return GGML_STATUS_SUCCESS;  // a view shares its source's bytes
   Buffer* buf = buffer_of(b);
-  const void* traits = repack_traits(t);
-  if (traits == nullptr) {
+  // Only a tensor whose layout on this CPU is this buffer's: ggml-cpu computes a weight from the
+  // layout its buffer type names, so any other would reach a kernel that cannot read it.
+  if (stock_choice(t) != buf->layout->buft) {
+    const ggml_backend_buffer_type_t stock = stock_choice(t);
     ggml_log_internal(GGML_LOG_LEVEL_ERROR,
                       "weightcache: tensor '%s' (%s, %" PRId64 " x %" PRId64 " x %" PRId64
-                      ") is not one ggml's CPU backend repacks on this CPU; keep it out of the weightcache buffer "
-                      "type (wc_ggml_would_repack)\n",
-                      t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2]);
+                      ") is not one ggml's CPU backend puts in %s on this CPU (it would use %s); put it in the buffer "
+                      "type wc_ggml_buffer_type_for gives, or keep it out\n",
+                      t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2],
+                      ggml_backend_buft_name(buf->layout->buft),
+                      stock != nullptr ? ggml_backend_buft_name(stock) : "plain CPU memory");
     return GGML_STATUS_FAILED;
   }
+  struct ggml_tensor probe = *t;
+  probe.extra = nullptr;
+  if (buf->layout->init(b, &probe) != GGML_STATUS_SUCCESS || probe.extra == nullptr) {
+    ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: %s gives tensor '%s' no layout\n",
+                      ggml_backend_buft_name(buf->layout->buft), t->name);
+    return GGML_STATUS_FAILED;
+  }
+  const void* traits = probe.extra;
   if (auto filter = buf->g->filter.load(); filter != nullptr && !filter(t)) {
     ggml_log_internal(GGML_LOG_LEVEL_ERROR,
                       "weightcache: tensor '%s' (%s, %d dimensions) is not one llama.cpp computes from repacked "
@@ -405,7 +532,7 @@ void repack_here(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, cons
                  const std::string& why) {
   wc_ggml* g = buffer_of(b)->g;
   t->data = own;
-  repack().set(b, t, data, 0, size);
+  buffer_of(b)->layout->set(b, t, data, 0, size);
   g->heap.fetch_add(1, std::memory_order_relaxed);
   g->repacked.fetch_add(1, std::memory_order_relaxed);
   g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
@@ -490,9 +617,9 @@ void serve(Buffer* buf, struct ggml_tensor* t, void* at, const Mapping* m, const
 // Commits a reservation the tensor was repacked into under `key`, or, when the cache refuses
 // it, repacks into the buffer's own memory.
 void commit(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, const void* data, std::size_t size, void* p,
-            const std::string& key) {
+            std::size_t packed, const std::string& key) {
   wc_ggml* g = buffer_of(b)->g;
-  const std::size_t off = wc_look_up_or_insert(g->cache, key.data(), key.size(), p, size);
+  const std::size_t off = wc_look_up_or_insert(g->cache, key.data(), key.size(), p, packed);
   void* at = off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
   if (at == nullptr) {
     const std::string why = wc_last_error();
@@ -512,7 +639,7 @@ void repack_uncached(ggml_backend_buffer_t b, struct ggml_tensor* t, void* own, 
   ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: '%s' changed in its GGUF while it was loaded: repacked without "
                     "caching it\n", t->name);
   t->data = own;
-  repack().set(b, t, data, 0, size);
+  buffer_of(b)->layout->set(b, t, data, 0, size);
   g->repacked.fetch_add(1, std::memory_order_relaxed);
   g->repacked_bytes.fetch_add(size, std::memory_order_relaxed);
 }
@@ -559,7 +686,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     const std::size_t off = wc_look_up(g->cache, key.data(), key.size());
     return off != SIZE_MAX ? wc_offset_to_addr(g->cache, off) : nullptr;
   };
-  const std::string prefix = "ggml-repack/1|" + g->build_id + "|";
+  const std::string& prefix = buf->layout->key_prefix;
   std::string map_key;
   if (!fid.empty()) {
     map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
@@ -592,16 +719,18 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   if (void* at = found(key)) {
     serve(buf, t, at, pages, data, size);
   } else {
-    void* p = wc_reserve_space(g->cache, size);
+    // The layout's size (AMX's tiles are larger than the GGUF's blocks; CPU_REPACK's are not).
+    const std::size_t packed = buf->layout->alloc_size != nullptr ? buf->layout->alloc_size(buf->layout->buft, t) : size;
+    void* p = wc_reserve_space(g->cache, packed);
     if (p == nullptr) return repack_here(b, t, own, bytes, size, wc_last_error());
     t->data = p;
-    repack().set(b, t, bytes, 0, size);  // straight into the reservation
+    buf->layout->set(b, t, bytes, 0, size);  // straight into the reservation
     // A settled file's bytes were read in place: its identity must not have moved meanwhile.
     if (settled && file_identity(src, window_ns) != fid) {
       (void)wc_release_space(g->cache, p);
       return repack_uncached(b, t, own, data, size);
     }
-    commit(b, t, own, bytes, size, p, key);
+    commit(b, t, own, bytes, size, p, packed, key);
   }
   if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
 }
@@ -669,15 +798,25 @@ void b_clear(ggml_backend_buffer_t b, uint8_t value) {
   }
 }
 
-const char* bt_name(ggml_backend_buffer_type_t) { return "WEIGHTCACHE_REPACK"; }
+Served* served_of(ggml_backend_buffer_type_t bt) { return static_cast<Served*>(bt->context); }
 
-std::size_t bt_alignment(ggml_backend_buffer_type_t) { return ggml_backend_buft_get_alignment(repack().buft); }
+const char* bt_name(ggml_backend_buffer_type_t bt) { return served_of(bt)->name.c_str(); }
+
+std::size_t bt_alignment(ggml_backend_buffer_type_t bt) {
+  return ggml_backend_buft_get_alignment(served_of(bt)->layout->buft);
+}
+
+std::size_t bt_alloc_size(ggml_backend_buffer_type_t bt, const struct ggml_tensor* t) {
+  const Layout* l = served_of(bt)->layout;
+  return l->alloc_size != nullptr ? l->alloc_size(l->buft, t) : ggml_nbytes(t);
+}
 
 ggml_backend_buffer_t bt_alloc(ggml_backend_buffer_type_t bt, size_t size) {
-  wc_ggml* g = static_cast<wc_ggml*>(bt->context);
+  wc_ggml* g = served_of(bt)->g;
   auto* buf = new (std::nothrow) Buffer;
   if (buf == nullptr) return nullptr;
   buf->g = g;
+  buf->layout = served_of(bt)->layout;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   buf->mapped = std::max<std::size_t>((size + page - 1) / page * page, page);
   void* p = ::mmap(nullptr, buf->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -698,8 +837,9 @@ ggml_backend_buffer_t bt_alloc(ggml_backend_buffer_type_t bt, size_t size) {
   iface.cpy_tensor = nullptr;
   iface.clear = b_clear;
   iface.reset = nullptr;
-  // CPU_REPACK's type, not ours: ggml-cpu finds repacked weights by that pointer.
-  ggml_backend_buffer_t b = ggml_backend_buffer_init(repack().buft, iface, buf, size);
+  // The layout's own type (CPU_REPACK's, AMX's), not ours: ggml-cpu finds repacked weights, and
+  // picks the kernels that read them, by that pointer.
+  ggml_backend_buffer_t b = ggml_backend_buffer_init(buf->layout->buft, iface, buf, size);
   if (b == nullptr) {
     ::munmap(p, buf->mapped);
     delete buf;
@@ -713,10 +853,27 @@ ggml_backend_buffer_t bt_alloc(ggml_backend_buffer_type_t bt, size_t size) {
 
 // ---- the C API ------------------------------------------------------------------------------------
 
-ggml_backend_buffer_type_t weightcache::ggml_detail::repack_buffer_type() { return repack().buft; }
-
 void weightcache::ggml_detail::set_tensor_filter(wc_ggml* g, bool (*filter)(const struct ggml_tensor*)) {
   g->filter.store(filter);
+}
+
+ggml_backend_buffer_type_t weightcache::ggml_detail::served_for(wc_ggml* g, ggml_backend_buffer_type_t stock) {
+  if (g == nullptr || stock == nullptr) return nullptr;
+  for (const auto& s : g->served_types)
+    if (s->layout->buft == stock) return &s->buft;
+  return nullptr;
+}
+
+bool weightcache::ggml_detail::is_served_layout(ggml_backend_buffer_type_t stock) {
+  return stock != nullptr && layout_of(stock) != nullptr;
+}
+
+std::string weightcache::ggml_detail::key_prefix_of(const char* buft_name) {
+  for (const KnownLayout& k : kKnown)
+    if (std::strcmp(k.buft_name, buft_name) == 0)
+      return std::string("ggml-repack/1|ggml ") + WEIGHTCACHE_GGML_VERSION + " " + k.key_word + " " + k.fingerprint +
+             " api" + std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + cpu().features + "|";
+  return "";
 }
 
 extern "C" {
@@ -761,26 +918,33 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
       return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: identity_window_ms must be at least 2000 (the coarsest "
                                            "file timestamp, FAT's, is 2 s)");
     if (wc_status st = wc_ggml_check_abi(); st != WC_OK) return st;
-    const Repack& r = repack();
-    if (r.buft == nullptr) return fail(WC_ERR_INCOMPATIBLE, "wc_ggml_create: " + r.why);
+    const Cpu& c = cpu();
+    if (c.layouts.empty()) return fail(WC_ERR_INCOMPATIBLE, "wc_ggml_create: " + c.why);
     auto g = std::unique_ptr<wc_ggml>(new (std::nothrow) wc_ggml);
     if (!g) return fail(WC_ERR_NO_MEMORY, "wc_ggml_create: out of memory");
     g->cache = cache;
     g->options = o;
-    // The layout depends on ggml's repacking code (its fingerprint, taken by the build from the
-    // tree this library is compiled against, which wc_ggml_check_abi ties to the running ggml)
-    // and on the CPU features the build enabled; not on ggml's build commit, which is "unknown"
-    // outside git and the enclosing repository's inside another one.
-    g->build_id = std::string("ggml ") + WEIGHTCACHE_GGML_VERSION + " repack " + WEIGHTCACHE_GGML_REPACK_ID + " api" +
-                  std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + r.features;
-    g->buft.iface.get_name = bt_name;
-    g->buft.iface.alloc_buffer = bt_alloc;
-    g->buft.iface.get_alignment = bt_alignment;
-    g->buft.iface.get_max_size = nullptr;
-    g->buft.iface.get_alloc_size = nullptr;  // ggml_nbytes: a repacked tensor is as large as its source
-    g->buft.iface.is_host = nullptr;
-    g->buft.device = r.buft->device;
-    g->buft.context = g.get();
+    // A buffer type per layout this CPU's ggml writes. The keys of each name its layout, ggml's
+    // version, the fingerprint of its packing code (taken by the build from the tree this library
+    // is compiled against, which wc_ggml_check_abi ties to the running ggml) and the CPU features
+    // the build enabled; not ggml's build commit, which is "unknown" outside git and the enclosing
+    // repository's inside another one.
+    for (const Layout& l : c.layouts) {
+      auto sv = std::make_unique<Served>();
+      sv->g = g.get();
+      sv->layout = &l;
+      sv->name = std::strcmp(l.known->buft_name, "CPU_REPACK") == 0 ? "WEIGHTCACHE_REPACK"
+                                                                     : std::string("WEIGHTCACHE_") + l.known->buft_name;
+      sv->buft.iface.get_name = bt_name;
+      sv->buft.iface.alloc_buffer = bt_alloc;
+      sv->buft.iface.get_alignment = bt_alignment;
+      sv->buft.iface.get_max_size = nullptr;
+      sv->buft.iface.get_alloc_size = bt_alloc_size;
+      sv->buft.iface.is_host = nullptr;
+      sv->buft.device = l.buft->device;
+      sv->buft.context = sv.get();
+      g->served_types.push_back(std::move(sv));
+    }
     *out = g.release();
     return WC_OK;
   } catch (const std::bad_alloc&) {
@@ -804,9 +968,44 @@ void wc_ggml_destroy(wc_ggml* g) {
   }
 }
 
-ggml_backend_buffer_type_t wc_ggml_buffer_type(wc_ggml* g) { return g != nullptr ? &g->buft : nullptr; }
+ggml_backend_buffer_type_t wc_ggml_buffer_type(wc_ggml* g) {
+  for (const Layout& l : cpu().layouts)
+    if (std::strcmp(l.known->buft_name, "CPU_REPACK") == 0) return weightcache::ggml_detail::served_for(g, l.buft);
+  return nullptr;
+}
 
-int wc_ggml_would_repack(const struct ggml_tensor* tensor) { return repack_traits(tensor) != nullptr ? 1 : 0; }
+ggml_backend_buffer_type_t wc_ggml_buffer_type_for(wc_ggml* g, const struct ggml_tensor* tensor) {
+  try {
+    return weightcache::ggml_detail::served_for(g, stock_choice(tensor));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+ggml_backend_buffer_type_t wc_ggml_stock_buffer_type(const struct ggml_tensor* tensor) {
+  try {
+    return stock_choice(tensor);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+int wc_ggml_would_repack(const struct ggml_tensor* tensor) {
+  try {
+    return layout_of(stock_choice(tensor)) != nullptr ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+const char* wc_ggml_layouts(void) {
+  static const std::string names = [] {
+    std::string n;
+    for (const Layout& l : cpu().layouts) n += (n.empty() ? "" : ",") + std::string(l.known->buft_name);
+    return n;
+  }();
+  return names.c_str();
+}
 
 wc_status wc_ggml_finish(wc_ggml* g) {
   if (g == nullptr) return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_finish: NULL");

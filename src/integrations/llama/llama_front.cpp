@@ -5,6 +5,7 @@
 #include <gguf.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -96,15 +97,53 @@ Use use_of(const std::string& name) {
   return Use::matmul;  // every other kind of llama.cpp's table is a matrix product's weight
 }
 
-// Whether llama.cpp, left to itself, would put this tensor in CPU_REPACK.
-bool repacked_by_llama(const std::string& name, const ggml_tensor* t) {
-  if (t == nullptr || wc_ggml_would_repack(t) == 0) return false;
+// Whether llama.cpp computes this tensor by an operation a repacked layout serves (the matrix
+// product of a 2-D weight, the experts' product of a 3-D one), and which.
+enum ggml_op product_of(const std::string& name, const ggml_tensor* t) {
+  if (t == nullptr) return GGML_OP_NONE;
   switch (use_of(name)) {
-    case Use::matmul: return ggml_n_dims(t) == 2;
-    case Use::experts: return ggml_n_dims(t) == 3;
-    case Use::other: return false;
+    case Use::matmul: return ggml_n_dims(t) == 2 ? GGML_OP_MUL_MAT : GGML_OP_NONE;
+    case Use::experts: return ggml_n_dims(t) == 3 ? GGML_OP_MUL_MAT_ID : GGML_OP_NONE;
+    case Use::other: return GGML_OP_NONE;
   }
-  return false;
+  return GGML_OP_NONE;
+}
+
+// The filter of the front's buffer types (a tensor a pattern routed by mistake fails its load).
+bool computed_from_repacked(const struct ggml_tensor* t) { return product_of(t->name, t) != GGML_OP_NONE; }
+
+// The buffer types llama.cpp tries for a CPU weight, in its order (llama-model.cpp,
+// make_cpu_buft_list): an accelerator's, a GPU's host buffer type (unless no_host), the CPU
+// backend's extra buffer types (AMX, KleidiAI, CPU_REPACK; when use_extra_bufts), plain CPU memory.
+weightcache::ggml_detail::Candidates llama_cpu_candidates(const struct llama_model_params* params) {
+  weightcache::ggml_detail::Candidates list;
+  for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_ACCEL &&
+        ggml_backend_dev_buffer_type(dev) != ggml_backend_cpu_buffer_type())
+      list.emplace_back(dev, ggml_backend_dev_buffer_type(dev));
+  }
+  if (!params->no_host) {
+    for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+      ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+      const enum ggml_backend_dev_type t = ggml_backend_dev_type(dev);
+      if (t == GGML_BACKEND_DEVICE_TYPE_CPU || t == GGML_BACKEND_DEVICE_TYPE_ACCEL) continue;
+      if (ggml_backend_buffer_type_t host = ggml_backend_dev_host_buffer_type(dev); host != nullptr) {
+        list.emplace_back(dev, host);
+        break;
+      }
+    }
+  }
+  if (params->use_extra_bufts) {
+    const auto extras = weightcache::ggml_detail::cpu_extras();
+    list.insert(list.end(), extras.begin(), extras.end());
+  }
+  for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    if (ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU)
+      list.emplace_back(dev, ggml_backend_dev_buffer_type(dev));
+  }
+  return list;
 }
 
 std::string escape(const std::string& s) {
@@ -211,9 +250,11 @@ bool exact(const std::vector<std::string>& patterns, const std::vector<std::stri
 
 // Sets params' list to the application's entries (without any a front added earlier: params used
 // again, maybe for another model or through another front, would route that model's tensors by
-// another model's names) followed by `patterns` to `buft`. Leaves params as they are when that
-// changes nothing.
-void route(struct llama_model_params* params, ggml_backend_buffer_type_t buft, std::vector<std::string> patterns) {
+// another model's names) followed by `routes` (pattern, buffer type). Leaves params as they are
+// when that changes nothing.
+using Routes = std::vector<std::pair<std::string, ggml_backend_buffer_type_t>>;
+
+void route(struct llama_model_params* params, Routes routes) {
   Lists& ls = lists();
   std::lock_guard<std::mutex> lock(ls.mu);
   std::vector<llama_model_tensor_buft_override> entries;
@@ -222,20 +263,21 @@ void route(struct llama_model_params* params, ggml_backend_buffer_type_t buft, s
     if (ls.ours.count(o->pattern) != 0) stale = true;
     else entries.push_back(*o);
   }
-  if (!stale && patterns.empty()) return;
+  if (!stale && routes.empty()) return;
   const std::size_t own = entries.size();
-  for (const std::string& p : patterns) entries.push_back({p.c_str(), buft});
-  if (entries.empty()) {
+  if (own == 0 && routes.empty()) {
     params->tensor_buft_overrides = nullptr;  // the application had none
     return;
   }
+  std::vector<std::string> patterns;
+  for (const auto& r : routes) patterns.push_back(r.first);
   // The same list handed out before: that one (its pattern strings are the ones issued).
   for (const List& l : ls.all) {
-    if (l.entries.size() != entries.size() + 1 || l.patterns != patterns) continue;
+    if (l.entries.size() != own + routes.size() + 1 || l.patterns != patterns) continue;
     bool same = true;
     for (std::size_t i = 0; i < own && same; ++i)
       same = l.entries[i].pattern == entries[i].pattern && l.entries[i].buft == entries[i].buft;
-    for (std::size_t i = own; i < entries.size() && same; ++i) same = l.entries[i].buft == buft;
+    for (std::size_t i = 0; i < routes.size() && same; ++i) same = l.entries[own + i].buft == routes[i].second;
     if (same) {
       params->tensor_buft_overrides = l.entries.data();
       return;
@@ -243,45 +285,39 @@ void route(struct llama_model_params* params, ggml_backend_buffer_type_t buft, s
   }
   List& list = ls.all.emplace_back();
   list.patterns = std::move(patterns);
-  list.entries.assign(entries.begin(), entries.begin() + static_cast<std::ptrdiff_t>(own));
-  for (const std::string& p : list.patterns) {
-    list.entries.push_back({p.c_str(), buft});
-    ls.ours.insert(p.c_str());
+  list.entries.assign(entries.begin(), entries.end());
+  for (std::size_t i = 0; i < routes.size(); ++i) {
+    list.entries.push_back({list.patterns[i].c_str(), routes[i].second});
+    ls.ours.insert(list.patterns[i].c_str());
   }
   list.entries.push_back({nullptr, nullptr});
   params->tensor_buft_overrides = list.entries.data();
 }
 
-// Why llama.cpp, with these params, would put no CPU weight in CPU_REPACK (then nothing is routed),
-// or "" when it may. llama.cpp tries, for a CPU weight, an accelerator's buffer type, then a GPU's
-// host buffer type, then the CPU's extra buffer types in order, then plain CPU memory, and takes
-// the first that can hold the weight for its operation.
-std::string why_llama_repacks_nothing(const struct llama_model_params* params, ggml_backend_buffer_type_t repack) {
+// Why llama.cpp, with these params, puts no CPU weight in a repacking buffer type whatever the
+// model (then nothing is routed), or "" when it may.
+std::string why_llama_repacks_nothing(const struct llama_model_params* params) {
   if (!params->use_extra_bufts) return "use_extra_bufts is false";
   if (params->vocab_only) return "vocab_only";
   for (std::size_t i = 0; i < ggml_backend_dev_count(); ++i) {
     ggml_backend_dev_t dev = ggml_backend_dev_get(i);
     const enum ggml_backend_dev_type t = ggml_backend_dev_type(dev);
-    if (t == GGML_BACKEND_DEVICE_TYPE_ACCEL && ggml_backend_dev_buffer_type(dev) != ggml_backend_cpu_buffer_type())
-      return std::string("the accelerator ") + ggml_backend_dev_name(dev) + " takes CPU weights first";
     if (t != GGML_BACKEND_DEVICE_TYPE_CPU && t != GGML_BACKEND_DEVICE_TYPE_ACCEL) {
       if (params->n_gpu_layers != 0)
         return std::string("n_gpu_layers is ") + std::to_string(params->n_gpu_layers) + " with the GPU " +
-               ggml_backend_dev_name(dev) + " (the cache serves CPU weights only)";
+               ggml_backend_dev_name(dev) + " (the cache serves CPU weights only; offloaded layers are the GPU's)";
       if (!params->no_host && ggml_backend_dev_host_buffer_type(dev) != nullptr)
-        return std::string("the GPU ") + ggml_backend_dev_name(dev) + "'s host buffer type takes CPU weights first";
+        return std::string("the GPU ") + ggml_backend_dev_name(dev) + "'s host buffer type " +
+               ggml_backend_buft_name(ggml_backend_dev_host_buffer_type(dev)) + " takes CPU weights first";
     }
   }
-  ggml_backend_dev_t cpu = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
-  auto extra = cpu == nullptr ? nullptr
-                              : reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(ggml_backend_reg_get_proc_address(
-                                    ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts"));
-  for (ggml_backend_buffer_type_t* b = extra != nullptr ? extra(cpu) : nullptr; b != nullptr && *b != nullptr; ++b) {
-    if (*b == repack) return "";
-    // AMX, KleidiAI, ...: llama.cpp would give them some of these weights, in their own layout.
-    return std::string("this ggml's CPU buffer type ") + ggml_backend_buft_name(*b) + " comes before CPU_REPACK";
-  }
-  return "this ggml's CPU backend has no CPU_REPACK";
+  return "";
+}
+
+void copy_out(char* to, std::size_t n, const std::string& s) {
+  const std::size_t k = std::min(n - 1, s.size());
+  std::memcpy(to, s.data(), k);
+  to[k] = '\0';
 }
 
 }  // namespace
@@ -297,36 +333,59 @@ wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_ll
   if (st != WC_OK) return st;  // wc_ggml_create said why
   // Defence in depth: a tensor routed by mistake (the model file replaced after
   // wc_llama_model_params) fails its allocation instead of reaching a kernel that cannot compute it.
-  weightcache::ggml_detail::set_tensor_filter(l->g, [](const struct ggml_tensor* t) {
-    return repacked_by_llama(t->name, t);
-  });
+  weightcache::ggml_detail::set_tensor_filter(l->g, computed_from_repacked);
   *out = l.release();
   return WC_OK;
 }
 
-wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
-                                size_t* routed) {
-  if (routed != nullptr) *routed = 0;
-  if (l == nullptr || gguf_path == nullptr || params == nullptr)
+void wc_llama_routing_init(wc_llama_routing* r) {
+  if (r == nullptr) return;
+  *r = wc_llama_routing{};
+  r->struct_size = sizeof *r;
+}
+
+}  // extern "C"
+
+namespace {
+
+// wc_llama_model_params_ex; with report_only, fills the report of what stock llama.cpp does with
+// these params, logs nothing and leaves params alone (l may be NULL then).
+wc_status plan(wc_llama* l, const char* gguf_path, struct llama_model_params* params, wc_llama_routing* report,
+               bool report_only) {
+  wc_llama_routing scratch;
+  wc_llama_routing_init(&scratch);
+  if (report != nullptr && report->struct_size != sizeof(wc_llama_routing))
+    return fail(WC_ERR_INVALID_ARGUMENT, "wc_llama_model_params_ex: routing not set up by wc_llama_routing_init");
+  wc_llama_routing& out = report != nullptr ? *report : scratch;
+  out.routed = 0;
+  out.stock_repacked = 0;
+  out.stock_buffer_types[0] = '\0';
+  out.why_none[0] = '\0';
+  if ((l == nullptr && !report_only) || gguf_path == nullptr || params == nullptr)
     return fail(WC_ERR_INVALID_ARGUMENT, "wc_llama_model_params: NULL front, path or params");
-  ggml_backend_buffer_type_t buft = wc_ggml_buffer_type(l->g);
   // Every return but a routing one leaves params without entries a front added (stock llama.cpp).
   auto none = [&](wc_status st) {
+    if (report_only) return st;
     try {
-      route(params, buft, {});
+      route(params, {});
     } catch (...) {
       // No memory even for a list of the application's own entries: params stay as they are.
       ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: out of memory while resetting llama_model_params\n");
     }
     return st;
   };
+  // Nothing routed: why, once, on ggml's log (warn: the application asked for a cache that will
+  // hold nothing of this model; info when it turned repacking off itself).
+  auto nothing = [&](const std::string& why, bool expected) {
+    copy_out(out.why_none, sizeof out.why_none, why);
+    if (report_only) return WC_OK;
+    ggml_log_internal(expected ? GGML_LOG_LEVEL_INFO : GGML_LOG_LEVEL_WARN,
+                      "weightcache: no weights of %s routed to the cache: %s\n", gguf_path, why.c_str());
+    return none(WC_OK);
+  };
   try {
-    if (const std::string why = why_llama_repacks_nothing(params, weightcache::ggml_detail::repack_buffer_type());
-        !why.empty()) {
-      ggml_log_internal(GGML_LOG_LEVEL_INFO, "weightcache: no weights of %s routed to the cache: %s\n", gguf_path,
-                        why.c_str());
-      return none(WC_OK);
-    }
+    if (const std::string why = why_llama_repacks_nothing(params); !why.empty())
+      return nothing(why, !params->use_extra_bufts || params->vocab_only);
     ggml_context* meta = nullptr;
     gguf_init_params gp{};
     gp.no_alloc = true;
@@ -335,14 +394,31 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
     if (gg == nullptr)
       return none(fail(WC_ERR_IO, std::string("wc_llama_model_params: cannot read the GGUF ") + gguf_path +
                                       " (missing, unreadable or not a GGUF file); llama.cpp's own load says more"));
+    // The experts used per token, for the stand-in operands of the experts' product.
+    int experts_used = 1;
+    if (const std::int64_t a = gguf_find_key(gg, "general.architecture");
+        a >= 0 && gguf_get_kv_type(gg, a) == GGUF_TYPE_STRING) {
+      const std::int64_t k = gguf_find_key(gg, (std::string(gguf_get_val_str(gg, a)) + ".expert_used_count").c_str());
+      if (k >= 0 && gguf_get_kv_type(gg, k) == GGUF_TYPE_UINT32)
+        experts_used = static_cast<int>(std::min<std::uint32_t>(gguf_get_val_u32(gg, k), 1024));
+    }
+    const weightcache::ggml_detail::Candidates candidates = llama_cpu_candidates(params);
     std::vector<std::string> all;
-    std::set<std::string> chosen;
+    // Per buffer type llama.cpp would put a repacked weight in: those weights, in the list's order.
+    std::vector<std::pair<ggml_backend_buffer_type_t, std::set<std::string>>> stock;
     auto take = [&](gguf_context* g, ggml_context* m) {
       const std::int64_t n = gguf_get_n_tensors(g);
       for (std::int64_t i = 0; i < n; ++i) {
         const char* name = gguf_get_tensor_name(g, i);
         all.emplace_back(name);
-        if (repacked_by_llama(name, ggml_get_tensor(m, name))) chosen.insert(name);
+        const ggml_tensor* t = ggml_get_tensor(m, name);
+        const enum ggml_op op = product_of(name, t);
+        if (op == GGML_OP_NONE) continue;
+        ggml_backend_buffer_type_t b = weightcache::ggml_detail::first_supporting(t, op, experts_used, candidates);
+        if (b == nullptr || b == ggml_backend_cpu_buffer_type()) continue;  // plain memory: nothing repacked
+        auto it = std::find_if(stock.begin(), stock.end(), [&](const auto& e) { return e.first == b; });
+        if (it == stock.end()) it = stock.insert(stock.end(), {b, {}});
+        it->second.insert(name);
       }
     };
     take(gg, meta);
@@ -375,33 +451,95 @@ wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama
         ggml_free(m);
       }
     }
-    if (chosen.empty()) return none(WC_OK);
-    std::vector<std::string> patterns;
-    bool ok = false;
-    try {
-      patterns.push_back(pattern_for(all, chosen));
-      ok = exact(patterns, all, chosen);
-    } catch (const std::regex_error&) {
-      ok = false;  // too large for std::regex (thousands of distinct endings)
+    // In llama.cpp's order of buffer types.
+    auto rank = [&](ggml_backend_buffer_type_t b) {
+      return std::find_if(candidates.begin(), candidates.end(), [&](const auto& c) { return c.second == b; }) -
+             candidates.begin();
+    };
+    std::stable_sort(stock.begin(), stock.end(), [&](const auto& x, const auto& y) { return rank(x.first) < rank(y.first); });
+    std::string counts, unserved;
+    std::size_t unserved_n = 0;
+    for (const auto& [b, names] : stock) {
+      out.stock_repacked += names.size();
+      counts += (counts.empty() ? "" : ",") + std::string(ggml_backend_buft_name(b)) + "=" + std::to_string(names.size());
+      if (!weightcache::ggml_detail::is_served_layout(b)) {
+        unserved += (unserved.empty() ? "" : ", ") + std::string(ggml_backend_buft_name(b));
+        unserved_n += names.size();
+      }
     }
+    copy_out(out.stock_buffer_types, sizeof out.stock_buffer_types, counts);
+    if (stock.empty())
+      return nothing("llama.cpp repacks none of its weights on this CPU (their types and shapes have no repacked "
+                     "layout here; the CPU's repacking buffer types: " +
+                         std::string(*wc_ggml_layouts() != '\0' ? wc_ggml_layouts() : "none") + ")",
+                     false);
+    if (report_only) return WC_OK;
+    Routes routes;
+    std::size_t routed = 0;
+    bool ok = true;
+    for (const auto& [b, names] : stock) {
+      ggml_backend_buffer_type_t ours = weightcache::ggml_detail::served_for(l->g, b);
+      if (ours == nullptr) continue;
+      try {
+        std::vector<std::string> one{pattern_for(all, names)};
+        ok = ok && exact(one, all, names);
+        routes.emplace_back(std::move(one.front()), ours);
+      } catch (const std::regex_error&) {
+        ok = false;  // too large for std::regex (thousands of distinct endings)
+      }
+      routed += names.size();
+    }
+    if (routes.empty())
+      return nothing(std::to_string(unserved_n) + " of its weights go to " + unserved +
+                         ", a buffer type the cache does not serve; llama.cpp repacks them itself",
+                     false);
     if (!ok) {
       // Cannot happen for a model llama.cpp names; llama.cpp's own repacking is always right.
-      ggml_log_internal(GGML_LOG_LEVEL_WARN,
-                        "weightcache: no short pattern matches exactly the %zu repacked tensors of %s; llama.cpp "
-                        "repacks them itself\n",
-                        chosen.size(), gguf_path);
-      return none(WC_OK);
+      return nothing("no short pattern matches exactly the " + std::to_string(routed) +
+                         " repacked tensors; llama.cpp repacks them itself",
+                     false);
     }
-    ggml_log_internal(GGML_LOG_LEVEL_DEBUG, "weightcache: %zu tensors of %s routed to the cache by the pattern %s\n",
-                      chosen.size(), gguf_path, patterns.front().c_str());
-    route(params, buft, std::move(patterns));
-    if (routed != nullptr) *routed = chosen.size();
+    if (unserved_n > 0)
+      ggml_log_internal(GGML_LOG_LEVEL_WARN,
+                        "weightcache: %zu weights of %s go to %s, a buffer type the cache does not serve; llama.cpp "
+                        "repacks them itself (the other %zu come from the cache)\n",
+                        unserved_n, gguf_path, unserved.c_str(), routed);
+    for (const auto& r : routes)
+      ggml_log_internal(GGML_LOG_LEVEL_DEBUG, "weightcache: tensors of %s routed to %s by the pattern %s\n", gguf_path,
+                        ggml_backend_buft_name(r.second), r.first.c_str());
+    route(params, std::move(routes));
+    out.routed = routed;
     return WC_OK;
   } catch (const std::bad_alloc&) {
     return none(fail(WC_ERR_NO_MEMORY, "wc_llama_model_params: out of memory"));
   } catch (const std::exception& e) {
     return none(fail(WC_ERR_INVALID_ARGUMENT, std::string("wc_llama_model_params: ") + e.what()));
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+wc_status wc_llama_model_params_ex(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
+                                   wc_llama_routing* routing) {
+  return plan(l, gguf_path, params, routing, false);
+}
+
+wc_status wc_llama_stock_routing(const char* gguf_path, const struct llama_model_params* params,
+                                 wc_llama_routing* routing) {
+  if (params == nullptr) return fail(WC_ERR_INVALID_ARGUMENT, "wc_llama_stock_routing: NULL params");
+  struct llama_model_params copy = *params;
+  return plan(nullptr, gguf_path, &copy, routing, true);
+}
+
+wc_status wc_llama_model_params(wc_llama* l, const char* gguf_path, struct llama_model_params* params,
+                                size_t* routed) {
+  wc_llama_routing r;
+  wc_llama_routing_init(&r);
+  const wc_status st = wc_llama_model_params_ex(l, gguf_path, params, &r);
+  if (routed != nullptr) *routed = r.routed;
+  return st;
 }
 
 wc_ggml* wc_llama_ggml(wc_llama* l) { return l != nullptr ? l->g : nullptr; }
