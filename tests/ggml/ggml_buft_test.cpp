@@ -4,6 +4,8 @@
 // builds too (ggml is then built with the same sanitizer, without OpenMP): TSan checks the loads.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <weightcache/ggml.h>
 #include <weightcache/weightcache.h>
 
@@ -100,6 +102,8 @@ struct MapHow {
                               // reserved again (PROT_NONE) when the load is done; else anywhere
   std::size_t patch_at = 0;   // private: a byte of the data section changed before the load (0: none)
   bool keep_mapped = false;   // leave the mapping (out->map) for the test to look at
+  // Called after the i-th tensor is set (a test changing the file in the middle of a load).
+  std::function<void(std::size_t i)> after_set;
 };
 
 // Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
@@ -139,7 +143,10 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   }
   out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, buft);
   if (out->buf == nullptr) return *why = "no buffer", false;
-  for (auto& [t, at] : src) ggml_backend_tensor_set(t, at, 0, ggml_nbytes(t));
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    ggml_backend_tensor_set(src[i].first, src[i].second, 0, ggml_nbytes(src[i].first));
+    if (how.after_set) how.after_set(i);
+  }
   // The repacked bytes outlive the mapping (they are in the buffer or the cache).
   if (how.keep_mapped) {
     out->map = map;
@@ -249,6 +256,50 @@ struct TrustingCache {
     return s;
   }
 };
+
+// A warm load examines each GGUF's identity once, at its first tensor, not once per tensor: a file
+// changed in place after that (a pwrite into a later tensor's bytes while the load runs) is seen
+// when the load's last tensor is set, and the tensors served by the old identity are set again from
+// the bytes the loader handed over. Every tensor ends with the repack of the file as it is now.
+TEST(GgmlBufferType, AGgufChangedInPlaceDuringAWarmLoadEndsWithItsNewBytes) {
+  TempDir dir("wc-ggml-midload");
+  const std::string model = dir.file("m.gguf");
+  make_model(model, GGML_TYPE_Q4_0, 15);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // the identity trusted
+  const std::string path = dir.file("c.wcache");
+  std::string why;
+  {
+    TrustingCache cache(path);
+    Loaded cold;
+    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &cold, &why)) << why;
+    ASSERT_EQ(wc_ggml_finish(cache.g), WC_OK);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // another timestamp tick
+  TrustingCache cache(path);
+  Loaded warm;
+  MapHow how;
+  struct stat st {};
+  ASSERT_EQ(::stat(model.c_str(), &st), 0);
+  how.after_set = [&](std::size_t i) {
+    if (i != 0) return;
+    // Flip one byte inside the last tensor (served by identity if the change went unseen).
+    const int fd = ::open(model.c_str(), O_RDWR);
+    std::uint8_t b = 0;
+    const off_t at = static_cast<off_t>(st.st_size) - 1000;
+    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+    b ^= 0x5A;
+    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+    ::close(fd);
+  };
+  ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &warm, &why, how)) << why;
+  Loaded stock;
+  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+  EXPECT_TRUE(same_repacked(warm, stock)) << "a tensor kept the repack of the file's earlier bytes";
+  const wc_ggml_stats s = cache.stats();
+  EXPECT_EQ(s.tensors, warm.tensors.size()) << "tensors set again are counted once";
+  EXPECT_GE(s.repacked, 1u) << "the changed tensor was not repacked";
+  EXPECT_EQ(s.served_from_cache + s.repacked, s.tensors);
+}
 
 // A hostile review's finding: a loader unmapped one GGUF and mapped another at the same address
 // between two loads through one buffer type, and was served the first file's weights.

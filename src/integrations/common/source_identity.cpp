@@ -61,20 +61,31 @@ std::string hex_digest(const void* data, std::size_t size) {
   return buf;
 }
 
-std::string file_identity(const WeightSource& w, std::int64_t window_ns) {
-  if (w.external_path.empty()) return {};
+FileIdentity file_part(const std::string& path, std::int64_t window_ns) {
+  FileIdentity f;
+  if (path.empty()) return f;
   struct stat st {};
   struct timespec now {};
-  if (::stat(w.external_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
-  if (!times_track_every_store(w.external_path)) return {};
-  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < window_ns) return {};
-  if (w.external_offset < 0 ||
-      static_cast<std::uint64_t>(w.external_offset) + w.bytes > static_cast<std::uint64_t>(st.st_size))
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return f;
+  if (!times_track_every_store(path)) return f;
+  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < window_ns) return f;
+  f.file = "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
+           std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
+           std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim));
+  f.size = static_cast<std::int64_t>(st.st_size);
+  return f;
+}
+
+std::string file_identity_in(const FileIdentity& f, const WeightSource& w) {
+  if (f.file.empty() || w.external_offset < 0 ||
+      static_cast<std::uint64_t>(w.external_offset) + w.bytes > static_cast<std::uint64_t>(f.size))
     return {};
-  return "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
-         std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
-         std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim)) + "|o" +
-         std::to_string(w.external_offset) + shape_suffix(w);
+  return f.file + "|o" + std::to_string(w.external_offset) + shape_suffix(w);
+}
+
+std::string file_identity(const WeightSource& w, std::int64_t window_ns) {
+  if (w.external_path.empty()) return {};
+  return file_identity_in(file_part(w.external_path, window_ns), w);
 }
 
 bool write_back(const std::string& path) {

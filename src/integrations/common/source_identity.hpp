@@ -49,6 +49,15 @@ std::string content_identity(const WeightSource& w);
 /// window_ns: how long ago the file's ctime must be (identity_window_ms).
 std::string file_identity(const WeightSource& w, std::int64_t window_ns);
 
+/// The part of a file identity that names the file (device, inode, size, times), taken once for
+/// the weights of one file read together (a model load); "" (file) as file_identity would be.
+struct FileIdentity {
+  std::string file;
+  std::int64_t size = 0;
+};
+FileIdentity file_part(const std::string& path, std::int64_t window_ns);
+/// file_identity of `w` in the file `f` names, as file_identity gives while the file is still `f`.
+std::string file_identity_in(const FileIdentity& f, const WeightSource& w);
 /// The default of the provider's identity_window_ms, and its least value.
 constexpr std::int64_t kDefaultIdentityWindowMs = 60'000;
 constexpr std::int64_t kMinIdentityWindowMs = 2'000;

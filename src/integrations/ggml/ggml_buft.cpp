@@ -360,6 +360,7 @@ struct wc_ggml {
       return;
     }
     if (options.finalize_when_loaded != 2) return;
+    if (!unfinalized.load()) return;  // a warm load: nothing to make durable, no thread to start
     bool started = true;
     {
       std::lock_guard<std::mutex> lock(bg_mu);
@@ -434,6 +435,26 @@ struct Buffer {
     std::uintptr_t start = 0, end = 0;  // the tensor's bytes
   };
   std::vector<Drop> drops;  // under maps_mu
+  // The GGUF files of this load, each examined once (its identity's file part: one stat and one
+  // statfs per file per load, not per tensor), and the tensors served by those identities: when
+  // the buffer's last tensor is set, each file is examined again, and the tensors of a file that
+  // changed meanwhile are set again from their bytes (set_whole, load_ended).
+  struct Seen {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    std::string path;
+    std::uintptr_t start = 0, end = 0;  // the mapping it was first seen through
+    weightcache::source::FileIdentity id;
+  };
+  std::vector<Seen> seen;  // under maps_mu
+  struct ByIdentity {
+    struct ggml_tensor* t = nullptr;
+    void* own = nullptr;
+    const void* data = nullptr;
+    std::size_t size = 0;
+    std::size_t seen = 0;  // index into seen
+  };
+  std::vector<ByIdentity> by_identity;  // under maps_mu
 
   // The shared file mapping that holds [p, p + n), if one does. Only a MAP_SHARED mapping's pages
   // are the file's bytes: a private one may hold copies the process changed (even if it is
@@ -657,7 +678,8 @@ bool insert_small(wc_ggml* g, const std::string& key, const std::string& value) 
 // Entries are keyed by content (docs/DESIGN.md, "ggml keys"): a GGUF changed in place repacks only
 // the tensors that changed. A warm load finds the content key through the file identity, reading
 // no source byte; a load without that record hashes the tensor first.
-void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size) {
+void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size,
+               bool by_identity = true) {
   Buffer* buf = buffer_of(b);
   wc_ggml* g = buf->g;
   void* own = t->data;  // the tensor's place in the buffer's own memory
@@ -672,13 +694,38 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   Mapping m;
   const bool from_file = buf->mapping_of(data, size, &m);
   std::string fid;
+  std::size_t seen_at = SIZE_MAX;
   if (from_file) {
-    struct stat st {};
-    // The path must still name the mapped file (not a replacement renamed over it).
-    if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
-      src.external_path = m.path;
-      src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
-      fid = file_identity(src, window_ns);
+    src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
+    if (by_identity) {
+      // The file's identity as this load first saw it (examined once per file per load).
+      std::lock_guard<std::mutex> lock(buf->maps_mu);
+      for (std::size_t i = 0; i < buf->seen.size() && seen_at == SIZE_MAX; ++i)
+        if (buf->seen[i].dev == m.dev && buf->seen[i].ino == m.ino && buf->seen[i].path == m.path) seen_at = i;
+      if (seen_at == SIZE_MAX) {
+        Buffer::Seen sn;
+        sn.dev = m.dev;
+        sn.ino = m.ino;
+        sn.path = m.path;
+        sn.start = m.start;
+        sn.end = m.end;
+        // The path must still name the mapped file (not a replacement renamed over it).
+        struct stat st {};
+        if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino)
+          sn.id = weightcache::source::file_part(m.path, window_ns);
+        buf->seen.push_back(std::move(sn));
+        seen_at = buf->seen.size() - 1;
+      }
+      if (!buf->seen[seen_at].id.file.empty()) {
+        src.external_path = m.path;
+        fid = weightcache::source::file_identity_in(buf->seen[seen_at].id, src);
+      }
+    } else {
+      struct stat st {};
+      if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
+        src.external_path = m.path;
+        fid = file_identity(src, window_ns);
+      }
     }
   }
   const Mapping* pages = from_file ? &m : nullptr;
@@ -692,7 +739,13 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
     if (const char* c = static_cast<const char*>(found(map_key)); c != nullptr && std::strncmp(c, "xxh3|", 5) == 0) {
       const std::size_t n = strnlen(c, 4096);
-      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(buf, t, at, pages, data, size);
+      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) {
+        if (by_identity && seen_at != SIZE_MAX) {
+          std::lock_guard<std::mutex> lock(buf->maps_mu);
+          buf->by_identity.push_back({t, own, data, size, seen_at});
+        }
+        return serve(buf, t, at, pages, data, size);
+      }
     }
   }
   // Hashing. Stores through a shared mapping move the identity only when they fault: write the
@@ -735,6 +788,45 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
 }
 
+// The buffer's last tensor is set: each file whose identity served tensors is examined again.
+// Tensors of a file that changed during the load (after this load first saw it) are set again
+// from the bytes the loader handed over, now hashed, as if no identity had been recorded: a file
+// changed while it was loaded never leaves a tensor on the repacked bytes of its earlier content.
+void load_ended(ggml_backend_buffer_t b) {
+  Buffer* buf = buffer_of(b);
+  std::vector<Buffer::ByIdentity> served;
+  std::vector<Buffer::Seen> seen;
+  {
+    std::lock_guard<std::mutex> lock(buf->maps_mu);
+    served.swap(buf->by_identity);
+    seen.swap(buf->seen);
+  }
+  if (served.empty()) return;
+  const std::int64_t window_ns = buf->g->options.identity_window_ms * 1'000'000;
+  // Each file as mapped now: through /proc/self/map_files, the very inode the loader's pages are
+  // of (a file renamed over the path meanwhile left that inode, and so the bytes served, as they
+  // were). A mapping that is gone took the tensors' source bytes with it: nothing to set again from.
+  std::vector<char> moved(seen.size(), 0);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    if (seen[i].id.file.empty()) continue;
+    char link[96];
+    std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(seen[i].start),
+                  static_cast<unsigned long>(seen[i].end));
+    struct stat st {};
+    if (::stat(link, &st) != 0 || st.st_dev != seen[i].dev || st.st_ino != seen[i].ino) continue;
+    moved[i] = weightcache::source::file_part(link, window_ns).file != seen[i].id.file;
+  }
+  for (const Buffer::ByIdentity& r : served) {
+    if (!moved[r.seen]) continue;
+    ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: '%s''s GGUF changed while it was loaded: set again from the "
+                      "bytes read\n", r.t->name);
+    buf->g->served.fetch_sub(1, std::memory_order_relaxed);
+    buf->g->tensors.fetch_sub(1, std::memory_order_relaxed);
+    r.t->data = r.own;
+    set_whole(b, r.t, r.data, r.size, false);
+  }
+}
+
 void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {
   Buffer* buf = buffer_of(b);
   const std::size_t whole = ggml_nbytes(t);
@@ -773,6 +865,7 @@ void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* da
     if (buf->pending > 0) last = --buf->pending == 0;
   }
   if (last) {
+    load_ended(b);
     give_back_pages(buf);
     buf->g->loaded();
   }
