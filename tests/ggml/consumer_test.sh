@@ -24,8 +24,14 @@ int main(void) {
   struct ggml_context* ctx = ggml_init(ip);
   struct ggml_tensor* w = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 256, 64);
   struct ggml_tensor* f = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 256, 64);
-  printf("%s q4_0=%d f32=%d\n", ggml_backend_buft_name(wc_ggml_buffer_type(g)), wc_ggml_would_repack(w),
-         wc_ggml_would_repack(f));
+  /* The layout this CPU's ggml gives a Q4_0 matrix of 256-long rows: CPU_REPACK's (AMX takes rows
+   * of 2048 only), through the per-tensor call; none for f32. */
+  ggml_backend_buffer_type_t for_w = wc_ggml_buffer_type_for(g, w), for_f = wc_ggml_buffer_type_for(g, f);
+  ggml_backend_buffer_type_t stock = wc_ggml_stock_buffer_type(w);
+  printf("%s q4_0=%d f32=%d for_q4_0=%s for_f32=%s stock=%s layouts=%s\n", ggml_backend_buft_name(wc_ggml_buffer_type(g)),
+         wc_ggml_would_repack(w), wc_ggml_would_repack(f), for_w ? ggml_backend_buft_name(for_w) : "none",
+         for_f ? ggml_backend_buft_name(for_f) : "none", stock ? ggml_backend_buft_name(stock) : "none",
+         wc_ggml_layouts());
   ggml_free(ctx);
   wc_ggml_destroy(g);
   wc_close(c);
@@ -39,5 +45,6 @@ flags=$(PKG_CONFIG_PATH=$pc pkg-config --cflags --libs weightcache-ggml)
   -fopenmp -lstdc++ -lm -lpthread -ldl
 out=$("$work/app")
 echo "consumer_test: $out"
-[[ $out == "WEIGHTCACHE_REPACK q4_0=1 f32=0" || $out == "WEIGHTCACHE_REPACK q4_0=0 f32=0" ]] ||
+[[ $out == "WEIGHTCACHE_REPACK q4_0=1 f32=0 for_q4_0=WEIGHTCACHE_REPACK for_f32=none stock=CPU_REPACK layouts="*CPU_REPACK ||
+   $out == "WEIGHTCACHE_REPACK q4_0=0 f32=0 for_q4_0=none for_f32=none stock=none layouts="* ]] ||
   { echo "consumer_test: unexpected output '$out'" >&2; exit 1; }

@@ -79,6 +79,19 @@ TEST_P(LlamaTypes, StockColdAndWarmGiveBitIdenticalLogitsAndWarmRepacksNothing) 
   const ToolRun cold = llama(dir_, model, cache);
   ASSERT_EQ(cold.code, 0) << cold.describe();
   ASSERT_GT(cold.u64("routed"), 0u) << "llama.cpp repacks none of this model's tensors on this CPU: " << cold.out;
+  // Which buffer types stock llama.cpp used on this CPU, said by stock and cache runs alike; every
+  // weight it put in a layout the cache serves was routed.
+  const std::string bufts = stock.j["stock_buffer_types"].get<std::string>();
+  EXPECT_EQ(cold.j["stock_buffer_types"].get<std::string>(), bufts);
+  EXPECT_FALSE(stock.j["cpu"].get<std::string>().empty());
+  std::uint64_t served_layouts = 0;
+  for (std::size_t at = 0; at < bufts.size();) {
+    const std::size_t comma = std::min(bufts.find(',', at), bufts.size()), eq = bufts.find('=', at);
+    const std::string name = bufts.substr(at, eq - at);
+    if (name == "AMX" || name == "CPU_REPACK") served_layouts += std::stoull(bufts.substr(eq + 1, comma - eq - 1));
+    at = comma + 1;
+  }
+  EXPECT_EQ(cold.u64("routed"), served_layouts) << bufts;
   EXPECT_EQ(cold.u64("repacked"), cold.u64("routed")) << cold.out;
   EXPECT_EQ(cold.u64("heap_fallbacks"), 0u) << cold.out;
   expect_same_outputs(cold, stock, "cold cache vs stock");
@@ -221,6 +234,23 @@ TEST_F(Llama, ACacheWrittenByAnotherGgmlIsNeverServed) {
   }
   EXPECT_EQ(repack_keys, mine.u64("routed") + other.u64("repacked")) << ls.out;
   EXPECT_EQ(builds.size(), 2u) << ls.out;
+}
+
+// A model none of whose weights llama.cpp repacks on this CPU (f32 matrices): the run with a cache
+// succeeds with stock outputs, and says why nothing went to the cache (in its JSON, and one warn
+// line on llama.cpp's log).
+TEST_F(Llama, NothingCacheableIsSaidAndTheRunStillSucceeds) {
+  const std::string model = f("f32.gguf"), cache = f("c.wcache");
+  make_model(dir_, model, "f32", "4", "64", "128", "1");
+  const ToolRun stock = llama(dir_, model, "stock");
+  const ToolRun mine = llama(dir_, model, cache);
+  ASSERT_EQ(stock.code, 0) << stock.describe();
+  ASSERT_EQ(mine.code, 0) << mine.describe();
+  EXPECT_EQ(mine.u64("routed"), 0u);
+  EXPECT_EQ(mine.j["stock_buffer_types"].get<std::string>(), "");
+  EXPECT_NE(mine.j["why_none"].get<std::string>().find("repacks none"), std::string::npos) << mine.out;
+  EXPECT_NE(mine.err.find("weightcache: no weights of"), std::string::npos) << "no warning on stderr:\n" << mine.err;
+  expect_same_outputs(mine, stock, "nothing routed");
 }
 
 // ---- memory --------------------------------------------------------------------------------------

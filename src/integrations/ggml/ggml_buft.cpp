@@ -873,7 +873,9 @@ void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* da
 
 void b_memset_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, uint8_t value, size_t offset, size_t size) {
   // Only a tensor still in the buffer's own memory may be written; the cache's bytes are read-only.
-  if (!in_anonymous(buffer_of(b), t->data) || offset > ggml_nbytes(t) || size > ggml_nbytes(t) - offset) {
+  const Layout* l = buffer_of(b)->layout;
+  const std::size_t whole = l->alloc_size != nullptr ? l->alloc_size(l->buft, t) : ggml_nbytes(t);  // AMX's are larger
+  if (!in_anonymous(buffer_of(b), t->data) || offset > whole || size > whole - offset) {
     ggml_log_internal(GGML_LOG_LEVEL_ERROR, "weightcache: memset of '%s', a weight served from the cache; ignored\n",
                       t->name);
     return;
