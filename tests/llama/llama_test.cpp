@@ -113,6 +113,35 @@ TEST_P(LlamaTypes, StockColdAndWarmGiveBitIdenticalLogitsAndWarmRepacksNothing) 
 
 INSTANTIATE_TEST_SUITE_P(Types, LlamaTypes, ::testing::Values("q4_0", "q4_k", "iq4_nl"));
 
+// The AMX path, where this CPU takes it (an x86-64 CPU with AMX and a ggml built for it: the
+// stock run names AMX among its buffer types): a model of 2048-wide layers puts its attention and
+// gate/up matrices in AMX and ffn_down (rows of 2560) in CPU_REPACK; stock, cold and a warm new
+// process give the same logits and tokens, for Q4_0, Q4_K and Q8_0. Elsewhere it says why it skips.
+TEST_F(Llama, OnAnAmxCpuStockColdAndWarmAgreeOnBothLayouts) {
+  const std::string probe = f("probe.gguf");
+  make_model(dir_, probe, "q4_0", "1", "2048", "2560", "1");
+  const ToolRun first = llama(dir_, probe, "stock");
+  ASSERT_EQ(first.code, 0) << first.describe();
+  const std::string cpu = first.j["cpu"].get<std::string>();
+  if (first.j["stock_buffer_types"].get<std::string>().find("AMX=") == std::string::npos)
+    GTEST_SKIP() << "skipped: this CPU has no AMX (" << cpu << "; stock llama.cpp repacks into "
+                 << first.j["stock_buffer_types"].get<std::string>() << ")";
+  for (const char* type : {"q4_0", "q4_k", "q8_0"}) {
+    const std::string model = f(std::string("amx-") + type + ".gguf"), cache = f(std::string("amx-") + type + ".wcache");
+    make_model(dir_, model, type, "2", "2048", "2560", "1");
+    const ToolRun stock = llama(dir_, model, "stock");
+    const ToolRun cold = llama(dir_, model, cache);
+    const ToolRun warm = llama(dir_, model, cache);
+    for (const ToolRun* r : {&stock, &cold, &warm}) ASSERT_EQ(r->code, 0) << r->describe();
+    EXPECT_NE(stock.j["stock_buffer_types"].get<std::string>().find("AMX="), std::string::npos) << type << stock.out;
+    EXPECT_EQ(cold.u64("routed"), stock.u64("stock_repacked")) << type << cold.out;
+    EXPECT_EQ(warm.u64("repacked"), 0u) << type << warm.out;
+    EXPECT_EQ(warm.u64("served_from_cache"), cold.u64("routed")) << type << warm.out;
+    expect_same_outputs(cold, stock, type);
+    expect_same_outputs(warm, stock, type);
+  }
+}
+
 // ---- a changed GGUF is seen ------------------------------------------------------------------------
 
 // The GGUF rewritten in place (its size kept, its times put back as `touch -r` does), then replaced
