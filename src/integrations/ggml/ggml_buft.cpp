@@ -22,6 +22,7 @@
 #include <ggml.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -237,12 +238,27 @@ namespace {
 
 // ggml's CPU backend's own choice for a weight: the first of its extra buffer types, in its order,
 // that computes the weight's product (MUL_MAT of a 2-D weight, MUL_MAT_ID of a 3-D one).
+// The answer depends on type and shape only (ggml-cpu's list of extra buffer types is fixed once
+// read), so it is asked once per shape: a model has a handful (a 12-layer llama, five).
 ggml_backend_buffer_type_t stock_choice(const struct ggml_tensor* t) {
   if (t == nullptr) return nullptr;
   const int dims = ggml_n_dims(t);
   if (dims != 2 && dims != 3) return nullptr;
-  return weightcache::ggml_detail::first_supporting(t, dims == 2 ? GGML_OP_MUL_MAT : GGML_OP_MUL_MAT_ID, 1,
-                                                    weightcache::ggml_detail::cpu_extras());
+  using Shape = std::array<std::int64_t, GGML_MAX_DIMS + 1>;
+  Shape shape{};
+  shape[0] = static_cast<std::int64_t>(t->type);
+  for (int i = 0; i < GGML_MAX_DIMS; ++i) shape[i + 1] = t->ne[i];
+  static std::mutex mu;
+  static std::map<Shape, ggml_backend_buffer_type_t>* known = new std::map<Shape, ggml_backend_buffer_type_t>;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = known->find(shape); it != known->end()) return it->second;
+  }
+  ggml_backend_buffer_type_t b = weightcache::ggml_detail::first_supporting(
+      t, dims == 2 ? GGML_OP_MUL_MAT : GGML_OP_MUL_MAT_ID, 1, weightcache::ggml_detail::cpu_extras());
+  std::lock_guard<std::mutex> lock(mu);
+  if (known->size() < 4096) known->emplace(shape, b);  // bounded: a hostile model's shapes do not grow it without end
+  return b;
 }
 
 // ---- where the bytes handed to set_tensor come from ---------------------------------------------

@@ -5,6 +5,7 @@
 #include <gguf.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -403,6 +404,8 @@ wc_status plan(wc_llama* l, const char* gguf_path, struct llama_model_params* pa
         experts_used = static_cast<int>(std::min<std::uint32_t>(gguf_get_val_u32(gg, k), 1024));
     }
     const weightcache::ggml_detail::Candidates candidates = llama_cpu_candidates(params);
+    // llama.cpp's answer depends on the weight's type, shape and operation: asked once per such.
+    std::map<std::array<std::int64_t, GGML_MAX_DIMS + 2>, ggml_backend_buffer_type_t> asked;
     std::vector<std::string> all;
     // Per buffer type llama.cpp would put a repacked weight in: those weights, in the list's order.
     std::vector<std::pair<ggml_backend_buffer_type_t, std::set<std::string>>> stock;
@@ -414,7 +417,14 @@ wc_status plan(wc_llama* l, const char* gguf_path, struct llama_model_params* pa
         const ggml_tensor* t = ggml_get_tensor(m, name);
         const enum ggml_op op = product_of(name, t);
         if (op == GGML_OP_NONE) continue;
-        ggml_backend_buffer_type_t b = weightcache::ggml_detail::first_supporting(t, op, experts_used, candidates);
+        std::array<std::int64_t, GGML_MAX_DIMS + 2> shape{};
+        shape[0] = static_cast<std::int64_t>(t->type);
+        shape[1] = static_cast<std::int64_t>(op);
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) shape[d + 2] = t->ne[d];
+        auto at = asked.find(shape);
+        if (at == asked.end())
+          at = asked.emplace(shape, weightcache::ggml_detail::first_supporting(t, op, experts_used, candidates)).first;
+        ggml_backend_buffer_type_t b = at->second;
         if (b == nullptr || b == ggml_backend_cpu_buffer_type()) continue;  // plain memory: nothing repacked
         auto it = std::find_if(stock.begin(), stock.end(), [&](const auto& e) { return e.first == b; });
         if (it == stock.end()) it = stock.insert(stock.end(), {b, {}});
