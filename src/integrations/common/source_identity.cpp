@@ -35,6 +35,8 @@ std::string shape_suffix(const WeightSource& w) {
 // through it), xfs, btrfs, f2fs. Not tmpfs (stores through a mapping never touch its times),
 // network or FUSE file systems (another host's writes), nor anything unknown: their external data
 // is hashed at every session.
+}  // namespace
+
 bool times_track_every_store(const std::string& path) {
   struct statfs fs {};
   if (::statfs(path.c_str(), &fs) != 0) return false;
@@ -49,6 +51,8 @@ bool times_track_every_store(const std::string& path) {
   }
 }
 
+namespace {
+
 std::int64_t ns_of(const struct timespec& ts) {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
@@ -61,19 +65,22 @@ std::string hex_digest(const void* data, std::size_t size) {
   return buf;
 }
 
-FileIdentity file_part(const std::string& path, std::int64_t window_ns) {
+FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t window_ns) {
   FileIdentity f;
-  if (path.empty()) return f;
-  struct stat st {};
   struct timespec now {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return f;
-  if (!times_track_every_store(path)) return f;
+  if (!S_ISREG(st.st_mode) || !times_track) return f;
   if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < window_ns) return f;
   f.file = "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
            std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
            std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim));
   f.size = static_cast<std::int64_t>(st.st_size);
   return f;
+}
+
+FileIdentity file_part(const std::string& path, std::int64_t window_ns) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
+  return file_part_of(st, times_track_every_store(path), window_ns);
 }
 
 std::string file_identity_in(const FileIdentity& f, const WeightSource& w) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <sys/stat.h>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ struct FileIdentity {
   std::int64_t size = 0;
 };
 FileIdentity file_part(const std::string& path, std::int64_t window_ns);
+/// file_part from a stat of the file already taken, and whether its file system's times follow
+/// every store (times_track_every_store of it).
+FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t window_ns);
+/// Whether every change of a file's bytes on this path's file system moves its ctime (ext4, xfs,
+/// btrfs, f2fs; see file_identity): a statfs.
+bool times_track_every_store(const std::string& path);
 /// file_identity of `w` in the file `f` names, as file_identity gives while the file is still `f`.
 std::string file_identity_in(const FileIdentity& f, const WeightSource& w);
 /// The default of the provider's identity_window_ms, and its least value.

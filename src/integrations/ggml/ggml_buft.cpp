@@ -188,7 +188,7 @@ const Layout* layout_of(ggml_backend_buffer_type_t b) {
 // asks (llama-model.cpp, weight_buft_supported), with the same stand-in operands.
 bool supports(const struct ggml_tensor* w0, enum ggml_op op, int n_expert_used, ggml_backend_dev_t dev,
               ggml_backend_buffer_type_t buft) {
-  if (w0 == nullptr || dev == nullptr || buft == nullptr) return false;
+  if (!weightcache::ggml_detail::plausible_weight(w0) || dev == nullptr || buft == nullptr) return false;
   ggml_init_params p{};
   p.mem_size = ggml_tensor_overhead() * 8;
   p.no_alloc = true;
@@ -218,6 +218,18 @@ bool supports(const struct ggml_tensor* w0, enum ggml_op op, int n_expert_used, 
 
 }  // namespace
 
+// A weight ggml's own checks accept (its stand-in operations assert on anything else): a known
+// type, every dimension at least 1, rows a whole number of the type's blocks. Type and ne only
+// (the stand-in is a new tensor of that type and shape; nb may be unset).
+bool weightcache::ggml_detail::plausible_weight(const struct ggml_tensor* t) {
+  if (t == nullptr || static_cast<int>(t->type) < 0 || t->type >= GGML_TYPE_COUNT) return false;
+  const std::int64_t block = ggml_blck_size(t->type);
+  if (block <= 0 || ggml_type_size(t->type) == 0) return false;
+  for (int i = 0; i < GGML_MAX_DIMS; ++i)
+    if (t->ne[i] <= 0 || t->ne[i] > (std::int64_t{1} << 40)) return false;
+  return t->ne[0] % block == 0;
+}
+
 // The first of `candidates` (device and buffer type, in the order the runtime tries them) that
 // computes `op` of `w`; nullptr when none does.
 ggml_backend_buffer_type_t weightcache::ggml_detail::first_supporting(
@@ -241,7 +253,7 @@ namespace {
 // The answer depends on type and shape only (ggml-cpu's list of extra buffer types is fixed once
 // read), so it is asked once per shape: a model has a handful (a 12-layer llama, five).
 ggml_backend_buffer_type_t stock_choice(const struct ggml_tensor* t) {
-  if (t == nullptr) return nullptr;
+  if (!weightcache::ggml_detail::plausible_weight(t)) return nullptr;
   const int dims = ggml_n_dims(t);
   if (dims != 2 && dims != 3) return nullptr;
   using Shape = std::array<std::int64_t, GGML_MAX_DIMS + 1>;
@@ -451,26 +463,9 @@ struct Buffer {
     std::uintptr_t start = 0, end = 0;  // the tensor's bytes
   };
   std::vector<Drop> drops;  // under maps_mu
-  // The GGUF files of this load, each examined once (its identity's file part: one stat and one
-  // statfs per file per load, not per tensor), and the tensors served by those identities: when
-  // the buffer's last tensor is set, each file is examined again, and the tensors of a file that
-  // changed meanwhile are set again from their bytes (set_whole, load_ended).
-  struct Seen {
-    dev_t dev = 0;
-    ino_t ino = 0;
-    std::string path;
-    std::uintptr_t start = 0, end = 0;  // the mapping it was first seen through
-    weightcache::source::FileIdentity id;
-  };
-  std::vector<Seen> seen;  // under maps_mu
-  struct ByIdentity {
-    struct ggml_tensor* t = nullptr;
-    void* own = nullptr;
-    const void* data = nullptr;
-    std::size_t size = 0;
-    std::size_t seen = 0;  // index into seen
-  };
-  std::vector<ByIdentity> by_identity;  // under maps_mu
+  // Whether each file system of this load's GGUFs has times that follow every store (a statfs per
+  // file system per load, not per tensor; file_identity's rule).
+  std::vector<std::pair<dev_t, bool>> tracks;  // under maps_mu
 
   // The shared file mapping that holds [p, p + n), if one does. Only a MAP_SHARED mapping's pages
   // are the file's bytes: a private one may hold copies the process changed (even if it is
@@ -534,10 +529,10 @@ enum ggml_status b_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t) {
   if (stock_choice(t) != buf->layout->buft) {
     const ggml_backend_buffer_type_t stock = stock_choice(t);
     ggml_log_internal(GGML_LOG_LEVEL_ERROR,
-                      "weightcache: tensor '%s' (%s, %" PRId64 " x %" PRId64 " x %" PRId64
+                      "weightcache: tensor '%s' (%s, %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64
                       ") is not one ggml's CPU backend puts in %s on this CPU (it would use %s); put it in the buffer "
                       "type wc_ggml_buffer_type_for gives, or keep it out\n",
-                      t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2],
+                      t->name, ggml_type_name(t->type), t->ne[0], t->ne[1], t->ne[2], t->ne[3],
                       ggml_backend_buft_name(buf->layout->buft),
                       stock != nullptr ? ggml_backend_buft_name(stock) : "plain CPU memory");
     return GGML_STATUS_FAILED;
@@ -694,8 +689,7 @@ bool insert_small(wc_ggml* g, const std::string& key, const std::string& value) 
 // Entries are keyed by content (docs/DESIGN.md, "ggml keys"): a GGUF changed in place repacks only
 // the tensors that changed. A warm load finds the content key through the file identity, reading
 // no source byte; a load without that record hashes the tensor first.
-void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size,
-               bool by_identity = true) {
+void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, std::size_t size) {
   Buffer* buf = buffer_of(b);
   wc_ggml* g = buf->g;
   void* own = t->data;  // the tensor's place in the buffer's own memory
@@ -710,38 +704,25 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   Mapping m;
   const bool from_file = buf->mapping_of(data, size, &m);
   std::string fid;
-  std::size_t seen_at = SIZE_MAX;
   if (from_file) {
-    src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
-    if (by_identity) {
-      // The file's identity as this load first saw it (examined once per file per load).
-      std::lock_guard<std::mutex> lock(buf->maps_mu);
-      for (std::size_t i = 0; i < buf->seen.size() && seen_at == SIZE_MAX; ++i)
-        if (buf->seen[i].dev == m.dev && buf->seen[i].ino == m.ino && buf->seen[i].path == m.path) seen_at = i;
-      if (seen_at == SIZE_MAX) {
-        Buffer::Seen sn;
-        sn.dev = m.dev;
-        sn.ino = m.ino;
-        sn.path = m.path;
-        sn.start = m.start;
-        sn.end = m.end;
-        // The path must still name the mapped file (not a replacement renamed over it).
-        struct stat st {};
-        if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino)
-          sn.id = weightcache::source::file_part(m.path, window_ns);
-        buf->seen.push_back(std::move(sn));
-        seen_at = buf->seen.size() - 1;
+    // The file's identity as of this tensor: one stat of the path, which must still name the
+    // mapped inode (not a replacement renamed over it); the file system's rule once per load.
+    struct stat st {};
+    if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
+      src.external_path = m.path;
+      src.external_offset = static_cast<std::int64_t>(m.offset + (reinterpret_cast<std::uintptr_t>(data) - m.start));
+      int tracks = -1;
+      {
+        std::lock_guard<std::mutex> lock(buf->maps_mu);
+        for (const auto& [dev, yes] : buf->tracks)
+          if (dev == st.st_dev) tracks = yes ? 1 : 0;
       }
-      if (!buf->seen[seen_at].id.file.empty()) {
-        src.external_path = m.path;
-        fid = weightcache::source::file_identity_in(buf->seen[seen_at].id, src);
+      if (tracks < 0) {
+        tracks = weightcache::source::times_track_every_store(m.path) ? 1 : 0;
+        std::lock_guard<std::mutex> lock(buf->maps_mu);
+        buf->tracks.emplace_back(st.st_dev, tracks == 1);
       }
-    } else {
-      struct stat st {};
-      if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
-        src.external_path = m.path;
-        fid = file_identity(src, window_ns);
-      }
+      fid = weightcache::source::file_identity_in(weightcache::source::file_part_of(st, tracks == 1, window_ns), src);
     }
   }
   const Mapping* pages = from_file ? &m : nullptr;
@@ -755,13 +736,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     map_key = "ggml-file-identity/1|" + fid + "|name|" + t->name;
     if (const char* c = static_cast<const char*>(found(map_key)); c != nullptr && std::strncmp(c, "xxh3|", 5) == 0) {
       const std::size_t n = strnlen(c, 4096);
-      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) {
-        if (by_identity && seen_at != SIZE_MAX) {
-          std::lock_guard<std::mutex> lock(buf->maps_mu);
-          buf->by_identity.push_back({t, own, data, size, seen_at});
-        }
-        return serve(buf, t, at, pages, data, size);
-      }
+      if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(buf, t, at, pages, data, size);
     }
   }
   // Hashing. Stores through a shared mapping move the identity only when they fault: write the
@@ -804,45 +779,6 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
 }
 
-// The buffer's last tensor is set: each file whose identity served tensors is examined again.
-// Tensors of a file that changed during the load (after this load first saw it) are set again
-// from the bytes the loader handed over, now hashed, as if no identity had been recorded: a file
-// changed while it was loaded never leaves a tensor on the repacked bytes of its earlier content.
-void load_ended(ggml_backend_buffer_t b) {
-  Buffer* buf = buffer_of(b);
-  std::vector<Buffer::ByIdentity> served;
-  std::vector<Buffer::Seen> seen;
-  {
-    std::lock_guard<std::mutex> lock(buf->maps_mu);
-    served.swap(buf->by_identity);
-    seen.swap(buf->seen);
-  }
-  if (served.empty()) return;
-  const std::int64_t window_ns = buf->g->options.identity_window_ms * 1'000'000;
-  // Each file as mapped now: through /proc/self/map_files, the very inode the loader's pages are
-  // of (a file renamed over the path meanwhile left that inode, and so the bytes served, as they
-  // were). A mapping that is gone took the tensors' source bytes with it: nothing to set again from.
-  std::vector<char> moved(seen.size(), 0);
-  for (std::size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i].id.file.empty()) continue;
-    char link[96];
-    std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(seen[i].start),
-                  static_cast<unsigned long>(seen[i].end));
-    struct stat st {};
-    if (::stat(link, &st) != 0 || st.st_dev != seen[i].dev || st.st_ino != seen[i].ino) continue;
-    moved[i] = weightcache::source::file_part(link, window_ns).file != seen[i].id.file;
-  }
-  for (const Buffer::ByIdentity& r : served) {
-    if (!moved[r.seen]) continue;
-    ggml_log_internal(GGML_LOG_LEVEL_WARN, "weightcache: '%s''s GGUF changed while it was loaded: set again from the "
-                      "bytes read\n", r.t->name);
-    buf->g->served.fetch_sub(1, std::memory_order_relaxed);
-    buf->g->tensors.fetch_sub(1, std::memory_order_relaxed);
-    r.t->data = r.own;
-    set_whole(b, r.t, r.data, r.size, false);
-  }
-}
-
 void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {
   Buffer* buf = buffer_of(b);
   const std::size_t whole = ggml_nbytes(t);
@@ -881,7 +817,6 @@ void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* da
     if (buf->pending > 0) last = --buf->pending == 0;
   }
   if (last) {
-    load_ended(b);
     give_back_pages(buf);
     buf->g->loaded();
   }

@@ -25,6 +25,10 @@ Candidates cpu_extras();
 ggml_backend_buffer_type_t first_supporting(const struct ggml_tensor* w, enum ggml_op op, int n_expert_used,
                                             const Candidates& candidates);
 
+// A tensor whose type and shape ggml's own checks accept (a known type, every ne at least 1, rows
+// a whole number of blocks; type and ne only); the layout questions are asked of such tensors only.
+bool plausible_weight(const struct ggml_tensor* t);
+
 // Whether `stock` is a buffer type of ggml's CPU backend whose layout this library serves.
 bool is_served_layout(ggml_backend_buffer_type_t stock);
 

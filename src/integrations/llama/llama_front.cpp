@@ -404,6 +404,27 @@ wc_status plan(wc_llama* l, const char* gguf_path, struct llama_model_params* pa
         experts_used = static_cast<int>(std::min<std::uint32_t>(gguf_get_val_u32(gg, k), 1024));
     }
     const weightcache::ggml_detail::Candidates candidates = llama_cpu_candidates(params);
+    // The application's own entries come first in the list and decide the tensors they match:
+    // those are neither llama.cpp's choice nor the cache's.
+    std::vector<std::regex> own;
+    {
+      Lists& ls = lists();
+      std::lock_guard<std::mutex> lock(ls.mu);
+      for (const llama_model_tensor_buft_override* o = params->tensor_buft_overrides; o != nullptr && o->pattern != nullptr;
+           ++o) {
+        if (ls.ours.count(o->pattern) != 0) continue;
+        try {
+          own.emplace_back(o->pattern);
+        } catch (const std::regex_error&) {
+          // llama.cpp's own load refuses such a pattern; nothing of ours depends on it.
+        }
+      }
+    }
+    auto the_applications = [&](const char* name) {
+      for (const std::regex& r : own)
+        if (std::regex_search(name, r)) return true;
+      return false;
+    };
     // llama.cpp's answer depends on the weight's type, shape and operation: asked once per such.
     std::map<std::array<std::int64_t, GGML_MAX_DIMS + 2>, ggml_backend_buffer_type_t> asked;
     std::vector<std::string> all;
@@ -416,7 +437,7 @@ wc_status plan(wc_llama* l, const char* gguf_path, struct llama_model_params* pa
         all.emplace_back(name);
         const ggml_tensor* t = ggml_get_tensor(m, name);
         const enum ggml_op op = product_of(name, t);
-        if (op == GGML_OP_NONE) continue;
+        if (op == GGML_OP_NONE || the_applications(name)) continue;
         std::array<std::int64_t, GGML_MAX_DIMS + 2> shape{};
         shape[0] = static_cast<std::int64_t>(t->type);
         shape[1] = static_cast<std::int64_t>(op);
