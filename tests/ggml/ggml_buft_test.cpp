@@ -302,6 +302,77 @@ TEST(GgmlBufferType, AGgufChangedInPlaceDuringAWarmLoadEndsWithItsNewBytes) {
   EXPECT_EQ(s.served_from_cache + s.repacked, s.tensors);
 }
 
+// A hostile review's finding: a loader that maps each tensor apart (a window over its bytes, unmapped
+// once it is set) and a file changed in place between two of those windows. With the identity taken
+// once per load, the later window was served the repack of the file's earlier bytes.
+TEST(GgmlBufferType, ALoaderMappingEachTensorApartSeesAChangeBetweenTwoTensors) {
+  TempDir dir("wc-ggml-windows");
+  const std::string model = dir.file("m.gguf");
+  make_model(model, GGML_TYPE_Q4_0, 16);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));  // the identity trusted
+  const std::string path = dir.file("c.wcache");
+  std::string why;
+  auto load_windows = [&](TrustingCache& cache, bool mutate, Loaded* out) {
+    ggml_context* meta = nullptr;
+    gguf_init_params p{};
+    p.no_alloc = true;
+    p.ctx = &meta;
+    gguf_context* g = gguf_init_from_file(model.c_str(), p);
+    ASSERT_NE(g, nullptr);
+    ggml_init_params ip{};
+    ip.mem_size = ggml_tensor_overhead() * 256;
+    ip.no_alloc = true;
+    out->ctx = ggml_init(ip);
+    std::vector<std::pair<ggml_tensor*, std::size_t>> src;
+    for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
+      ggml_tensor* t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
+      if (wc_ggml_buffer_type_for(cache.g, t) != wc_ggml_buffer_type(cache.g)) continue;
+      ggml_tensor* d = ggml_dup_tensor(out->ctx, t);
+      ggml_set_name(d, t->name);
+      src.emplace_back(d, gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i));
+      out->tensors.push_back(d);
+    }
+    ASSERT_GE(src.size(), 2u);
+    out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, wc_ggml_buffer_type(cache.g));
+    ASSERT_NE(out->buf, nullptr);
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const int fd = ::open(model.c_str(), O_RDWR);
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      const auto [t, at] = src[i];
+      const std::size_t start = at / page * page, len = at + ggml_nbytes(t) - start;
+      void* w = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+      ASSERT_NE(w, MAP_FAILED);
+      ggml_backend_tensor_set(t, static_cast<char*>(w) + (at - start), 0, ggml_nbytes(t));
+      ::munmap(w, len);
+      if (mutate && i == 0) {
+        // One byte of the last tensor, before its window is mapped.
+        const off_t last = static_cast<off_t>(src.back().second + 100);
+        std::uint8_t b = 0;
+        ASSERT_EQ(::pread(fd, &b, 1, last), 1);
+        b ^= 0x5A;
+        ASSERT_EQ(::pwrite(fd, &b, 1, last), 1);
+      }
+    }
+    ::close(fd);
+    gguf_free(g);
+    ggml_free(meta);
+  };
+  {
+    TrustingCache cache(path);
+    Loaded cold;
+    load_windows(cache, false, &cold);
+    ASSERT_EQ(wc_ggml_finish(cache.g), WC_OK);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  TrustingCache cache(path);
+  Loaded warm;
+  load_windows(cache, true, &warm);
+  Loaded stock;
+  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+  EXPECT_TRUE(same_repacked(warm, stock)) << "a window mapped after the change was served the earlier bytes' repack";
+  EXPECT_GE(cache.stats().repacked, 1u);
+}
+
 // A hostile review's finding: a loader unmapped one GGUF and mapped another at the same address
 // between two loads through one buffer type, and was served the first file's weights.
 TEST(GgmlBufferType, AnotherFileMappedAtTheSameAddressIsNeverTakenForTheFirst) {
