@@ -17,17 +17,11 @@ function(weightcache_ggml_version dir out)
   set(${out} "${_version}" PARENT_SCOPE)
 endfunction()
 
-# weightcache_ggml_repack_id(<ggml tree> <out var>): a fingerprint of the code that decides and
-# writes ggml's repacked layouts (src/ggml-cpu/repack.*, arch/*/repack.cpp, ggml-common.h), part of
-# the ggml buffer type's cache keys. ggml's own build commit is no such thing: a tree without git
-# says "unknown", and a tree unpacked inside another repository gets that repository's commit.
-# An edit to one of those files configures the build again.
-function(weightcache_ggml_repack_id dir out)
-  file(GLOB _files "${dir}/src/ggml-cpu/repack.*" "${dir}/src/ggml-cpu/arch/*/repack.cpp" "${dir}/src/ggml-common.h")
+# _weightcache_files_id(<out var> <dir> <files>...): a 16-hex-digit fingerprint of the files' paths
+# (relative to dir) and contents; an edit to one of them configures the build again.
+function(_weightcache_files_id out dir)
+  set(_files ${ARGN})
   list(SORT _files)
-  if(NOT _files)
-    message(FATAL_ERROR "weightcache: ${dir} has no src/ggml-cpu/repack.cpp: not a ggml with CPU repacking")
-  endif()
   set(_all "")
   foreach(_f IN LISTS _files)
     file(SHA256 "${_f}" _h)
@@ -40,6 +34,19 @@ function(weightcache_ggml_repack_id dir out)
   set(${out} "${_id}" PARENT_SCOPE)
 endfunction()
 
+# weightcache_ggml_repack_id(<ggml tree> <out var>): a fingerprint of the code that decides and
+# writes ggml's repacked layouts (src/ggml-cpu/repack.*, arch/*/repack.cpp, ggml-common.h), part of
+# the ggml buffer type's cache keys. ggml's own build commit is no such thing: a tree without git
+# says "unknown", and a tree unpacked inside another repository gets that repository's commit.
+function(weightcache_ggml_repack_id dir out)
+  file(GLOB _files "${dir}/src/ggml-cpu/repack.*" "${dir}/src/ggml-cpu/arch/*/repack.cpp" "${dir}/src/ggml-common.h")
+  if(NOT _files)
+    message(FATAL_ERROR "weightcache: ${dir} has no src/ggml-cpu/repack.cpp: not a ggml with CPU repacking")
+  endif()
+  _weightcache_files_id(_id "${dir}" ${_files})
+  set(${out} "${_id}" PARENT_SCOPE)
+endfunction()
+
 # weightcache_ggml_amx_id(<ggml tree> <out var>): the same fingerprint for the code that writes the
 # AMX buffer type's tile layout (src/ggml-cpu/amx/*, ggml-common.h); "none" for a tree without it.
 function(weightcache_ggml_amx_id dir out)
@@ -48,17 +55,7 @@ function(weightcache_ggml_amx_id dir out)
     set(${out} "none" PARENT_SCOPE)
     return()
   endif()
-  list(APPEND _files "${dir}/src/ggml-common.h")
-  list(SORT _files)
-  set(_all "")
-  foreach(_f IN LISTS _files)
-    file(SHA256 "${_f}" _h)
-    file(RELATIVE_PATH _rel "${dir}" "${_f}")
-    string(APPEND _all "${_rel}:${_h};")
-  endforeach()
-  set_property(DIRECTORY "${CMAKE_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_files})
-  string(SHA256 _id "${_all}")
-  string(SUBSTRING "${_id}" 0 16 _id)
+  _weightcache_files_id(_id "${dir}" ${_files} "${dir}/src/ggml-common.h")
   set(${out} "${_id}" PARENT_SCOPE)
 endfunction()
 
