@@ -8,6 +8,7 @@
 
 #include <llama.h>
 
+#include "llama_logits.hpp"
 #include "temp_dir.hpp"
 #include "tool_run.hpp"
 #include "../../src/integrations/common/source_identity.hpp"
@@ -43,34 +44,8 @@ void make_model(const TempDir& dir, const std::string& out, const std::string& t
   ASSERT_EQ(r.code, 0) << r.describe();
 }
 
-// The last position's logits after decoding a fixed prompt; empty when anything fails.
-std::vector<float> logits_of(llama_model* model) {
-  if (model == nullptr) return {};
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 64;
-  cp.n_batch = 64;
-  cp.n_ubatch = 64;
-  cp.n_threads = 1;
-  cp.n_threads_batch = 1;
-  cp.no_perf = true;
-  llama_context* ctx = llama_init_from_model(model, cp);
-  if (ctx == nullptr) return {};
-  std::vector<llama_token> toks = {1, 100, 150, 200, 262, 7};
-  std::vector<float> out;
-  if (llama_decode(ctx, llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size()))) == 0) {
-    const float* l = llama_get_logits_ith(ctx, -1);
-    const int n = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    if (l != nullptr) out.assign(l, l + n);
-  }
-  llama_free(ctx);
-  return out;
-}
-
-llama_model_params quiet_params() {
-  llama_model_params mp = llama_model_default_params();
-  mp.progress_callback = [](float, void*) { return true; };
-  return mp;
-}
+using weightcache::test::logits_of;
+using weightcache::test::quiet_params;
 
 std::vector<float> stock_logits(const std::string& path) {
   llama_model* m = llama_model_load_from_file(path.c_str(), quiet_params());

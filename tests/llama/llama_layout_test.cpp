@@ -24,6 +24,7 @@
 #include <llama.h>
 
 #include "file_time.hpp"
+#include "llama_logits.hpp"
 #include "temp_dir.hpp"
 #include "tool_run.hpp"
 
@@ -317,35 +318,11 @@ bool in_repack_without_fake(const Weight& w) { return w.repack; }
 std::mutex g_log_mu;
 std::vector<std::string> g_log_errors;  // error-level lines, and warnings from weightcache
 
-llama_model_params quiet_params() {
-  llama_model_params mp = llama_model_default_params();
-  mp.progress_callback = [](float, void*) { return true; };
-  return mp;
-}
+using weightcache::test::quiet_params;
 
 // The last position's logits after a fixed prompt, computed on 3 threads (the fake's kernel splits
 // the rows among them); empty when anything fails.
-std::vector<float> logits_of(llama_model* model) {
-  if (model == nullptr) return {};
-  llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 64;
-  cp.n_batch = 64;
-  cp.n_ubatch = 64;
-  cp.n_threads = 3;
-  cp.n_threads_batch = 3;
-  cp.no_perf = true;
-  llama_context* ctx = llama_init_from_model(model, cp);
-  if (ctx == nullptr) return {};
-  std::vector<llama_token> toks = {1, 100, 150, 200, 262, 7};
-  std::vector<float> out;
-  if (llama_decode(ctx, llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size()))) == 0) {
-    const float* l = llama_get_logits_ith(ctx, -1);
-    const int n = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    if (l != nullptr) out.assign(l, l + n);
-  }
-  llama_free(ctx);
-  return out;
-}
+std::vector<float> logits_of(llama_model* model) { return weightcache::test::logits_of(model, 3); }
 
 struct Outcome {
   std::string error;  // the first thing that failed, "" when none
