@@ -241,14 +241,17 @@ class Core {
   void trim_on_close_locked() WC_REQUIRES(write_mu_);
 
   bool verify_entry(Entry* e);
+  /// Who reaches a verdict: the verify-ahead thread's are counted in verified_ahead_.
+  enum class Verifier { look_up, ahead };
   /// Hashes an entry this thread claimed (kVerifying) and records the verdict. With `stop` (the
   /// verify-ahead thread), gives up between chunks once it is set: the entry is unverified again.
-  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr);
+  bool finish_verify(Entry* e, const std::atomic<bool>* stop = nullptr, Verifier by = Verifier::look_up);
   enum class Check { good, bad_checksum, past_end, hole, stopped };
   /// The entry's bytes against its checksum, hashed in chunks (docs/DESIGN.md, "Verification").
   Check check_bytes(const Entry* e, const std::atomic<bool>* stop) const;
-  /// Stores the verdict `c` (not stopped) on an entry claimed by this thread, wakes waiters, logs a failure.
-  bool settle_verdict(Entry* e, Check c);
+  /// Stores the verdict `c` (not stopped) on an entry claimed by this thread, counted first (a
+  /// look-up that sees the verdict must find it in the stats), wakes waiters, logs a failure.
+  bool settle_verdict(Entry* e, Check c, Verifier by = Verifier::look_up);
   /// With verify first_use and a large cache, a thread checksums entries before their first
   /// look-up asks for them (docs/DESIGN.md, "Verification").
   void start_verify_ahead();

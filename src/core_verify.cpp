@@ -94,7 +94,7 @@ Core::Check Core::check_bytes(const Entry* e, const std::atomic<bool>* stop) con
   return h.digest() == e->checksum ? Check::good : Check::bad_checksum;
 }
 
-bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) {
+bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop, Verifier by) {
   Check c;
   try {
     c = check_bytes(e, stop);
@@ -110,15 +110,17 @@ bool Core::finish_verify(Entry* e, const std::atomic<bool>* stop) {
     wake_verify_waiters();
     return false;
   }
-  return settle_verdict(e, c);
+  return settle_verdict(e, c, by);
 }
 
-bool Core::settle_verdict(Entry* e, Check c) {
+bool Core::settle_verdict(Entry* e, Check c, Verifier by) {
   const bool ok = c == Check::good;
   // Counted before the verdict is published: a look-up that waited for this verdict (the
   // verify-ahead thread's) and then reads the stats must find the failure counted. Counting after
-  // the store let such a reader see a miss and verify_failures 0 (the arm64 run caught it once).
+  // the store let such a reader see a miss and verify_failures 0 (the arm64 run caught it once);
+  // the same for the verify-ahead thread's own count.
   if (!ok) ++verify_failures_;
+  if (by == Verifier::ahead) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
   e->state.store(ok ? kGood : kBad, std::memory_order_release);
   wake_verify_waiters();
   if (!ok) {
@@ -185,11 +187,10 @@ void Core::start_verify_ahead() {
           for (Entry* e : todo) {
             if (sync->stop.load(std::memory_order_relaxed)) break;
             std::uint8_t expected = kUnverified;
-            if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel)) {
-              finish_verify(e, &sync->stop);
-              // Stopped half-way, it left the entry unverified (close is waiting: nothing else runs).
-              if (!sync->stop.load(std::memory_order_relaxed)) verified_ahead_.fetch_add(1, std::memory_order_relaxed);
-            }
+            // Counted with its verdict; stopped half-way, it leaves the entry unverified and
+            // uncounted (close is waiting: nothing else runs).
+            if (e->state.compare_exchange_strong(expected, kVerifying, std::memory_order_acq_rel))
+              finish_verify(e, &sync->stop, Verifier::ahead);
           }
         });
         // All of it checked: the next process to find the file in this state need not hash it.

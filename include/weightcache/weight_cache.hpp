@@ -4,7 +4,17 @@
 // returns, offsets). Each member of WeightCache is the C call it names, with the same statuses
 // (Errc has wc_status's values). No function in this header throws: failures come back as
 // Result / Error, and also set this thread's last_error().
+//
+// Language: C++17 or later (std::string_view, std::variant, inline variables). The installed CMake
+// targets ask for it (cxx_std_17), so a find_package consumer is compiled as C++17 at least; with
+// pkg-config or by hand, pass -std=c++17 (MSVC: /std:c++17). Below C++17 this header stops with
+// the #error below rather than with errors from inside it. C and older C++ use weightcache.h.
 #pragma once
+
+// MSVC keeps __cplusplus at 199711L unless /Zc:__cplusplus is given; _MSVC_LANG is the standard it compiles.
+#if (defined(_MSVC_LANG) && _MSVC_LANG < 201703L) || (!defined(_MSVC_LANG) && __cplusplus < 201703L)
+#error "weightcache/weight_cache.hpp needs C++17 or later: compile with -std=c++17 (MSVC: /std:c++17), or link the CMake target weightcache::weightcache, which asks for it; from C or older C++, use weightcache/weightcache.h"
+#endif
 
 #include <weightcache/weightcache.h>
 

@@ -304,7 +304,10 @@ typedef struct wc_options {
 /**
  * Counters and sizes of a cache (of the cache, not of the handle: every handle sharing it reads
  * the same ones), filled by wc_get_stats: a snapshot, each field read without stopping other
- * threads. Set struct_size with wc_stats_init; wc_get_stats writes no byte past it.
+ * threads. An entry's verification is counted (verify_failures, verified_ahead, trusted_entries)
+ * before its verdict is visible to any look-up: stats read after a look-up returned include the
+ * verdict it was given, whichever thread reached it. Set struct_size with wc_stats_init;
+ * wc_get_stats writes no byte past it.
  */
 typedef struct wc_stats {
   size_t struct_size;

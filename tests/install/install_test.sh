@@ -2,7 +2,8 @@
 # Installs the build tree into a fresh prefix with `cmake --install --prefix`, then builds the
 # consumers the way users do: with pkg-config (C, shared), with pkg-config and the static library
 # (C++), and with find_package(weightcache CONFIG) (both targets, also from a C-only project);
-# the inspection library with pkg-config and find_package;
+# the inspection library with pkg-config and find_package; C++ consumers at C++14 (raised to
+# C++17 by the CMake targets; told why by the header when compiled by hand) and at C++17;
 # each runs twice on one cache file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
 # <weightcache/xnnpack.h>) is built against the shared and the static library both ways too.
 # Finally the prefix is moved, and the pkg-config build still works (the .pc file finds its
@@ -132,6 +133,49 @@ CMAKE
 elif [[ -n $ort_ep ]]; then
   fail "pkg-config ort_ep is '$ort_ep' but no provider was installed"
 fi
+
+# 4c. The C++ standard. weight_cache.hpp needs C++17: the installed targets raise a CMake consumer
+# that asks for C++14 to C++17 (cxx_std_17), through the inspection library too; a consumer at
+# C++17 builds and runs. A compiler called by hand at C++14 stops at the header's own message,
+# not inside it; at C++17 the headers compile.
+mkdir -p "$work/cxx_levels"
+cat >"$work/cxx_levels/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(cxx_levels CXX)
+set(CMAKE_CXX_STANDARD 14)
+set(CMAKE_CXX_EXTENSIONS OFF)
+find_package(weightcache 0.1 CONFIG REQUIRED)
+add_executable(cxx14 $src/tests/install/consumer.cpp)
+target_link_libraries(cxx14 PRIVATE weightcache::weightcache)
+add_executable(cxx14_inspect $src/tests/install/consumer_inspect.cpp)
+target_link_libraries(cxx14_inspect PRIVATE weightcache::weightcache_inspect)
+add_executable(cxx17 $src/tests/install/consumer.cpp)
+set_target_properties(cxx17 PROPERTIES CXX_STANDARD 17)
+target_link_libraries(cxx17 PRIVATE weightcache::weightcache_static)
+CMAKE
+cmake -S "$work/cxx_levels" -B "$work/cxx_levels/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
+out=$(cmake --build "$work/cxx_levels/build" 2>&1) ||
+  fail "a CMake consumer at CMAKE_CXX_STANDARD 14 or 17 does not build against the installed targets: $out"
+commands=$work/cxx_levels/build/compile_commands.json
+grep -q -- '-std=c++17.*cxx14\.dir' "$commands" && grep -q -- '-std=c++17.*cxx14_inspect\.dir' "$commands" &&
+  ! grep -q -- '-std=c++14' "$commands" ||
+  fail "the installed targets did not raise a C++14 consumer to C++17: $(grep '"command"' "$commands")"
+run_twice cxx14 "$work/cxx_levels/build/cxx14"
+run_twice cxx17 "$work/cxx_levels/build/cxx17"
+out=$("$work/cxx_levels/build/cxx14_inspect" "$work/cxx14_inspect.wcache") || fail "cxx14_inspect failed: $out"
+[[ $out == "entries=1 findings=0 checksummed=5" ]] || fail "cxx14_inspect printed '$out'"
+cxx14_message="weightcache/weight_cache.hpp needs C++17 or later"
+for h in weight_cache.hpp inspect.hpp; do
+  printf '#include <weightcache/%s>\nint main() { return 0; }\n' "$h" >"$work/include_$h.cpp"
+  if out=$("$cxx" -std=c++14 -fsyntax-only -I"$prefix/include" "$work/include_$h.cpp" 2>&1); then
+    fail "<weightcache/$h> compiled at -std=c++14"
+  fi
+  grep -qF "$cxx14_message" <<<"$out" || fail "<weightcache/$h> at -std=c++14 does not say it needs C++17: $out"
+  out=$("$cxx" -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I"$prefix/include" "$work/include_$h.cpp" 2>&1) ||
+    fail "<weightcache/$h> does not compile at -std=c++17: $out"
+done
+echo "install_test: C++14 consumers: raised to C++17 by the CMake targets, told why by the compiler"
 
 # 5. find_package from a project that enables C only: the static target must bring the C++
 # runtime itself (the C linker does not add it).

@@ -4,9 +4,13 @@
 #include "unit_test_util.hpp"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
+#include <mutex>
+#include <string_view>
 #include <thread>
 
 #ifndef _WIN32
@@ -97,6 +101,55 @@ TEST(VerifyAhead, DamagedEntriesAreMissesCountedOnce) {
     for (std::size_t i : bad) EXPECT_EQ(cache.look_up(entry_key(i)), kNotFound);
     EXPECT_EQ(cache.stats().verify_failures, 2u);
   }
+}
+
+// The thread's verdict on an entry is counted (verified_ahead) before it is published, as a verify
+// failure is: a look-up that finds the verdict and then reads the stats must find the entry
+// counted. The thread is held right after it published its verdict on a damaged entry (in the
+// warning it logs then) until the look-up has read the stats, so a count made after the verdict
+// is never there in time.
+TEST(VerifyAhead, AVerdictIsCountedBeforeALookUpCanSeeIt) {
+  if (!machine_has_two_cpus()) GTEST_SKIP() << "verify-ahead runs only with two or more CPUs";
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  const auto offsets = write_big(path);
+  const std::size_t bad = kBig.count / 2;  // the thread starts from the middle byte: its first entry
+  flip_byte(path, offsets[bad] + 1000);
+  struct Hold {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool published = false, stats_read = false;
+    void release() {
+      std::lock_guard<std::mutex> lk(mu);
+      stats_read = true;
+      cv.notify_all();
+    }
+    ~Hold() { wc_set_log_callback(nullptr, nullptr); }
+  } hold;
+  wc_set_log_level(WC_LOG_WARN);
+  wc_set_log_callback(
+      [](void* user, wc_log_level, const char* message, size_t size) {
+        if (std::string_view(message, size).find("fails its checksum") == std::string_view::npos) return;
+        auto* h = static_cast<Hold*>(user);
+        std::unique_lock<std::mutex> lk(h->mu);
+        h->published = true;
+        h->cv.notify_all();
+        // Bounded, so that a look-up that never comes does not keep close waiting for the thread.
+        h->cv.wait_for(lk, std::chrono::seconds(10), [&] { return h->stats_read; });
+      },
+      &hold);
+  WeightCache cache = open_or_fail(ahead_options(path, true));
+  ASSERT_TRUE(cache);
+  {
+    std::unique_lock<std::mutex> lk(hold.mu);
+    ASSERT_TRUE(hold.cv.wait_for(lk, std::chrono::seconds(60), [&] { return hold.published; }))
+        << "the verify-ahead thread never reached the damaged entry";
+  }
+  EXPECT_EQ(cache.look_up(entry_key(bad)), kNotFound);
+  const Stats s = cache.stats();
+  hold.release();
+  EXPECT_EQ(s.verify_failures, 1u);
+  EXPECT_GE(s.verified_ahead, 1u) << "a look-up saw the thread's verdict before the thread counted it";
 }
 
 TEST(VerifyAhead, ManyThreadsLookingUpWhileItRuns) {
