@@ -98,6 +98,9 @@ const Core* Core::lease_holder(const Identity& lock) noexcept {
   return it == h.by_lock_file.end() ? nullptr : it->second;
 }
 
+void Core::lock_lease_holders_for_fork() noexcept { lease_holders().mu.lock(); }
+void Core::unlock_lease_holders_after_fork() noexcept { lease_holders().mu.unlock(); }
+
 void Core::set_lease_holder(const Identity& lock, const Core* holder) noexcept {
   if (lock.device == 0 && lock.inode == 0) return;
   auto& h = lease_holders();

@@ -1,5 +1,6 @@
 #include "log.hpp"
 
+#include "fork_guard.hpp"
 #include <weightcache/weight_cache.hpp>
 
 #include <fmt/format.h>
@@ -115,8 +116,13 @@ struct State {
   }
 };
 
+State* make_state() {
+  fork_guard::install();  // before the lock is first used
+  return new State();
+}
+
 State& state() {
-  static State* s = new State();  // never destroyed: logging may happen during static teardown
+  static State* s = make_state();  // never destroyed: logging may happen during static teardown
   return *s;
 }
 
@@ -133,6 +139,9 @@ void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   } catch (...) {
   }
 }
+
+void lock_for_fork() noexcept { state().mu.lock(); }
+void unlock_after_fork() noexcept { state().mu.unlock(); }
 
 }  // namespace weightcache::log
 

@@ -39,7 +39,15 @@
  * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
  *   wc_cache across fork(); open a new one in the child. (Looking entries up and closing in a
  *   child does work: the child checks entries itself, and its close leaves the parent's lease,
- *   file and reservations alone.)
+ *   file and reservations alone.) The child may open caches of its own and log, whatever the
+ *   parent's other threads were doing in the library at the fork (opening or closing caches,
+ *   logging): from its first open or log message on, the library holds its process-wide locks
+ *   across fork() (pthread_atfork handlers), so fork() waits until no other thread is inside one,
+ *   at worst until a log callback in progress returns; never fork() from inside the log callback
+ *   (it would wait for itself). A child's open of a file that a parent thread was opening at the
+ *   fork waits for that file's writer lease as another process's would (lease_timeout). The locks
+ *   of a cache are not held across fork(): a child must not insert into, finalize, refresh or
+ *   compact a cache it inherited.
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
  *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
  *   worker threads that end before they return. No other library code runs on its own threads.
@@ -350,8 +358,8 @@ typedef enum wc_log_level {
  * It is called on whichever thread logs (the host's, or the library's verify-ahead thread),
  * under the library's log lock: one call at a time, process-wide, and every thread that logs
  * meanwhile waits for it to return. So it must return promptly, must not throw or longjmp, and
- * must not call any function of this library (wc_set_log_callback included): it would wait for
- * itself.
+ * must not call any function of this library (wc_set_log_callback included), nor fork(): either
+ * would wait for itself (see "Caveats", fork()).
  */
 typedef void (*wc_log_callback)(void* user, wc_log_level level, const char* message, size_t size);
 
