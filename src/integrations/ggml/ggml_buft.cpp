@@ -526,8 +526,7 @@ enum ggml_status b_init_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t) {
   Buffer* buf = buffer_of(b);
   // Only a tensor whose layout on this CPU is this buffer's: ggml-cpu computes a weight from the
   // layout its buffer type names, so any other would reach a kernel that cannot read it.
-  if (stock_choice(t) != buf->layout->buft) {
-    const ggml_backend_buffer_type_t stock = stock_choice(t);
+  if (const ggml_backend_buffer_type_t stock = stock_choice(t); stock != buf->layout->buft) {
     ggml_log_internal(GGML_LOG_LEVEL_ERROR,
                       "weightcache: tensor '%s' (%s, %" PRId64 " x %" PRId64 " x %" PRId64 " x %" PRId64
                       ") is not one ggml's CPU backend puts in %s on this CPU (it would use %s); put it in the buffer "
