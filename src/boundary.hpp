@@ -10,6 +10,8 @@
 #include <weightcache/weight_cache.hpp>
 #include <weightcache/weightcache.h>
 
+#include "utf8.hpp"
+
 #include <type_traits>
 #include <utility>
 
@@ -46,12 +48,19 @@ wc_status guard_status(const char* call, F&& f) noexcept {
   }
 }
 
-/// f() for a call that returns a Result; the error carries no message of its own (building one
-/// may be what failed): last_error() has it.
+/// f() for a call that returns a Result, whose error message is UTF-8 as last_error()'s is (bytes
+/// outside it escaped). On an exception the error carries no message of its own (building one may
+/// be what failed): last_error() has it.
 template <class F>
 auto guard_result(const char* call, F&& f) noexcept -> decltype(std::forward<F>(f)()) {
   try {
-    return std::forward<F>(f)();
+    auto r = std::forward<F>(f)();
+    if (!r.ok() && utf8::valid_prefix(r.error().message) != r.error().message.size()) {
+      Error e = r.error();
+      e.message = utf8::escaped(std::move(e.message));
+      return e;
+    }
+    return r;
   } catch (...) {
     const Errc code = absorb_exception(call);
     return Error{code, 0, {}};

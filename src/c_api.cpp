@@ -269,10 +269,7 @@ const char* wc_status_string(wc_status s) { return errc_text(static_cast<Errc>(s
 
 const char* wc_last_error(void) { return last_error_message(); }
 
-void wc_set_log_level(wc_log_level level) {
-  const int v = raw_enum(level);
-  set_log_level(v <= WC_LOG_TRACE ? LogLevel::trace : v >= WC_LOG_OFF ? LogLevel::off : static_cast<LogLevel>(v));
-}
+void wc_set_log_level(wc_log_level level) { set_log_level(static_cast<LogLevel>(raw_enum(level))); }
 
 void wc_set_log_callback(wc_log_callback callback, void* user) { set_log_callback(callback, user); }
 

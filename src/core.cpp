@@ -3,6 +3,7 @@
 #include "core_internal.hpp"
 #include "compact.hpp"
 #include "log.hpp"
+#include "utf8.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -33,30 +34,43 @@ thread_local LastError t_last_error{};
 
 constexpr char kTruncated[] = "... [truncated]";
 
-// Appends text to `out` (NUL-terminated, `used` bytes so far) within kLastErrorCapacity; false
-// when it did not fit (then `out` ends in kTruncated).
+// Appends text to `out` (NUL-terminated, `used` bytes so far) within kLastErrorCapacity, each
+// byte outside well-formed UTF-8 written as "\xHH" (a path's bytes: the message is promised as
+// UTF-8); false when it did not fit (then `out` ends in kTruncated). Cuts fall between
+// characters and escapes, never inside one.
 bool append_message(char* out, std::size_t& used, const char* text, std::size_t size) noexcept {
   constexpr std::size_t cap = kLastErrorCapacity - 1;  // room for the NUL
-  if (used + size <= cap) {
-    std::memcpy(out + used, text, size);
-    used += size;
-    out[used] = '\0';
-    return true;
-  }
   constexpr std::size_t mark = sizeof kTruncated - 1;
-  std::size_t keep = used + size < cap - mark ? size : (cap - mark > used ? cap - mark - used : 0);
-  // Cut at a UTF-8 character boundary: never leave half a character before the mark.
-  while (keep > 0 && keep < size && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep;
-  if (used > cap - mark) {
-    used = cap - mark;
+  const std::string_view part(text, size);
+  std::size_t total = 0;
+  utf8::for_each_piece(part, [&](const char*, std::size_t n) noexcept {
+    total += n;
+    return true;
+  });
+  const bool fits = used + total <= cap;
+  const std::size_t limit = fits ? cap : cap - mark;
+  if (used > limit) {  // an earlier part fills the room the mark needs: cut it back
+    used = limit;
     while (used > 0 && (static_cast<unsigned char>(out[used]) & 0xC0) == 0x80) --used;
+    // Nor leave the start of an escape ("\", "\x", "\xH") before the mark.
+    for (std::size_t back = 1; back <= 3 && back <= used; ++back)
+      if (out[used - back] == '\\') {
+        used -= back;
+        break;
+      }
   }
-  std::memcpy(out + used, text, keep);
-  used += keep;
-  std::memcpy(out + used, kTruncated, mark);
-  used += mark;
+  utf8::for_each_piece(part, [&](const char* p, std::size_t n) noexcept {
+    if (used + n > limit) return false;
+    std::memcpy(out + used, p, n);
+    used += n;
+    return true;
+  });
+  if (!fits) {
+    std::memcpy(out + used, kTruncated, mark);
+    used += mark;
+  }
   out[used] = '\0';
-  return false;
+  return fits;
 }
 
 // Which cache of this process holds the writer lease on a lock file (by the lock file's identity):
@@ -97,6 +111,9 @@ const Core* Core::lease_holder(const Identity& lock) noexcept {
   auto it = h.by_lock_file.find({lock.device, lock.inode});
   return it == h.by_lock_file.end() ? nullptr : it->second;
 }
+
+void Core::lock_lease_holders_for_fork() noexcept { lease_holders().mu.lock(); }
+void Core::unlock_lease_holders_after_fork() noexcept { lease_holders().mu.unlock(); }
 
 void Core::set_lease_holder(const Identity& lock, const Core* holder) noexcept {
   if (lock.device == 0 && lock.inode == 0) return;

@@ -147,6 +147,9 @@ class Core {
   /// Opened before this process was forked from its opener: the registry hands it to no new
   /// open, and its writer lease is the parent's, never this process's.
   bool inherited_across_fork() const noexcept { return in_forked_child(); }
+  /// Around fork() (fork_guard.cpp): the process-wide map of lease holders' mutex.
+  static void lock_lease_holders_for_fork() noexcept;
+  static void unlock_lease_holders_after_fork() noexcept;
   Identity identity() const noexcept { return identity_; }
   std::uint64_t compat_hash() const noexcept { return compat_hash_; }
   bool read_only() const noexcept { return opts_.read_only; }

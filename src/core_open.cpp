@@ -4,6 +4,7 @@
 #include "core_internal.hpp"
 #include "compact.hpp"
 #include "file_state.hpp"
+#include "fork_guard.hpp"
 #include "log.hpp"
 #include "platform/errors.hpp"
 
@@ -27,6 +28,7 @@ using namespace core_detail;
 // ---------------------------------------------------------------------------------------------
 
 Result<std::shared_ptr<Core>> Core::open(const Options& options, platform::Platform& pf) {
+  fork_guard::install();  // before the first use of the locks a forked child may need
   try {
     if (!is_pow2(options.alignment) || options.alignment > kMaxAlignment)
       return fail({Errc::invalid_argument, 0,

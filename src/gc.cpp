@@ -1,5 +1,6 @@
 #include "gc.hpp"
 
+#include "boundary.hpp"
 #include "core.hpp"
 #include "file_state.hpp"
 #include "log.hpp"
@@ -328,9 +329,11 @@ const char* to_string(GcReason reason) noexcept {
 }
 
 Result<GcReport> gc(const std::string& dir, std::uint64_t max_bytes) noexcept {
-  auto r = collect_garbage(platform::os(), dir, max_bytes);
-  if (!r) set_last_error(r.error());
-  return r;
+  return guard_result("weightcache::gc", [&] {  // its error's message is UTF-8, as last_error's
+    auto r = collect_garbage(platform::os(), dir, max_bytes);
+    if (!r) set_last_error(r.error());
+    return r;
+  });
 }
 
 }  // namespace weightcache

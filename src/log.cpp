@@ -1,5 +1,7 @@
 #include "log.hpp"
 
+#include "fork_guard.hpp"
+#include "utf8.hpp"
 #include <weightcache/weight_cache.hpp>
 
 #include <fmt/format.h>
@@ -66,6 +68,16 @@ struct State {
   void* user = nullptr;
 
   void write(Level l, std::string_view text) {
+    // Messages quote paths, which may be bytes that are not UTF-8: escaped, as in wc_last_error.
+    if (utf8::valid_prefix(text) != text.size()) {
+      fmt::basic_memory_buffer<char, 250> clean;
+      utf8::for_each_piece(text, [&](const char* p, std::size_t n) {
+        clean.append(p, p + n);
+        return true;
+      });
+      write(l, std::string_view(clean.data(), clean.size()));
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (cb != nullptr) {
       cb(user, to_c(l), text.data(), text.size());
@@ -95,10 +107,11 @@ struct State {
   }
 
   State() {
-    if (const char* env = std::getenv("WEIGHTCACHE_LOG_LEVEL"); env != nullptr && *env != '\0') {
+    if (const char* env = std::getenv("WEIGHTCACHE_LOG_LEVEL"); env != nullptr) {
       // spdlog read any word it did not know as "off": a typo ("warnings") would silence the very
       // warnings it meant to keep. Only the names above change the level; anything else keeps
-      // warn and says so, once (this runs once per process).
+      // warn and says so, once (this runs once per process). An empty value too: set by a script
+      // that meant to set something, it is as much a mistake as a typo.
       const std::string name = env;
       const Level l = from_name(name);
       if (l != kOff || name == "off") {
@@ -115,8 +128,13 @@ struct State {
   }
 };
 
+State* make_state() {
+  fork_guard::install();  // before the lock is first used
+  return new State();
+}
+
 State& state() {
-  static State* s = new State();  // never destroyed: logging may happen during static teardown
+  static State* s = make_state();  // never destroyed: logging may happen during static teardown
   return *s;
 }
 
@@ -134,12 +152,25 @@ void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   }
 }
 
+void lock_for_fork() noexcept { state().mu.lock(); }
+void unlock_after_fork() noexcept { state().mu.unlock(); }
+
 }  // namespace weightcache::log
 
 namespace weightcache {
 
 void set_log_level(LogLevel level) noexcept {
-  try { log::state().level.store(log::to_level(level), std::memory_order_relaxed); } catch (...) {}
+  try {
+    const int v = static_cast<int>(level);
+    if (v < WC_LOG_TRACE || v > WC_LOG_OFF || v == WC_LOG_OFF - 1) {
+      // Not one of the enum's values (5 is spdlog's "critical", which the enum does not have):
+      // refused, as documented, so that a stray value neither silences warnings nor floods.
+      log::warn("log level {} is not one of wc_log_level's values (0 to 4, or 6 for off); the level stays as it was", v);
+      return;
+    }
+    log::state().level.store(log::to_level(level), std::memory_order_relaxed);
+  } catch (...) {
+  }
 }
 
 void set_log_callback(wc_log_callback callback, void* user) noexcept {

@@ -16,6 +16,12 @@ namespace weightcache::log {
 /// (a message that cannot be formatted or written is dropped).
 void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept;
 
+/// Around fork() (fork_guard.cpp): holds the lock every message is written under, so that no
+/// thread is inside the callback (or a write to stderr) at the fork; then lets go of it on both
+/// sides. fork() therefore waits for a callback in progress to return.
+void lock_for_fork() noexcept;
+void unlock_after_fork() noexcept;
+
 /// Logs at `level`; never throws (a message that cannot be formatted or written is dropped).
 template <class... Args>
 void at(LogLevel level, fmt::format_string<Args...> f, Args&&... args) noexcept {

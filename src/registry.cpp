@@ -1,5 +1,6 @@
 #include "registry.hpp"
 
+#include "fork_guard.hpp"
 #include "log.hpp"
 #include "platform/errors.hpp"
 
@@ -169,6 +170,7 @@ Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
 }  // namespace
 
 Result<std::shared_ptr<Core>> open(const Options& options) {
+  fork_guard::install();
   // A descriptor or ":memory:" cache has no path to share by: each open is a cache of its own.
   const bool own_backing = options.backing != Backing::heap && !options.private_cache;
   const bool file_candidate = !options.path.empty() && options.fd < 0 && options.handle == nullptr &&
@@ -236,6 +238,19 @@ std::size_t live_count() noexcept {
   std::size_t n = 0;
   for (const auto& [k, w] : reg.caches) n += w.expired() ? 0 : 1;
   return n;
+}
+
+void lock_for_fork() noexcept { instance().mu.lock(); }
+
+void unlock_after_fork(bool in_child) noexcept {
+  Registry& reg = instance();
+  // A gate held at the fork was held by a thread of the parent, which the child does not have:
+  // it would stay locked forever there, and the child's open of that file would wait for it. The
+  // child's opens are all its own: it starts with no gates. Clearing frees only gates nobody
+  // refers to; one a parent thread held stays alive (its reference is on that thread's stack),
+  // unused. Erasing from the map frees memory and allocates none.
+  if (in_child) reg.opening.clear();
+  reg.mu.unlock();
 }
 
 }  // namespace weightcache::registry

@@ -12,4 +12,9 @@ Result<std::shared_ptr<Core>> open(const Options& options);
 /// Number of live registered caches (for tests).
 std::size_t live_count() noexcept;
 
+/// Around fork() (fork_guard.cpp): holds the registry's mutex; after it, lets go of it and, in
+/// the child, forgets the opens in progress, whose gates the parent's threads held.
+void lock_for_fork() noexcept;
+void unlock_after_fork(bool in_child) noexcept;
+
 }  // namespace weightcache::registry

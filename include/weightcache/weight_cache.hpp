@@ -52,7 +52,8 @@ enum class Errc : int {
 /// Static English name of a code, never null; the same text as wc_status_string.
 WC_API const char* to_string(Errc code) noexcept;
 
-/// What failed: a code, the OS errno (0 if none) and a message that says what to do next.
+/// What failed: a code, the OS errno (0 if none) and a message that says what to do next (UTF-8,
+/// escaped as wc_last_error's, where the library's API returns it).
 struct Error {
   Errc code = Errc::ok;
   int sys_errno = 0;
@@ -338,7 +339,7 @@ enum class LogLevel : int {
   off = WC_LOG_OFF,
 };
 /// Process-wide level of the "weightcache" logger (default warn, or $WEIGHTCACHE_LOG_LEVEL); see
-/// wc_set_log_level.
+/// wc_set_log_level. A value that is not one of LogLevel's is refused: the level stays as it was.
 WC_API void set_log_level(LogLevel level) noexcept;
 /// Routes messages to a callback (nullptr restores stderr). The callback runs under the
 /// library's log lock and must not call into the library; when this returns the previous one

@@ -39,7 +39,15 @@
  * - fork(): a child inherits mappings but not the writer lease semantics it expects. Do not use a
  *   wc_cache across fork(); open a new one in the child. (Looking entries up and closing in a
  *   child does work: the child checks entries itself, and its close leaves the parent's lease,
- *   file and reservations alone.)
+ *   file and reservations alone.) The child may open caches of its own and log, whatever the
+ *   parent's other threads were doing in the library at the fork (opening or closing caches,
+ *   logging): from its first open or log message on, the library holds its process-wide locks
+ *   across fork() (pthread_atfork handlers), so fork() waits until no other thread is inside one,
+ *   at worst until a log callback in progress returns; never fork() from inside the log callback
+ *   (it would wait for itself). A child's open of a file that a parent thread was opening at the
+ *   fork waits for that file's writer lease as another process's would (lease_timeout). The locks
+ *   of a cache are not held across fork(): a child must not insert into, finalize, refresh or
+ *   compact a cache it inherited.
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
  *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
  *   worker threads that end before they return. No other library code runs on its own threads.
@@ -349,12 +357,13 @@ typedef enum wc_log_level {
 /**
  * Receives each log message at or above the level set (wc_set_log_level), with `level` one of
  * WC_LOG_TRACE .. WC_LOG_ERROR and `user` as given to wc_set_log_callback. `message` points at
- * `size` bytes, not NUL-terminated, owned by the library and valid only during the call.
+ * `size` bytes of UTF-8 (escaped as wc_last_error's), not NUL-terminated, owned by the library
+ * and valid only during the call.
  * It is called on whichever thread logs (the host's, or the library's verify-ahead thread),
  * under the library's log lock: one call at a time, process-wide, and every thread that logs
  * meanwhile waits for it to return. So it must return promptly, must not throw or longjmp, and
- * must not call any function of this library (wc_set_log_callback included): it would wait for
- * itself.
+ * must not call any function of this library (wc_set_log_callback included), nor fork(): either
+ * would wait for itself (see "Caveats", fork()).
  */
 typedef void (*wc_log_callback)(void* user, wc_log_level level, const char* message, size_t size);
 
@@ -657,7 +666,8 @@ WC_API const char* wc_status_string(wc_status status);
 
 /**
  * The calling thread's message for its last failure: what failed and what to do (UTF-8,
- * NUL-terminated); "" on a thread where nothing failed yet. Never NULL. The string belongs to
+ * NUL-terminated: the bytes of a path that are not UTF-8, as POSIX paths may be, appear as
+ * "\xHH", two lowercase hex digits each); "" on a thread where nothing failed yet. Never NULL. The string belongs to
  * the thread: the pointer and the text stay valid and unchanged until the next call of this
  * library that fails on the same thread (calls that succeed, and failures on other threads,
  * leave it alone), or until the thread exits. Copy it to keep it longer. The text lives in a
@@ -667,10 +677,12 @@ WC_API const char* wc_status_string(wc_status status);
 WC_API const char* wc_last_error(void);
 
 /** Sets the process-wide log level (one of wc_log_level's values) of the "weightcache" logger,
- * for every message logged after it returns. The default is WC_LOG_WARN, or the level named by
- * the environment variable WEIGHTCACHE_LOG_LEVEL (trace, debug, info, warn, error, critical or
- * off; any other value keeps WC_LOG_WARN and says once on the log that it is not a level), read
- * once per process, before the first message or the first call to wc_set_log_level or
+ * for every message logged after it returns. A value that is not one of wc_log_level's (5, a
+ * negative one, 7 and up) is refused: the level stays as it was, and a warning says so. The
+ * default is WC_LOG_WARN, or the level named by the environment variable WEIGHTCACHE_LOG_LEVEL
+ * (trace, debug, info, warn, error, critical or off; any other value, the empty one included,
+ * keeps WC_LOG_WARN and says once on the log that it is not a level, naming these), read once
+ * per process, before the first message or the first call to wc_set_log_level or
  * wc_set_log_callback. */
 WC_API void wc_set_log_level(wc_log_level level);
 

@@ -225,6 +225,11 @@ Platform& os() noexcept;
 inline constexpr std::uint64_t kForkGenerationUnknown = ~std::uint64_t{0};
 std::uint64_t fork_generation() noexcept;
 
+/// Around fork() (fork_guard.cpp; POSIX only): holds the OS layer's process-wide mutexes (the
+/// mappings it names in errors, the boot id), then lets go of them on both sides.
+void lock_for_fork() noexcept;
+void unlock_after_fork() noexcept;
+
 /// Builds an Error from an errno-style code with the message "<what> '<path>': <strerror>. <hint>".
 Error os_error(int err, const std::string& what, const std::string& path, const char* hint = nullptr);
 

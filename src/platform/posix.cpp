@@ -744,17 +744,32 @@ class PosixPlatform final : public Platform {
   std::mutex boot_mu_;
   bool boot_known_ = false;
   std::uint8_t boot_[16] = {};
+
+ public:
+  void lock_for_fork() noexcept {
+    boot_mu_.lock();
+    mapped_mu_.lock();
+  }
+  void unlock_after_fork() noexcept {
+    mapped_mu_.unlock();
+    boot_mu_.unlock();
+  }
 };
+
+PosixPlatform& posix_platform() noexcept {
+  static PosixPlatform platform;
+  return platform;
+}
 
 }  // namespace
 
 PosixCalls& posix_calls() noexcept { return g_calls; }
 const PosixCalls& default_posix_calls() noexcept { return kDefaultCalls; }
 
-Platform& os() noexcept {
-  static PosixPlatform platform;
-  return platform;
-}
+Platform& os() noexcept { return posix_platform(); }
+
+void lock_for_fork() noexcept { posix_platform().lock_for_fork(); }
+void unlock_after_fork() noexcept { posix_platform().unlock_after_fork(); }
 
 namespace {
 std::atomic<std::uint64_t> g_fork_generation{0};

@@ -318,8 +318,11 @@ TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
     const char* env;  // nullptr: unset
     int seen;
   };
-  // A typo keeps warnings on (spdlog alone would read it as "off").
-  const Case cases[] = {{nullptr, 2}, {"debug", 3}, {"warn", 2}, {"error", 0}, {"off", 0}, {"loud", 2}, {"warnings", 2}};
+  // A typo keeps warnings on (spdlog alone would read it as "off"), and so does an empty value
+  // (set by a script that meant to set something), which is named too. (On Windows an empty value
+  // unsets the variable.)
+  const Case cases[] = {{nullptr, 2}, {"debug", 3}, {"warn", 2},     {"error", 0},
+                        {"off", 0},   {"loud", 2},  {"warnings", 2}, {"", 2}};
   const char* saved = std::getenv("WEIGHTCACHE_LOG_LEVEL");
   const std::string saved_value = saved != nullptr ? saved : "";
   for (const Case& c : cases) {
@@ -339,7 +342,11 @@ TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
     std::size_t said = 0;
     for (std::size_t at = text.find("is not a level"); at != std::string::npos; at = text.find("is not a level", at + 1))
       ++said;
-    const bool bad = c.env != nullptr && (std::string(c.env) == "loud" || std::string(c.env) == "warnings");
+    const bool bad = c.env != nullptr && (std::string(c.env) == "loud" || std::string(c.env) == "warnings" ||
+                                          std::string(c.env).empty());
+    if (bad) {  // the message names the values that are levels
+      EXPECT_NE(text.find("(trace, debug, info, warn, error, critical or off)"), std::string::npos) << text;
+    }
     EXPECT_EQ(said, bad ? 1u : 0u) << "WEIGHTCACHE_LOG_LEVEL=" << (c.env != nullptr ? c.env : "(unset)") << "\n" << text;
 #else
     const ExitStatus st = run_process(kChildExe, {"log-levels", dir.path().string()});
@@ -354,6 +361,127 @@ TEST(Contract, TheDefaultLogLevelIsWarnOrTheEnvironments) {
   else ::unsetenv("WEIGHTCACHE_LOG_LEVEL");
 #endif
 }
+
+// wc_set_log_level: "A value that is not one of wc_log_level's is refused: the level stays as it
+// was". 5 (spdlog's "critical", not in the enum) and -1 used to act as warn and trace, 7 and up
+// as off.
+TEST(Contract, ALogLevelOutsideTheEnumLeavesTheLevelAsItWas) {
+  LevelGuard guard;
+  TempDir dir;
+  LogCapture log;  // sets warn
+  WeightCache heap = open_or_fail(Options{});
+  ASSERT_NE(heap.insert("k", "first"), kNotFound);
+  const int not_levels[] = {5, -1, 7, 100, -100, INT32_MIN, INT32_MAX};
+  auto set_raw = [](int v) {
+    wc_log_level l;
+    std::memcpy(&l, &v, sizeof l);  // as a caller's int would arrive
+    wc_set_log_level(l);
+  };
+
+  // At error: no value lets warnings or debug messages through.
+  for (int v : not_levels) {
+    wc_set_log_level(WC_LOG_ERROR);
+    set_raw(v);
+    const std::size_t before = log.at_least(WC_LOG_TRACE).size();
+    log_a_warning(dir);
+    log_a_debug_message(heap, v);
+    EXPECT_EQ(log.at_least(WC_LOG_TRACE).size(), before)
+        << "wc_set_log_level(" << v << ") changed the level from error:\n" << log.all();
+  }
+  // At warn: no value silences warnings, nor lets debug messages through.
+  for (int v : not_levels) {
+    wc_set_log_level(WC_LOG_WARN);
+    set_raw(v);
+    const std::size_t warnings = log.count("falling back to a heap cache");
+    log_a_warning(dir);
+    EXPECT_EQ(log.count("falling back to a heap cache"), warnings + 1)
+        << "wc_set_log_level(" << v << ") silenced warnings:\n" << log.all();
+    const std::size_t before = log.at_least(WC_LOG_TRACE).size();
+    log_a_debug_message(heap, v);
+    EXPECT_EQ(log.at_least(WC_LOG_TRACE).size(), before)
+        << "wc_set_log_level(" << v << ") let a debug message through:\n" << log.all();
+  }
+  // The C++ call refuses them alike.
+  set_log_level(LogLevel::warn);
+  set_log_level(static_cast<LogLevel>(7));
+  const std::size_t warnings = log.count("falling back to a heap cache");
+  log_a_warning(dir);
+  EXPECT_EQ(log.count("falling back to a heap cache"), warnings + 1) << log.all();
+}
+
+// wc_last_error: "UTF-8 ... bytes of a path that are not UTF-8 appear as \xHH". A path is bytes
+// on POSIX; the message, the C++ Error and the log line must still be UTF-8, and a path that is
+// UTF-8 (here with an accented letter) passes unchanged.
+bool valid_utf8(const std::string& s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || (n == 2 && c < 0xC2) || (n == 4 && c > 0xF4) || i + n > s.size()) return false;
+    for (std::size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    const auto c1 = static_cast<unsigned char>(s[i + 1 < s.size() ? i + 1 : i]);
+    if ((n == 3 && c == 0xE0 && c1 < 0xA0) || (n == 3 && c == 0xED && c1 >= 0xA0) ||
+        (n == 4 && c == 0xF0 && c1 < 0x90) || (n == 4 && c == 0xF4 && c1 >= 0x90))
+      return false;  // overlong, a surrogate, past U+10FFFF
+    i += n;
+  }
+  return true;
+}
+
+#ifndef _WIN32
+TEST(Contract, AnErrorNamingAPathThatIsNotUtf8IsStillUtf8) {
+  LevelGuard guard;
+  TempDir dir;
+  LogCapture log;
+  // A lone continuation byte, a truncated sequence, an overlong '/', a surrogate: all escaped.
+  const std::string raw = "bad-\x80-\xe2\x82-\xc0\xaf-\xed\xa0\x80-";
+  const std::string path = dir.file("missing-" + raw + "caf\xc3\xa9/cache.wcache");
+  Options o;
+  o.path = path;
+  o.backing = Backing::file;
+  auto c = WeightCache::open(o);
+  ASSERT_FALSE(c.ok());
+  const std::string message = wc_last_error();
+  EXPECT_TRUE(valid_utf8(message)) << message;
+  EXPECT_NE(message.find("bad-\\x80-\\xe2\\x82-\\xc0\\xaf-\\xed\\xa0\\x80-caf\xc3\xa9"), std::string::npos) << message;
+  EXPECT_TRUE(valid_utf8(c.error().message)) << c.error().message;
+  EXPECT_EQ(c.error().message, message);
+  EXPECT_EQ(last_error().message, message);
+
+  // The same open with automatic backing falls back to the heap and says why on the log.
+  o.backing = Backing::automatic;
+  auto fallback = WeightCache::open(o);
+  ASSERT_TRUE(fallback.ok()) << fallback.error().message;
+  const auto lines = log.at_least(WC_LOG_WARN);
+  ASSERT_FALSE(lines.empty());
+  for (const auto& m : lines) {
+    EXPECT_TRUE(valid_utf8(m.text)) << m.text;
+    EXPECT_NE(m.text.find("bad-\\x80-"), std::string::npos) << m.text;
+  }
+}
+
+// Truncation keeps an escape whole and the text UTF-8: a long path of bytes that are not UTF-8.
+TEST(Contract, ATruncatedErrorOfEscapedBytesIsStillUtf8) {
+  TempDir dir;
+  for (std::size_t pad = 0; pad < 4; ++pad) {
+    const std::string path = dir.file(std::string(pad, 'p') + std::string(400, '\xff') + "/cache.wcache");
+    Options o;
+    o.path = path;
+    o.backing = Backing::file;
+    auto c = WeightCache::open(o);
+    ASSERT_FALSE(c.ok());
+    const std::string message = wc_last_error();
+    EXPECT_TRUE(valid_utf8(message)) << message;
+    EXPECT_LT(message.size(), 1024u);  // the per-thread buffer
+    const auto cut = message.find("... [truncated]");
+    ASSERT_NE(cut, std::string::npos) << message;
+    // Whole escapes before the mark: "\xff" repeated, never a piece of one.
+    const std::size_t start = message.find("\\xff");
+    ASSERT_NE(start, std::string::npos) << message;
+    EXPECT_EQ((cut - start) % 4, 0u) << message.substr(cut - 8);
+  }
+}
+#endif
 
 #ifndef _WIN32
 // wc_set_log_callback: "NULL restores the default: formatted lines on stderr". In a forked child
