@@ -29,6 +29,8 @@
 #include <unistd.h>
 #endif
 
+extern "C" void wc_test_set_log_level_raw(int level);  // raw_level_caller.c
+
 namespace weightcache::test {
 namespace {
 
@@ -372,11 +374,8 @@ TEST(Contract, ALogLevelOutsideTheEnumLeavesTheLevelAsItWas) {
   WeightCache heap = open_or_fail(Options{});
   ASSERT_NE(heap.insert("k", "first"), kNotFound);
   const int not_levels[] = {5, -1, 7, 100, -100, INT32_MIN, INT32_MAX};
-  auto set_raw = [](int v) {
-    wc_log_level l;
-    std::memcpy(&l, &v, sizeof l);  // as a caller's int would arrive
-    wc_set_log_level(l);
-  };
+  // Through C (raw_level_caller.c), as a C caller's int arrives.
+  auto set_raw = [](int v) { wc_test_set_log_level_raw(v); };
 
   // At error: no value lets warnings or debug messages through.
   for (int v : not_levels) {
