@@ -4,7 +4,9 @@
 #include "utf8.hpp"
 #include <weightcache/weight_cache.hpp>
 
+#if !WEIGHTCACHE_LOG_OWN_FORMAT
 #include <fmt/format.h>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -70,12 +72,12 @@ struct State {
   void write(Level l, std::string_view text) {
     // Messages quote paths, which may be bytes that are not UTF-8: escaped, as in wc_last_error.
     if (utf8::valid_prefix(text) != text.size()) {
-      fmt::basic_memory_buffer<char, 250> clean;
+      std::string clean;
       utf8::for_each_piece(text, [&](const char* p, std::size_t n) {
-        clean.append(p, p + n);
+        clean.append(p, n);
         return true;
       });
-      write(l, std::string_view(clean.data(), clean.size()));
+      write(l, clean);
       return;
     }
     std::lock_guard<std::mutex> lock(mu);
@@ -97,10 +99,9 @@ struct State {
     const int n = std::snprintf(stamp, sizeof stamp, "[%04d-%02d-%02d %02d:%02d:%02d.%03d] [weightcache] [",
                                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                                 static_cast<int>(ms));
-    fmt::basic_memory_buffer<char, 512> line;
-    line.append(stamp, stamp + (n > 0 ? n : 0));
+    std::string line(stamp, static_cast<std::size_t>(n > 0 ? n : 0));
     line.append(kNames[l]);
-    line.append(std::string_view("] "));
+    line.append("] ");
     line.append(text);
     line.push_back('\n');
     std::fwrite(line.data(), 1, line.size(), stderr);
@@ -117,12 +118,8 @@ struct State {
       if (l != kOff || name == "off") {
         level.store(l, std::memory_order_relaxed);
       } else {
-        fmt::basic_memory_buffer<char, 256> text;
-        fmt::format_to(fmt::appender(text),
-                       "WEIGHTCACHE_LOG_LEVEL='{}' is not a level (trace, debug, info, warn, error, critical or off); "
-                       "logging at warn",
-                       name.size() > 64 ? name.substr(0, 64) + "..." : name);
-        write(kWarn, std::string_view(text.data(), text.size()));
+        write(kWarn, "WEIGHTCACHE_LOG_LEVEL='" + (name.size() > 64 ? name.substr(0, 64) + "..." : name) +
+                         "' is not a level (trace, debug, info, warn, error, critical or off); logging at warn");
       }
     }
   }
@@ -140,6 +137,19 @@ State& state() {
 
 }  // namespace
 
+#if WEIGHTCACHE_LOG_OWN_FORMAT
+void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t n) noexcept {
+  try {
+    State& s = state();
+    const Level l = to_level(level);
+    if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
+    std::string text;
+    text::format_to(text, f, args, n);
+    s.write(l, text);
+  } catch (...) {
+  }
+}
+#else
 void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   try {
     State& s = state();
@@ -151,6 +161,7 @@ void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   } catch (...) {
   }
 }
+#endif
 
 void lock_for_fork() noexcept { state().mu.lock(); }
 void unlock_after_fork() noexcept { state().mu.unlock(); }

@@ -10,6 +10,8 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -96,6 +98,37 @@ TEST(Mobile, CompactionWithoutCanonicalAndTheCacheItselfWork) {
   ASSERT_NE(at, WC_NOT_FOUND);
   EXPECT_STREQ(static_cast<const char*>(wc_offset_to_addr(c, at)), "packed weights");
   wc_close(c);
+}
+
+// The mobile build formats its log lines with its own formatter, not fmt (src/log.hpp): the lines
+// still carry their arguments, strings and numbers, in the text the default build writes.
+std::vector<std::pair<wc_log_level, std::string>>& captured() {
+  static std::vector<std::pair<wc_log_level, std::string>> lines;
+  return lines;
+}
+void capture(void*, wc_log_level level, const char* text, size_t size) { captured().emplace_back(level, std::string(text, size)); }
+
+TEST(Mobile, LogLinesCarryTheirArgumentsFormattedWithoutFmt) {
+  TempDir dir;
+  captured().clear();
+  wc_set_log_level(WC_LOG_WARN);
+  wc_set_log_callback(capture, nullptr);
+  wc_set_log_level(static_cast<wc_log_level>(4 + 1));  // refused, with a warning naming the value
+  const std::string path = dir.file("missing-directory/cache.wcache");
+  const wc_options o = c_options(path);
+  wc_cache* c = nullptr;
+  EXPECT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();  // a heap cache, with a warning naming the path
+  wc_close(c);
+  wc_set_log_callback(nullptr, nullptr);
+  ASSERT_EQ(captured().size(), 2u);
+  EXPECT_EQ(captured()[0].first, WC_LOG_WARN);
+  EXPECT_EQ(captured()[0].second,
+            "log level 5 is not one of wc_log_level's values (0 to 4, or 6 for off); the level stays as it was");
+  EXPECT_EQ(captured()[1].first, WC_LOG_WARN);
+  const std::string& line = captured()[1].second;
+  EXPECT_EQ(line.rfind("cannot use cache file '" + path + "' (WC_ERR_", 0), 0u) << line;
+  EXPECT_NE(line.find("); falling back to a heap cache for this process"), std::string::npos) << line;
+  EXPECT_EQ(line.find('{'), std::string::npos) << line;
 }
 
 }  // namespace
