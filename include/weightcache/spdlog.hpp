@@ -38,8 +38,9 @@
 //   knows only the routes made with this header. A callback set directly (wc_set_log_callback,
 //   set_log_callback, or by a component such as the ONNX Runtime execution provider when it is
 //   loaded) is not brought back when routes end: messages go to stderr instead; and one set
-//   while a route is in force is replaced when that route ends. Make routes after such a
-//   component has set its own, or set yours again after.
+//   while a route is in force is replaced when that route ends, while a route stays unaware of
+//   it (the ONNX Runtime provider sets stderr back when it is released, over any route). Make
+//   routes after such a component has set its own, and make them again after it let go.
 // - **Threads.** route_log_to, LogRoute::end, detach and the destructor may be called from any
 //   thread, concurrently with each other and with the library logging on other threads; one
 //   LogRoute object, like any object, from one thread at a time. The library calls the logger on
