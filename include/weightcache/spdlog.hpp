@@ -6,6 +6,7 @@
 // spdlog makes one call here and gets weightcache's messages in its own sinks, files and
 // patterns, at the matching spdlog level:
 //
+//   #include <spdlog/spdlog.h>
 //   #include <weightcache/spdlog.hpp>
 //   auto route = weightcache::route_log_to(spdlog::default_logger());  // for as long as `route` lives
 //
@@ -50,7 +51,7 @@
 //   the host also logs to from other threads should be spdlog's thread-safe (_mt) ones, as
 //   usual. An async logger copies the message, as it must (the text is valid only during the
 //   call).
-// - **One stack per copy.** The routes' state is an inline variable of this header: a host that
+// - **One stack per copy.** The routes' state is a static of an inline function here: a host that
 //   compiles it into several shared libraries that each keep their inline symbols to themselves
 //   gets one stack per library, all setting the one library callback. Route from one place. A
 //   shared library that made a route must end it before it is unloaded.
