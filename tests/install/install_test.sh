@@ -6,11 +6,14 @@
 # C++17 by the CMake targets; told why by the header when compiled by hand) and at C++17;
 # each runs twice on one cache file (a miss that packs, then a hit with the same bytes). The XNNPACK consumer (C, through
 # <weightcache/xnnpack.h>) is built against the shared and the static library both ways too.
+# The spdlog route (<weightcache/spdlog.hpp>, header-only: nothing of spdlog is in either
+# library) is built with find_package(spdlog) against the shared and the static library, when the
+# build found an spdlog package (SPDLOG_DIR, its directory; empty: that part is skipped).
 # Finally the prefix is moved, and the pkg-config build still works (the .pc file finds its
 # prefix from where it lies).
-#   install_test.sh BUILD_DIR SOURCE_DIR C_COMPILER CXX_COMPILER
+#   install_test.sh BUILD_DIR SOURCE_DIR C_COMPILER CXX_COMPILER [SPDLOG_DIR]
 set -euo pipefail
-build=$1 src=$2 cc=$3 cxx=$4
+build=$1 src=$2 cc=$3 cxx=$4 spdlog_dir=${5:-}
 work=$(mktemp -d "${TMPDIR:-/tmp}/wc-install-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -26,7 +29,7 @@ run_twice() {  # name, binary
 }
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for h in weightcache.h weight_cache.hpp xnnpack.h inspect.hpp; do
+for h in weightcache.h weight_cache.hpp xnnpack.h inspect.hpp spdlog.hpp; do
   [[ -f $prefix/include/weightcache/$h ]] || fail "no installed weightcache/$h"
 done
 pcdir=$(dirname "$(find "$prefix" -name weightcache.pc | head -1)")
@@ -37,6 +40,10 @@ libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
 exports=$(nm -D --defined-only "$libdir/libweightcache.so") || fail "cannot list the exports of libweightcache.so"
 for sym in wc_open wc_xnn_adapter_create wc_xnn_adapter_destroy wc_xnn_adapter_name_buffer wc_xnn_adapter_provider; do
   grep -qw "$sym" <<<"$exports" || fail "libweightcache.so does not export $sym"
+done
+# weightcache/spdlog.hpp is compiled in the host only: no symbol of either library names spdlog.
+for lib in "$libdir/libweightcache.so" "$libdir/libweightcache.a"; do
+  if nm -C "$lib" 2>/dev/null | grep spdlog; then fail "$lib has spdlog's symbols in it"; fi
 done
 
 # 1. pkg-config, C, shared library.
@@ -106,6 +113,36 @@ out=$("$work/consumer/build/inspect_cmake" "$work/inspect_cmake.wcache") || fail
 [[ $out == "entries=1 findings=0 checksummed=5" ]] || fail "inspect_cmake printed '$out'"
 echo "install_test: inspect_cmake ok"
 
+# 4a. The spdlog route, find_package(spdlog) beside find_package(weightcache): a library warning
+# reaches the host logger's sink at warn with its whole text, and after the route ends it goes to
+# stderr again (once: the reference capture and the routed one must not reach it).
+if [[ -n $spdlog_dir ]]; then
+  mkdir -p "$work/spdlog_consumer"
+  cat >"$work/spdlog_consumer/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(spdlog_consumer CXX)
+find_package(weightcache 0.1 CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+add_executable(spdlog_shared $src/tests/install/consumer_spdlog.cpp)
+target_link_libraries(spdlog_shared PRIVATE weightcache::weightcache spdlog::spdlog)
+add_executable(spdlog_static $src/tests/install/consumer_spdlog.cpp)
+target_link_libraries(spdlog_static PRIVATE weightcache::weightcache_static spdlog::spdlog)
+CMAKE
+  cmake -S "$work/spdlog_consumer" -B "$work/spdlog_consumer/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+    -Dspdlog_DIR="$spdlog_dir" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
+  cmake --build "$work/spdlog_consumer/build" >/dev/null || fail "the spdlog consumer does not build against the installed tree"
+  for b in spdlog_shared spdlog_static; do
+    out=$("$work/spdlog_consumer/build/$b" "$work/$b.wcache" 2>"$work/$b.stderr") ||
+      fail "$b failed: $out $(cat "$work/$b.stderr")"
+    [[ $out == "routed restored" ]] || fail "$b printed '$out'"
+    n=$(grep -c "heap" "$work/$b.stderr" || true)
+    [[ $n == 1 ]] || fail "$b: $n heap warnings on stderr, wanted the one after the route ended: $(cat "$work/$b.stderr")"
+    echo "install_test: $b ok"
+  done
+else
+  echo "install_test: no spdlog package found at configure: the spdlog consumer is skipped"
+fi
+
 # 4b. The ONNX Runtime execution provider, when the build made one: pkg-config's ort_ep and the
 # package's WEIGHTCACHE_ORT_EP_LIBRARY name the installed file (the absolute path ONNX Runtime's
 # RegisterExecutionProviderLibrary needs), it exports only the provider's entry points (XNNPACK
@@ -166,7 +203,7 @@ run_twice cxx17 "$work/cxx_levels/build/cxx17"
 out=$("$work/cxx_levels/build/cxx14_inspect" "$work/cxx14_inspect.wcache") || fail "cxx14_inspect failed: $out"
 [[ $out == "entries=1 findings=0 checksummed=5" ]] || fail "cxx14_inspect printed '$out'"
 cxx14_message="weightcache/weight_cache.hpp needs C++17 or later"
-for h in weight_cache.hpp inspect.hpp; do
+for h in weight_cache.hpp inspect.hpp ${spdlog_dir:+spdlog.hpp}; do
   printf '#include <weightcache/%s>\nint main() { return 0; }\n' "$h" >"$work/include_$h.cpp"
   if out=$("$cxx" -std=c++14 -fsyntax-only -I"$prefix/include" "$work/include_$h.cpp" 2>&1); then
     fail "<weightcache/$h> compiled at -std=c++14"

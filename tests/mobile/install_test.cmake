@@ -1,6 +1,7 @@
-# A WEIGHTCACHE_MOBILE build installed into a fresh prefix: the headers of what it has, and nothing
-# of the inspection library it leaves out (inspect.hpp, its pkg-config file, its CMake target),
-# whose calls would not link. Needs the libraries built (the suite's tests run after the build).
+# A WEIGHTCACHE_MOBILE build installed into a fresh prefix: the headers of what it has (the spdlog
+# route included: header-only, compiled by the app that uses spdlog, nothing of it in the library),
+# and nothing of the inspection library it leaves out (inspect.hpp, its pkg-config file, its CMake
+# target), whose calls would not link. Needs the libraries built (the suite's tests run after the build).
 #   cmake -DBUILD_DIR=... -DPREFIX=... -P install_test.cmake
 file(REMOVE_RECURSE "${PREFIX}")
 execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${PREFIX}"
@@ -8,7 +9,7 @@ execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "cmake --install of the mobile build failed (${rc}): ${err}")
 endif()
-foreach(h weightcache.h weight_cache.hpp)
+foreach(h weightcache.h weight_cache.hpp spdlog.hpp)
   if(NOT EXISTS "${PREFIX}/include/weightcache/${h}")
     message(FATAL_ERROR "the mobile install has no weightcache/${h}")
   endif()
