@@ -172,18 +172,32 @@ void print_json(const Json& j) { print(j.dump(-1, ' ', false, Json::error_handle
 
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
+// A read of FILE that failed: says why and gives the exit code. Running out of memory says
+// nothing about the file: it is exit 5 with the one message every command gives for it.
+int read_failed(const std::string& path, const Error& e) {
+  if (e.code == Errc::no_memory) {
+    say_error("out of memory");
+    return kExitIo;
+  }
+  say_error("cannot read '" + path + "': " + e.message);
+  return kExitCannotRead;
+}
+
 // Opens and inspects FILE; on failure prints why and returns the exit code in *code.
 std::optional<std::pair<inspect::File, Inspection>> load(const std::string& path, int* code) {
   auto f = inspect::File::open(path);
   if (!f) {
-    say_error(f.error().message);
-    *code = kExitCannotRead;
+    if (f.error().code == Errc::no_memory) {
+      *code = read_failed(path, f.error());
+    } else {
+      say_error(f.error().message);
+      *code = kExitCannotRead;
+    }
     return std::nullopt;
   }
   auto in = inspect::inspect(f.value());
   if (!in) {
-    say_error("cannot read '" + path + "': " + in.error().message);
-    *code = kExitCannotRead;
+    *code = read_failed(path, in.error());
     return std::nullopt;
   }
   return std::make_pair(std::move(f.value()), std::move(in.value()));
@@ -233,7 +247,7 @@ int cmd_info(const std::string& path, bool json) {
     o["payload_bytes"] = in.payload_bytes();
     o["file_bytes"] = in.file_size;
     o["dead_bytes"] = in.dead_bytes();
-    o["problems"] = in.findings.size();
+    o["problems"] = in.problem_count();
     print_json(o);
     return kExitOk;
   }
@@ -264,7 +278,7 @@ int cmd_info(const std::string& path, bool json) {
   line("file bytes:", u64s(in.file_size));
   line("dead bytes:", u64s(in.dead_bytes()));
   if (!in.findings.empty())
-    line("problems:", u64s(in.findings.size()) + " (run 'weightcache verify' for details)");
+    line("problems:", u64s(in.problem_count()) + " (run 'weightcache verify' for details)");
   print(o);
   return kExitOk;
 }
@@ -283,7 +297,7 @@ int cmd_ls(const std::string& path, bool json) {
                 {"size", e.size},
                 {"checksum", optional_string(e.checksum ? std::optional(hex64(*e.checksum)) : std::nullopt)}};
       if (in.format == FileFormat::xpwc) {
-        j["name"] = display_key(e.name);
+        j["name"] = display_key(e.name());
         j["seed"] = e.seed ? Json(*e.seed) : Json(nullptr);
       }
       entries.push_back(std::move(j));
@@ -316,18 +330,19 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
     auto r = inspect::check_checksums(loaded->first, &in, progress.callback());
     if (!r) {
       progress.finish();
-      say_error("cannot read '" + path + "': " + r.error().message);
-      return kExitCannotRead;
+      return read_failed(path, r.error());
     }
     hashed = r.value();
   }
   const bool ok = in.findings.empty();
+  const std::uint64_t problem_count = in.problem_count();
   if (json) {
     Json problems = Json::array();
     for (const auto& f : in.findings) {
       Json p = {{"kind", f.kind}};
       if (f.key) p["key"] = display_key(*f.key);
       p["message"] = f.message;
+      if (f.unlisted != 0) p["unlisted"] = f.unlisted;
       problems.push_back(std::move(p));
     }
     print_json({{"file", path},
@@ -335,6 +350,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
                 {"ok", ok},
                 {"entries", in.entries.size()},
                 {"checksummed_bytes", hashed},
+                {"problem_count", problem_count},
                 {"problems", std::move(problems)}});
     return ok ? kExitOk : kExitProblems;
   }
@@ -345,7 +361,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
     o += in.format == FileFormat::xpwc ? "structure and bounds checked; XPWC files have no checksums)\n"
                                        : u64s(hashed) + " bytes checksummed)\n";
   } else {
-    o += path + ": " + u64s(in.findings.size()) + (in.findings.size() == 1 ? " problem" : " problems") + " found\n";
+    o += path + ": " + u64s(problem_count) + (problem_count == 1 ? " problem" : " problems") + " found\n";
   }
   print(o);
   return ok ? kExitOk : kExitProblems;
@@ -374,10 +390,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
   // a large entry comes from the page cache.
   if (e->checksum) {
     auto h = inspect::hash_range(loaded->first, e->offset, e->size);
-    if (!h) {
-      say_error("cannot read '" + path + "': " + h.error().message);
-      return kExitCannotRead;
-    }
+    if (!h) return read_failed(path, h.error());
     if (h.value() != *e->checksum) {
       say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
                 ", the data hashes to " + hex64(h.value()) + "); nothing written");
@@ -397,10 +410,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     say_error(std::string("cannot write to stdout: ") + std::strerror(errno));
     return kExitIo;
   }
-  if (!h) {
-    say_error("cannot read '" + path + "': " + h.error().message);
-    return kExitCannotRead;
-  }
+  if (!h) return read_failed(path, h.error());
   if (e->checksum && h.value() != *e->checksum) {
     say_error("entry '" + display_key(*key) + "' changed while it was being written");
     return kExitProblems;

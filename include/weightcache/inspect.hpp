@@ -43,14 +43,23 @@ enum class FileFormat { unknown, weightcache, xpwc };
 /// "weightcache", "xpwc" or "unknown"; never null.
 const char* to_string(FileFormat format) noexcept;
 
+/// How many problems of one kind are described one by one per check (one index read, the XPWC
+/// index, the entry checksums): a hostile file of millions of overlapping entries costs a count,
+/// not millions of findings. Beyond it, problems of that kind are only counted, and one more
+/// finding of that kind says how many (its `unlisted`).
+inline constexpr std::size_t kMaxFindingsPerKind = 100;
+
 /// One problem found in a file. `kind` is one of "format", "header", "slot", "index", "footer",
 /// "entry_bounds", "entry_alignment", "entry_overlap", "duplicate_key", "entry_checksum",
 /// "compat_key"; `message` says what is wrong in words (naming offsets and sizes); `key` is set
-/// when the problem belongs to one entry.
+/// when the problem belongs to one entry. `unlisted` is 0 for a finding about one problem; the
+/// finding that closes a kind met more than kMaxFindingsPerKind times stands for that many more
+/// problems of its kind, which are not described one by one (its message says how many).
 struct Finding {
   std::string kind;
   std::string message;
   std::optional<std::string> key;
+  std::uint64_t unlisted = 0;
 };
 
 /// The fixed part of a weightcache file's header.
@@ -75,9 +84,13 @@ struct Entry {
   std::uint64_t offset = 0;
   std::uint64_t size = 0;
   std::optional<std::uint64_t> checksum;  // XXH3-64 of the bytes; XPWC files have none
-  std::string name;                        // XPWC only
   std::optional<std::uint32_t> seed;       // XPWC version 2 only
   bool in_bounds = true;                   // its bytes lie inside the data area
+
+  /// XPWC only: the entry's name, which is its key without the "#seed=<n>" of version 2. Points
+  /// into `key`: valid while `key` is unchanged. (Not a member of its own: an index may hold
+  /// millions of entries.)
+  std::string_view name() const noexcept;
 };
 
 struct Inspection {
@@ -102,8 +115,12 @@ struct Inspection {
   /// True when `entries` come from an index the library would use (for XPWC files: one that
   /// passed the same checks). Listing, extracting, compacting and converting need it.
   bool index_usable = false;
-  /// Every problem found, in file order. Empty for a sound file.
+  /// Every problem found, in file order, at most kMaxFindingsPerKind of a kind per check (then
+  /// one finding counting the rest). Empty for a sound file.
   std::vector<Finding> findings;
+
+  /// Problems found: one per finding, plus what closing findings count as unlisted.
+  std::uint64_t problem_count() const noexcept;
 
   /// Sum of the entries' sizes.
   std::uint64_t payload_bytes() const noexcept;
@@ -148,6 +165,13 @@ class File {
 /// state of one commit, never a finding. Problems with the content are findings; an Error means
 /// the file could not be read at all (io, no_memory). Entry checksums are not checked here (see
 /// check_checksums).
+/// What a hostile file can cost is bounded: nothing is allocated for a size the file claims
+/// before what claims it verifies (an index over 16 MiB is checked against its slot's checksum
+/// in 1 MiB pieces first, and one that fails is not read further; an XPWC footer's count is
+/// capped by its index's bytes), findings are capped per kind (kMaxFindingsPerKind), and the
+/// checks of keys and places are linear after one sort. Memory grows with the entries the index
+/// really holds (about 100 bytes each, and its key where it is longer than 15 bytes); no_memory
+/// when even that is not there.
 Result<Inspection> inspect(File& file) noexcept;
 
 /// Hears of every piece of bytes read (for a progress display).

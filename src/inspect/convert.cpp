@@ -75,7 +75,7 @@ Result<ConvertReport> convert(const File& in, const Inspection& ins, const std::
   if (opt.alignment == 0 || (opt.alignment & (opt.alignment - 1)) != 0 || opt.alignment > kMaxAlignment)
     return Error{Errc::invalid_argument, 0, "the alignment must be a power of two from 1 to 16777216"};
   for (const auto& e : ins.entries)
-    if (e.name.empty() || e.key.empty() || e.key.size() > fmt_::kMaxKeySize)
+    if (e.name().empty() || e.key.empty() || e.key.size() > fmt_::kMaxKeySize)
       return Error{Errc::invalid_argument, 0,
                    "entry '" + fmt_::display_key(e.key) + "' cannot be a weightcache key (keys are 1 to 4096 bytes)"};
 

@@ -24,6 +24,8 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -199,10 +201,17 @@ class CliTest : public ::testing::Test {
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
-  CliRun run(const std::vector<std::string>& args) {
+  // Runs the tool; with `address_limit`, under that address-space limit (RLIMIT_AS, bytes).
+  CliRun run(const std::vector<std::string>& args, std::uint64_t address_limit = 0) {
     const std::string out_path = path(".stdout"), err_path = path(".stderr");
     const pid_t pid = ::fork();
     if (pid == 0) {
+      if (address_limit != 0) {
+        struct rlimit lim {};
+        lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(address_limit);
+        if (::setrlimit(RLIMIT_AS, &lim) != 0)
+          weightcache::test::child_exit(weightcache::test::kChildSetupFailed, "setrlimit(RLIMIT_AS)");
+      }
       const int in = ::open("/dev/null", O_RDONLY);
       const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -306,9 +315,32 @@ class CliTest : public ::testing::Test {
     return r.code == 0 ? j : std::nullopt;
   }
 
-  std::map<std::string, std::string> info_fields(const std::string& file) {
+  // Why the tool cannot be run under an address-space limit of `limit` bytes here (nullopt: it
+  // can). The limit must be enforced (a child maps twice as much) and the tool must start under
+  // it: a sanitizer build reserves terabytes of shadow memory before main.
+  std::optional<std::string> address_limit_unusable(std::uint64_t limit) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      struct rlimit lim {};
+      lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(limit);
+      if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(2);
+      void* p = ::mmap(nullptr, 2 * limit, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      ::_exit(p == MAP_FAILED ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return "cannot probe RLIMIT_AS";
+    if (WEXITSTATUS(status) == 2) return "setrlimit(RLIMIT_AS) fails here";
+    if (WEXITSTATUS(status) == 1) return "RLIMIT_AS is not enforced here";
+    const CliRun r = run({"--version"}, limit);
+    if (r.code != 0)
+      return "the tool does not start under an address-space limit of " + std::to_string(limit >> 20) +
+             " MiB (exit " + std::to_string(r.code) + "; a sanitizer build reserves its shadow memory first): " + r.err;
+    return std::nullopt;
+  }
+
+  std::map<std::string, std::string> info_fields(const std::string& file, std::uint64_t address_limit = 0) {
     std::map<std::string, std::string> f;
-    const CliRun r = run({"info", file});
+    const CliRun r = run({"info", file}, address_limit);
     EXPECT_EQ(r.code, 0) << r.err;
     for (const auto& l : lines_of(r.out)) {
       const auto colon = l.find(':');
@@ -795,6 +827,198 @@ TEST_F(CliTest, VerifyFindsBrokenXpwcFiles) {
     EXPECT_EQ(run({"info", f}).code, 3);
     EXPECT_EQ(run({"convert", f, path("junk.wcache")}).code, 3);
   }
+}
+
+// ---- hostile files: what reading them may cost -------------------------------------------------
+// How many problems of one kind verify describes before it counts them (docs/CLI.md).
+constexpr std::size_t kListedPerKind = 100;
+
+// A weightcache file of one header page whose only commit names a 1 GiB index (the format's
+// largest) behind it, all hole: a few KiB on disk. Returns why it could not be made, or "".
+std::string write_sparse_index_claim(const std::string& file) {
+  wf::HeaderFixed fixed;
+  fixed.alignment = 64;
+  fixed.size_alignment = 1;
+  wf::CommitSlot s;
+  s.sequence = 1;
+  s.index_offset = wf::kHeaderSize;
+  s.index_size = wf::kMaxIndexSize;
+  s.committed_size = s.index_offset + s.index_size + wf::kFooterSize;
+  s.index_checksum = 1;  // not what a hole hashes to
+  const auto h = wf::encode_header(fixed, {}, s);
+  write_file(file, std::string(reinterpret_cast<const char*>(h.data()), h.size()));
+  std::error_code ec;
+  fs::resize_file(file, s.committed_size, ec);
+  return ec ? ec.message() : std::string();
+}
+
+// An ExecuTorch XPWC file of `records` version 2 index records from offset 0, all hole but its
+// footer: each record reads as an empty name with seed 0, at offset 0 and of size 0, so every one
+// after the first is a duplicate key and overlaps the first. 24 bytes per record (96 MB for 4
+// million). Returns why it could not be made, or "".
+std::string write_sparse_xpwc(const std::string& file, std::uint32_t records) {
+  std::string footer;
+  put(&footer, 0, 8, false);  // index_start
+  put(&footer, records, 4, false);
+  put(&footer, 0x58505743, 4, false);
+  put(&footer, 2, 4, false);
+  write_file(file, "");
+  std::error_code ec;
+  fs::resize_file(file, std::uint64_t{records} * 24, ec);
+  if (ec) return ec.message();
+  std::ofstream out(file, std::ios::binary | std::ios::app);
+  out.write(footer.data(), static_cast<std::streamsize>(footer.size()));
+  return out ? std::string() : "cannot write the footer";
+}
+
+// Each problem listed by `verify --json`, counted by kind; `unlisted` gets what the closing
+// finding of each kind says was left out.
+std::map<std::string, std::uint64_t> listed_by_kind(const Json& verify, std::map<std::string, std::uint64_t>* unlisted) {
+  std::map<std::string, std::uint64_t> listed;
+  for (const Json& p : verify["problems"]) {
+    const std::string kind = p["kind"].get<std::string>();
+    if (p.contains("unlisted")) (*unlisted)[kind] += p["unlisted"].get<std::uint64_t>();
+    else ++listed[kind];
+  }
+  return listed;
+}
+
+// Few damaged things of a kind are each described; many are described up to the limit and the
+// rest counted in one more finding of that kind. A real (not sparse) XPWC file of 250 entries on
+// one spot, and a weightcache file whose 150 entries all fail their checksum.
+TEST_F(CliTest, VerifyDescribesAHundredProblemsOfAKindAndCountsTheRest) {
+  {
+    constexpr std::uint32_t kRecords = 250;
+    std::string img = std::string(64, 'x');
+    const std::uint64_t index_start = img.size();
+    for (std::uint32_t i = 0; i < kRecords; ++i) {
+      put(&img, 1, 4, false);
+      img += "w";
+      put(&img, 0, 8, false);
+      put(&img, 64, 8, false);
+    }
+    put(&img, index_start, 8, false);
+    put(&img, kRecords, 4, false);
+    put(&img, 0x58505743, 4, false);
+    put(&img, 1, 4, false);
+    const std::string f = path("crowded.xnn");
+    write_file(f, img);
+    const CliRun v = run({"verify", f});
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto lines = lines_of(v.out);
+    EXPECT_EQ(lines.size(), 2 * (kListedPerKind + 1) + 1) << v.out;
+    const std::string more = std::to_string(kRecords - 1 - kListedPerKind) + " more problems of this kind";
+    EXPECT_NE(v.out.find(f + ": " + more + " (duplicate_key)"), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find(f + ": " + more + " (entry_overlap)"), std::string::npos) << v.out;
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back(), f + ": " + std::to_string(2 * (kRecords - 1)) + " problems found");
+
+    const CliRun vj = run({"verify", "--json", f});
+    const auto j = parse_json(vj.out);
+    ASSERT_TRUE(j) << vj.out;
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), 2 * (kRecords - 1));
+    std::map<std::string, std::uint64_t> unlisted;
+    const std::map<std::string, std::uint64_t> listed = listed_by_kind(*j, &unlisted);
+    EXPECT_EQ(listed, (std::map<std::string, std::uint64_t>{{"duplicate_key", kListedPerKind},
+                                                            {"entry_overlap", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"duplicate_key", kRecords - 1 - kListedPerKind},
+                                                              {"entry_overlap", kRecords - 1 - kListedPerKind}}));
+    EXPECT_NE(run({"info", f}).out.find("problems:        " + std::to_string(2 * (kRecords - 1)) + " "),
+              std::string::npos);
+  }
+  {
+    constexpr int kDamaged = 150;
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (int i = 0; i < kDamaged; ++i) entries.emplace_back("w" + std::to_string(i), pattern(100, i));
+    const std::string f = path("damaged.wcache");
+    const auto offsets = make_cache(f, entries);
+    std::string b = read_file(f);
+    for (const auto& [k, at] : offsets) b[at] = static_cast<char>(b[at] ^ 1);
+    write_file(f, b);
+    const CliRun vj = run({"verify", "--json", f});
+    EXPECT_EQ(vj.code, 1);
+    const auto j = parse_json(vj.out);
+    ASSERT_TRUE(j) << vj.out;
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), static_cast<std::uint64_t>(kDamaged));
+    std::map<std::string, std::uint64_t> unlisted;
+    EXPECT_EQ(listed_by_kind(*j, &unlisted), (std::map<std::string, std::uint64_t>{{"entry_checksum", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"entry_checksum", kDamaged - kListedPerKind}}));
+  }
+}
+
+// A commit slot naming a 1 GiB index in a sparse file of a few KiB, and a sparse 96 MB XPWC file
+// whose index is 4 million records on one spot: `verify` and `info` read both under an
+// address-space limit of 512 MiB, exit as docs/CLI.md says, and list at most a hundred problems
+// of a kind. (Unbounded, they took 1 GiB and 3.3 GB.)
+TEST_F(CliTest, HostileFilesAreReadInBoundedMemory) {
+  constexpr std::uint64_t kLimit = std::uint64_t{512} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  const std::string wc = path("claims-1gib-index.wcache");
+  if (const std::string why = write_sparse_index_claim(wc); !why.empty()) GTEST_SKIP() << "no sparse 1 GiB file: " << why;
+  {
+    const CliRun v = run({"verify", wc}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.out << v.err;
+    EXPECT_NE(v.out.find("does not match the checksum in its commit slot"), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find("is not read further"), std::string::npos) << v.out;
+    EXPECT_EQ(v.err, "");
+    const CliRun i = run({"info", wc}, kLimit);
+    EXPECT_EQ(i.code, 3) << i.err;
+    EXPECT_NE(i.err.find("has no usable index"), std::string::npos) << i.err;
+  }
+  constexpr std::uint32_t kRecords = 4'000'000;
+  constexpr std::uint64_t kRepeats = kRecords - 1;  // duplicate keys, and as many overlaps
+  const std::string xp = path("overlapping.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, kRecords); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  {
+    const CliRun v = run({"verify", "--json", xp}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto j = parse_json(v.out);
+    ASSERT_TRUE(j) << v.out.substr(0, 2000);
+    EXPECT_EQ((*j)["entries"].get<std::uint64_t>(), kRecords);
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), 2 * kRepeats);
+    std::map<std::string, std::uint64_t> unlisted;
+    EXPECT_EQ(listed_by_kind(*j, &unlisted), (std::map<std::string, std::uint64_t>{{"duplicate_key", kListedPerKind},
+                                                                                  {"entry_overlap", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"duplicate_key", kRepeats - kListedPerKind},
+                                                              {"entry_overlap", kRepeats - kListedPerKind}}));
+  }
+  {
+    const CliRun v = run({"verify", xp}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto lines = lines_of(v.out);
+    EXPECT_EQ(lines.size(), 2 * (kListedPerKind + 1) + 1);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back(), xp + ": " + std::to_string(2 * kRepeats) + " problems found");
+  }
+  const auto info = info_fields(xp, kLimit);
+  EXPECT_EQ(info.count("entries") ? info.at("entries") : "", std::to_string(kRecords));
+  EXPECT_EQ(info.count("problems") ? info.at("problems") : "",
+            std::to_string(2 * kRepeats) + " (run 'weightcache verify' for details)");
+}
+
+// Where memory truly runs out (that XPWC index's 4 million entries need more than 128 MiB), every
+// command says so in the words docs/CLI.md gives and exits 5, never 3 ("cannot read") nor with an
+// abort; convert leaves nothing behind.
+TEST_F(CliTest, RunningOutOfMemoryExitsFive) {
+  constexpr std::uint64_t kLimit = std::uint64_t{128} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  const std::string xp = path("overlapping.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, 4'000'000); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  const std::string out = path("out.wcache");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"verify", xp}, {"info", xp}, {"ls", xp}, {"cat", xp, "#seed=0"}, {"convert", xp, out}}) {
+    SCOPED_TRACE(args[0]);
+    const CliRun r = run(args, kLimit);
+    EXPECT_EQ(r.code, 5) << r.err;
+    EXPECT_EQ(r.err, "weightcache: out of memory\n");
+  }
+  EXPECT_EQ(strays("out.wcache"), std::vector<std::string>{"overlapping.xnn"});
 }
 
 TEST_F(CliTest, ConvertAndCompactRefuseTheWrongFormatOrAnExistingOutput) {
