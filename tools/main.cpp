@@ -290,7 +290,11 @@ int cmd_ls(const std::string& path, bool json) {
   const Inspection& in = loaded->second;
   if (!require_index(path, in, &code)) return code;
   if (json) {
-    Json entries = Json::array();
+    // Written as it is made, one entry at a time: a document of millions of entries is never
+    // held in memory (as a Json value it cost ~700 bytes per entry).
+    const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+    std::string o = "{\"file\":" + dump(path) + ",\"format\":" + dump(inspect::to_string(in.format)) + ",\"entries\":[";
+    bool first = true;
     for (const auto& e : in.entries) {
       Json j = {{"key", display_key(e.key)},
                 {"offset", e.offset},
@@ -300,9 +304,15 @@ int cmd_ls(const std::string& path, bool json) {
         j["name"] = display_key(e.name());
         j["seed"] = e.seed ? Json(*e.seed) : Json(nullptr);
       }
-      entries.push_back(std::move(j));
+      if (!first) o += ',';
+      first = false;
+      o += dump(j);
+      if (o.size() > (1u << 16)) {
+        print(o);
+        o.clear();
+      }
     }
-    print_json({{"file", path}, {"format", inspect::to_string(in.format)}, {"entries", std::move(entries)}});
+    print(o + "]}\n");
     return kExitOk;
   }
   std::string o;

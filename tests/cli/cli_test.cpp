@@ -999,6 +999,31 @@ TEST_F(CliTest, HostileFilesAreReadInBoundedMemory) {
             std::to_string(2 * kRepeats) + " (run 'weightcache verify' for details)");
 }
 
+// `ls --json` writes its document as it makes it: 400,000 entries list under an address-space
+// limit of 128 MiB (as one JSON value they took some 700 bytes each), and the output is still one
+// valid document.
+TEST_F(CliTest, LsJsonListsAnIndexLargerThanMemoryWouldHoldAsOneDocument) {
+  constexpr std::uint64_t kLimit = std::uint64_t{128} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  constexpr std::uint32_t kRecords = 400'000;
+  const std::string xp = path("many.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, kRecords); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  const CliRun r = run({"ls", "--json", xp}, kLimit);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out.substr(0, 1000);
+  EXPECT_EQ((*j)["file"].get<std::string>(), xp);
+  EXPECT_EQ((*j)["format"].get<std::string>(), "xpwc");
+  ASSERT_EQ((*j)["entries"].size(), kRecords);
+  const Json& last = (*j)["entries"][kRecords - 1];
+  EXPECT_EQ(last["key"].get<std::string>(), "#seed=0");
+  EXPECT_EQ(last["seed"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(last["checksum"].is_null());
+}
+
 // Where memory truly runs out (that XPWC index's 4 million entries need more than 128 MiB), every
 // command says so in the words docs/CLI.md gives and exits 5, never 3 ("cannot read") nor with an
 // abort; convert leaves nothing behind.
