@@ -3,6 +3,7 @@
 // made by flipping or cutting bytes; ExecuTorch XPWC files are written here by hand.
 #include "child_exit.hpp"
 #include "format/format.hpp"
+#include "xpwc_image.hpp"
 
 #include <weightcache/weight_cache.hpp>
 
@@ -127,51 +128,11 @@ wf::CommitSlot newest_slot(const std::string& path, int* which = nullptr) {
   return h.slot[i];
 }
 
-// ---- XPWC files (ExecuTorch's layout, written here byte by byte) -------------------------------
-struct XpwcEntry {
-  std::string name;
-  std::string bytes;
-  std::uint32_t seed = 0;
-};
-
-struct XpwcFile {
-  std::string image;
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t index_start = 0;
-};
-
-void put(std::string* s, std::uint64_t v, int n, bool big_endian) {
-  for (int i = 0; i < n; ++i) {
-    const int shift = big_endian ? 8 * (n - 1 - i) : 8 * i;
-    s->push_back(static_cast<char>((v >> shift) & 0xFF));
-  }
-}
-
-// Data regions page-aligned from offset 0, then `garbage` bytes (an old trailer), then the index
-// and the footer.
-XpwcFile make_xpwc(std::uint32_t version, const std::vector<XpwcEntry>& entries, bool big_endian = false,
-                   std::size_t garbage = 0) {
-  XpwcFile f;
-  for (const auto& e : entries) {
-    f.image.resize((f.image.size() + 4095) / 4096 * 4096, '\0');
-    f.offsets.push_back(f.image.size());
-    f.image += e.bytes;
-  }
-  f.image += std::string(garbage, '\x77');
-  f.index_start = f.image.size();
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    put(&f.image, entries[i].name.size(), 4, big_endian);
-    f.image += entries[i].name;
-    put(&f.image, f.offsets[i], 8, big_endian);
-    put(&f.image, entries[i].bytes.size(), 8, big_endian);
-    if (version >= 2) put(&f.image, entries[i].seed, 4, big_endian);
-  }
-  put(&f.image, f.index_start, 8, big_endian);
-  put(&f.image, entries.size(), 4, big_endian);
-  put(&f.image, 0x58505743, 4, big_endian);
-  put(&f.image, version, 4, big_endian);
-  return f;
-}
+// ---- XPWC files (ExecuTorch's layout, written here byte by byte: tests/support) ---------------
+using weightcache::test::make_xpwc;
+using weightcache::test::put;
+using weightcache::test::XpwcEntry;
+using weightcache::test::XpwcFile;
 
 const std::vector<XpwcEntry> kXpwcEntries = {
     {"conv1.weight", pattern(5000, 1), 7},
