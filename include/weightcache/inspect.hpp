@@ -230,11 +230,24 @@ struct ConvertReport {
 /// existing OUT's permission bits (and owner, where the platform has one), read back whole by
 /// the library's reader, synced and renamed over OUT. Replaces an existing OUT: check with
 /// replaceable() first. `progress` hears of the bytes copied and then read back (twice the
-/// payload). Errors: invalid_argument (not an XPWC inspection, an unusable index, findings, a
-/// key the format cannot hold, a bad alignment), busy (another process holds OUT's writer
-/// lease; nothing changed), corrupt (IN changed or was cut short while it was copied), io (the
-/// lease file, creating, writing, reading back, syncing or renaming), no_space, no_memory. OUT
-/// is untouched and no temporary is left after any error.
+/// payload).
+/// IN must hold still from the inspection to the end of the copy (an XPWC file has no checksums,
+/// and ExecuTorch rewrites it in place): before copying, IN's fstat must be the one the
+/// inspection read against (device, inode, size, mtime, ctime) and its last change older than
+/// the file system's change-time window (10 ms where times are kept to the nanosecond, else
+/// 2 s: the call waits for that when IN changed just before), and IN's dirty pages are written
+/// back; after copying, IN's index and footer are read again and must be what the inspection
+/// parsed, and its fstat unchanged. Any change then moves IN's change time or its index, and
+/// one that neither shows came before every byte the copy read, so OUT holds one version of IN,
+/// never two (the argument, and what it does not cover, are in src/inspect/convert.cpp: file
+/// systems whose times do not show every change at once, such as tmpfs or network file
+/// systems, and platforms without a write-back call, where a same-size rewrite within one
+/// timestamp tick can still go unseen).
+/// Errors: invalid_argument (not an XPWC inspection, an unusable index, findings, a key the
+/// format cannot hold, a bad alignment), busy (another process holds OUT's writer lease; nothing
+/// changed), corrupt (IN changed after it was inspected or while it was copied, or was cut
+/// short), io (the lease file, creating, writing, reading back, syncing or renaming), no_space,
+/// no_memory. OUT is untouched and no temporary is left after any error.
 Result<ConvertReport> convert_xpwc(const File& in, const Inspection& inspection, const std::string& out_path,
                                    const ConvertOptions& options, const Progress& progress = {}) noexcept;
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -1049,6 +1050,85 @@ TEST_F(CliTest, ConvertRefusesWhileALibraryWriterHoldsTheLease) {
   auto c = WeightCache::open(options(w, ""));  // convert's default compatibility key
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_NE(c->reserve(1000), nullptr) << "the lease stayed taken after convert";
+}
+
+// A writer process rewrites IN in place over and over, alternating two versions of its entries'
+// bytes (same names, sizes and index: ExecuTorch rewriting its cache), while convert runs. Every
+// run either refuses (exit 3, IN changed, no OUT and no temporary left) or writes an OUT that
+// holds one version whole, never entries of both; and the race is seen, within a bounded number
+// of runs.
+TEST_F(CliTest, ConvertBesideAnInPlaceRewriteNeverMixesTwoVersions) {
+  constexpr int kEntries = 8;
+  constexpr std::size_t kEntrySize = std::size_t{2} << 20;  // 16 MiB in all
+  constexpr int kRuns = 20;
+  std::vector<XpwcEntry> versions[2];
+  for (int v = 0; v < 2; ++v)
+    for (int i = 0; i < kEntries; ++i)
+      versions[v].push_back({"layer" + std::to_string(i), pattern(kEntrySize, static_cast<unsigned>(100 * v + i))});
+  const std::string in = path("rewritten.xnn");
+  const XpwcFile first = make_xpwc(1, versions[0]);
+  write_file(in, first.image);
+  ASSERT_EQ(make_xpwc(1, versions[1]).image.size(), first.image.size());
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t writer = ::fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    // Only system calls from here: the test process may have threads.
+    const int fd = ::open(in.c_str(), O_WRONLY);
+    if (fd < 0) ::_exit(weightcache::test::kChildSetupFailed);
+    for (unsigned pass = 1;; ++pass) {
+      for (int i = 0; i < kEntries; ++i) {
+        const std::string& b = versions[pass % 2][i].bytes;
+        if (::pwrite(fd, b.data(), b.size(), static_cast<off_t>(first.offsets[i])) != static_cast<ssize_t>(b.size()))
+          ::_exit(weightcache::test::kChildSetupFailed);
+      }
+      if (pass == 1 && ::write(ready[1], "r", 1) != 1) ::_exit(weightcache::test::kChildSetupFailed);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  const bool started = ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+
+  int refused = 0, converted = 0;
+  for (int run_no = 0; started && run_no < kRuns && refused < 3; ++run_no) {
+    const std::string out = path("out" + std::to_string(run_no) + ".wcache");
+    const CliRun r = run({"convert", in, out});
+    if (r.code == 3) {
+      ++refused;
+      EXPECT_NE(r.err.find("changed while it was being converted"), std::string::npos) << r.err;
+      EXPECT_FALSE(fs::exists(out)) << "a refused conversion left " << out;
+      continue;
+    }
+    ASSERT_EQ(r.code, 0) << r.err;
+    ++converted;
+    // One version whole: every entry of the first one, or every entry of the second.
+    Options o = options(out, "");
+    o.read_only = true;
+    o.verify = weightcache::Verify::on_open;
+    auto cache = WeightCache::open(o);
+    ASSERT_TRUE(cache.ok()) << cache.error().message;
+    std::string held;
+    for (int i = 0; i < kEntries; ++i) {
+      const std::size_t off = cache->look_up("layer" + std::to_string(i));
+      const void* p = off == weightcache::kNotFound ? nullptr : cache->offset_to_addr(off);
+      char v = '-';
+      for (int k = 0; k < 2; ++k)
+        if (p != nullptr && std::memcmp(p, versions[k][i].bytes.data(), kEntrySize) == 0) v = static_cast<char>('1' + k);
+      held += v;
+    }
+    EXPECT_TRUE(held == std::string(kEntries, '1') || held == std::string(kEntries, '2'))
+        << "run " << run_no << ": OUT mixes two versions of IN (entry by entry: " << held << ")";
+  }
+  ::kill(writer, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, 0), writer);
+  ASSERT_TRUE(started) << "the writer never finished its first pass (exit " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
+  EXPECT_GT(refused, 0) << "no conversion saw the rewrite in " << converted << " runs";
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
 }
 
 // ---- compact ----------------------------------------------------------------------------------
