@@ -221,12 +221,26 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
                          "); raise max_file_bytes (or the address-space limit) to use it"};
       }
       a.kind = "index";
-      // A diagnosis reads a failing index whole, to say what else is wrong with it.
-      if (!diagnosis && s.index_size > kStreamCheckIndexBytes) {
+      // A diagnosis reads a small failing index whole, to say what else is wrong with it; a large
+      // one is held to the same rule as a cache's open, or a sparse file claiming a 1 GiB index
+      // would cost the tool 1 GiB: only its checksum is checked, in pieces.
+      if (s.index_size > kStreamCheckIndexBytes) {
         auto same = index_matches_slot(pf, fd, s);
         if (!same) return same.error();
         if (!same.value()) {
-          detail = std::string("index: ") + format::to_string(format::Problem::bad_checksum);
+          const std::string failure = format::to_string(format::Problem::bad_checksum);
+          detail = "index: " + failure;
+          if (diagnosis) {
+            a.index_read = true;
+            a.failure = "points at an index that fails: " + failure;
+            a.index_problems.push_back(
+                {"index",
+                 "index of sequence " + std::to_string(s.sequence) + ": the index (" + std::to_string(s.index_size) +
+                     " bytes) does not match the checksum in its commit slot; an index over " +
+                     std::to_string(kStreamCheckIndexBytes >> 20) +
+                     " MiB that fails its checksum is not read further, so its records are not checked",
+                 std::nullopt});
+          }
           continue;
         }
       }

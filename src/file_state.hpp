@@ -41,8 +41,10 @@ struct Diagnosis {
 /// falling back to the older one. Never
 /// allocates or reads more than the index a slot names, nor an index that could not lie within
 /// `max_bytes`. Errors: corrupt, incompatible (version or byte order), io, no_memory.
-/// With `diagnosis`, also reads the slot it does not use (and an index whose checksum fails, to
-/// say what else is wrong with it) and fills `*diagnosis`; the result is the same.
+/// With `diagnosis`, also reads the slot it does not use (and an index of at most 16 MiB whose
+/// checksum fails, to say what else is wrong with it: a larger one is checked in pieces before
+/// anything is allocated for it, as without a diagnosis) and fills `*diagnosis`, describing at
+/// most format::kMaxDiagnosticsPerKind problems of a kind per index; the result is the same.
 /// With `restat`, the file is fstat()ed again once its header is read, into `*restat`, and that
 /// size bounds the slots instead of `file_size`: our writers grow the file before they write a
 /// slot and never cut it below a commit, so a size taken after the header covers every commit

@@ -34,7 +34,8 @@ constexpr const char* kExitCodesHelp =
     "  1  problems found (verify); no such entry or it fails its checksum (cat);\n"
     "     damaged entries or a damaged input (compact, convert)\n"
     "  2  usage error, or a command that does not apply to the file's format\n"
-    "  3  cannot open or read the file, or it is not a usable cache file\n"
+    "  3  cannot open or read the file, or it is not a usable cache file; convert: IN changed\n"
+    "     while it was being converted (nothing written)\n"
     "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use\n"
     "     (compact); gc: files in use were kept and the directory is still over the budget\n"
     "  5  other I/O failure (creating, writing, syncing or renaming the new file; gc: files\n"
@@ -91,9 +92,10 @@ const std::vector<Command>& commands() {
        "\n"
        "Checks the header, both commit slots, the index in use and the footer, every entry's bounds,\n"
        "alignment and overlaps, duplicate keys, and every entry's checksum. Prints one line per\n"
-       "problem and exits 1 if there is any, 0 if the file is sound. XPWC files have no checksums:\n"
-       "only their structure and bounds are checked. Reads with pread, never a mapping, so a\n"
-       "truncated file is reported, not crashed on.\n"
+       "problem and exits 1 if there is any, 0 if the file is sound; at most 100 problems of one\n"
+       "kind are listed for each thing checked, then one line says how many more there were. XPWC\n"
+       "files have no checksums: only their structure and bounds are checked. Reads with pread,\n"
+       "never a mapping, so a truncated file is reported, not crashed on.\n"
        "\n"
        "  --json            one JSON object with \"ok\" and a \"problems\" array instead of text\n"
        "  --compat-key KEY  also a problem (exit 1) unless FILE was written for KEY: check a shipped\n"
@@ -123,6 +125,8 @@ const std::vector<Command>& commands() {
        "\n"
        "Reads the ExecuTorch XPWC file IN (version 1 or 2) and writes its entries as the weightcache\n"
        "file OUT. Keys are the entry names; for version 2 the seed is appended: NAME#seed=SEED.\n"
+       "IN must not be rewritten meanwhile: a change to it seen during the conversion exits 3 and\n"
+       "writes nothing (run again once nothing writes IN).\n"
        "\n"
        "  --compat-key KEY  compatibility key of OUT (default: the empty key)\n"
        "  --alignment N     entry alignment of OUT, a power of two up to 16777216 (default 64)\n"
@@ -172,18 +176,32 @@ void print_json(const Json& j) { print(j.dump(-1, ' ', false, Json::error_handle
 
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
+// A read of FILE that failed: says why and gives the exit code. Running out of memory says
+// nothing about the file: it is exit 5 with the one message every command gives for it.
+int read_failed(const std::string& path, const Error& e) {
+  if (e.code == Errc::no_memory) {
+    say_error("out of memory");
+    return kExitIo;
+  }
+  say_error("cannot read '" + path + "': " + e.message);
+  return kExitCannotRead;
+}
+
 // Opens and inspects FILE; on failure prints why and returns the exit code in *code.
 std::optional<std::pair<inspect::File, Inspection>> load(const std::string& path, int* code) {
   auto f = inspect::File::open(path);
   if (!f) {
-    say_error(f.error().message);
-    *code = kExitCannotRead;
+    if (f.error().code == Errc::no_memory) {
+      *code = read_failed(path, f.error());
+    } else {
+      say_error(f.error().message);
+      *code = kExitCannotRead;
+    }
     return std::nullopt;
   }
   auto in = inspect::inspect(f.value());
   if (!in) {
-    say_error("cannot read '" + path + "': " + in.error().message);
-    *code = kExitCannotRead;
+    *code = read_failed(path, in.error());
     return std::nullopt;
   }
   return std::make_pair(std::move(f.value()), std::move(in.value()));
@@ -233,7 +251,7 @@ int cmd_info(const std::string& path, bool json) {
     o["payload_bytes"] = in.payload_bytes();
     o["file_bytes"] = in.file_size;
     o["dead_bytes"] = in.dead_bytes();
-    o["problems"] = in.findings.size();
+    o["problems"] = in.problem_count();
     print_json(o);
     return kExitOk;
   }
@@ -264,7 +282,7 @@ int cmd_info(const std::string& path, bool json) {
   line("file bytes:", u64s(in.file_size));
   line("dead bytes:", u64s(in.dead_bytes()));
   if (!in.findings.empty())
-    line("problems:", u64s(in.findings.size()) + " (run 'weightcache verify' for details)");
+    line("problems:", u64s(in.problem_count()) + " (run 'weightcache verify' for details)");
   print(o);
   return kExitOk;
 }
@@ -276,19 +294,29 @@ int cmd_ls(const std::string& path, bool json) {
   const Inspection& in = loaded->second;
   if (!require_index(path, in, &code)) return code;
   if (json) {
-    Json entries = Json::array();
+    // Written as it is made, one entry at a time: a document of millions of entries is never
+    // held in memory (as a Json value it cost ~700 bytes per entry).
+    const auto dump = [](const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); };
+    std::string o = "{\"file\":" + dump(path) + ",\"format\":" + dump(inspect::to_string(in.format)) + ",\"entries\":[";
+    bool first = true;
     for (const auto& e : in.entries) {
       Json j = {{"key", display_key(e.key)},
                 {"offset", e.offset},
                 {"size", e.size},
                 {"checksum", optional_string(e.checksum ? std::optional(hex64(*e.checksum)) : std::nullopt)}};
       if (in.format == FileFormat::xpwc) {
-        j["name"] = display_key(e.name);
+        j["name"] = display_key(e.name());
         j["seed"] = e.seed ? Json(*e.seed) : Json(nullptr);
       }
-      entries.push_back(std::move(j));
+      if (!first) o += ',';
+      first = false;
+      o += dump(j);
+      if (o.size() > (1u << 16)) {
+        print(o);
+        o.clear();
+      }
     }
-    print_json({{"file", path}, {"format", inspect::to_string(in.format)}, {"entries", std::move(entries)}});
+    print(o + "]}\n");
     return kExitOk;
   }
   std::string o;
@@ -316,18 +344,19 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
     auto r = inspect::check_checksums(loaded->first, &in, progress.callback());
     if (!r) {
       progress.finish();
-      say_error("cannot read '" + path + "': " + r.error().message);
-      return kExitCannotRead;
+      return read_failed(path, r.error());
     }
     hashed = r.value();
   }
   const bool ok = in.findings.empty();
+  const std::uint64_t problem_count = in.problem_count();
   if (json) {
     Json problems = Json::array();
     for (const auto& f : in.findings) {
       Json p = {{"kind", f.kind}};
       if (f.key) p["key"] = display_key(*f.key);
       p["message"] = f.message;
+      if (f.unlisted != 0) p["unlisted"] = f.unlisted;
       problems.push_back(std::move(p));
     }
     print_json({{"file", path},
@@ -335,6 +364,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
                 {"ok", ok},
                 {"entries", in.entries.size()},
                 {"checksummed_bytes", hashed},
+                {"problem_count", problem_count},
                 {"problems", std::move(problems)}});
     return ok ? kExitOk : kExitProblems;
   }
@@ -345,7 +375,7 @@ int cmd_verify(const std::string& path, bool json, const std::optional<std::stri
     o += in.format == FileFormat::xpwc ? "structure and bounds checked; XPWC files have no checksums)\n"
                                        : u64s(hashed) + " bytes checksummed)\n";
   } else {
-    o += path + ": " + u64s(in.findings.size()) + (in.findings.size() == 1 ? " problem" : " problems") + " found\n";
+    o += path + ": " + u64s(problem_count) + (problem_count == 1 ? " problem" : " problems") + " found\n";
   }
   print(o);
   return ok ? kExitOk : kExitProblems;
@@ -374,10 +404,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
   // a large entry comes from the page cache.
   if (e->checksum) {
     auto h = inspect::hash_range(loaded->first, e->offset, e->size);
-    if (!h) {
-      say_error("cannot read '" + path + "': " + h.error().message);
-      return kExitCannotRead;
-    }
+    if (!h) return read_failed(path, h.error());
     if (h.value() != *e->checksum) {
       say_error("entry '" + display_key(*key) + "' fails its checksum (the index says " + hex64(*e->checksum) +
                 ", the data hashes to " + hex64(h.value()) + "); nothing written");
@@ -397,10 +424,7 @@ int cmd_cat(const std::string& path, const std::string& key_arg) {
     say_error(std::string("cannot write to stdout: ") + std::strerror(errno));
     return kExitIo;
   }
-  if (!h) {
-    say_error("cannot read '" + path + "': " + h.error().message);
-    return kExitCannotRead;
-  }
+  if (!h) return read_failed(path, h.error());
   if (e->checksum && h.value() != *e->checksum) {
     say_error("entry '" + display_key(*key) + "' changed while it was being written");
     return kExitProblems;

@@ -31,6 +31,18 @@ Outcome check_replaceable(const std::string& path, bool must_exist, bool* exists
   return std::nullopt;
 }
 
+// Running out of memory says nothing about the file: exit 5, with the one message every command
+// gives for it.
+Failure read_failure(const std::string& path, const Error& e) {
+  if (e.code == Errc::no_memory) return {kExitIo, "out of memory"};
+  return {kExitCannotRead, "cannot read '" + path + "': " + e.message};
+}
+
+Failure open_failure(const Error& e) {
+  if (e.code == Errc::no_memory) return {kExitIo, "out of memory"};
+  return {kExitCannotRead, e.message};
+}
+
 void print_findings(const std::string& path, const inspect::Inspection& in) {
   for (const auto& f : in.findings) std::fprintf(stderr, "%s: %s\n", path.c_str(), f.message.c_str());
 }
@@ -44,9 +56,9 @@ int run_compact(const std::string& path, const CompactOptions& opt) {
   // wants convert, a damaged one wants verify's findings.
   {
     auto file = inspect::File::open(path);
-    if (!file) return report({kExitCannotRead, file.error().message});
+    if (!file) return report(open_failure(file.error()));
     auto in = inspect::inspect(file.value());
-    if (!in) return report({kExitCannotRead, "cannot read '" + path + "': " + in.error().message});
+    if (!in) return report(read_failure(path, in.error()));
     if (in->format == inspect::FileFormat::xpwc)
       return report({kExitUsage, "'" + path + "' is an ExecuTorch XPWC file; use 'weightcache convert' to turn it "
                                  "into a weightcache file"});
@@ -93,6 +105,7 @@ int run_compact(const std::string& path, const CompactOptions& opt) {
         return report({kExitProblems, "not compacted: " + msg + ". Rerun with --drop-corrupt to leave damaged entries out."});
       }
       case WC_ERR_INVALID_ARGUMENT: return report({kExitCannotRead, msg});
+      case WC_ERR_NO_MEMORY: return report({kExitIo, "out of memory"});
       default: return report({kExitIo, msg});
     }
   }
@@ -112,9 +125,9 @@ int run_compact(const std::string& path, const CompactOptions& opt) {
 
 int run_convert(const std::string& in_path, const std::string& out_path, const ConvertOptions& opt) {
   auto file = inspect::File::open(in_path);
-  if (!file) return report({kExitCannotRead, file.error().message});
+  if (!file) return report(open_failure(file.error()));
   auto in = inspect::inspect(file.value());
-  if (!in) return report({kExitCannotRead, "cannot read '" + in_path + "': " + in.error().message});
+  if (!in) return report(read_failure(in_path, in.error()));
   if (in->format == inspect::FileFormat::weightcache)
     return report({kExitUsage, "'" + in_path + "' is already a weightcache file"});
   if (in->format != inspect::FileFormat::xpwc) {
@@ -128,7 +141,7 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   // A version 2 key is never empty ("#seed=N" is appended), so the name is checked on its own:
   // an entry without a name cannot be told from another entry without a name but the same seed.
   for (std::size_t i = 0; i < in->entries.size(); ++i)
-    if (in->entries[i].name.empty())
+    if (in->entries[i].name().empty())
       return report({kExitProblems, "entry " + std::to_string(i) + " of '" + in_path +
                                         "' has an empty name, which cannot make a weightcache key; not converted"});
   for (const auto& e : in->entries)
@@ -150,7 +163,8 @@ int run_convert(const std::string& in_path, const std::string& out_path, const C
   if (!r) {
     switch (r.error().code) {
       case Errc::busy: return report({kExitBusy, r.error().message});
-      case Errc::corrupt: return report({kExitCannotRead, r.error().message});  // IN cut short under us
+      case Errc::corrupt: return report({kExitCannotRead, r.error().message});  // IN changed or cut short under us
+      case Errc::no_memory: return report({kExitIo, "out of memory"});
       default: return report({kExitIo, r.error().message});
     }
   }

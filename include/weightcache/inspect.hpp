@@ -43,14 +43,23 @@ enum class FileFormat { unknown, weightcache, xpwc };
 /// "weightcache", "xpwc" or "unknown"; never null.
 const char* to_string(FileFormat format) noexcept;
 
+/// How many problems of one kind are described one by one per check (one index read, the XPWC
+/// index, the entry checksums): a hostile file of millions of overlapping entries costs a count,
+/// not millions of findings. Beyond it, problems of that kind are only counted, and one more
+/// finding of that kind says how many (its `unlisted`).
+inline constexpr std::size_t kMaxFindingsPerKind = 100;
+
 /// One problem found in a file. `kind` is one of "format", "header", "slot", "index", "footer",
 /// "entry_bounds", "entry_alignment", "entry_overlap", "duplicate_key", "entry_checksum",
 /// "compat_key"; `message` says what is wrong in words (naming offsets and sizes); `key` is set
-/// when the problem belongs to one entry.
+/// when the problem belongs to one entry. `unlisted` is 0 for a finding about one problem; the
+/// finding that closes a kind met more than kMaxFindingsPerKind times stands for that many more
+/// problems of its kind, which are not described one by one (its message says how many).
 struct Finding {
   std::string kind;
   std::string message;
   std::optional<std::string> key;
+  std::uint64_t unlisted = 0;
 };
 
 /// The fixed part of a weightcache file's header.
@@ -75,9 +84,13 @@ struct Entry {
   std::uint64_t offset = 0;
   std::uint64_t size = 0;
   std::optional<std::uint64_t> checksum;  // XXH3-64 of the bytes; XPWC files have none
-  std::string name;                        // XPWC only
   std::optional<std::uint32_t> seed;       // XPWC version 2 only
   bool in_bounds = true;                   // its bytes lie inside the data area
+
+  /// XPWC only: the entry's name, which is its key without the "#seed=<n>" of version 2. Points
+  /// into `key`: valid while `key` is unchanged. (Not a member of its own: an index may hold
+  /// millions of entries.)
+  std::string_view name() const noexcept;
 };
 
 struct Inspection {
@@ -102,8 +115,12 @@ struct Inspection {
   /// True when `entries` come from an index the library would use (for XPWC files: one that
   /// passed the same checks). Listing, extracting, compacting and converting need it.
   bool index_usable = false;
-  /// Every problem found, in file order. Empty for a sound file.
+  /// Every problem found, in file order, at most kMaxFindingsPerKind of a kind per check (then
+  /// one finding counting the rest). Empty for a sound file.
   std::vector<Finding> findings;
+
+  /// Problems found: one per finding, plus what closing findings count as unlisted.
+  std::uint64_t problem_count() const noexcept;
 
   /// Sum of the entries' sizes.
   std::uint64_t payload_bytes() const noexcept;
@@ -148,6 +165,13 @@ class File {
 /// state of one commit, never a finding. Problems with the content are findings; an Error means
 /// the file could not be read at all (io, no_memory). Entry checksums are not checked here (see
 /// check_checksums).
+/// What a hostile file can cost is bounded: nothing is allocated for a size the file claims
+/// before what claims it verifies (an index over 16 MiB is checked against its slot's checksum
+/// in 1 MiB pieces first, and one that fails is not read further; an XPWC footer's count is
+/// capped by its index's bytes), findings are capped per kind (kMaxFindingsPerKind), and the
+/// checks of keys and places are linear after one sort. Memory grows with the entries the index
+/// really holds (about 100 bytes each, and its key where it is longer than 15 bytes); no_memory
+/// when even that is not there.
 Result<Inspection> inspect(File& file) noexcept;
 
 /// Hears of every piece of bytes read (for a progress display).
@@ -206,11 +230,24 @@ struct ConvertReport {
 /// existing OUT's permission bits (and owner, where the platform has one), read back whole by
 /// the library's reader, synced and renamed over OUT. Replaces an existing OUT: check with
 /// replaceable() first. `progress` hears of the bytes copied and then read back (twice the
-/// payload). Errors: invalid_argument (not an XPWC inspection, an unusable index, findings, a
-/// key the format cannot hold, a bad alignment), busy (another process holds OUT's writer
-/// lease; nothing changed), corrupt (IN changed or was cut short while it was copied), io (the
-/// lease file, creating, writing, reading back, syncing or renaming), no_space, no_memory. OUT
-/// is untouched and no temporary is left after any error.
+/// payload).
+/// IN must hold still from the inspection to the end of the copy (an XPWC file has no checksums,
+/// and ExecuTorch rewrites it in place): before copying, IN's fstat must be the one the
+/// inspection read against (device, inode, size, mtime, ctime) and its last change older than
+/// the file system's change-time window (10 ms where times are kept to the nanosecond, else
+/// 2 s: the call waits for that when IN changed just before), and IN's dirty pages are written
+/// back; after copying, IN's index and footer are read again and must be what the inspection
+/// parsed, and its fstat unchanged. Any change then moves IN's change time or its index, and
+/// one that neither shows came before every byte the copy read, so OUT holds one version of IN,
+/// never two (the argument, and what it does not cover, are in src/inspect/convert.cpp: file
+/// systems whose times do not show every change at once, such as tmpfs or network file
+/// systems, and platforms without a write-back call, where a same-size rewrite within one
+/// timestamp tick can still go unseen).
+/// Errors: invalid_argument (not an XPWC inspection, an unusable index, findings, a key the
+/// format cannot hold, a bad alignment), busy (another process holds OUT's writer lease; nothing
+/// changed), corrupt (IN changed after it was inspected or while it was copied, or was cut
+/// short), io (the lease file, creating, writing, reading back, syncing or renaming), no_space,
+/// no_memory. OUT is untouched and no temporary is left after any error.
 Result<ConvertReport> convert_xpwc(const File& in, const Inspection& inspection, const std::string& out_path,
                                    const ConvertOptions& options, const Progress& progress = {}) noexcept;
 

@@ -1,4 +1,5 @@
 #include "format/format.hpp"
+#include "format/layout.hpp"
 #include "mobile.hpp"
 
 #define XXH_INLINE_ALL
@@ -39,6 +40,11 @@ std::atomic<std::uint64_t> g_duplicate_probes{0};
 }  // namespace
 
 std::uint64_t duplicate_check_probes() noexcept { return g_duplicate_probes.load(std::memory_order_relaxed); }
+void count_duplicate_check_probes(std::uint64_t n) noexcept { g_duplicate_probes.fetch_add(n, std::memory_order_relaxed); }
+
+std::uint64_t hash_key_seeded(std::string_view key, std::uint64_t seed) noexcept {
+  return XXH3_64bits_withSeed(key.data(), key.size(), seed);
+}
 
 std::uint64_t hash_bytes(const void* data, std::size_t size) noexcept {
 #if WEIGHTCACHE_HAVE_AVX2_HASH
@@ -224,123 +230,6 @@ int hex_value(char c) {
   return -1;
 }
 
-std::string quoted(std::string_view key) { return "'" + display_key(key) + "'"; }
-
-// The problems of one decode: the first decides the result; the rest are wanted only by a
-// diagnosing caller. found() says whether decoding must stop: at the first problem without
-// diagnostics, and never with them (the caller stops where nothing beyond can be read).
-class Findings {
- public:
-  Findings(std::string* detail, std::vector<Diagnostic>* diagnostics) : detail_(detail), diagnostics_(diagnostics) {}
-  // A mobile build has no diagnosing reader (only the CLI's inspect and verify ask for one): the
-  // messages below are then never built, and their code is left out.
-  bool diagnosing() const noexcept { return !kMobileBuild && diagnostics_ != nullptr; }
-  Problem first() const noexcept { return first_; }
-
-  /// A problem that another finding will describe.
-  void note(Problem p) noexcept {
-    if (first_ == Problem::none) first_ = p;
-  }
-  /// `message` is built only when someone reads it.
-  template <class Message>
-  bool found(Problem p, const char* detail, const char* kind, Message&& message,
-             std::optional<std::string> key = std::nullopt) {
-    if (first_ == Problem::none) {
-      first_ = p;
-      if (detail_ != nullptr && detail != nullptr) *detail_ = detail;
-    }
-    if (!diagnosing()) return true;
-    diagnostics_->push_back({kind, message(), std::move(key)});
-    return false;
-  }
-
- private:
-  std::string* detail_;
-  std::vector<Diagnostic>* diagnostics_;
-  Problem first_ = Problem::none;
-};
-
-std::string span_text(const IndexRecord& r) {
-  return "(offset " + std::to_string(r.offset) + ", " + std::to_string(r.size) + " bytes)";
-}
-
-Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
-                     std::uint64_t alignment, Findings& f) {
-  // Duplicate keys: one open-addressing table of record numbers (one allocation, not a node per
-  // key; an open pays this for every entry of the index).
-  std::size_t slots = 16;
-  while (slots < records.size() * 2) slots *= 2;
-  std::vector<std::uint32_t> table(slots, 0);  // record number + 1; 0: empty
-  const std::uint64_t seed = process_hash_seed();
-  std::uint64_t probes = 0;
-  struct CountProbes {
-    std::uint64_t& n;
-    ~CountProbes() { g_duplicate_probes.fetch_add(n, std::memory_order_relaxed); }
-  } count_probes{probes};
-  auto first_with_key = [&](std::size_t i) -> bool {
-    const std::string& key = records[i].key;
-    // Seeded per process: a hostile file cannot pile its keys into one probe run.
-    for (std::size_t at = XXH3_64bits_withSeed(key.data(), key.size(), seed) & (slots - 1);;
-         at = (at + 1) & (slots - 1)) {
-      ++probes;
-      if (table[at] == 0) {
-        table[at] = static_cast<std::uint32_t>(i + 1);
-        return true;
-      }
-      if (records[table[at] - 1].key == key) return false;
-    }
-  };
-  std::vector<const IndexRecord*> order;
-  order.reserve(records.size());
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    const IndexRecord& r = records[i];
-    if (!lies_within(r.offset, r.size, begin, end)) {
-      const std::string detail = "entry " + std::to_string(i) + " lies outside the data area";
-      if (f.found(Problem::bad_bounds, detail.c_str(), "entry_bounds", [&] {
-            return "entry " + quoted(r.key) + " " + span_text(r) + " lies outside the data area [" +
-                   std::to_string(begin) + ", " + std::to_string(end) + ")";
-          }, r.key))
-        return f.first();
-    } else {
-      order.push_back(&r);
-      if (alignment > 1 && r.offset % alignment != 0) {
-        const std::string detail = "entry " + std::to_string(i) + " is misaligned";
-        if (f.found(Problem::bad_value, detail.c_str(), "entry_alignment", [&] {
-              return "entry " + quoted(r.key) + " (offset " + std::to_string(r.offset) + ") is not aligned to " +
-                     std::to_string(alignment);
-            }, r.key))
-          return f.first();
-      }
-    }
-    if (!first_with_key(i) &&
-        f.found(Problem::bad_value, "duplicate key in index", "duplicate_key",
-                [&] { return "key " + quoted(r.key) + " appears more than once in the index"; }, r.key))
-      return f.first();
-  }
-  // An append-only file's index is nearly always in file order already: sorted only if not.
-  const auto by_place = [](const IndexRecord* a, const IndexRecord* b) {
-    return a->offset != b->offset ? a->offset < b->offset : a->size < b->size;
-  };
-  if (!std::is_sorted(order.begin(), order.end(), by_place)) std::sort(order.begin(), order.end(), by_place);
-  // The entry reaching furthest so far: an overlap with any earlier entry implies one with it.
-  const IndexRecord* reach = nullptr;
-  const IndexRecord* prev = nullptr;
-  for (const IndexRecord* r : order) {
-    const IndexRecord* other = nullptr;
-    if (reach != nullptr && r->offset < reach->offset + reach->size) other = reach;
-    else if (prev != nullptr && r->offset == prev->offset) other = prev;  // same start, even if empty
-    if (other != nullptr &&
-        f.found(Problem::bad_bounds, "entries overlap", "entry_overlap", [&] {
-          return "entries " + quoted(other->key) + " " + span_text(*other) + " and " + quoted(r->key) + " " +
-                 span_text(*r) + " overlap";
-        }, r->key))
-      return f.first();
-    if (reach == nullptr || r->offset + r->size > reach->offset + reach->size) reach = r;
-    prev = r;
-  }
-  return f.first();
-}
-
 }  // namespace
 
 std::string display_key(std::string_view key) {
@@ -379,22 +268,21 @@ std::optional<std::string> parse_key(std::string_view text) {
 
 Problem check_layout(std::span<const IndexRecord> records, std::uint64_t begin, std::uint64_t end,
                      std::uint64_t alignment, std::string* detail, std::vector<Diagnostic>* diagnostics) {
-  Findings f(detail, diagnostics);  // std::bad_alloc propagates: no memory is not damage
-  return check_layout(records, begin, end, alignment, f);
+  return check_layout_of(records, begin, end, alignment, detail, diagnostics);
 }
 
+namespace {
+
 Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std::uint64_t alignment,
-                       std::vector<IndexRecord>* out, std::string* detail,
-                       std::vector<Diagnostic>* diagnostics) {
+                       std::vector<IndexRecord>* out, Findings& f) {
   // Allocation failures propagate (std::bad_alloc): running out of memory says nothing about the
   // file, and the caller must not take it for damage (it would rebuild a good cache).
   {
     out->clear();
     if (t.size() != slot.index_size + kFooterSize || slot.index_size < kIndexHeaderSize)
       return Problem::truncated;
-    Findings f(detail, diagnostics);
     // Messages about the index block itself say which commit's index it is.
-    const std::string where = diagnostics ? "index of sequence " + std::to_string(slot.sequence) + ": " : "";
+    const std::string where = f.diagnosing() ? "index of sequence " + std::to_string(slot.sequence) + ": " : "";
     auto index_problem = [&](Problem p, auto&& message) {
       return f.found(p, nullptr, "index", [&] { return where + message(); });
     };
@@ -487,8 +375,19 @@ Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std
         }))
       return f.first();
     // Entries live between the header and this index; size 0 is allowed (an empty weight).
-    return check_layout(*out, kHeaderSize, slot.index_offset, alignment, f);
+    return check_layout_of(std::span<const IndexRecord>(*out), kHeaderSize, slot.index_offset, alignment, f);
   }
+}
+
+}  // namespace
+
+Problem decode_trailer(std::span<const std::byte> t, const CommitSlot& slot, std::uint64_t alignment,
+                       std::vector<IndexRecord>* out, std::string* detail,
+                       std::vector<Diagnostic>* diagnostics) {
+  Findings f(detail, diagnostics);
+  const Problem p = decode_trailer(t, slot, alignment, out, f);
+  f.close();
+  return p;
 }
 
 }  // namespace weightcache::format

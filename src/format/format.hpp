@@ -191,11 +191,20 @@ const char* to_string(Problem p) noexcept;
 /// One problem a diagnosing reader found (the CLI's verify prints them). `kind` names what is
 /// damaged: "header", "slot", "index", "footer", "entry_bounds", "entry_alignment",
 /// "duplicate_key" or "entry_overlap"; `key` is set when the problem belongs to one entry.
+/// `unlisted` is 0, except in the one diagnostic that closes a kind met more than
+/// kMaxDiagnosticsPerKind times in one decode: there it counts the problems of that kind found
+/// but not described one by one (and its message says how many).
 struct Diagnostic {
   std::string kind;
   std::string message;
   std::optional<std::string> key;
+  std::uint64_t unlisted = 0;
 };
+
+/// How many problems of one kind one decode (check_layout, decode_trailer) describes before it
+/// only counts them: a hostile index of millions of overlapping records costs a count, not
+/// millions of messages.
+inline constexpr std::size_t kMaxDiagnosticsPerKind = 100;
 
 /// A key as people read it: as-is when every byte is printable ASCII and it does not itself
 /// start with "0x"; otherwise "0x" followed by lowercase hex. parse_key(display_key(k)) == k.

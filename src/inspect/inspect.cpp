@@ -8,6 +8,7 @@
 
 #include "file_state.hpp"
 #include "format/format.hpp"
+#include "format/layout.hpp"
 
 #include <algorithm>
 #include <array>
@@ -86,8 +87,41 @@ std::string hex64(std::uint64_t v) {
 }
 
 void append_findings(Inspection* in, std::vector<fmt_::Diagnostic>&& found) {
-  for (auto& d : found) in->findings.push_back({std::move(d.kind), std::move(d.message), std::move(d.key)});
+  for (auto& d : found)
+    in->findings.push_back({std::move(d.kind), std::move(d.message), std::move(d.key), d.unlisted});
 }
+
+static_assert(kMaxFindingsPerKind == fmt_::kMaxDiagnosticsPerKind, "one limit for the library's reader and this one");
+
+// Findings of one kind that may come once per entry: described up to kMaxFindingsPerKind times,
+// then counted, and the count said in one more finding by close().
+class CappedFindings {
+ public:
+  CappedFindings(Inspection* in, const char* kind) : in_(in), kind_(kind) {}
+  /// `message` is built, and `key` copied, only for a finding that is listed.
+  template <class Message>
+  void add(Message&& message, std::string_view key) {
+    if (listed_ == kMaxFindingsPerKind) {
+      ++unlisted_;
+      return;
+    }
+    ++listed_;
+    in_->findings.push_back({kind_, message(), std::string(key)});
+  }
+  void close() {
+    if (unlisted_ != 0)
+      in_->findings.push_back({kind_,
+                               std::to_string(unlisted_) + " more problems of this kind (" + kind_ +
+                                   ") were found, not listed one by one",
+                               std::nullopt, unlisted_});
+  }
+
+ private:
+  Inspection* in_;
+  const char* kind_;
+  std::size_t listed_ = 0;
+  std::uint64_t unlisted_ = 0;
+};
 
 // Entries of a weightcache index; those outside [kHeaderSize, data_end) are never read.
 void add_entries(Inspection* in, std::vector<fmt_::IndexRecord>& records, std::uint64_t data_end) {
@@ -151,25 +185,27 @@ Result<void> inspect_xpwc(const InputFile& f, Inspection* in, std::uint64_t inde
     add(in, "index", "the footer counts " + std::to_string(count) + " entries but the index has room for at most " +
                          std::to_string(rd.remaining() / fixed));
   bool complete = true;
+  // What the footer claims decides nothing that is allocated: at most what the index can hold.
+  in->entries.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, rd.remaining() / fixed)));
   for (std::uint32_t i = 0; i < count; ++i) {
-    const std::string rec = "index entry " + std::to_string(i) + " (at byte " + std::to_string(rd.position()) + ")";
+    const std::uint64_t at = rd.position();
     std::array<std::byte, 4> len_bytes;
     auto got = rd.read(len_bytes.data(), 4);
     if (!got) return got.error();
     const std::uint32_t name_len = got.value() ? u32(len_bytes.data()) : 0;
     if (!got.value() || name_len > rd.remaining() || rd.remaining() - name_len < fixed - 4) {
-      add(in, "index", rec + " is cut off by the footer");
+      add(in, "index",
+          "index entry " + std::to_string(i) + " (at byte " + std::to_string(at) + ") is cut off by the footer");
       complete = false;
       break;
     }
     Entry e;
-    e.name.resize(name_len);
-    if (auto r = rd.read(e.name.data(), name_len); !r) return r.error();
+    e.key.resize(name_len);
+    if (auto r = rd.read(e.key.data(), name_len); !r) return r.error();
     std::array<std::byte, 20> tail;
     if (auto r = rd.read(tail.data(), fixed - 4); !r) return r.error();
     e.offset = u64(tail.data());
     e.size = u64(tail.data() + 8);
-    e.key = e.name;
     if (in->xpwc_version >= 2) {
       e.seed = u32(tail.data() + 16);
       e.key += "#seed=" + std::to_string(*e.seed);
@@ -179,12 +215,10 @@ Result<void> inspect_xpwc(const InputFile& f, Inspection* in, std::uint64_t inde
   }
   if (complete && rd.remaining() != 0)
     add(in, "index", std::to_string(rd.remaining()) + " bytes between the last index entry and the footer");
-  // The library's rules for where entries may lie (XPWC records no alignment).
-  std::vector<fmt_::IndexRecord> layout;
-  layout.reserve(in->entries.size());
-  for (const auto& e : in->entries) layout.push_back({e.key, e.offset, e.size, 0});
+  // The library's rules for where entries may lie (XPWC records no alignment), checked on the
+  // entries themselves: an index may hold millions, and a copy would double what they cost.
   std::vector<fmt_::Diagnostic> found;
-  fmt_::check_layout(layout, 0, index_start, 1, nullptr, &found);
+  fmt_::check_layout_of(std::span<const Entry>(in->entries), 0, index_start, 1, nullptr, &found);
   append_findings(in, std::move(found));
   in->index_usable = complete;
   return {};
@@ -233,6 +267,22 @@ void check_compat_key(Inspection* in, std::string_view compat_key) {
         "written for another compatibility key (hash " + hex64(in->header.compat_hash) + ", --compat-key hashes to " +
             hex64(compat_hash(compat_key)) + ")");
   }
+}
+
+std::string_view Entry::name() const noexcept {
+  std::string_view n = key;
+  if (seed) {  // the key ends in "#seed=<n>"
+    std::size_t suffix = 7;
+    for (std::uint32_t v = *seed; v >= 10; v /= 10) ++suffix;
+    n.remove_suffix(std::min(n.size(), suffix));
+  }
+  return n;
+}
+
+std::uint64_t Inspection::problem_count() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& f : findings) n += f.unlisted != 0 ? f.unlisted : 1;
+  return n;
 }
 
 std::uint64_t Inspection::payload_bytes() const noexcept {
@@ -358,18 +408,22 @@ Result<std::uint64_t> check_checksums(const File& file, Inspection* in, const Pr
   try {
     std::uint64_t hashed = 0;
     std::vector<std::byte> buf;  // one read buffer for every entry
+    CappedFindings damaged(in, "entry_checksum");
     for (const auto& e : in->entries) {
       if (!e.checksum || !e.in_bounds) continue;
       auto h = hash_range(file, e.offset, e.size, progress, {}, &buf);
       if (!h) return h.error();
       hashed += e.size;
       if (h.value() != *e.checksum)
-        add(in, "entry_checksum",
-            "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ", " + std::to_string(e.size) +
-                " bytes) fails its checksum: the index says " + hex64(*e.checksum) + ", the data hashes to " +
-                hex64(h.value()),
+        damaged.add(
+            [&] {
+              return "entry " + quoted(e.key) + " (offset " + std::to_string(e.offset) + ", " +
+                     std::to_string(e.size) + " bytes) fails its checksum: the index says " + hex64(*e.checksum) +
+                     ", the data hashes to " + hex64(h.value());
+            },
             e.key);
     }
+    damaged.close();
     return hashed;
   } catch (const std::bad_alloc&) {
     return Error{Errc::no_memory, 0, "out of memory"};

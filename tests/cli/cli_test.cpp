@@ -3,6 +3,7 @@
 // made by flipping or cutting bytes; ExecuTorch XPWC files are written here by hand.
 #include "child_exit.hpp"
 #include "format/format.hpp"
+#include "xpwc_image.hpp"
 
 #include <weightcache/weight_cache.hpp>
 
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,6 +26,8 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,51 +129,11 @@ wf::CommitSlot newest_slot(const std::string& path, int* which = nullptr) {
   return h.slot[i];
 }
 
-// ---- XPWC files (ExecuTorch's layout, written here byte by byte) -------------------------------
-struct XpwcEntry {
-  std::string name;
-  std::string bytes;
-  std::uint32_t seed = 0;
-};
-
-struct XpwcFile {
-  std::string image;
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t index_start = 0;
-};
-
-void put(std::string* s, std::uint64_t v, int n, bool big_endian) {
-  for (int i = 0; i < n; ++i) {
-    const int shift = big_endian ? 8 * (n - 1 - i) : 8 * i;
-    s->push_back(static_cast<char>((v >> shift) & 0xFF));
-  }
-}
-
-// Data regions page-aligned from offset 0, then `garbage` bytes (an old trailer), then the index
-// and the footer.
-XpwcFile make_xpwc(std::uint32_t version, const std::vector<XpwcEntry>& entries, bool big_endian = false,
-                   std::size_t garbage = 0) {
-  XpwcFile f;
-  for (const auto& e : entries) {
-    f.image.resize((f.image.size() + 4095) / 4096 * 4096, '\0');
-    f.offsets.push_back(f.image.size());
-    f.image += e.bytes;
-  }
-  f.image += std::string(garbage, '\x77');
-  f.index_start = f.image.size();
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    put(&f.image, entries[i].name.size(), 4, big_endian);
-    f.image += entries[i].name;
-    put(&f.image, f.offsets[i], 8, big_endian);
-    put(&f.image, entries[i].bytes.size(), 8, big_endian);
-    if (version >= 2) put(&f.image, entries[i].seed, 4, big_endian);
-  }
-  put(&f.image, f.index_start, 8, big_endian);
-  put(&f.image, entries.size(), 4, big_endian);
-  put(&f.image, 0x58505743, 4, big_endian);
-  put(&f.image, version, 4, big_endian);
-  return f;
-}
+// ---- XPWC files (ExecuTorch's layout, written here byte by byte: tests/support) ---------------
+using weightcache::test::make_xpwc;
+using weightcache::test::put;
+using weightcache::test::XpwcEntry;
+using weightcache::test::XpwcFile;
 
 const std::vector<XpwcEntry> kXpwcEntries = {
     {"conv1.weight", pattern(5000, 1), 7},
@@ -199,10 +163,17 @@ class CliTest : public ::testing::Test {
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
-  CliRun run(const std::vector<std::string>& args) {
+  // Runs the tool; with `address_limit`, under that address-space limit (RLIMIT_AS, bytes).
+  CliRun run(const std::vector<std::string>& args, std::uint64_t address_limit = 0) {
     const std::string out_path = path(".stdout"), err_path = path(".stderr");
     const pid_t pid = ::fork();
     if (pid == 0) {
+      if (address_limit != 0) {
+        struct rlimit lim {};
+        lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(address_limit);
+        if (::setrlimit(RLIMIT_AS, &lim) != 0)
+          weightcache::test::child_exit(weightcache::test::kChildSetupFailed, "setrlimit(RLIMIT_AS)");
+      }
       const int in = ::open("/dev/null", O_RDONLY);
       const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -306,9 +277,32 @@ class CliTest : public ::testing::Test {
     return r.code == 0 ? j : std::nullopt;
   }
 
-  std::map<std::string, std::string> info_fields(const std::string& file) {
+  // Why the tool cannot be run under an address-space limit of `limit` bytes here (nullopt: it
+  // can). The limit must be enforced (a child maps twice as much) and the tool must start under
+  // it: a sanitizer build reserves terabytes of shadow memory before main.
+  std::optional<std::string> address_limit_unusable(std::uint64_t limit) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      struct rlimit lim {};
+      lim.rlim_cur = lim.rlim_max = static_cast<rlim_t>(limit);
+      if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(2);
+      void* p = ::mmap(nullptr, 2 * limit, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      ::_exit(p == MAP_FAILED ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return "cannot probe RLIMIT_AS";
+    if (WEXITSTATUS(status) == 2) return "setrlimit(RLIMIT_AS) fails here";
+    if (WEXITSTATUS(status) == 1) return "RLIMIT_AS is not enforced here";
+    const CliRun r = run({"--version"}, limit);
+    if (r.code != 0)
+      return "the tool does not start under an address-space limit of " + std::to_string(limit >> 20) +
+             " MiB (exit " + std::to_string(r.code) + "; a sanitizer build reserves its shadow memory first): " + r.err;
+    return std::nullopt;
+  }
+
+  std::map<std::string, std::string> info_fields(const std::string& file, std::uint64_t address_limit = 0) {
     std::map<std::string, std::string> f;
-    const CliRun r = run({"info", file});
+    const CliRun r = run({"info", file}, address_limit);
     EXPECT_EQ(r.code, 0) << r.err;
     for (const auto& l : lines_of(r.out)) {
       const auto colon = l.find(':');
@@ -797,6 +791,223 @@ TEST_F(CliTest, VerifyFindsBrokenXpwcFiles) {
   }
 }
 
+// ---- hostile files: what reading them may cost -------------------------------------------------
+// How many problems of one kind verify describes before it counts them (docs/CLI.md).
+constexpr std::size_t kListedPerKind = 100;
+
+// A weightcache file of one header page whose only commit names a 1 GiB index (the format's
+// largest) behind it, all hole: a few KiB on disk. Returns why it could not be made, or "".
+std::string write_sparse_index_claim(const std::string& file) {
+  wf::HeaderFixed fixed;
+  fixed.alignment = 64;
+  fixed.size_alignment = 1;
+  wf::CommitSlot s;
+  s.sequence = 1;
+  s.index_offset = wf::kHeaderSize;
+  s.index_size = wf::kMaxIndexSize;
+  s.committed_size = s.index_offset + s.index_size + wf::kFooterSize;
+  s.index_checksum = 1;  // not what a hole hashes to
+  const auto h = wf::encode_header(fixed, {}, s);
+  write_file(file, std::string(reinterpret_cast<const char*>(h.data()), h.size()));
+  std::error_code ec;
+  fs::resize_file(file, s.committed_size, ec);
+  return ec ? ec.message() : std::string();
+}
+
+// An ExecuTorch XPWC file of `records` version 2 index records from offset 0, all hole but its
+// footer: each record reads as an empty name with seed 0, at offset 0 and of size 0, so every one
+// after the first is a duplicate key and overlaps the first. 24 bytes per record (96 MB for 4
+// million). Returns why it could not be made, or "".
+std::string write_sparse_xpwc(const std::string& file, std::uint32_t records) {
+  std::string footer;
+  put(&footer, 0, 8, false);  // index_start
+  put(&footer, records, 4, false);
+  put(&footer, 0x58505743, 4, false);
+  put(&footer, 2, 4, false);
+  write_file(file, "");
+  std::error_code ec;
+  fs::resize_file(file, std::uint64_t{records} * 24, ec);
+  if (ec) return ec.message();
+  std::ofstream out(file, std::ios::binary | std::ios::app);
+  out.write(footer.data(), static_cast<std::streamsize>(footer.size()));
+  return out ? std::string() : "cannot write the footer";
+}
+
+// Each problem listed by `verify --json`, counted by kind; `unlisted` gets what the closing
+// finding of each kind says was left out.
+std::map<std::string, std::uint64_t> listed_by_kind(const Json& verify, std::map<std::string, std::uint64_t>* unlisted) {
+  std::map<std::string, std::uint64_t> listed;
+  for (const Json& p : verify["problems"]) {
+    const std::string kind = p["kind"].get<std::string>();
+    if (p.contains("unlisted")) (*unlisted)[kind] += p["unlisted"].get<std::uint64_t>();
+    else ++listed[kind];
+  }
+  return listed;
+}
+
+// Few damaged things of a kind are each described; many are described up to the limit and the
+// rest counted in one more finding of that kind. A real (not sparse) XPWC file of 250 entries on
+// one spot, and a weightcache file whose 150 entries all fail their checksum.
+TEST_F(CliTest, VerifyDescribesAHundredProblemsOfAKindAndCountsTheRest) {
+  {
+    constexpr std::uint32_t kRecords = 250;
+    std::string img = std::string(64, 'x');
+    const std::uint64_t index_start = img.size();
+    for (std::uint32_t i = 0; i < kRecords; ++i) {
+      put(&img, 1, 4, false);
+      img += "w";
+      put(&img, 0, 8, false);
+      put(&img, 64, 8, false);
+    }
+    put(&img, index_start, 8, false);
+    put(&img, kRecords, 4, false);
+    put(&img, 0x58505743, 4, false);
+    put(&img, 1, 4, false);
+    const std::string f = path("crowded.xnn");
+    write_file(f, img);
+    const CliRun v = run({"verify", f});
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto lines = lines_of(v.out);
+    EXPECT_EQ(lines.size(), 2 * (kListedPerKind + 1) + 1) << v.out;
+    const std::string more = std::to_string(kRecords - 1 - kListedPerKind) + " more problems of this kind";
+    EXPECT_NE(v.out.find(f + ": " + more + " (duplicate_key)"), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find(f + ": " + more + " (entry_overlap)"), std::string::npos) << v.out;
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back(), f + ": " + std::to_string(2 * (kRecords - 1)) + " problems found");
+
+    const CliRun vj = run({"verify", "--json", f});
+    const auto j = parse_json(vj.out);
+    ASSERT_TRUE(j) << vj.out;
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), 2 * (kRecords - 1));
+    std::map<std::string, std::uint64_t> unlisted;
+    const std::map<std::string, std::uint64_t> listed = listed_by_kind(*j, &unlisted);
+    EXPECT_EQ(listed, (std::map<std::string, std::uint64_t>{{"duplicate_key", kListedPerKind},
+                                                            {"entry_overlap", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"duplicate_key", kRecords - 1 - kListedPerKind},
+                                                              {"entry_overlap", kRecords - 1 - kListedPerKind}}));
+    EXPECT_NE(run({"info", f}).out.find("problems:        " + std::to_string(2 * (kRecords - 1)) + " "),
+              std::string::npos);
+  }
+  {
+    constexpr int kDamaged = 150;
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (int i = 0; i < kDamaged; ++i) entries.emplace_back("w" + std::to_string(i), pattern(100, i));
+    const std::string f = path("damaged.wcache");
+    const auto offsets = make_cache(f, entries);
+    std::string b = read_file(f);
+    for (const auto& [k, at] : offsets) b[at] = static_cast<char>(b[at] ^ 1);
+    write_file(f, b);
+    const CliRun vj = run({"verify", "--json", f});
+    EXPECT_EQ(vj.code, 1);
+    const auto j = parse_json(vj.out);
+    ASSERT_TRUE(j) << vj.out;
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), static_cast<std::uint64_t>(kDamaged));
+    std::map<std::string, std::uint64_t> unlisted;
+    EXPECT_EQ(listed_by_kind(*j, &unlisted), (std::map<std::string, std::uint64_t>{{"entry_checksum", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"entry_checksum", kDamaged - kListedPerKind}}));
+  }
+}
+
+// A commit slot naming a 1 GiB index in a sparse file of a few KiB, and a sparse 96 MB XPWC file
+// whose index is 4 million records on one spot: `verify` and `info` read both under an
+// address-space limit of 512 MiB, exit as docs/CLI.md says, and list at most a hundred problems
+// of a kind. (Unbounded, they took 1 GiB and 3.3 GB.)
+TEST_F(CliTest, HostileFilesAreReadInBoundedMemory) {
+  constexpr std::uint64_t kLimit = std::uint64_t{512} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  const std::string wc = path("claims-1gib-index.wcache");
+  if (const std::string why = write_sparse_index_claim(wc); !why.empty()) GTEST_SKIP() << "no sparse 1 GiB file: " << why;
+  {
+    const CliRun v = run({"verify", wc}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.out << v.err;
+    EXPECT_NE(v.out.find("does not match the checksum in its commit slot"), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find("is not read further"), std::string::npos) << v.out;
+    EXPECT_EQ(v.err, "");
+    const CliRun i = run({"info", wc}, kLimit);
+    EXPECT_EQ(i.code, 3) << i.err;
+    EXPECT_NE(i.err.find("has no usable index"), std::string::npos) << i.err;
+  }
+  constexpr std::uint32_t kRecords = 4'000'000;
+  constexpr std::uint64_t kRepeats = kRecords - 1;  // duplicate keys, and as many overlaps
+  const std::string xp = path("overlapping.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, kRecords); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  {
+    const CliRun v = run({"verify", "--json", xp}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto j = parse_json(v.out);
+    ASSERT_TRUE(j) << v.out.substr(0, 2000);
+    EXPECT_EQ((*j)["entries"].get<std::uint64_t>(), kRecords);
+    EXPECT_EQ((*j)["problem_count"].get<std::uint64_t>(), 2 * kRepeats);
+    std::map<std::string, std::uint64_t> unlisted;
+    EXPECT_EQ(listed_by_kind(*j, &unlisted), (std::map<std::string, std::uint64_t>{{"duplicate_key", kListedPerKind},
+                                                                                  {"entry_overlap", kListedPerKind}}));
+    EXPECT_EQ(unlisted, (std::map<std::string, std::uint64_t>{{"duplicate_key", kRepeats - kListedPerKind},
+                                                              {"entry_overlap", kRepeats - kListedPerKind}}));
+  }
+  {
+    const CliRun v = run({"verify", xp}, kLimit);
+    EXPECT_EQ(v.code, 1) << v.err;
+    const auto lines = lines_of(v.out);
+    EXPECT_EQ(lines.size(), 2 * (kListedPerKind + 1) + 1);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back(), xp + ": " + std::to_string(2 * kRepeats) + " problems found");
+  }
+  const auto info = info_fields(xp, kLimit);
+  EXPECT_EQ(info.count("entries") ? info.at("entries") : "", std::to_string(kRecords));
+  EXPECT_EQ(info.count("problems") ? info.at("problems") : "",
+            std::to_string(2 * kRepeats) + " (run 'weightcache verify' for details)");
+}
+
+// `ls --json` writes its document as it makes it: 400,000 entries list under an address-space
+// limit of 128 MiB (as one JSON value they took some 700 bytes each), and the output is still one
+// valid document.
+TEST_F(CliTest, LsJsonListsAnIndexLargerThanMemoryWouldHoldAsOneDocument) {
+  constexpr std::uint64_t kLimit = std::uint64_t{128} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  constexpr std::uint32_t kRecords = 400'000;
+  const std::string xp = path("many.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, kRecords); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  const CliRun r = run({"ls", "--json", xp}, kLimit);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = parse_json(r.out);
+  ASSERT_TRUE(j) << r.out.substr(0, 1000);
+  EXPECT_EQ((*j)["file"].get<std::string>(), xp);
+  EXPECT_EQ((*j)["format"].get<std::string>(), "xpwc");
+  ASSERT_EQ((*j)["entries"].size(), kRecords);
+  const Json& last = (*j)["entries"][kRecords - 1];
+  EXPECT_EQ(last["key"].get<std::string>(), "#seed=0");
+  EXPECT_EQ(last["seed"].get<std::uint64_t>(), 0u);
+  EXPECT_TRUE(last["checksum"].is_null());
+}
+
+// Where memory truly runs out (that XPWC index's 4 million entries need more than 128 MiB), every
+// command says so in the words docs/CLI.md gives and exits 5, never 3 ("cannot read") nor with an
+// abort; convert leaves nothing behind.
+TEST_F(CliTest, RunningOutOfMemoryExitsFive) {
+  constexpr std::uint64_t kLimit = std::uint64_t{128} << 20;
+  if (auto why = address_limit_unusable(kLimit)) {
+    std::printf("skipped: %s\n", why->c_str());
+    GTEST_SKIP() << *why;
+  }
+  const std::string xp = path("overlapping.xnn");
+  if (const std::string why = write_sparse_xpwc(xp, 4'000'000); !why.empty()) GTEST_SKIP() << "no sparse file: " << why;
+  const std::string out = path("out.wcache");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"verify", xp}, {"info", xp}, {"ls", xp}, {"cat", xp, "#seed=0"}, {"convert", xp, out}}) {
+    SCOPED_TRACE(args[0]);
+    const CliRun r = run(args, kLimit);
+    EXPECT_EQ(r.code, 5) << r.err;
+    EXPECT_EQ(r.err, "weightcache: out of memory\n");
+  }
+  EXPECT_EQ(strays("out.wcache"), std::vector<std::string>{"overlapping.xnn"});
+}
+
 TEST_F(CliTest, ConvertAndCompactRefuseTheWrongFormatOrAnExistingOutput) {
   const std::string w = path("c.wcache");
   make_cache(w, kEntries);
@@ -839,6 +1050,85 @@ TEST_F(CliTest, ConvertRefusesWhileALibraryWriterHoldsTheLease) {
   auto c = WeightCache::open(options(w, ""));  // convert's default compatibility key
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_NE(c->reserve(1000), nullptr) << "the lease stayed taken after convert";
+}
+
+// A writer process rewrites IN in place over and over, alternating two versions of its entries'
+// bytes (same names, sizes and index: ExecuTorch rewriting its cache), while convert runs. Every
+// run either refuses (exit 3, IN changed, no OUT and no temporary left) or writes an OUT that
+// holds one version whole, never entries of both; and the race is seen, within a bounded number
+// of runs.
+TEST_F(CliTest, ConvertBesideAnInPlaceRewriteNeverMixesTwoVersions) {
+  constexpr int kEntries = 8;
+  constexpr std::size_t kEntrySize = std::size_t{2} << 20;  // 16 MiB in all
+  constexpr int kRuns = 20;
+  std::vector<XpwcEntry> versions[2];
+  for (int v = 0; v < 2; ++v)
+    for (int i = 0; i < kEntries; ++i)
+      versions[v].push_back({"layer" + std::to_string(i), pattern(kEntrySize, static_cast<unsigned>(100 * v + i))});
+  const std::string in = path("rewritten.xnn");
+  const XpwcFile first = make_xpwc(1, versions[0]);
+  write_file(in, first.image);
+  ASSERT_EQ(make_xpwc(1, versions[1]).image.size(), first.image.size());
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t writer = ::fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {
+    // Only system calls from here: the test process may have threads.
+    const int fd = ::open(in.c_str(), O_WRONLY);
+    if (fd < 0) ::_exit(weightcache::test::kChildSetupFailed);
+    for (unsigned pass = 1;; ++pass) {
+      for (int i = 0; i < kEntries; ++i) {
+        const std::string& b = versions[pass % 2][i].bytes;
+        if (::pwrite(fd, b.data(), b.size(), static_cast<off_t>(first.offsets[i])) != static_cast<ssize_t>(b.size()))
+          ::_exit(weightcache::test::kChildSetupFailed);
+      }
+      if (pass == 1 && ::write(ready[1], "r", 1) != 1) ::_exit(weightcache::test::kChildSetupFailed);
+    }
+  }
+  ::close(ready[1]);
+  char c = 0;
+  const bool started = ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+
+  int refused = 0, converted = 0;
+  for (int run_no = 0; started && run_no < kRuns && refused < 3; ++run_no) {
+    const std::string out = path("out" + std::to_string(run_no) + ".wcache");
+    const CliRun r = run({"convert", in, out});
+    if (r.code == 3) {
+      ++refused;
+      EXPECT_NE(r.err.find("changed while it was being converted"), std::string::npos) << r.err;
+      EXPECT_FALSE(fs::exists(out)) << "a refused conversion left " << out;
+      continue;
+    }
+    ASSERT_EQ(r.code, 0) << r.err;
+    ++converted;
+    // One version whole: every entry of the first one, or every entry of the second.
+    Options o = options(out, "");
+    o.read_only = true;
+    o.verify = weightcache::Verify::on_open;
+    auto cache = WeightCache::open(o);
+    ASSERT_TRUE(cache.ok()) << cache.error().message;
+    std::string held;
+    for (int i = 0; i < kEntries; ++i) {
+      const std::size_t off = cache->look_up("layer" + std::to_string(i));
+      const void* p = off == weightcache::kNotFound ? nullptr : cache->offset_to_addr(off);
+      char v = '-';
+      for (int k = 0; k < 2; ++k)
+        if (p != nullptr && std::memcmp(p, versions[k][i].bytes.data(), kEntrySize) == 0) v = static_cast<char>('1' + k);
+      held += v;
+    }
+    EXPECT_TRUE(held == std::string(kEntries, '1') || held == std::string(kEntries, '2'))
+        << "run " << run_no << ": OUT mixes two versions of IN (entry by entry: " << held << ")";
+  }
+  ::kill(writer, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(writer, &status, 0), writer);
+  ASSERT_TRUE(started) << "the writer never finished its first pass (exit " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << ")";
+  EXPECT_GT(refused, 0) << "no conversion saw the rewrite in " << converted << " runs";
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
 }
 
 // ---- compact ----------------------------------------------------------------------------------

@@ -13,7 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 namespace weightcache {
 namespace {
@@ -126,6 +128,55 @@ TEST(Diagnosis, AskingForDiagnosticsNeverChangesTheVerdict) {
     }
   }
   EXPECT_GT(damaged, 500);
+}
+
+// Problems of one kind, per kind: how many a diagnosis describes, and what its closing
+// diagnostic says it left out.
+struct KindCount {
+  std::uint64_t described = 0, unlisted = 0, closing = 0;
+  bool operator==(const KindCount&) const = default;
+};
+
+std::map<std::string, KindCount> by_kind(const std::vector<format::Diagnostic>& problems) {
+  std::map<std::string, KindCount> out;
+  for (const auto& d : problems) {
+    KindCount& k = out[d.kind];
+    if (d.unlisted == 0) {
+      ++k.described;
+    } else {
+      k.unlisted += d.unlisted;
+      ++k.closing;
+      EXPECT_NE(d.message.find(std::to_string(d.unlisted) + " more"), std::string::npos) << d.message;
+    }
+  }
+  return out;
+}
+
+// An index of thousands of records on one spot under one key: each is a duplicate and an overlap.
+// A diagnosis describes kMaxDiagnosticsPerKind of each kind and counts the rest in one closing
+// diagnostic, whether the layout is checked alone or as part of an index; the verdict is the
+// same as without a diagnosis.
+TEST(Diagnosis, ProblemsOfAKindAreDescribedUpToTheLimitAndCountedBeyond) {
+  constexpr std::size_t kRecords = 3000;
+  const std::vector<format::IndexRecord> records(kRecords, format::IndexRecord{"same", 8192, 64, 0});
+  const KindCount expected{format::kMaxDiagnosticsPerKind, kRecords - 1 - format::kMaxDiagnosticsPerKind, 1};
+  const std::map<std::string, KindCount> both = {{"duplicate_key", expected}, {"entry_overlap", expected}};
+
+  std::string plain_detail, detail;
+  std::vector<format::Diagnostic> problems;
+  const auto plain = format::check_layout(records, format::kHeaderSize, 1 << 20, 64, &plain_detail);
+  EXPECT_EQ(format::check_layout(records, format::kHeaderSize, 1 << 20, 64, &detail, &problems), plain);
+  EXPECT_EQ(detail, plain_detail);
+  EXPECT_EQ(by_kind(problems), both);
+
+  format::CommitSlot slot;
+  slot.sequence = 1;
+  const auto trailer = format::encode_trailer(records, 1 << 20, &slot);
+  std::vector<format::IndexRecord> out;
+  problems.clear();
+  EXPECT_EQ(format::decode_trailer(trailer, slot, 64, &out, &detail, &problems), plain);
+  EXPECT_EQ(out.size(), kRecords);
+  EXPECT_EQ(by_kind(problems), both);
 }
 
 }  // namespace
