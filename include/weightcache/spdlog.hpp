@@ -213,11 +213,14 @@ class LogRoute {
       std::lock_guard<std::mutex> lock(routes.mu);
       route_->ended = true;
       if (routes.current == route_) {
-        std::shared_ptr<spdlog_detail::Route> back = route_->previous;
-        while (back && back->ended) back = back->previous;
-        spdlog_detail::install(back);  // returns once no call into this route is running
-        routes.current = std::move(back);
+        // No ended route stays linked (below), so the one before is in force again.
+        spdlog_detail::install(route_->previous);  // returns once no call into this route is running
+        routes.current = route_->previous;
       }
+      // Unlink this route from the later one that points to it, so that a route reassigned over
+      // and over (route = route_log_to(...)) leaves no chain of ended routes behind.
+      for (spdlog_detail::Route* r = routes.current.get(); r != nullptr; r = r->previous.get())
+        while (r->previous && r->previous->ended) r->previous = r->previous->previous;
       logger = std::move(route_->logger);
     }
     route_.reset();

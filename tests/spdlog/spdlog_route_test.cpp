@@ -73,6 +73,13 @@ void keep_raw(void* user, wc_log_level level, const char* message, size_t size) 
 // says so at warn), with the level left as it was.
 void library_warns() { wc_set_log_level(static_cast<wc_log_level>(5)); }
 
+// What library_warns() writes on stderr (where its warning goes with no route in force).
+std::string stderr_of_library_warns() {
+  ::testing::internal::CaptureStderr();
+  library_warns();
+  return ::testing::internal::GetCapturedStderr();
+}
+
 // The text of library_warns()'s warning, as a plain callback receives it.
 std::string the_warning() {
   std::vector<Raw> raw;
@@ -284,9 +291,7 @@ TEST_F(SpdlogRoute, EndingTheLastRouteRestoresStderr) {
   Captured host("host");
   auto route = route_log_to(host.logger);
   route.end();
-  ::testing::internal::CaptureStderr();
-  library_warns();
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string err = stderr_of_library_warns();
   EXPECT_NE(err.find(warning_), std::string::npos) << "stderr was: " << err;
   EXPECT_TRUE(host.lines().empty());
 }
@@ -303,9 +308,7 @@ TEST_F(SpdlogRoute, EndingARouteRestoresTheOneBefore) {
   EXPECT_EQ(a.lines().size(), 1u);
   EXPECT_EQ(b.lines().size(), 1u);
   ra.end();
-  ::testing::internal::CaptureStderr();
-  library_warns();
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string err = stderr_of_library_warns();
   EXPECT_NE(err.find(warning_), std::string::npos) << "stderr was: " << err;
   EXPECT_EQ(a.lines().size(), 1u);
   EXPECT_EQ(b.lines().size(), 1u);
@@ -331,6 +334,28 @@ TEST_F(SpdlogRoute, RoutesEndInAnyOrder) {
   EXPECT_EQ(c.lines().size(), 1u);
 }
 
+// `route = route_log_to(...)` makes the new route before the old one ends, so the old one ends
+// while a later one is in force: it must not stay linked behind it. Counted on the header's own
+// stack: one route in force, nothing behind it, however often the route was reassigned.
+TEST_F(SpdlogRoute, AReassignedRouteLeavesNoEndedRoutesBehind) {
+  Captured a("a");
+  LogRoute route = route_log_to(a.logger);
+  for (int i = 0; i < 1000; ++i) route = route_log_to(a.logger);
+  std::size_t linked = 0;
+  {
+    auto& routes = spdlog_detail::routes();
+    std::lock_guard<std::mutex> lock(routes.mu);
+    for (auto* r = routes.current.get(); r != nullptr; r = r->previous.get()) ++linked;
+  }
+  EXPECT_EQ(linked, 1u) << "ended routes stay linked behind the one in force";
+  EXPECT_EQ(a.logger.use_count(), 2) << "the ended routes still hold the logger";  // a's and the route's
+  library_warns();
+  EXPECT_EQ(a.lines().size(), 1u);
+  route.end();
+  std::lock_guard<std::mutex> lock(spdlog_detail::routes().mu);
+  EXPECT_EQ(spdlog_detail::routes().current, nullptr);
+}
+
 TEST_F(SpdlogRoute, MovingARouteMovesWhatEndsIt) {
   Captured a("a"), b("b");
   auto ra = route_log_to(a.logger);
@@ -344,9 +369,7 @@ TEST_F(SpdlogRoute, MovingARouteMovesWhatEndsIt) {
   EXPECT_EQ(a.lines().size(), 1u);
   EXPECT_EQ(b.lines().size(), 1u);
   moved = LogRoute();  // ends b's: nothing is left, stderr
-  ::testing::internal::CaptureStderr();
-  library_warns();
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string err = stderr_of_library_warns();
   EXPECT_NE(err.find(warning_), std::string::npos) << "stderr was: " << err;
   EXPECT_EQ(a.lines().size(), 1u);
   EXPECT_EQ(b.lines().size(), 1u);
