@@ -396,6 +396,7 @@ void* Core::offset_to_addr(std::size_t offset, bool replaced_too) const {
 }
 
 Result<void> Core::refresh() {
+  if (in_forked_child()) return fail(inherited_refusal("refresh"));
   if (!file_backed_ && !awaiting_file_.load(std::memory_order_acquire)) return {};
   MutexLock lock(write_mu_);
   lease_gave_up_ = false;  // the next allocation may wait for the lease again

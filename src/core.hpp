@@ -262,6 +262,10 @@ class Core {
   // True in a child forked after open: the verify-ahead thread is not here, and the parent's
   // threads may have left verify_sync_ locked or waited on at the fork.
   bool in_forked_child() const noexcept;
+  /// The error a write (reserve, release, insert, finalize, refresh) gets on a cache this process
+  /// inherited across fork(): its lease, flock and reservations are the parent's, and a parent
+  /// thread may have held its mutexes at the fork. Checked before any lock is taken.
+  Error inherited_refusal(const char* call) const;
   void stop_verify_ahead() noexcept;
   void verify_all(const std::vector<Entry*>& entries);
   /// With Verify::shared: takes the file's state stamp after attaching `st` and trusts the

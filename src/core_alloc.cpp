@@ -267,6 +267,10 @@ Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool for_stores, 
 
 void* Core::reserve(std::size_t size) {
   try {
+    if (in_forked_child()) {
+      set_last_error(inherited_refusal("reserve"));
+      return nullptr;
+    }
     if (size > kMaxEntrySize) {
       set_last_error({Errc::invalid_argument, 0,
                       "reserve: size " + std::to_string(size) + " is over " + kMaxEntrySizeText +
@@ -290,6 +294,7 @@ void* Core::reserve(std::size_t size) {
 }
 
 Result<void> Core::release(void* ptr) {
+  if (in_forked_child()) return fail(inherited_refusal("release"));
   MutexLock lock(write_mu_);
   std::uint64_t at = 0, room = 0;
   if (!offset_of(ptr, &at, &room))

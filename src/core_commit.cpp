@@ -73,6 +73,10 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
     return kNotFound;
   }
   try {
+    if (in_forked_child()) {
+      set_last_error(inherited_refusal("look_up_or_insert"));
+      return kNotFound;
+    }
     if (std::string why = source_problem(ptr, size); !why.empty()) {
       set_last_error({Errc::invalid_argument, 0, "look_up_or_insert: " + why});
       return kNotFound;
@@ -338,6 +342,7 @@ void Core::maybe_trim_locked() {
 
 Result<void> Core::finalize() {
   try {
+    if (in_forked_child()) return fail(inherited_refusal("finalize"));
     MutexLock lock(write_mu_);
     lease_gave_up_ = false;  // a new packing phase may wait for the lease again
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when

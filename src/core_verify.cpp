@@ -155,6 +155,16 @@ bool Core::in_forked_child() const noexcept {
   return pf_.process_id() != opener_pid_;
 }
 
+Error Core::inherited_refusal(const char* call) const {
+  // A finalize here would publish under the parent's lease and, on close of the descriptor it
+  // reopened, could let go of the parent's flock: a third process could then write beside the
+  // parent. Refuse, and say what the child can do instead.
+  return Error{Errc::invalid_argument, 0,
+               std::string(call) + ": this cache was opened by the process this one was forked from; a forked child "
+                                   "may look entries up in it and close it, never write to it: open a cache of its own "
+                                   "with wc_open"};
+}
+
 void Core::start_verify_ahead() {
   const bool on_first_use = opts_.verify == Verify::first_use || opts_.verify == Verify::shared;
   if (!on_first_use || !opts_.verify_ahead || std::thread::hardware_concurrency() < 2) return;

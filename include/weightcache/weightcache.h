@@ -46,8 +46,11 @@
  *   at worst until a log callback in progress returns; never fork() from inside the log callback
  *   (it would wait for itself). A child's open of a file that a parent thread was opening at the
  *   fork waits for that file's writer lease as another process's would (lease_timeout). The locks
- *   of a cache are not held across fork(): a child must not insert into, finalize, refresh or
- *   compact a cache it inherited.
+ *   of a cache are not held across fork(), and its writer lease and file lock stay the parent's:
+ *   on a cache it inherited, a child's wc_reserve_space, wc_release_space, wc_look_up_or_insert
+ *   with bytes, wc_finalize and wc_refresh fail with WC_ERR_INVALID_ARGUMENT and change nothing
+ *   (wc_is_finalized included), so a child can never publish beside the parent nor let go of
+ *   the parent's lock.
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
  *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
  *   worker threads that end before they return. No other library code runs on its own threads.
@@ -519,7 +522,8 @@ WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
  *   WC_ERR_NO_MEMORY        out of memory
  *   any open error          the cache is a heap cache standing in for a file that could not be
  *                           used at open (reopen once it can be)
- * Whatever it returns, wc_is_finalized is nonzero afterwards (a runtime can set up).
+ * Whatever it returns, wc_is_finalized is nonzero afterwards (a runtime can set up), except in
+ * a forked child on a cache it inherited, which is refused and changes nothing (see "Caveats").
  */
 WC_API wc_status wc_finalize(wc_cache* cache);
 

@@ -126,6 +126,58 @@ TEST(Fork, AChildsOwnOpenIsACacheOfItsOwnThatWaitsForTheParentsLease) {
   EXPECT_EQ(again.look_up("child/1"), kNotFound);
 }
 
+// weightcache.h, "Caveats": on an inherited cache a child's writes fail with INVALID_ARGUMENT and
+// change nothing. Without the refusal, the child's finalize published under the parent's lease
+// and returned OK, and its close let go of the parent's flock (shared through the descriptor):
+// another process could then write beside the parent, whose next commit lost entries.
+TEST(Fork, AChildsWritesToAnInheritedCacheAreRefusedAndLeaveTheParentsLeaseHeld) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  WeightCache cache = open_or_fail(file_options(path));
+  ASSERT_TRUE(cache);
+  const std::string parent_bytes(4096, 'p');
+  ASSERT_NE(cache.insert("parent/1", parent_bytes), kNotFound) << last_error().message;
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  void* p = cache.reserve(parent_bytes.size());  // the parent holds the lease from here on
+  ASSERT_NE(p, nullptr) << last_error().message;
+  std::memcpy(p, parent_bytes.data(), parent_bytes.size());
+  ASSERT_NE(cache.look_up_or_insert("parent/2", p, parent_bytes.size()), kNotFound) << last_error().message;
+  ASSERT_FALSE(cache.is_finalized());
+
+  constexpr int kWrote = 20, kWrongError = 21, kFinalizedFlagMoved = 22;
+  const int status = in_child([&] {
+    auto refused = [] { return last_error().code == Errc::invalid_argument; };
+    if (cache.look_up("parent/1") == kNotFound) return kChildMismatch;  // reading stays allowed
+    if (cache.reserve(4096) != nullptr) return kWrote;
+    if (!refused()) return kWrongError;
+    if (cache.insert("child/1", std::string(3000, 'c')) != kNotFound) return kWrote;
+    if (!refused()) return kWrongError;
+    if (cache.finalize().ok()) return kWrote;
+    if (!refused()) return kWrongError;
+    if (cache.is_finalized()) return kFinalizedFlagMoved;
+    if (cache.refresh().ok()) return kWrote;
+    if (!refused()) return kWrongError;
+    return kChildOk;  // the child's close (exit) leaves the parent's lease alone
+  });
+  EXPECT_TRUE(exited_zero(status)) << "child status " << status
+                                   << " (20: a write to the inherited cache succeeded; 21: refused with another "
+                                      "error; 22: a refused finalize still marked the cache finalized)";
+
+  // The parent's lease is still held: another process can neither take it nor commit beside it.
+  LeaseProbe probe(path);
+  ASSERT_TRUE(probe.valid());
+  EXPECT_FALSE(probe.try_take()) << "after the child, the parent's writer lease was free";
+  const std::string more(8192, 'q');
+  ASSERT_NE(cache.insert("parent/3", more), kNotFound) << last_error().message;
+  ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+  cache = WeightCache{};
+  WeightCache again = open_or_fail(file_options(path));
+  EXPECT_EQ(verify_entry(again, "parent/1", parent_bytes, "parent/1"), "");
+  EXPECT_EQ(verify_entry(again, "parent/2", parent_bytes, "parent/2"), "");
+  EXPECT_EQ(verify_entry(again, "parent/3", more, "parent/3"), "");
+  EXPECT_EQ(again.look_up("child/1"), kNotFound);
+}
+
 // The verify-ahead thread is held inside its first populate (MADV_POPULATE_READ) call, so
 // its entry stays claimed; a look-up of that entry then waits for the verdict on the cache's
 // condition variable while another thread forks. glibc's pthread_cond_destroy waits for the
