@@ -55,6 +55,11 @@
 //   compiles it into several shared libraries that each keep their inline symbols to themselves
 //   gets one stack per library, all setting the one library callback. Route from one place. A
 //   shared library that made a route must end it before it is unloaded.
+// - **fork().** A child may make and end routes, and its routes' destructors return, whatever the
+//   parent's other threads were doing with routes at the fork: from the first route on, its lock
+//   is held across fork() (pthread_atfork), as the library holds its own (weightcache.h,
+//   "Caveats"). A route the child inherited is the parent's logger's, copied: ending it in the
+//   child is safe; the logger's sinks are spdlog's business across fork().
 // - **Exceptions.** route_log_to throws std::bad_alloc (and std::system_error, which a mutex may)
 //   when it cannot make the route; nothing has changed then. Everything else is noexcept: what a
 //   logger or sink throws while the library calls it is caught and dropped (spdlog already hands
@@ -69,6 +74,10 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
 
 namespace weightcache {
 
@@ -129,12 +138,30 @@ struct Route {
 struct Routes {
   std::mutex mu;
   std::shared_ptr<Route> current;  // the route installed, or null
+  bool held_across_fork = false;   // the atfork handlers below are registered (under mu)
 };
 
 inline Routes& routes() {
   static Routes* const all = new Routes();
   return *all;
 }
+
+#if defined(__unix__) || defined(__APPLE__)
+// fork() while another thread makes or ends a route would leave `mu` locked forever in the child,
+// where that thread does not exist: the child's first route_log_to or LogRoute::end (a
+// destructor at exit) would never return. So `mu` is held across fork, as the library holds its
+// own locks. Registered after the library's handlers (the first set_log_callback registers
+// those, and install() has called it): prepare handlers run in reverse order of registration,
+// so this one takes `mu` before the library's takes its log lock, the order a route takes them.
+inline void lock_for_fork() noexcept { routes().mu.lock(); }
+inline void unlock_after_fork() noexcept { routes().mu.unlock(); }
+inline void hold_across_fork(Routes& all) noexcept {  // under all.mu, after install()
+  if (!all.held_across_fork)
+    all.held_across_fork = ::pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork) == 0;
+}
+#else
+inline void hold_across_fork(Routes&) noexcept {}  // no fork() here
+#endif
 
 // The library's callback: the message, its exact bytes, at the mapped level. Never throws into
 // the library: spdlog hands a std::exception to the logger's error handler, but rethrows anything
@@ -247,6 +274,7 @@ inline LogRoute route_log_to(std::shared_ptr<spdlog::logger> logger, LogRouteLev
   std::lock_guard<std::mutex> lock(routes.mu);
   route->previous = routes.current;
   spdlog_detail::install(route);
+  spdlog_detail::hold_across_fork(routes);
   routes.current = route;
   return LogRoute(std::move(route));
 }

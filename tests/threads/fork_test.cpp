@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #if defined(__linux__) || defined(__APPLE__)
-#include "child_exit.hpp"
+#include "bounded_child.hpp"
 #include "lease_probe.hpp"
 #include "log.hpp"
 
@@ -31,50 +31,6 @@ namespace {
 #if defined(__linux__) || defined(__APPLE__)
 
 using namespace std::chrono_literals;
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kUnderAsan = true;
-#else
-constexpr bool kUnderAsan = false;
-#endif
-#else
-constexpr bool kUnderAsan = false;
-#endif
-
-// Generous: a child opens one small cache and logs one line, which takes milliseconds; only a
-// child that waits for a lock nobody will release takes this long.
-constexpr auto kHangBound = 20s;
-
-/// Forks; the child runs `body` and exits with its result. The parent waits for it at most
-/// kHangBound, then kills it. "" when the child exited 0, else what happened.
-template <typename Body>
-std::string run_child_bounded(Body body) {
-  const pid_t pid = ::fork();
-  if (pid < 0) return "fork failed";
-  if (pid == 0) child_exit(body());
-  const auto deadline = std::chrono::steady_clock::now() + kHangBound;
-  int status = 0;
-  for (;;) {
-    const pid_t got = ::waitpid(pid, &status, WNOHANG);
-    if (got == pid) break;
-    if (got < 0) return "waitpid failed";
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      return "the child hung (killed after " + std::to_string(kHangBound.count()) +
-             " s): it waited for a lock a parent thread held at the fork";
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  if (WIFEXITED(status) && WEXITSTATUS(status) == kChildOk) return {};
-  if (WIFEXITED(status))
-    return "the child exited " + std::to_string(WEXITSTATUS(status)) + " (" +
-           child_exit_meaning(WEXITSTATUS(status)) + ")";
-  return "the child died of signal " + std::to_string(WTERMSIG(status));
-}
 
 /// A log callback that dawdles in the parent (a slow host sink): it says when a thread is inside
 /// it, so that the test forks right then. In the child it only counts.
