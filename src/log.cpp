@@ -63,11 +63,51 @@ Level from_name(std::string_view name) {
   return kOff;
 }
 
+// An environment value as it may be quoted in a line: at most 64 bytes, cut at a character's
+// start, with control characters (a newline would start a line of its own on stderr) escaped.
+std::string quoted_env_value(std::string_view v) {
+  std::size_t keep = v.size();
+  if (keep > 64) {
+    keep = 64;
+    while (keep > 0 && (static_cast<unsigned char>(v[keep]) & 0xC0) == 0x80) --keep;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < keep; ++i) {
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c < 0x20 || c == 0x7F) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  if (keep < v.size()) out += "...";
+  return out;
+}
+
 struct State {
   std::atomic<int> level{kWarn};
   std::mutex mu;  // around every message written or handed to the callback, and a swap of it
   wc_log_callback cb = nullptr;
   void* user = nullptr;
+  // WEIGHTCACHE_LOG_LEVEL's value when it is not a level: said once, with the first message the
+  // library logs, so that it reaches the callback a host set before that (the host's first call
+  // may be wc_set_log_callback, which is when this state is made).
+  std::string env_complaint;
+  std::atomic<bool> complaint_pending{false};
+
+  void say_env_complaint() {
+    std::string text;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!complaint_pending.load(std::memory_order_relaxed)) return;
+      complaint_pending.store(false, std::memory_order_relaxed);
+      text.swap(env_complaint);
+    }
+    if (kWarn >= level.load(std::memory_order_relaxed)) write(kWarn, text);
+  }
 
   void write(Level l, std::string_view text) {
     // Messages quote paths, which may be bytes that are not UTF-8: escaped, as in wc_last_error.
@@ -118,8 +158,9 @@ struct State {
       if (l != kOff || name == "off") {
         level.store(l, std::memory_order_relaxed);
       } else {
-        write(kWarn, "WEIGHTCACHE_LOG_LEVEL='" + (name.size() > 64 ? name.substr(0, 64) + "..." : name) +
-                         "' is not a level (trace, debug, info, warn, error, critical or off); logging at warn");
+        env_complaint = "WEIGHTCACHE_LOG_LEVEL='" + quoted_env_value(name) +
+                        "' is not a level (trace, debug, info, warn, error, critical or off); logging at warn";
+        complaint_pending.store(true, std::memory_order_relaxed);
       }
     }
   }
@@ -141,6 +182,7 @@ State& state() {
 void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t n) noexcept {
   try {
     State& s = state();
+    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     const Level l = to_level(level);
     if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
     std::string text;
@@ -153,6 +195,7 @@ void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t
 void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   try {
     State& s = state();
+    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     const Level l = to_level(level);
     if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
     fmt::basic_memory_buffer<char, 250> text;

@@ -8,7 +8,8 @@
 //   cache_child miss <cache> <key>                          the key misses (its checksum fails, say)
 //   cache_child log-levels <dir>                            exits with 40 + the levels its callback
 //       saw (bit 0: debug, bit 1: warn), from a debug and a warning message it provokes under the
-//       default level, which WEIGHTCACHE_LOG_LEVEL may set
+//       default level, which WEIGHTCACHE_LOG_LEVEL may set; bit 2: the callback got the message
+//       that WEIGHTCACHE_LOG_LEVEL is not a level (kept in <dir>/complaint.txt), bit 3: more than once
 #include "cache_test_util.hpp"
 
 #include <weightcache/weightcache.h>
@@ -35,16 +36,26 @@ int usage() {
 // log-levels exits with kLevelsSeen plus the levels seen, clear of the shared exit codes.
 constexpr int kLevelsSeen = 40;
 int g_levels_seen = 0;
+std::string g_complaint_file;
 
-void note_level(void*, wc_log_level level, const char*, size_t) {
+void note_level(void*, wc_log_level level, const char* message, size_t size) {
   if (level == WC_LOG_DEBUG) g_levels_seen |= 1;
   if (level == WC_LOG_WARN) g_levels_seen |= 2;
+  const std::string text(message, size);
+  if (text.find("is not a level") == std::string::npos) return;
+  g_levels_seen |= (g_levels_seen & 4) != 0 ? 8 : 4;
+  if (std::FILE* f = std::fopen(g_complaint_file.c_str(), "wb")) {
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
 }
 
 // A debug message (an entry replaced) and a warning (a file that cannot be created, so the open
 // falls back to heap memory), without ever setting the level: what arrives is the default's doing.
 int log_levels(const std::string& dir) {
-  wc_set_log_callback(&note_level, nullptr);
+  g_complaint_file = dir + "/complaint.txt";
+  std::remove(g_complaint_file.c_str());
+  wc_set_log_callback(&note_level, nullptr);  // the host's first call: before the level is read
   {
     auto heap = WeightCache::open(Options{});
     if (!heap) return child_failed(kChildCacheError, "heap open failed: " + heap.error().message);
