@@ -41,6 +41,11 @@ exports=$(nm -D --defined-only "$libdir/libweightcache.so") || fail "cannot list
 for sym in wc_open wc_xnn_adapter_create wc_xnn_adapter_destroy wc_xnn_adapter_name_buffer wc_xnn_adapter_provider; do
   grep -qw "$sym" <<<"$exports" || fail "libweightcache.so does not export $sym"
 done
+# Nothing else: no instantiation of the standard library (a host's own would bind to it, or it to
+# the host's), only the C ABI and the weightcache namespace.
+others=$(nm -DC --defined-only "$libdir/libweightcache.so" | cut -d' ' -f3- |
+  grep -Ev '^(wc_|weightcache::|typeinfo for weightcache::|typeinfo name for weightcache::|vtable for weightcache::|WEIGHTCACHE_)' || true)
+[[ -z $others ]] || fail "libweightcache.so exports symbols beyond its API: $(head -5 <<<"$others")"
 # weightcache/spdlog.hpp is compiled in the host only: no symbol of either library names spdlog.
 for lib in "$libdir/libweightcache.so" "$libdir/libweightcache.a"; do
   if nm -C "$lib" 2>/dev/null | grep spdlog; then fail "$lib has spdlog's symbols in it"; fi
