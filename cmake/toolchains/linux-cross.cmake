@@ -19,20 +19,19 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 # qemu-user without -L), and a test that starts a helper process starts it the same way.
 set(CMAKE_EXE_LINKER_FLAGS_INIT "-static")
 
-# fmt, spdlog and xxHash are used header-only (and nlohmann/json by the CLI): Debian ships them for
+# fmt and xxHash are used header-only (and nlohmann/json by the CLI): Debian ships them for
 # the build machine only, under /usr/include, where glibc's own
 # headers for x86-64 would shadow the target's. A directory of the build tree holds symlinks to
 # just these packages' headers (as in mingw-w64.cmake). try_compile projects need none.
 if(NOT CMAKE_BINARY_DIR MATCHES "CMakeFiles/CMakeScratch|CMakeFiles/CMakeTmp")
   set(_wc_host_headers ${CMAKE_BINARY_DIR}/host-headers)
   file(MAKE_DIRECTORY ${_wc_host_headers})
-  foreach(_wc_entry xxhash.h fmt spdlog nlohmann)
+  foreach(_wc_entry xxhash.h fmt nlohmann)
     if(EXISTS /usr/include/${_wc_entry} AND NOT EXISTS ${_wc_host_headers}/${_wc_entry})
       file(CREATE_LINK /usr/include/${_wc_entry} ${_wc_host_headers}/${_wc_entry} SYMBOLIC)
     endif()
   endforeach()
   set(WEIGHTCACHE_XXHASH_INCLUDE ${_wc_host_headers} CACHE PATH "xxhash.h for the cross build")
-  set(WEIGHTCACHE_SPDLOG_INCLUDE ${_wc_host_headers} CACHE PATH "spdlog headers for the cross build")
   set(WEIGHTCACHE_FMT_INCLUDE ${_wc_host_headers} CACHE PATH "fmt headers for the cross build")
   set(WEIGHTCACHE_NLOHMANN_JSON_INCLUDE ${_wc_host_headers} CACHE PATH "nlohmann/json headers for the cross build")
 endif()

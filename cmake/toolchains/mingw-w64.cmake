@@ -31,20 +31,19 @@ if(WEIGHTCACHE_WINE)
   set(CMAKE_CROSSCOMPILING_EMULATOR ${WEIGHTCACHE_WINE})
 endif()
 
-# fmt, spdlog and xxHash are header-only here (nlohmann/json too, for the CLI). Debian ships them
+# fmt and xxHash are header-only here (nlohmann/json too, for the CLI). Debian ships them
 # for the host under /usr/include; adding that whole directory
 # would let glibc's headers shadow mingw's. Instead, a directory of the build tree holds symlinks
 # to just these packages' headers. (try_compile projects load this file too: they need none.)
 if(NOT CMAKE_BINARY_DIR MATCHES "CMakeFiles/CMakeScratch|CMakeFiles/CMakeTmp")
   set(_wc_host_headers ${CMAKE_BINARY_DIR}/host-headers)
   file(MAKE_DIRECTORY ${_wc_host_headers})
-  foreach(_wc_entry xxhash.h fmt spdlog nlohmann)
+  foreach(_wc_entry xxhash.h fmt nlohmann)
     if(EXISTS /usr/include/${_wc_entry} AND NOT EXISTS ${_wc_host_headers}/${_wc_entry})
       file(CREATE_LINK /usr/include/${_wc_entry} ${_wc_host_headers}/${_wc_entry} SYMBOLIC)
     endif()
   endforeach()
   set(WEIGHTCACHE_XXHASH_INCLUDE ${_wc_host_headers} CACHE PATH "xxhash.h for the Windows build")
-  set(WEIGHTCACHE_SPDLOG_INCLUDE ${_wc_host_headers} CACHE PATH "spdlog headers for the Windows build")
   set(WEIGHTCACHE_FMT_INCLUDE ${_wc_host_headers} CACHE PATH "fmt headers for the Windows build")
   set(WEIGHTCACHE_NLOHMANN_JSON_INCLUDE ${_wc_host_headers} CACHE PATH "nlohmann/json headers for the Windows build")
 endif()
