@@ -15,6 +15,7 @@
 namespace weightcache::test {
 namespace {
 
+// `path` must outlive the returned struct, which points into it.
 wc_options c_file_options(const std::string& path) {
   wc_options o;
   wc_options_init(&o);
@@ -99,7 +100,8 @@ TEST(IntegrationApi, ATicketIsThroughOnceAFinalizeStartedAfterItsInsert) {
 // finalize fails (they are not durable) but still ends the packing phase.
 TEST(IntegrationApi, AFailedFinalizeStillPassesTheTicket) {
   TempDir dir;
-  wc_options o = c_file_options(dir.file("cache.wcache"));
+  const std::string path = dir.file("cache.wcache");
+  wc_options o = c_file_options(path);
   { CCache make(o); ASSERT_EQ(wc_finalize(make.c), WC_OK) << wc_last_error(); }
   o.read_only = 1;
   CCache c(o);
@@ -155,7 +157,8 @@ TEST(IntegrationApi, ATicketIsZeroForALookUpAndAFailure) {
 // "NULL for WC_NOT_FOUND, an offset that never named an entry of this cache"; sets no error.
 TEST(IntegrationApi, AKeptOffsetResolvesAfterItsKeyWasReplaced) {
   TempDir dir;
-  const wc_options o = c_file_options(dir.file("cache.wcache"));
+  const std::string path = dir.file("cache.wcache");
+  const wc_options o = c_file_options(path);
   CCache c(o);
   ASSERT_NE(c.c, nullptr);
   std::uint64_t t = 0;
