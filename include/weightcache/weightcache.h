@@ -483,13 +483,13 @@ WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_
 
 /**
  * wc_look_up_or_insert, which also says which finalize the entry it returns waits for: on
- * success *finalize_ticket is a ticket for wc_is_finalized_through (0 when the entry has already
- * been through a finalize, and for a look-up, ptr NULL); on failure, 0. finalize_ticket may be
- * NULL. Same preconditions, threads and statuses as wc_look_up_or_insert. A ticket means
- * something only to this cache in this process (every handle sharing it).
- * For an integration that answers "finalized?" for its own inserts only, as XNNPACK's provider
- * is_finalized does: wc_is_finalized answers for the whole cache, which another runtime sharing
- * it may still be filling.
+ * success *finalize_ticket is its ticket for wc_is_finalized_through (0: nothing to wait for, an
+ * entry loaded from the file, or a look-up, ptr NULL; the ticket of an entry that a finalize has
+ * covered since is already through); on failure, 0. finalize_ticket may be NULL. Same
+ * preconditions, threads and statuses as wc_look_up_or_insert. A ticket means something only to
+ * this cache in this process (every handle sharing it): another process's finalize is not seen.
+ * For an integration that answers "finalized?" for its own inserts only (XNNPACK's is_finalized):
+ * wc_is_finalized answers for the whole cache, which another runtime may still be filling.
  */
 WC_API size_t wc_look_up_or_insert_ex(wc_cache* cache, const void* key, size_t key_size, void* ptr,
                                       size_t size, uint64_t* finalize_ticket);
