@@ -1,8 +1,8 @@
 // The exception policy (docs/DESIGN.md, "Exceptions"). Inside the library, std::bad_alloc and
 // what the standard library throws (std::system_error from a thread or a file-system call,
 // std::length_error) may travel; no internal function is noexcept unless it cannot allocate.
-// Every way in from outside catches them here: the C ABI, the C++ API's members, the XNNPACK
-// provider's functions, the verify-ahead thread, the log sink, destructors. An allocation
+// Every way in from outside catches them here: the C ABI, the C++ API's members, the verify-ahead
+// thread, the log sink, destructors. (The XNNPACK adapter, built on the public API, has its own.) An allocation
 // failure becomes WC_ERR_NO_MEMORY (or a miss / NULL where the call has no status), anything
 // else WC_ERR_IO, with wc_last_error saying which call it was.
 #pragma once

@@ -213,9 +213,30 @@ size_t wc_look_up_or_insert(wc_cache* c, const void* key, size_t key_size, void*
   });
 }
 
+size_t wc_look_up_or_insert_ex(wc_cache* c, const void* key, size_t key_size, void* ptr, size_t size,
+                               uint64_t* finalize_ticket) {
+  if (finalize_ticket != nullptr) *finalize_ticket = 0;
+  if (c == nullptr || (key == nullptr && key_size != 0))
+    return (invalid("wc_look_up_or_insert_ex: NULL cache or key"), WC_NOT_FOUND);
+  return guard("wc_look_up_or_insert_ex", WC_NOT_FOUND, [&] {
+    return c->core->look_up_or_insert(std::string_view(static_cast<const char*>(key), key_size), ptr, size,
+                                      finalize_ticket);
+  });
+}
+
+int wc_is_finalized_through(wc_cache* c, uint64_t ticket) {
+  return c != nullptr && (ticket == 0 || c->core->finalizes_started() >= ticket) ? 1 : 0;
+}
+
 void* wc_offset_to_addr(wc_cache* c, size_t offset) {
   if (c == nullptr) return nullptr;
   return guard("wc_offset_to_addr", static_cast<void*>(nullptr), [&] { return c->core->offset_to_addr(offset); });
+}
+
+void* wc_offset_to_addr_kept(wc_cache* c, size_t offset) {
+  if (c == nullptr) return nullptr;
+  return guard("wc_offset_to_addr_kept", static_cast<void*>(nullptr),
+               [&] { return c->core->offset_to_addr(offset, /*replaced_too=*/true); });
 }
 
 wc_status wc_finalize(wc_cache* c) {
@@ -272,6 +293,23 @@ const char* wc_last_error(void) { return last_error_message(); }
 void wc_set_log_level(wc_log_level level) { set_log_level(static_cast<LogLevel>(raw_enum(level))); }
 
 void wc_set_log_callback(wc_log_callback callback, void* user) { set_log_callback(callback, user); }
+
+void wc_log_message(wc_log_level level, const char* message) {
+  const int v = raw_enum(level);
+  // A NULL message logs nothing, but a bad level is still said.
+  if (message != nullptr || v < WC_LOG_TRACE || v > WC_LOG_ERROR)
+    log_message(static_cast<LogLevel>(v), message != nullptr ? message : "");
+}
+
+wc_status wc_set_last_error(wc_status status, const char* message) {
+  const int v = raw_enum(status);
+  if (v <= WC_OK || v > WC_ERR_READ_ONLY)
+    return invalid("wc_set_last_error: the status is not one of wc_status's errors (WC_ERR_INVALID_ARGUMENT to "
+                   "WC_ERR_READ_ONLY)");
+  const auto code = static_cast<Errc>(v);
+  set_last_error(code, 0, message != nullptr ? message : errc_text(code));
+  return status;
+}
 
 const char* wc_version(void) { return WEIGHTCACHE_VERSION_STRING; }
 

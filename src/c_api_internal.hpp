@@ -1,5 +1,5 @@
-// What a wc_cache handle is, for the library's own C-ABI layers (c_api.cpp, the XNNPACK adapter)
-// that need more of the core than the public C calls give.
+// What a wc_cache handle is, for the C ABI's implementation (c_api.cpp). The integrations in
+// src/integrations use the public calls only (docs/DESIGN.md, "Integrations on the public API").
 #pragma once
 
 #include "core.hpp"

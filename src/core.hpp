@@ -122,13 +122,13 @@ class Core {
   std::size_t look_up(std::string_view key);
   void* reserve(std::size_t size);
   Result<void> release(void* ptr);
-  /// With `awaits` (the XNNPACK adapter's per-adapter is_finalized): on success *awaits is the
+  /// With `awaits` (the finalize ticket of wc_look_up_or_insert_ex): on success *awaits is the
   /// value finalizes_started() must reach for the entry returned to have been through a finalize
   /// that started after it was inserted (0: it already has); 0 on failure or for a look-up.
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size, std::uint64_t* awaits = nullptr);
   /// Address of the live entry at `offset`, or nullptr. With `replaced_too`, also of an entry
   /// since replaced under its key (its bytes stay mapped until close): for a caller that holds
-  /// an offset it was given before the replacement and cannot take a null (the XNNPACK adapter).
+  /// an offset it was given before the replacement and cannot take a null (wc_offset_to_addr_kept).
   void* offset_to_addr(std::size_t offset, bool replaced_too = false) const;
   Result<void> finalize();
   bool is_finalized() const noexcept { return finalized_.load(std::memory_order_acquire); }

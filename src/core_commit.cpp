@@ -349,7 +349,7 @@ Result<void> Core::finalize() {
     // persisting fails: the entries are still served from memory, and the error says why.
     finalized_.store(true, std::memory_order_release);
     // Every entry inserted before this point (awaits_finalize <= the new count) is finalized for
-    // whoever inserted it (the XNNPACK adapter's per-adapter is_finalized); an insert while the
+    // whoever inserted it (the finalize ticket, wc_is_finalized_through); an insert while the
     // lease wait below lets go of write_mu_ waits for the next finalize, as finalized_ does.
     finalizes_started_.store(finalizes_started_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     auto r = persist_all_locked(lock);

@@ -206,6 +206,16 @@ void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
 }
 #endif
 
+void message(LogLevel level, std::string_view text) noexcept {
+  try {
+    State& s = state();
+    const Level l = to_level(level);
+    if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;
+    s.write(l, text);
+  } catch (...) {
+  }
+}
+
 void lock_for_fork() noexcept { state().mu.lock(); }
 void unlock_after_fork() noexcept { state().mu.unlock(); }
 
@@ -225,6 +235,15 @@ void set_log_level(LogLevel level) noexcept {
     log::state().level.store(log::to_level(level), std::memory_order_relaxed);
   } catch (...) {
   }
+}
+
+void log_message(LogLevel level, std::string_view message) noexcept {
+  const int v = static_cast<int>(level);
+  if (v < WC_LOG_TRACE || v > WC_LOG_ERROR) {
+    log::warn("wc_log_message: level {} is not one of WC_LOG_TRACE (0) to WC_LOG_ERROR (4); the message is dropped", v);
+    return;
+  }
+  log::message(level, message);
 }
 
 void set_log_callback(wc_log_callback callback, void* user) noexcept {

@@ -11,13 +11,12 @@
 #if defined(WEIGHTCACHE_MOBILE) && WEIGHTCACHE_MOBILE
 #define WEIGHTCACHE_LOG_OWN_FORMAT 1
 #include "text_format.hpp"
-
-#include <string_view>
 #else
 #define WEIGHTCACHE_LOG_OWN_FORMAT 0
 #include <fmt/core.h>
 #endif
 
+#include <string_view>
 #include <utility>
 
 namespace weightcache::log {
@@ -30,6 +29,10 @@ void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t
 /// As above, with fmt.
 void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept;
 #endif
+
+/// Logs `text` as it is at `level` if the logger lets that level through (wc_log_message);
+/// never throws.
+void message(LogLevel level, std::string_view text) noexcept;
 
 /// Around fork() (fork_guard.cpp): holds the lock every message is written under, so that no
 /// thread is inside the callback (or a write to stderr) at the fork; then lets go of it on both

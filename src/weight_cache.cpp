@@ -53,6 +53,13 @@ std::size_t WeightCache::look_up_or_insert(std::string_view key, void* ptr, std:
   return guard("WeightCache::look_up_or_insert", kNotFound,
                [&] { return core_ ? core_->look_up_or_insert(key, ptr, size) : (no_cache(), kNotFound); });
 }
+std::size_t WeightCache::look_up_or_insert(std::string_view key, void* ptr, std::size_t size,
+                                           std::uint64_t* finalize_ticket) noexcept {
+  if (finalize_ticket != nullptr) *finalize_ticket = 0;
+  return guard("WeightCache::look_up_or_insert", kNotFound, [&] {
+    return core_ ? core_->look_up_or_insert(key, ptr, size, finalize_ticket) : (no_cache(), kNotFound);
+  });
+}
 std::size_t WeightCache::insert(std::string_view key, std::string_view bytes) noexcept {
   static char empty = 0;
   void* p = bytes.empty() ? &empty : const_cast<char*>(bytes.data());
@@ -62,6 +69,11 @@ void* WeightCache::offset_to_addr(std::size_t offset) const noexcept {
   if (!core_) return nullptr;
   return guard("WeightCache::offset_to_addr", static_cast<void*>(nullptr), [&] { return core_->offset_to_addr(offset); });
 }
+void* WeightCache::offset_to_addr_kept(std::size_t offset) const noexcept {
+  if (!core_) return nullptr;
+  return guard("WeightCache::offset_to_addr_kept", static_cast<void*>(nullptr),
+               [&] { return core_->offset_to_addr(offset, /*replaced_too=*/true); });
+}
 Result<void> WeightCache::finalize() noexcept {
   return guard_result("WeightCache::finalize", [&]() -> Result<void> {
     if (!core_) return no_cache();
@@ -69,6 +81,9 @@ Result<void> WeightCache::finalize() noexcept {
   });
 }
 bool WeightCache::is_finalized() const noexcept { return core_ ? core_->is_finalized() : false; }
+bool WeightCache::is_finalized_through(std::uint64_t ticket) const noexcept {
+  return core_ && (ticket == 0 || core_->finalizes_started() >= ticket);
+}
 Result<void> WeightCache::refresh() noexcept {
   return guard_result("WeightCache::refresh", [&]() -> Result<void> {
     if (!core_) return no_cache();

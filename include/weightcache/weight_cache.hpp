@@ -257,6 +257,10 @@ class WC_API WeightCache {
   Result<void> release(void* ptr) noexcept;
   /// Commits bytes under `key`; see wc_look_up_or_insert for the exact semantics.
   std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size) noexcept;
+  /// The same, storing in *finalize_ticket (when not null) the ticket of the entry returned, for
+  /// is_finalized_through: wc_look_up_or_insert_ex.
+  std::size_t look_up_or_insert(std::string_view key, void* ptr, std::size_t size,
+                                std::uint64_t* finalize_ticket) noexcept;
   /// Copies `bytes` in under `key` (look_up_or_insert with the bytes copied; an empty
   /// `bytes` inserts an entry of 0 bytes).
   std::size_t insert(std::string_view key, std::string_view bytes) noexcept;
@@ -265,10 +269,16 @@ class WC_API WeightCache {
   /// afresh (a pointer obtained before the replacement stays readable until close). The bytes
   /// may not be modified; see wc_offset_to_addr.
   void* offset_to_addr(std::size_t offset) const noexcept;
+  /// offset_to_addr that also resolves the offset of an entry since replaced under its key, for a
+  /// caller that keeps offsets and cannot take a nullptr; see wc_offset_to_addr_kept.
+  void* offset_to_addr_kept(std::size_t offset) const noexcept;
   /// Makes inserted entries durable; see wc_finalize.
   Result<void> finalize() noexcept;
   /// True when nothing was inserted since the last finalize or open (see wc_is_finalized).
   bool is_finalized() const noexcept;
+  /// True once a finalize started after the insert that gave `ticket` (or for ticket 0); see
+  /// wc_is_finalized_through.
+  bool is_finalized_through(std::uint64_t ticket) const noexcept;
   /// Maps entries other processes finalized since open or the last refresh; see wc_refresh.
   Result<void> refresh() noexcept;
   /// A snapshot of the counters and where the entries live; see wc_get_stats.
@@ -353,5 +363,8 @@ WC_API void set_log_callback(wc_log_callback callback, void* user) noexcept;
 /// thread_local with a destructor would, and glibc aborts when that allocation fails). Without
 /// memory for the copy, the message is empty and the code still says what failed.
 WC_API Error last_error() noexcept;
+/// Logs `message` as it is on the library's logger, at `level` (trace .. error); see
+/// wc_log_message, whose rules (level filter, callback, escaping, refusals) apply unchanged.
+WC_API void log_message(LogLevel level, std::string_view message) noexcept;
 
 }  // namespace weightcache

@@ -68,7 +68,8 @@
  *   returns a pointer or an offset) and sets the calling thread's wc_last_error(). A call that
  *   succeeds leaves wc_last_error() as it was: it is not cleared, so read it only right after a
  *   call reported a failure. A look-up miss is not a failure, nor are the NULL, -1 and 0 that
- *   wc_offset_to_addr, wc_get_fd, wc_get_handle and wc_is_finalized answer: they set no error.
+ *   wc_offset_to_addr, wc_offset_to_addr_kept, wc_get_fd, wc_get_handle, wc_is_finalized and
+ *   wc_is_finalized_through answer: they set no error.
  *   (One exception: the XNNPACK provider's look_up_or_insert, which succeeds by keeping bytes the
  *   cache refused in the adapter's own heap, leaves the cache's reason there; see xnnpack.h.)
  * - When memory runs out, any call that allocates may fail with WC_ERR_NO_MEMORY (in
@@ -94,7 +95,7 @@
  * - A cache lives until the last handle sharing it is closed (wc_close, or the destructor of the
  *   last weightcache::WeightCache on it); closing any other handle changes nothing for the rest.
  *
- * Memory the cache returns (wc_reserve_space, wc_offset_to_addr).
+ * Memory the cache returns (wc_reserve_space, wc_offset_to_addr, wc_offset_to_addr_kept).
  * - It belongs to the cache: never free it. It stays valid at the same address until the cache
  *   is closed (the last wc_close of the handles sharing it, whichever handle it came from); then
  *   it is unmapped and must not be touched.
@@ -484,6 +485,26 @@ WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_
                                    size_t size);
 
 /**
+ * wc_look_up_or_insert, which also says which finalize the entry it returns waits for: on
+ * success *finalize_ticket is its ticket for wc_is_finalized_through (0: nothing to wait for, an
+ * entry loaded from the file, or a look-up, ptr NULL; the ticket of an entry that a finalize has
+ * covered since is already through); on failure, 0. finalize_ticket may be NULL. Same
+ * preconditions, threads and statuses as wc_look_up_or_insert. A ticket means something only to
+ * this cache in this process (every handle sharing it): another process's finalize is not seen.
+ * For an integration that answers "finalized?" for its own inserts only (XNNPACK's is_finalized):
+ * wc_is_finalized answers for the whole cache, which another runtime may still be filling.
+ */
+WC_API size_t wc_look_up_or_insert_ex(wc_cache* cache, const void* key, size_t key_size, void* ptr,
+                                      size_t size, uint64_t* finalize_ticket);
+
+/** Nonzero when `ticket` (from wc_look_up_or_insert_ex on this cache) is 0, or a wc_finalize call
+ * on the cache (through any handle sharing it) has started since the insert that gave it,
+ * whatever that finalize returned, as for wc_is_finalized. An insert that runs while a finalize
+ * waits for the writer lease waits for the next finalize. To cover several inserts, keep their
+ * largest ticket: tickets only grow. 0 for a NULL cache. Sets no error, takes no lock. */
+WC_API int wc_is_finalized_through(wc_cache* cache, uint64_t ticket);
+
+/**
  * Address of the entry at `offset` (from look_up / look_up_or_insert on this cache), or NULL for
  * an offset that is not a live entry's: WC_NOT_FOUND, an entry whose checksum failed, or one
  * since replaced under its key (here, or by another process and seen through wc_refresh), so
@@ -491,10 +512,19 @@ WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_
  * contract (`void*` only because XNNPACK's provider returns one), and valid until the cache is
  * closed, a replaced entry's included (see "Memory the cache returns"). It does not checksum the
  * entry: look its key up first (wc_look_up does) before trusting an offset learned elsewhere.
- * Sets no error. O(1), takes no lock. (The XNNPACK adapter's offset_to_addr also resolves a
- * replaced entry's offset: XNNPACK keeps offsets and cannot take a NULL.)
+ * Sets no error. O(1), takes no lock. (wc_offset_to_addr_kept also resolves a replaced entry's
+ * offset: XNNPACK keeps offsets and cannot take a NULL.)
  */
 WC_API void* wc_offset_to_addr(wc_cache* cache, size_t offset);
+
+/** wc_offset_to_addr, except that the offset of an entry since replaced under its key (here, or
+ * by another process and seen through wc_refresh) still gives that entry's bytes: for a caller
+ * that was handed the offset by this cache before the replacement, keeps it, and cannot take a
+ * NULL (XNNPACK). The bytes are the ones inserted then, read-only, valid until the cache is
+ * closed. NULL for WC_NOT_FOUND, an offset that never named an entry of this cache, and an entry
+ * whose checksum failed. Like wc_offset_to_addr it does not checksum the entry, sets no error,
+ * and takes no lock. */
+WC_API void* wc_offset_to_addr_kept(wc_cache* cache, size_t offset);
 
 /**
  * Makes every entry inserted so far durable: flushes the new data, appends the index and the
@@ -695,6 +725,29 @@ WC_API void wc_set_log_level(wc_log_level level);
  * previous callback is still running (it waits for one in progress) and none will start, so the
  * previous `user` may be freed. Must not be called from inside a callback. */
 WC_API void wc_set_log_callback(wc_log_callback callback, void* user);
+
+/* ---- for integrations built on this API (docs/INTEGRATION.md, "Writing an integration") ---- */
+
+/** Logs `message` (NUL-terminated) on the library's logger, as the library logs its own: only if
+ * `level` (WC_LOG_TRACE .. WC_LOG_ERROR) is at or above the level set, to the log callback or as
+ * one line on stderr, under the same lock (one message at a time). For an integration (a runtime
+ * adapter) so that its host routes and filters one log. The text is taken as it is (no
+ * formatting, no newline added); bytes that are not UTF-8 are escaped as in wc_last_error. A
+ * NULL message logs nothing; a level outside WC_LOG_TRACE .. WC_LOG_ERROR (WC_LOG_OFF included)
+ * logs nothing but a warning that says so. Any thread; not from inside the log callback (it
+ * would wait for itself). Sets no error. */
+WC_API void wc_log_message(wc_log_level level, const char* message);
+
+/** Records `status` and `message` as the calling thread's last error, as a call of this library
+ * that fails does: wc_last_error (and C++ last_error) return them until the thread's next
+ * failure. Returns `status`. For an integration whose entry point fails where it has no status
+ * to return (XNNPACK's look_up_or_insert returns an offset), so its host reads the reason where
+ * it reads the library's. The message is copied, cut and escaped as wc_last_error says; NULL
+ * means wc_status_string(status). `status` must be an error (WC_ERR_INVALID_ARGUMENT ..
+ * WC_ERR_READ_ONLY): WC_OK or another value records WC_ERR_INVALID_ARGUMENT with a message that
+ * says so, and returns it. Never allocates, so it works when memory has run out. Any thread;
+ * other threads' errors are untouched. */
+WC_API wc_status wc_set_last_error(wc_status status, const char* message);
 
 /** Library version as "MAJOR.MINOR.PATCH": a static string, never NULL. */
 WC_API const char* wc_version(void);

@@ -8,21 +8,24 @@
 // delete_cache}. Current XNNPACK appends `alias_data(context, alias, original)` after
 // delete_cache (seen in a 2026 build's trace); the mirror carries it, and an older XNNPACK never
 // reads past delete_cache. tests/xnnpack checks the layout against a real xnnpack.h when found.
+//
+// Built on the public API only (include/weightcache/), as an integration outside this repository
+// would be: CMake compiles it without src/ on the include path, and a unit test
+// (tests/unit/public_includes.cmake) checks that no integration includes an internal header.
+#include <weightcache/weight_cache.hpp>
+#include <weightcache/weightcache.h>
 #include <weightcache/xnnpack.h>
 
-#include "boundary.hpp"
-
-#include "c_api_internal.hpp"
-#include "core.hpp"
-#include "log.hpp"
-
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <mutex>
-#include <array>
 #include <new>
 #include <shared_mutex>
 #include <string>
@@ -65,7 +68,7 @@ constexpr std::uint8_t kRefAddress = 2;  // u64 address: this process only
 constexpr std::uint8_t kRefUnique = 3;   // u64 counter: never shared (NULL kernel)
 
 // Offsets of entries in the adapter's private heap are handed to XNNPACK as "handles" counted
-// down from SIZE_MAX - 1. The core maps its address-space reservation at a nonzero, 2 MiB-aligned
+// down from SIZE_MAX - 1. The library maps its address-space reservation at a nonzero, 2 MiB-aligned
 // base and an entry's address is base + offset, so no cache offset comes within 2 MiB of
 // SIZE_MAX; handles stay above that. A cache offset in the handle range is still rejected.
 constexpr std::size_t kMaxLocal = std::size_t{1} << 20;
@@ -115,6 +118,67 @@ std::atomic<std::uint64_t> g_next_adapter_id{1};
 // per session) a runtime creates: the stats count every occurrence.
 std::atomic<bool> g_warned_unnamed{false};
 
+// ---- logging and errors, through the public calls -----------------------------------------------
+
+// One line on the library's logger (wc_log_message), formatted here: the library formats only its
+// own lines. A line longer than the buffer is cut.
+#if defined(__GNUC__) && !defined(_WIN32)
+__attribute__((format(printf, 2, 3)))
+#endif
+void log_line(wc_log_level level, const char* format, ...) noexcept {
+  char line[2048];
+  std::va_list args;
+  va_start(args, format);
+  const int n = std::vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  if (n >= 0) wc_log_message(level, line);
+}
+
+// The boundary of every entry point (XNNPACK is C, and so is the ABI: nothing may escape). Call only
+// inside a catch block: records the exception in flight as this thread's last error ("<call>: out
+// of memory"), logs it, and returns its status; allocates nothing, as building a message may be
+// what failed.
+wc_status absorb_exception(const char* call) noexcept {
+  wc_status code = WC_ERR_IO;
+  const char* what = "unexpected failure";
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    code = WC_ERR_NO_MEMORY;
+    what = "out of memory";
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  char text[512];
+  std::snprintf(text, sizeof text, "%s: %s", call, what);
+  wc_set_last_error(code, text);
+  wc_log_message(WC_LOG_WARN, wc_last_error());
+  return code;
+}
+
+/// f(), or `on_error` when it throws.
+template <class T, class F>
+T guard(const char* call, T on_error, F&& f) noexcept {
+  try {
+    return f();
+  } catch (...) {
+    absorb_exception(call);
+    return on_error;
+  }
+}
+
+template <class F>
+wc_status guard_status(const char* call, F&& f) noexcept {
+  try {
+    return f();
+  } catch (...) {
+    return absorb_exception(call);
+  }
+}
+
+wc_status invalid(const char* what) noexcept { return wc_set_last_error(WC_ERR_INVALID_ARGUMENT, what); }
+
 }  // namespace
 
 struct wc_xnn_adapter {
@@ -147,10 +211,11 @@ struct wc_xnn_adapter {
   std::vector<void*> in_place_more;  // slot kFixedInPlace + i
   std::size_t pending = 0;           // reservations handed out, not yet through look_up_or_insert
 
-  // Per-adapter finalization (the provider's is_finalized): the highest Core::finalizes_started()
-  // value that the cache entries this adapter's inserts returned wait for (0: none waits). The
-  // adapter is finalized once the cache's count reaches it: every such entry has been through a
-  // finalize that started after its insert, whoever called it. The private heap does not count.
+  // Per-adapter finalization (the provider's is_finalized): the largest finalize ticket
+  // (wc_look_up_or_insert_ex) of the cache entries this adapter's inserts returned (0: none
+  // waits). The adapter is finalized once the cache is through it: every such entry has been
+  // through a finalize that started after its insert, whoever called it. The private heap does
+  // not count.
   std::atomic<std::uint64_t> awaits_finalize{0};
 
   std::atomic<bool> warned_fallback{false};
@@ -209,11 +274,11 @@ struct wc_xnn_adapter {
   void note_unnamed(const wc_xnn_weights_cache_look_up_key& k, const Key& key) {
     if (key.persistable || k.kernel == nullptr || g_warned_unnamed.exchange(true)) return;
     const void* which = key.addresses[0] != nullptr ? key.addresses[0] : key.addresses[1];
-    weightcache::log::warn(
-        "XNNPACK weights cache: weight buffer {} (seed {:#x}) has no name; its packed weights stay in this "
-        "process's heap and are not persisted. Name every weight and bias buffer with "
-        "wc_xnn_adapter_name_buffer (logged once per process; see wc_xnn_adapter_stats.unnamed_inserts)",
-        which != nullptr ? which : k.kernel, k.seed);
+    log_line(WC_LOG_WARN,
+             "XNNPACK weights cache: weight buffer %p (seed %#x) has no name; its packed weights stay in this "
+             "process's heap and are not persisted. Name every weight and bias buffer with "
+             "wc_xnn_adapter_name_buffer (logged once per process; see wc_xnn_adapter_stats.unnamed_inserts)",
+             which != nullptr ? which : k.kernel, static_cast<unsigned>(k.seed));
   }
 
   // ---- the private heap ----
@@ -228,7 +293,7 @@ struct wc_xnn_adapter {
     o.max_file_bytes = sizeof(void*) >= 8 ? std::uint64_t{64} << 30 : std::uint64_t{1} << 30;
     if (wc_open(&o, &heap) != WC_OK) {
       heap = nullptr;
-      weightcache::log::error("XNNPACK weights cache: cannot create the private heap: {}", wc_last_error());
+      log_line(WC_LOG_ERROR, "XNNPACK weights cache: cannot create the private heap: %s", wc_last_error());
       return false;
     }
     return true;
@@ -259,8 +324,8 @@ struct wc_xnn_adapter {
     if (!ensure_heap_locked()) return SIZE_MAX;
     const std::size_t off = wc_look_up_or_insert(heap, key.bytes.data(), key.bytes.size(), ptr, size);
     if (off == SIZE_MAX) {
-      weightcache::log::error("XNNPACK weights cache: cannot keep {} packed bytes in the private heap: {}", size,
-                              wc_last_error());
+      log_line(WC_LOG_ERROR, "XNNPACK weights cache: cannot keep %llu packed bytes in the private heap: %s",
+               static_cast<unsigned long long>(size), wc_last_error());
       return SIZE_MAX;
     }
     // The tables change all together or not at all: a key left in local_by_key without its
@@ -272,9 +337,9 @@ struct wc_xnn_adapter {
       index = it->second;
     } else {
       if (local_offsets.size() >= kMaxLocal) {
-        weightcache::set_last_error(weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights");
-        weightcache::log::error("XNNPACK weights cache: more than {} unnamed weights; name the weight buffers",
-                                kMaxLocal);
+        wc_set_last_error(WC_ERR_NO_MEMORY, "too many unnamed XNNPACK weights");
+        log_line(WC_LOG_ERROR, "XNNPACK weights cache: more than %llu unnamed weights; name the weight buffers",
+                 static_cast<unsigned long long>(kMaxLocal));
         return SIZE_MAX;
       }
       index = local_offsets.size();
@@ -369,7 +434,7 @@ struct wc_xnn_adapter {
     if (local && local_table_full()) {
       // insert_local could not hand out a handle for these bytes: refuse now, which XNNPACK
       // checks, rather than return SIZE_MAX from look_up_or_insert, which it does not.
-      weightcache::set_last_error({weightcache::Errc::no_memory, 0, "too many unnamed XNNPACK weights"});
+      wc_set_last_error(WC_ERR_NO_MEMORY, "too many unnamed XNNPACK weights");
       reserve_failures.fetch_add(1, std::memory_order_relaxed);
       return nullptr;
     }
@@ -377,9 +442,9 @@ struct wc_xnn_adapter {
     void* p = target != nullptr ? wc_reserve_space(target, n) : nullptr;
     if (p != nullptr && !room_in_place_for_one_more()) {
       (void)wc_release_space(target, p);
-      weightcache::set_last_error({weightcache::Errc::no_memory, 0,
-                                   "no memory to keep packed weights in place should the cache be unable to take "
-                                   "them (out of memory, or 65536 such weights kept already)"});
+      wc_set_last_error(WC_ERR_NO_MEMORY,
+                        "no memory to keep packed weights in place should the cache be unable to take them (out of "
+                        "memory, or 65536 such weights kept already)");
       p = nullptr;
     }
     (p != nullptr ? reservations : reserve_failures).fetch_add(1, std::memory_order_relaxed);
@@ -432,10 +497,10 @@ struct wc_xnn_adapter {
     // stays outstanding as dead space.
     (void)wc_release_space(cache, ptr);
     if (wc_cache* heap_cache = heap_if_open()) (void)wc_release_space(heap_cache, ptr);
-    weightcache::log::error("XNNPACK weights cache: out of memory for packed weights ({} bytes) and no slot left to "
-                            "serve them in place (not memory from reserve_space?); returning SIZE_MAX, which XNNPACK does "
-                            "not check",
-                            size);
+    log_line(WC_LOG_ERROR,
+             "XNNPACK weights cache: out of memory for packed weights (%llu bytes) and no slot left to serve them in "
+             "place (not memory from reserve_space?); returning SIZE_MAX, which XNNPACK does not check",
+             static_cast<unsigned long long>(size));
     return SIZE_MAX;
   }
 
@@ -452,9 +517,10 @@ struct wc_xnn_adapter {
       in_place_more.push_back(ptr);
       slot = kFixedInPlace + in_place_more.size() - 1;
     }
-    weightcache::log::error("XNNPACK weights cache: out of memory while recording packed weights; serving them "
-                            "from their reservation, uncached ({})",
-                            wc_last_error());
+    log_line(WC_LOG_ERROR,
+             "XNNPACK weights cache: out of memory while recording packed weights; serving them from their "
+             "reservation, uncached (%s)",
+             wc_last_error());
     return in_place_handle(slot);
   }
 
@@ -466,25 +532,25 @@ struct wc_xnn_adapter {
   std::size_t insert_reserved(const wc_xnn_weights_cache_look_up_key* k, void* ptr, std::size_t size) {
     inserts.fetch_add(1, std::memory_order_relaxed);
     if (k == nullptr) {
-      weightcache::set_last_error({weightcache::Errc::invalid_argument, 0, "look_up_or_insert: NULL key"});
+      wc_set_last_error(WC_ERR_INVALID_ARGUMENT, "look_up_or_insert: NULL key");
       return SIZE_MAX;
     }
     const Key key = make_key(*k);
     note_unnamed(*k, key);
     std::size_t off = SIZE_MAX;
     if (key.persistable) {
-      // The core directly (as wc_look_up_or_insert does, after its argument checks, which the key
-      // built here passes): it says which finalize the entry waits for.
-      std::uint64_t awaits = 0;
-      off = cache->core->look_up_or_insert(std::string_view(key.bytes), ptr, size, &awaits);
-      if (off != SIZE_MAX) note_awaits(awaits);
+      // The _ex call: it says which finalize the entry waits for (the provider's is_finalized).
+      std::uint64_t ticket = 0;
+      off = wc_look_up_or_insert_ex(cache, key.bytes.data(), key.bytes.size(), ptr, size, &ticket);
+      if (off != SIZE_MAX) note_awaits(ticket);
       if (off != SIZE_MAX && !is_handle(off)) return off;
       // XNNPACK does not check this result (it would feed SIZE_MAX to offset_to_addr later):
       // keep the bytes for this process instead of failing.
       if (!warned_fallback.exchange(true))
-        weightcache::log::warn("XNNPACK weights cache: cannot commit packed weights to the cache ({}); keeping "
-                               "them in this process's heap",
-                               wc_last_error());
+        log_line(WC_LOG_WARN,
+                 "XNNPACK weights cache: cannot commit packed weights to the cache (%s); keeping them in this "
+                 "process's heap",
+                 wc_last_error());
       local_fallbacks.fetch_add(1, std::memory_order_relaxed);
       off = insert_local(key, ptr, size);
       // insert_local copied the bytes (or failed): either way the cache's reservation at `ptr`
@@ -494,8 +560,9 @@ struct wc_xnn_adapter {
       // (Only once the heap has them: otherwise they are served from `ptr`, see look_up_or_insert.)
       if (off != SIZE_MAX) {
         const weightcache::Error why = weightcache::last_error();
-        (void)wc_release_space(cache, ptr);
-        weightcache::set_last_error(why);
+        if (wc_release_space(cache, ptr) != WC_OK && why.code != weightcache::Errc::ok)
+          (void)wc_set_last_error(static_cast<wc_status>(why.code),
+                                  why.message.empty() ? nullptr : why.message.c_str());
       }
     } else {
       off = insert_local(key, ptr, size);
@@ -512,7 +579,7 @@ struct wc_xnn_adapter {
 
   bool is_finalized() const noexcept {
     const std::uint64_t awaits = awaits_finalize.load(std::memory_order_acquire);
-    return awaits == 0 || cache->core->finalizes_started() >= awaits;
+    return wc_is_finalized_through(cache, awaits) != 0;
   }
 
   void* offset_to_addr(std::size_t offset) const {
@@ -526,7 +593,7 @@ struct wc_xnn_adapter {
     // An offset XNNPACK holds stays usable even if its key was replaced since (two threads that
     // both missed and packed different bytes): XNNPACK would dereference a null. The bytes are
     // the ones it was given for that operator, and stay mapped until close.
-    if (!is_handle(offset)) return cache->core->offset_to_addr(offset, /*replaced_too=*/true);
+    if (!is_handle(offset)) return wc_offset_to_addr_kept(cache, offset);
     const std::size_t index = SIZE_MAX - 1 - offset;
     std::shared_lock<std::shared_mutex> lock(local_mu);
     return index < local_offsets.size() ? wc_offset_to_addr(heap, local_offsets[index]) : nullptr;
@@ -576,18 +643,18 @@ wc_xnn_adapter* adapter_of(void* context) { return static_cast<wc_xnn_adapter*>(
 // their types must equal the mirror's function-pointer types exactly, or UBSan's
 // -fsanitize=function flags C++ callers.)
 std::size_t provider_look_up(void* context, const wc_xnn_weights_cache_look_up_key* key) {
-  return weightcache::guard("xnn provider look_up", std::size_t{SIZE_MAX},
+  return guard("xnn provider look_up", std::size_t{SIZE_MAX},
                             [&] { return adapter_of(context)->look_up(key); });
 }
 
 void* provider_reserve_space(void* context, std::size_t n) {
-  return weightcache::guard("xnn provider reserve_space", static_cast<void*>(nullptr),
+  return guard("xnn provider reserve_space", static_cast<void*>(nullptr),
                             [&] { return adapter_of(context)->reserve_space(n); });
 }
 
 std::size_t provider_look_up_or_insert(void* context, const wc_xnn_weights_cache_look_up_key* key, void* ptr,
                                        std::size_t size) {
-  return weightcache::guard("xnn provider look_up_or_insert", std::size_t{SIZE_MAX},
+  return guard("xnn provider look_up_or_insert", std::size_t{SIZE_MAX},
                             [&] { return adapter_of(context)->look_up_or_insert(key, ptr, size); });
 }
 
@@ -596,18 +663,16 @@ std::size_t provider_look_up_or_insert(void* context, const wc_xnn_weights_cache
 bool provider_is_finalized(void* context) { return adapter_of(context)->is_finalized(); }
 
 void* provider_offset_to_addr(void* context, std::size_t offset) {
-  return weightcache::guard("xnn provider offset_to_addr", static_cast<void*>(nullptr),
+  return guard("xnn provider offset_to_addr", static_cast<void*>(nullptr),
                             [&] { return adapter_of(context)->offset_to_addr(offset); });
 }
 
 wc_xnn_status provider_delete_cache(void*) { return WC_XNN_STATUS_SUCCESS; }
 
 wc_xnn_status provider_alias_data(void* context, void* alias, void* original) {
-  return weightcache::guard("xnn provider alias_data", WC_XNN_STATUS_OUT_OF_MEMORY,
+  return guard("xnn provider alias_data", WC_XNN_STATUS_OUT_OF_MEMORY,
                             [&] { return adapter_of(context)->alias_data(alias, original); });
 }
-
-wc_status invalid(const char* what) noexcept { return weightcache::refuse_argument(what); }
 
 // Every adapter's provider: these entry points, with the adapter as the context.
 constexpr wc_xnn_weights_cache_provider kProviderEntryPoints = {
@@ -630,7 +695,7 @@ wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out) {
   if (cache == nullptr || out == nullptr) return invalid("wc_xnn_adapter_create: cache and out must not be NULL");
   auto* a = new (std::nothrow) wc_xnn_adapter();
   if (a == nullptr) {
-    weightcache::set_last_error({weightcache::Errc::no_memory, 0, "wc_xnn_adapter_create: out of memory"});
+    wc_set_last_error(WC_ERR_NO_MEMORY, "wc_xnn_adapter_create: out of memory");
     return WC_ERR_NO_MEMORY;
   }
   a->cache = cache;
@@ -642,7 +707,11 @@ wc_status wc_xnn_adapter_create(wc_cache* cache, wc_xnn_adapter** out) {
 }
 
 void wc_xnn_adapter_destroy(wc_xnn_adapter* adapter) {
-  weightcache::guard_void("wc_xnn_adapter_destroy", [&] { delete adapter; });
+  try {
+    delete adapter;
+  } catch (...) {
+    absorb_exception("wc_xnn_adapter_destroy");
+  }
 }
 
 wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, const char* name) {
@@ -656,7 +725,7 @@ wc_status wc_xnn_adapter_name_buffer(wc_xnn_adapter* adapter, const void* data, 
     adapter->bind_name(data, name);
     return WC_OK;
   } catch (...) {
-    return static_cast<wc_status>(weightcache::absorb_exception("wc_xnn_adapter_name_buffer"));
+    return absorb_exception("wc_xnn_adapter_name_buffer");
   }
 }
 
@@ -674,7 +743,7 @@ wc_status wc_xnn_adapter_get_stats(wc_xnn_adapter* adapter, wc_xnn_adapter_stats
   if (adapter == nullptr || out == nullptr) return invalid("wc_xnn_adapter_get_stats: NULL adapter or stats");
   if (out->struct_size < sizeof(std::size_t) || out->struct_size > (1u << 16))
     return invalid("wc_xnn_adapter_get_stats: stats.struct_size is not set; call wc_xnn_adapter_stats_init first");
-  return weightcache::guard_status("wc_xnn_adapter_get_stats", [&] {
+  return guard_status("wc_xnn_adapter_get_stats", [&] {
   wc_xnn_adapter_stats s{};
   s.struct_size = out->struct_size;
   s.look_ups = adapter->look_ups.load();
@@ -726,7 +795,7 @@ wc_status wc_xnn_compat_key(const void* build_id, size_t build_id_size, const vo
   }
   if (out == nullptr || out_capacity < size) {
     *out_size = size;
-    return weightcache::guard_status("wc_xnn_compat_key", [&] {
+    return guard_status("wc_xnn_compat_key", [&] {
       return invalid(("wc_xnn_compat_key: the output buffer holds " + std::to_string(out_capacity) +
                       " bytes; the key needs " + std::to_string(size) + " (see *out_size)")
                          .c_str());

@@ -38,7 +38,8 @@ libdir=$(PKG_CONFIG_PATH=$pcdir pkg-config --variable=libdir weightcache)
 # The shared library exports the C ABI, the XNNPACK adapter included (and nothing of it is
 # left to the static archive alone).
 exports=$(nm -D --defined-only "$libdir/libweightcache.so") || fail "cannot list the exports of libweightcache.so"
-for sym in wc_open wc_xnn_adapter_create wc_xnn_adapter_destroy wc_xnn_adapter_name_buffer wc_xnn_adapter_provider; do
+for sym in wc_open wc_xnn_adapter_create wc_xnn_adapter_destroy wc_xnn_adapter_name_buffer wc_xnn_adapter_provider \
+  wc_look_up_or_insert_ex wc_is_finalized_through wc_offset_to_addr_kept wc_log_message wc_set_last_error; do
   grep -qw "$sym" <<<"$exports" || fail "libweightcache.so does not export $sym"
 done
 # Nothing else: no instantiation of the standard library (a host's own would bind to it, or it to
