@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
         "\"load_ms\":%.3f,\"open_ms\":%.3f,\"create_ms\":%.3f,\"params_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,\"rss_anon_load_delta_bytes\":%llu,"
         "\"rss_anon_end_bytes\":%llu,\"rss_file_end_bytes\":%llu,\"routed\":%zu,\"repacked\":%llu,"
         "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
-        "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
+        "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
         "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu,"
         "\"stock_repacked\":%zu,\"stock_buffer_types\":\"%s\",\"why_none\":\"%s\",\"cpu\":\"%s\"}\n",
@@ -227,7 +227,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(gs.heap_fallbacks), static_cast<unsigned long long>(gs.source_bytes_hashed),
         static_cast<unsigned long long>(gs.source_bytes_dropped), wc_status_string(finished),
         static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
-        static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
+        static_cast<unsigned long long>(cu.private_dirty) * 1024, static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
         ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str(), static_cast<unsigned long long>(cs.trusted_entries),
         static_cast<unsigned long long>(cs.verified_ahead), routing.stock_repacked,
         json_escape(routing.stock_buffer_types).c_str(), json_escape(routing.why_none).c_str(),
