@@ -20,8 +20,6 @@ namespace {
 
 using weightcache::test::kStock;
 using weightcache::test::RuntimeProgram;
-using weightcache::test::RuntimeSuite;
-using weightcache::test::RuntimeTypes;
 using weightcache::test::times_track_stores;
 using weightcache::test::ToolRun;
 
@@ -47,8 +45,7 @@ const RuntimeProgram kGgml{
         },
 };
 
-INSTANTIATE_TEST_SUITE_P(Ggml, RuntimeSuite, ::testing::Values(&kGgml), weightcache::test::program_name);
-INSTANTIATE_TEST_SUITE_P(Ggml, RuntimeTypes, weightcache::test::types_of(kGgml), weightcache::test::type_name);
+WEIGHTCACHE_RUNTIME_SCENARIOS(Ggml, kGgml);
 
 class Ggml : public weightcache::test::RuntimeTest {
  protected:

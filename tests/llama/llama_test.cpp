@@ -19,8 +19,6 @@ namespace fs = std::filesystem;
 using weightcache::test::kNoRepack;
 using weightcache::test::kStock;
 using weightcache::test::RuntimeProgram;
-using weightcache::test::RuntimeSuite;
-using weightcache::test::RuntimeTypes;
 using weightcache::test::ToolRun;
 
 const RuntimeProgram kLlama{
@@ -41,8 +39,7 @@ const RuntimeProgram kLlama{
         },
 };
 
-INSTANTIATE_TEST_SUITE_P(Llama, RuntimeSuite, ::testing::Values(&kLlama), weightcache::test::program_name);
-INSTANTIATE_TEST_SUITE_P(Llama, RuntimeTypes, weightcache::test::types_of(kLlama), weightcache::test::type_name);
+WEIGHTCACHE_RUNTIME_SCENARIOS(Llama, kLlama);
 
 class Llama : public weightcache::test::RuntimeTest {
  protected:

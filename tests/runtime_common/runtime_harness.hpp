@@ -5,10 +5,10 @@
 // cold and warm agree; a changed GGUF is seen; a damaged cache or an impossible path still give
 // the stock outputs; four processes share one copy), which the suite instantiates with
 //
-//   INSTANTIATE_TEST_SUITE_P(Llama, RuntimeSuite, ::testing::Values(&kLlama), program_name);
-//   INSTANTIATE_TEST_SUITE_P(Llama, RuntimeTypes, types_of(kLlama), type_name);
+//   WEIGHTCACHE_RUNTIME_SCENARIOS(Llama, kLlama);
 //
-// and its own tests take the same helpers through a RuntimeTest fixture.
+// (the suite's name, its RuntimeProgram), and its own tests take the same helpers through a
+// RuntimeTest fixture.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -118,3 +118,13 @@ inline std::string type_name(const ::testing::TestParamInfo<std::tuple<const Run
 }
 
 }  // namespace weightcache::test
+
+// The shared scenarios for `program` (a RuntimeProgram), named <Suite>/RuntimeSuite.<scenario>/<its
+// name> and <Suite>/RuntimeTypes.<scenario>/<type>. At namespace scope.
+#define WEIGHTCACHE_RUNTIME_SCENARIOS(Suite, program)                                      \
+  using ::weightcache::test::RuntimeSuite;                                                \
+  using ::weightcache::test::RuntimeTypes;                                                \
+  INSTANTIATE_TEST_SUITE_P(Suite, RuntimeSuite, ::testing::Values(&(program)),            \
+                           ::weightcache::test::program_name);                            \
+  INSTANTIATE_TEST_SUITE_P(Suite, RuntimeTypes, ::weightcache::test::types_of(program), \
+                           ::weightcache::test::type_name)
