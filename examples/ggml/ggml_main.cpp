@@ -49,7 +49,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/command_line.hpp"
 #include "../common/proc_usage.hpp"
+#include "../common/repack_options.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -57,6 +59,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] [--json]\n"
+    "  [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--finalize-sync]\n"
+    "  [--hold-ms MS]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -125,45 +132,23 @@ void fill_input(std::vector<float>& v, std::uint64_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, cache_path;
-  bool no_repack = false, json = false;
+  std::string model_path;
+  bool json = false;
   int threads = static_cast<int>(std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
   int steps = 3;
-  long long window_ms = 60000, hold_ms = 0;
-  wc_durability durability = WC_DURABILITY_FULL;
+  long long hold_ms = 0;
+  weightcache::example::RepackOptions repack;
   bool early_write_back = false, finalize_sync = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--model") model_path = next();
-    else if (a == "--cache") cache_path = next();
-    else if (a == "--no-repack") no_repack = true;
-    else if (a == "--threads") threads = std::atoi(next());
-    else if (a == "--steps") steps = std::atoi(next());
-    else if (a == "--json") json = true;
-    else if (a == "--identity-window-ms") window_ms = std::atoll(next());
-    else if (a == "--hold-ms") hold_ms = std::atoll(next());
-    else if (a == "--early-write-back") early_write_back = true;
-    else if (a == "--finalize-sync") finalize_sync = true;
-    else if (a == "--durability") {
-      const std::string d = next();
-      if (d == "none") durability = WC_DURABILITY_NONE;
-      else if (d == "async") durability = WC_DURABILITY_ASYNC;
-      else if (d == "full") durability = WC_DURABILITY_FULL;
-      else die("--durability: none, async or full");
-    }
-    else if (a == "-h" || a == "--help") {
-      std::printf("usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] "
-                  "[--json] [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--finalize-sync] [--hold-ms MS]\n");
-      return 0;
-    } else die("unknown argument " + a + " (--help)");
+  weightcache::example::CommandLine cl(argc, argv, "weightcache-ggml", kUsage);
+  while (cl.next()) {
+    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1) ||
+        cl.take("--steps", steps, 1) || cl.flag("--json", json) || cl.take("--hold-ms", hold_ms, 0) ||
+        cl.flag("--early-write-back", early_write_back) || cl.flag("--finalize-sync", finalize_sync))
+      continue;
+    cl.unknown();
   }
-  if (model_path.empty()) die("--model is required");
-  if (no_repack && !cache_path.empty()) die("--cache and --no-repack exclude each other");
-  if (threads < 1 || steps < 1) die("--threads and --steps must be at least 1");
+  cl.require("--model", model_path);
+  repack.check(cl);
   ggml_log_set([](ggml_log_level level, const char* text, void*) {
     if (level >= GGML_LOG_LEVEL_WARN || std::getenv("WEIGHTCACHE_GGML_VERBOSE") != nullptr) std::fputs(text, stderr);
   }, nullptr);
@@ -204,19 +189,19 @@ int main(int argc, char** argv) {
   // The cache and its buffer types (one per layout this CPU's ggml writes), or none.
   wc_cache* cache = nullptr;
   wc_ggml* wg = nullptr;
-  if (!cache_path.empty()) {
+  if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    o.path = cache_path.c_str();
+    o.path = repack.cache_path.c_str();
     o.compat_key = "weightcache-ggml";
-    o.durability = durability;
+    o.durability = repack.durability;
     // The buffer type finalizes on a background thread once loading ends: a load that starts
     // write-back at every insert would only wait on the disk sooner (--early-write-back shows it).
     o.write_back_early = early_write_back ? 1 : 0;
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
     wc_ggml_options go;
     wc_ggml_options_init(&go);
-    go.identity_window_ms = window_ms;
+    go.identity_window_ms = repack.identity_window_ms;
     if (finalize_sync) go.finalize_when_loaded = 1;  // durable before the load returns
     if (wc_ggml_create(cache, &go, &wg) != WC_OK) die(std::string("wc_ggml_create: ") + wc_ggml_last_error());
   }
@@ -245,7 +230,7 @@ int main(int argc, char** argv) {
     ggml_tensor* src = ggml_get_tensor(meta, name);
     const std::uint8_t* at = map + data_at + gguf_get_tensor_offset(gg, i);
     if (at + ggml_nbytes(src) > map + st.st_size) die(std::string("tensor ") + name + " runs past the end of the file");
-    ggml_backend_buffer_type_t stock = no_repack ? nullptr : wc_ggml_stock_buffer_type(src);
+    ggml_backend_buffer_type_t stock = repack.no_repack ? nullptr : wc_ggml_stock_buffer_type(src);
     ggml_backend_buffer_type_t buft = stock;
     if (wg != nullptr && stock != nullptr) {
       if (ggml_backend_buffer_type_t ours = wc_ggml_buffer_type_for(wg, src); ours != nullptr) buft = ours;
@@ -362,13 +347,13 @@ int main(int argc, char** argv) {
   const double durable_ms = ms_since(t0);
   XXH3_freeState(hs);
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-  const Usage cu = file_usage(cache_path), mu = file_usage(model_path);
+  const Usage cu = file_usage(repack.cache_path), mu = file_usage(model_path);
   // --hold-ms: also after measuring, so processes started together all measure while all are mapped.
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
   wc_ggml_stats gs;
   wc_ggml_stats_init(&gs);
   if (wg != nullptr) (void)wc_ggml_get_stats(wg, &gs);
-  const char* mode = !cache_path.empty() ? "weightcache" : no_repack ? "no-repack" : "repack";
+  const char* mode = repack.mode();
   char sum[32];
   std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(checksum));
   if (json) {

@@ -27,7 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "../common/command_line.hpp"
 #include "../common/proc_usage.hpp"
+#include "../common/repack_options.hpp"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -37,6 +39,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using weightcache::example::file_usage;
 using weightcache::example::status_kib;
+
+constexpr const char* kUsage =
+    "usage: weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--prompt TEXT]\n"
+    "  [--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS]\n"
+    "  [--no-mmap] [--keep-source-pages]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -69,47 +76,23 @@ std::string json_escape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path, cache_path, prompt = "Once upon a time, in a land far away,";
-  bool no_repack = false, json = false, no_mmap = false, keep_source_pages = false;
+  std::string model_path, prompt = "Once upon a time, in a land far away,";
+  bool json = false, no_mmap = false, keep_source_pages = false;
   int threads = static_cast<int>(std::max(1u, std::min(4u, std::thread::hardware_concurrency())));
   int n_predict = 16;
-  long long window_ms = 60000, hold_ms = 0;
-  wc_durability durability = WC_DURABILITY_FULL;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) die("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--model") model_path = next();
-    else if (a == "--cache") cache_path = next();
-    else if (a == "--no-repack") no_repack = true;
-    else if (a == "--threads") threads = std::atoi(next());
-    else if (a == "--prompt") prompt = next();
-    else if (a == "--n-predict") n_predict = std::atoi(next());
-    else if (a == "--json") json = true;
-    else if (a == "--no-mmap") no_mmap = true;
-    else if (a == "--keep-source-pages") keep_source_pages = true;
-    else if (a == "--identity-window-ms") window_ms = std::atoll(next());
-    else if (a == "--hold-ms") hold_ms = std::atoll(next());
-    else if (a == "--durability") {
-      const std::string d = next();
-      if (d == "none") durability = WC_DURABILITY_NONE;
-      else if (d == "async") durability = WC_DURABILITY_ASYNC;
-      else if (d == "full") durability = WC_DURABILITY_FULL;
-      else die("--durability: none, async or full");
-    } else if (a == "-h" || a == "--help") {
-      std::printf("usage: weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--prompt TEXT] "
-                  "[--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS] "
-                  "[--no-mmap] [--keep-source-pages]\n");
-      return 0;
-    } else {
-      die("unknown argument " + a + " (--help)");
-    }
+  long long hold_ms = 0;
+  weightcache::example::RepackOptions repack;
+  weightcache::example::CommandLine cl(argc, argv, "weightcache-llama", kUsage);
+  while (cl.next()) {
+    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1) ||
+        cl.take("--prompt", prompt) || cl.take("--n-predict", n_predict, 0) || cl.flag("--json", json) ||
+        cl.flag("--no-mmap", no_mmap) || cl.flag("--keep-source-pages", keep_source_pages) ||
+        cl.take("--hold-ms", hold_ms, 0))
+      continue;
+    cl.unknown();
   }
-  if (model_path.empty()) die("--model is required");
-  if (no_repack && !cache_path.empty()) die("--cache and --no-repack exclude each other");
-  if (threads < 1 || n_predict < 0) die("--threads must be at least 1, --n-predict at least 0");
+  cl.require("--model", model_path);
+  repack.check(cl);
   llama_log_set([](ggml_log_level level, const char* text, void*) {
     if (level >= GGML_LOG_LEVEL_WARN || std::getenv("WEIGHTCACHE_LLAMA_VERBOSE") != nullptr) std::fputs(text, stderr);
   }, nullptr);
@@ -119,7 +102,7 @@ int main(int argc, char** argv) {
   const auto t0 = Clock::now();
   llama_model_params mp = llama_model_default_params();
   mp.use_mmap = !no_mmap;
-  if (no_repack) mp.use_extra_bufts = false;
+  if (repack.no_repack) mp.use_extra_bufts = false;
   mp.progress_callback = [](float, void*) { return true; };  // no progress dots on stderr
   wc_cache* cache = nullptr;
   wc_llama* wl = nullptr;
@@ -129,18 +112,18 @@ int main(int argc, char** argv) {
   // with the cache, what was routed and, when nothing was, why.
   wc_llama_routing routing;
   wc_llama_routing_init(&routing);
-  if (!cache_path.empty()) {
+  if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    o.path = cache_path.c_str();
+    o.path = repack.cache_path.c_str();
     o.compat_key = "weightcache-llama";
-    o.durability = durability;
+    o.durability = repack.durability;
     o.write_back_early = 0;  // the buffer type finalizes on its background thread once loaded
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
     open_ms = ms_since(t0);
     wc_ggml_options go;
     wc_ggml_options_init(&go);
-    go.identity_window_ms = window_ms;
+    go.identity_window_ms = repack.identity_window_ms;
     if (keep_source_pages) go.drop_source_pages = 0;
     if (wc_llama_create(cache, &go, &wl) != WC_OK) die(std::string("wc_llama_create: ") + wc_ggml_last_error());
     create_ms = ms_since(t0) - open_ms;
@@ -152,7 +135,7 @@ int main(int argc, char** argv) {
   }
   // Stock and no-repack: the same report, outside the timed load.
   const auto t_load = Clock::now();
-  if (cache_path.empty()) {
+  if (!repack.cached()) {
     llama_model_params stock = llama_model_default_params();
     stock.use_mmap = mp.use_mmap;
     if (wc_llama_stock_routing(model_path.c_str(), &stock, &routing) != WC_OK)
@@ -218,10 +201,10 @@ int main(int argc, char** argv) {
     (void)wc_ggml_get_stats(wc_llama_ggml(wl), &gs);
   }
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-  const auto cu = file_usage(cache_path), mu = file_usage(model_path);
+  const auto cu = file_usage(repack.cache_path), mu = file_usage(model_path);
   const std::uint64_t anon_end = status_kib("RssAnon:"), file_end = status_kib("RssFile:");
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-  const char* mode = !cache_path.empty() ? "weightcache" : no_repack ? "no-repack" : "repack";
+  const char* mode = repack.mode();
   const double pp = toks.empty() ? 0 : static_cast<double>(toks.size()) / (prompt_ms / 1000.0);
   const double tg = n_predict == 0 ? 0 : static_cast<double>(n_predict) / (gen_ms / 1000.0);
   if (json) {
@@ -232,7 +215,7 @@ int main(int argc, char** argv) {
         "\"load_ms\":%.3f,\"open_ms\":%.3f,\"create_ms\":%.3f,\"params_ms\":%.3f,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,\"rss_anon_load_delta_bytes\":%llu,"
         "\"rss_anon_end_bytes\":%llu,\"rss_file_end_bytes\":%llu,\"routed\":%zu,\"repacked\":%llu,"
         "\"served_from_cache\":%llu,\"heap_fallbacks\":%llu,\"source_bytes_hashed\":%llu,\"source_bytes_dropped\":%llu,"
-        "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"model_rss_bytes\":%llu,"
+        "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
         "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu,"
         "\"stock_repacked\":%zu,\"stock_buffer_types\":\"%s\",\"why_none\":\"%s\",\"cpu\":\"%s\"}\n",
@@ -244,7 +227,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(gs.heap_fallbacks), static_cast<unsigned long long>(gs.source_bytes_hashed),
         static_cast<unsigned long long>(gs.source_bytes_dropped), wc_status_string(finished),
         static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
-        static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
+        static_cast<unsigned long long>(cu.private_dirty) * 1024, static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
         ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str(), static_cast<unsigned long long>(cs.trusted_entries),
         static_cast<unsigned long long>(cs.verified_ahead), routing.stock_repacked,
         json_escape(routing.stock_buffer_types).c_str(), json_escape(routing.why_none).c_str(),

@@ -49,6 +49,7 @@
 #include <onnxruntime_c_api.h>
 #include <weightcache/onnxruntime.h>
 
+#include "../common/command_line.hpp"
 #include "proc_smaps.hpp"
 
 namespace {
@@ -57,7 +58,8 @@ namespace smaps = weightcache::smaps;
 
 const OrtApi* g_ort = nullptr;
 
-// An ONNX Runtime or usage error: caught in main (or in a session thread, then reported by main).
+// An ONNX Runtime error: caught in main (or in a session thread, then reported by main). A usage
+// error ends the process from the command line parser (../common/command_line.hpp).
 struct host_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -99,67 +101,31 @@ const char* k_usage =
     "  [--threads-sessions] [--runs R] [--batch B] [--seq S] [--seed N] [--cache-file PATH]\n"
     "  [--out FILE] [--compare FILE [--rtol X] [--atol Y]] [--json] [--log-level verbose|info|warning|error]\n";
 
-std::pair<std::string, std::string> split_pair(const std::string& arg) {
-  const auto eq = arg.find('=');
-  if (eq == std::string::npos || eq == 0) throw host_error("expected key=value, got '" + arg + "'");
-  return {arg.substr(0, eq), arg.substr(eq + 1)};
-}
-
-long long parse_int(const std::string& s, const char* flag, long long min) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < min) throw host_error(std::string(flag) + ": bad value '" + s + "'");
-  return v;
-}
-
 options parse_args(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw host_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model") o.model = value();
-    else if (a == "--ep") o.ep = value();
-    else if (a == "--ep-library") o.ep_library = value();
-    else if (a == "--option") o.ep_options.push_back(split_pair(value()));
-    else if (a == "--session-option") o.session_options.push_back(split_pair(value()));
-    else if (a == "--intra-threads") o.intra_threads = static_cast<int>(parse_int(value(), "--intra-threads", 0));
-    else if (a == "--sessions") o.sessions = static_cast<int>(parse_int(value(), "--sessions", 1));
-    else if (a == "--threads-sessions") o.threads_sessions = true;
-    else if (a == "--runs") o.runs = static_cast<int>(parse_int(value(), "--runs", 1));
-    else if (a == "--batch") o.batch = parse_int(value(), "--batch", 1);
-    else if (a == "--seq") o.seq = parse_int(value(), "--seq", 1);
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(value(), "--seed", 0));
-    else if (a == "--cache-file") o.cache_file = value();
-    else if (a == "--barrier") o.barrier_dir = value();
-    else if (a == "--processes") o.processes = static_cast<int>(parse_int(value(), "--processes", 1));
-    else if (a == "--out") o.out_file = value();
-    else if (a == "--compare") o.compare_file = value();
-    else if (a == "--rtol") o.rtol = std::atof(value().c_str());
-    else if (a == "--atol") o.atol = std::atof(value().c_str());
-    else if (a == "--json") o.json = true;
-    else if (a == "--log-level") {
-      const std::string l = value();
-      if (l == "verbose") o.log_level = ORT_LOGGING_LEVEL_VERBOSE;
-      else if (l == "info") o.log_level = ORT_LOGGING_LEVEL_INFO;
-      else if (l == "warning") o.log_level = ORT_LOGGING_LEVEL_WARNING;
-      else if (l == "error") o.log_level = ORT_LOGGING_LEVEL_ERROR;
-      else throw host_error("--log-level: verbose, info, warning or error");
-    } else if (a == "--help" || a == "-h") {
-      std::fputs(k_usage, stdout);
-      std::exit(0);
-    } else {
-      throw host_error("unknown argument '" + a + "'\n" + k_usage);
-    }
+  weightcache::example::CommandLine cl(argc, argv, "weightcache-ort-host", k_usage);
+  while (cl.next()) {
+    if (cl.take("--model", o.model) || cl.take("--ep", o.ep) || cl.take("--ep-library", o.ep_library) ||
+        cl.take("--option", o.ep_options) || cl.take("--session-option", o.session_options) ||
+        cl.take("--intra-threads", o.intra_threads, 0) || cl.take("--sessions", o.sessions, 1) ||
+        cl.flag("--threads-sessions", o.threads_sessions) || cl.take("--runs", o.runs, 1) ||
+        cl.take("--batch", o.batch, 1) || cl.take("--seq", o.seq, 1) || cl.take("--seed", o.seed, 0) ||
+        cl.take("--cache-file", o.cache_file) || cl.take("--barrier", o.barrier_dir) ||
+        cl.take("--processes", o.processes, 1) || cl.take("--out", o.out_file) ||
+        cl.take("--compare", o.compare_file) || cl.take("--rtol", o.rtol) || cl.take("--atol", o.atol) ||
+        cl.flag("--json", o.json) ||
+        cl.choose("--log-level", o.log_level,
+                  {{"verbose", ORT_LOGGING_LEVEL_VERBOSE}, {"info", ORT_LOGGING_LEVEL_INFO},
+                   {"warning", ORT_LOGGING_LEVEL_WARNING}, {"error", ORT_LOGGING_LEVEL_ERROR}}))
+      continue;
+    cl.unknown();
   }
-  if (o.model.empty()) throw host_error(std::string("--model is required\n") + k_usage);
-  if (o.ep != "cpu" && o.ep != "weightcache") throw host_error("--ep: cpu or weightcache");
-  if (o.ep == "weightcache" && o.ep_library.empty()) throw host_error("--ep weightcache needs --ep-library ABS_PATH");
+  cl.require("--model", o.model);
+  if (o.ep != "cpu" && o.ep != "weightcache") cl.fail("--ep: cpu or weightcache");
+  if (o.ep == "weightcache" && o.ep_library.empty()) cl.fail("--ep weightcache needs --ep-library ABS_PATH");
   // ONNX Runtime resolves a relative library path against its own directory, not ours.
   if (!o.ep_library.empty() && o.ep_library.front() != '/')
-    throw host_error("--ep-library must be an absolute path (ONNX Runtime resolves a relative one against its own directory)");
+    cl.fail("--ep-library must be an absolute path (ONNX Runtime resolves a relative one against its own directory)");
   return o;
 }
 
