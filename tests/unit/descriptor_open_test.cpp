@@ -116,8 +116,9 @@ TEST(DescriptorOpen, TwoKeysOpeningOneFileAtOnceGiveOneCacheAndOneIncompatibleNe
       // By path, a "key B" open that went first rebuilt the file under a new name's inode: a
       // descriptor of the old file then opens that (a file of its own, still "key A"). Two opens
       // of one name, or of one descriptor's file, give exactly one cache.
-      if (how_a == how_b)
+      if (how_a == how_b) {
         EXPECT_NE(a.ok(), b.ok()) << "both got a cache of one file under two keys";
+      }
       a = Error{Errc::io, 0, "closed"};
       b = Error{Errc::io, 0, "closed"};
       ::close(fd_a);
