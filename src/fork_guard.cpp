@@ -14,6 +14,7 @@
 
 #if !defined(_WIN32)
 #include "core.hpp"
+#include "format/format.hpp"
 #include "log.hpp"
 #include "platform/platform.hpp"
 #include "registry.hpp"
@@ -57,6 +58,24 @@ void install() noexcept {
   static const bool registered = ::pthread_atfork(&prepare, &in_parent, &in_child) == 0;
   (void)registered;
 }
+
+namespace {
+// At load (the program's start, or dlopen), before any thread can be in the library: the
+// handlers above, and every function-local static a child's open or log line reads but no
+// handler serializes. Made lazily, at a parent thread's first open or log line, each could be
+// half-made at a fork: pthread_atfork itself waits while a fork is in progress, so a thread
+// registering then held the static's guard across the fork, and the child's own open waited on
+// that guard forever (fork_generation, process_hash_seed; the registration above too).
+struct AtLoad {
+  AtLoad() noexcept {
+    install();
+    (void)platform::fork_generation();
+    (void)format::process_hash_seed();
+    (void)platform::os().map_granularity();
+  }
+};
+const AtLoad g_at_load;
+}  // namespace
 #endif
 
 }  // namespace weightcache::fork_guard

@@ -98,7 +98,11 @@ struct State {
   std::string env_complaint;
   std::atomic<bool> complaint_pending{false};
 
+  // Called for a message that passed the level: the complaint goes out before it, if warnings
+  // pass too; else it waits for a message logged while they do (a host that set error or off
+  // does not see it, as it sees no other warning).
   void say_env_complaint() {
+    if (kWarn < level.load(std::memory_order_relaxed)) return;
     std::string text;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -106,7 +110,7 @@ struct State {
       complaint_pending.store(false, std::memory_order_relaxed);
       text.swap(env_complaint);
     }
-    if (kWarn >= level.load(std::memory_order_relaxed)) write(kWarn, text);
+    write(kWarn, text);
   }
 
   void write(Level l, std::string_view text) {
@@ -182,9 +186,9 @@ State& state() {
 void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t n) noexcept {
   try {
     State& s = state();
-    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     const Level l = to_level(level);
     if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
+    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     std::string text;
     text::format_to(text, f, args, n);
     s.write(l, text);
@@ -195,9 +199,9 @@ void vlog(LogLevel level, std::string_view f, const text::Arg* args, std::size_t
 void vlog(LogLevel level, fmt::string_view f, fmt::format_args args) noexcept {
   try {
     State& s = state();
-    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     const Level l = to_level(level);
     if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;  // nothing formatted below the level
+    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     fmt::basic_memory_buffer<char, 250> text;
     fmt::vformat_to(fmt::appender(text), f, args);
     s.write(l, std::string_view(text.data(), text.size()));
@@ -211,6 +215,7 @@ void message(LogLevel level, std::string_view text) noexcept {
     State& s = state();
     const Level l = to_level(level);
     if (l < s.level.load(std::memory_order_relaxed) || l == kOff) return;
+    if (s.complaint_pending.load(std::memory_order_relaxed)) s.say_env_complaint();
     s.write(l, text);
   } catch (...) {
   }

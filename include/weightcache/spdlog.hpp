@@ -70,6 +70,7 @@
 
 #include <spdlog/logger.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -138,7 +139,6 @@ struct Route {
 struct Routes {
   std::mutex mu;
   std::shared_ptr<Route> current;  // the route installed, or null
-  bool held_across_fork = false;   // the atfork handlers below are registered (under mu)
 };
 
 inline Routes& routes() {
@@ -150,17 +150,23 @@ inline Routes& routes() {
 // fork() while another thread makes or ends a route would leave `mu` locked forever in the child,
 // where that thread does not exist: the child's first route_log_to or LogRoute::end (a
 // destructor at exit) would never return. So `mu` is held across fork, as the library holds its
-// own locks. Registered after the library's handlers (the first set_log_callback registers
-// those, and install() has called it): prepare handlers run in reverse order of registration,
-// so this one takes `mu` before the library's takes its log lock, the order a route takes them.
+// own locks. Registered at the first route, after the library's handlers (which it registers
+// when it is loaded): prepare handlers run in reverse order of registration, so this one takes
+// `mu` before the library's takes its log lock, the order a route takes them. Registered with
+// no lock or static guard held: pthread_atfork waits while a fork is in progress, and whatever
+// the registering thread held then would stay held in the child.
 inline void lock_for_fork() noexcept { routes().mu.lock(); }
 inline void unlock_after_fork() noexcept { routes().mu.unlock(); }
-inline void hold_across_fork(Routes& all) noexcept {  // under all.mu, after install()
-  if (!all.held_across_fork)
-    all.held_across_fork = ::pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork) == 0;
+inline void hold_across_fork() noexcept {
+  static std::atomic<int> state{0};  // constant-initialized: no guard. 1: registering, 2: done
+  int expected = 0;
+  if (state.load(std::memory_order_acquire) != 0 || !state.compare_exchange_strong(expected, 1)) return;
+  (void)routes();  // made before a prepare handler needs it
+  (void)::pthread_atfork(&lock_for_fork, &unlock_after_fork, &unlock_after_fork);
+  state.store(2, std::memory_order_release);
 }
 #else
-inline void hold_across_fork(Routes&) noexcept {}  // no fork() here
+inline void hold_across_fork() noexcept {}  // no fork() here
 #endif
 
 // The library's callback: the message, its exact bytes, at the mapped level. Never throws into
@@ -270,11 +276,11 @@ inline LogRoute route_log_to(std::shared_ptr<spdlog::logger> logger, LogRouteLev
   auto route = std::make_shared<spdlog_detail::Route>();
   route->logger = std::move(logger);
   route->level_from_logger = level == LogRouteLevel::from_logger;
+  spdlog_detail::hold_across_fork();
   spdlog_detail::Routes& routes = spdlog_detail::routes();
   std::lock_guard<std::mutex> lock(routes.mu);
   route->previous = routes.current;
   spdlog_detail::install(route);
-  spdlog_detail::hold_across_fork(routes);
   routes.current = route;
   return LogRoute(std::move(route));
 }

@@ -41,7 +41,7 @@
  *   child does work: the child checks entries itself, and its close leaves the parent's lease,
  *   file and reservations alone.) The child may open caches of its own and log, whatever the
  *   parent's other threads were doing in the library at the fork (opening or closing caches,
- *   logging): from its first open or log message on, the library holds its process-wide locks
+ *   logging, the first ones included): from its loading on, the library holds its process-wide locks
  *   across fork() (pthread_atfork handlers), so fork() waits until no other thread is inside one,
  *   at worst until a log callback in progress returns; never fork() from inside the log callback
  *   (it would wait for itself). A child's open of a file that a parent thread was opening at the
@@ -715,9 +715,9 @@ WC_API const char* wc_last_error(void);
  * negative one, 7 and up) is refused: the level stays as it was, and a warning says so. The
  * default is WC_LOG_WARN, or the level named by the environment variable WEIGHTCACHE_LOG_LEVEL
  * (trace, debug, info, warn, error, critical or off; any other value, the empty one included,
- * keeps WC_LOG_WARN and says once on the log that it is not a level, naming these), read once
- * per process, before the first message or the first call to wc_set_log_level or
- * wc_set_log_callback. */
+ * keeps WC_LOG_WARN and says so once, naming these, before the first message logged while
+ * warnings pass), read once per process, before the first message or the first call to
+ * wc_set_log_level or wc_set_log_callback. */
 WC_API void wc_set_log_level(wc_log_level level);
 
 /** Routes log messages to `callback`, with `user` (NULL restores the default: formatted lines

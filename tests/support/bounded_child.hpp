@@ -30,6 +30,18 @@ inline constexpr bool kUnderAsan = false;
 inline constexpr bool kUnderAsan = false;
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kUnderTsan = true;
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+
 // Generous: a child that opens a small cache and logs a line takes milliseconds; only a child
 // that waits for a lock nobody will release takes this long.
 inline constexpr std::chrono::seconds kHangBound{20};
