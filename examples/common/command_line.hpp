@@ -11,6 +11,7 @@
 //   cl.require("--model", model);
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -53,16 +54,20 @@ class CommandLine {
     return true;
   }
   template <class Int, std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, bool>, int> = 0>
-  bool take(const char* name, Int& out, long long least) {
+  // A whole number from `least` to `most` (at most what Int holds).
+  bool take(const char* name, Int& out, long long least,
+            long long most = static_cast<long long>(std::min<unsigned long long>(
+                std::numeric_limits<Int>::max(), std::numeric_limits<long long>::max()))) {
     if (arg_ != name) return false;
     const std::string v = value();
     char* end = nullptr;
     errno = 0;
     const long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno != 0 || n < least)
-      fail(std::string(name) + ": '" + v + "' is not a whole number of at least " + std::to_string(least));
-    if (static_cast<unsigned long long>(n) > static_cast<unsigned long long>(std::numeric_limits<Int>::max()))
-      fail(std::string(name) + ": " + v + " is too large");
+    const long long cap = static_cast<long long>(
+        std::min<unsigned long long>(static_cast<unsigned long long>(most), std::numeric_limits<Int>::max()));
+    if (v.empty() || *end != '\0' || errno != 0 || n < least || n > cap)
+      fail(std::string(name) + ": '" + v + "' is not a whole number from " + std::to_string(least) + " to " +
+           std::to_string(cap));
     out = static_cast<Int>(n);
     return true;
   }

@@ -131,6 +131,9 @@ void fill_input(std::vector<float>& v, std::uint64_t seed) {
 
 }  // namespace
 
+// ggml's own limit (GGML_MAX_N_THREADS); 100,000 threads crashed inside its thread pool.
+constexpr int kMaxThreads = 512;
+
 int main(int argc, char** argv) {
   std::string model_path;
   bool json = false;
@@ -141,7 +144,7 @@ int main(int argc, char** argv) {
   bool early_write_back = false, finalize_sync = false;
   weightcache::example::CommandLine cl(argc, argv, "weightcache-ggml", kUsage);
   while (cl.next()) {
-    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1) ||
+    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1, kMaxThreads) ||
         cl.take("--steps", steps, 1) || cl.flag("--json", json) || cl.take("--hold-ms", hold_ms, 0) ||
         cl.flag("--early-write-back", early_write_back) || cl.flag("--finalize-sync", finalize_sync))
       continue;

@@ -75,6 +75,9 @@ std::string json_escape(const std::string& s) {
 
 }  // namespace
 
+// ggml's own limit (GGML_MAX_N_THREADS); 100,000 threads crashed inside its thread pool.
+constexpr int kMaxThreads = 512;
+
 int main(int argc, char** argv) {
   std::string model_path, prompt = "Once upon a time, in a land far away,";
   bool json = false, no_mmap = false, keep_source_pages = false;
@@ -84,7 +87,7 @@ int main(int argc, char** argv) {
   weightcache::example::RepackOptions repack;
   weightcache::example::CommandLine cl(argc, argv, "weightcache-llama", kUsage);
   while (cl.next()) {
-    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1) ||
+    if (cl.take("--model", model_path) || repack.take(cl) || cl.take("--threads", threads, 1, kMaxThreads) ||
         cl.take("--prompt", prompt) || cl.take("--n-predict", n_predict, 0) || cl.flag("--json", json) ||
         cl.flag("--no-mmap", no_mmap) || cl.flag("--keep-source-pages", keep_source_pages) ||
         cl.take("--hold-ms", hold_ms, 0))

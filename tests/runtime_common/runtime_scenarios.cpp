@@ -250,6 +250,28 @@ TEST_P(RuntimeSuite, AnImpossibleCachePathStillGivesTheStockOutputs) {
   EXPECT_FALSE(fs::exists(f("file") + "/c.wcache"));
 }
 
+// The examples' one command line: an argument it cannot take ends the program with exit 1 and a
+// line that names the program and the argument, before any model is read; never a crash. Threads
+// past ggml's own limit (GGML_MAX_N_THREADS, 512) crashed both programs inside ggml's thread pool.
+TEST_P(RuntimeSuite, ArgumentsItCannotTakeExitOneWithTheirReason) {
+  const std::string model = f("m.gguf");
+  ASSERT_NO_FATAL_FAILURE(make_model(model));
+  const std::vector<std::vector<std::string>> bad = {
+      {"--threads", "100000"}, {"--threads", "513"},  {"--threads", "0"},  {"--threads", "-1"},
+      {"--threads", "x"},      {"--threads", "99999999999999999999"},     {"--threads"},
+      {"--no-such-option"}};
+  for (const auto& extra : bad) {
+    std::vector<std::string> args = {"--model", model};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ToolRun r = run(p_.program, args);
+    std::string what;
+    for (const auto& a : extra) what += " " + a;
+    EXPECT_EQ(r.code, 1) << what << ": " << r.describe();
+    EXPECT_EQ(r.err.rfind(std::string(p_.program) + ": ", 0), 0u) << what << ": " << r.describe();
+    EXPECT_NE(r.err.find(extra[0]), std::string::npos) << what << ": the reason does not name it: " << r.err;
+  }
+}
+
 // ---- memory --------------------------------------------------------------------------------------
 
 // Four processes started together on a warm cache, each holding it mapped while all of them
