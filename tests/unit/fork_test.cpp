@@ -190,6 +190,10 @@ TEST(Fork, AChildForkedBesideTheProcesssFirstOpenOpensItsOwn) {
   if (kUnderTsan)
     GTEST_SKIP() << "thousands of forks of new processes, each costly under TSan, for no data race: the main build "
                     "runs it";
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  GTEST_SKIP() << "under an emulator each of the thousands of forks here copies the emulator too: the native builds "
+                  "run it";
+#endif
   TempDir dir;
   for (int run = 0; run < 60; ++run) {
     const ExitStatus st = run_process(kChildExe, {"fork-at-first-use", dir.path().string()});
