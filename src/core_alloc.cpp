@@ -71,8 +71,12 @@ Result<std::uint64_t> HeapArena::place(std::uint64_t from, std::uint64_t size, s
     Chunk& c = chunks_[n - 1];
     const std::uint64_t off = align_up(std::max(from, c.start), align);
     if (off + size >= off && off + size <= c.start + c.space.size()) {
-      if (auto r = commit(c, off - c.start + size, gran); !r) return r.error();
-      return off;
+      auto r = commit(c, off - c.start + size, gran);
+      if (r) return off;
+      // The rest of this chunk cannot be committed. On Windows without placeholder support that
+      // can be for good: another allocation took part of its address range while a mapping
+      // released and reserved it again (src/platform/win32_segments.cpp). A new chunk after it
+      // takes the entry if memory allows (else its own error says why); the rest stays unused.
     }
   }
   if (size > kMaxEntrySize) return Error{Errc::no_memory, 0, "heap arena exhausted"};
