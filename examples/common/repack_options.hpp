@@ -15,7 +15,7 @@ namespace weightcache::example {
 struct RepackOptions {
   std::string cache_path;                         // --cache PATH: the repacked weights from this cache file
   bool no_repack = false;                         // --no-repack: plain buffers, nothing repacked
-  long long identity_window_ms = 60000;           // wc_ggml_options::identity_window_ms
+  long long identity_window_ms = 0;               // wc_ggml_options::identity_window_ms
   wc_durability durability = WC_DURABILITY_FULL;  // wc_options::durability
 
   // The current argument is one of these options: it is taken.

@@ -29,8 +29,11 @@
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
  * handed to set_tensor are that file's own pages at that offset, on a file system whose times
- * follow every store, and when the file's last change is older than identity_window_ms. Every
- * other load hashes the tensor's bytes. A changed GGUF therefore never reaches stale repacked
+ * follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its
+ * file system's change window (10 ms where change times have nanoseconds, else 2 s) and than
+ * identity_window_ms. The load that hashes a tensor records that entry at once where the file is
+ * that old, waiting first for a write to the file still in progress to end. Every other load
+ * hashes the tensor's bytes. A changed GGUF therefore never reaches stale repacked
  * bytes: its identity moved, or its bytes are hashed.
  *
  * Errors never abort and never give wrong weights: a tensor the cache cannot take (full disk, an
@@ -62,10 +65,11 @@ typedef struct wc_ggml wc_ggml;
 typedef struct wc_ggml_options {
   /** sizeof(wc_ggml_options): set by wc_ggml_options_init. */
   uint32_t struct_size;
-  /** How long ago (ms) a GGUF file's last change must be before its identity stands in for
-   * hashing its bytes (default 60000, least 2000): a second write within one timestamp tick of
-   * the first leaves the file's times unchanged, and a write still copying bytes when it began
-   * would be taken half done. */
+  /** A floor (ms, 0 to 86400000) on how long ago a GGUF file's last change must be before its
+   * identity stands in for hashing its bytes. Default 0: the file system's own change window
+   * alone (10 ms where change times have nanoseconds, 2 s where whole seconds), past which a
+   * second write always moves the file's change time (docs/DESIGN.md, "ggml keys"). A host whose
+   * clock may be stepped back sets more. */
   int64_t identity_window_ms;
   /** After a tensor is served from the cache, give back this process's mapping of its GGUF
    * source pages (madvise MADV_DONTNEED on the whole pages inside the tensor, only where they are

@@ -35,9 +35,10 @@
  *   threads     compute threads per layer, 1 to 256 (default 1)
  *   lease_timeout_ms  how long a session waits for another process's writer lease (default 1000)
  *   weights_cache     on | off (off: XNNPACK packs into its own memory, the no-cache baseline)
- *   identity_window_ms  2000 or more (default 60000): an external data file changed less than this
- *               long ago is hashed at every session instead of being found by its file identity
- *               (docs/DESIGN.md, "ONNX Runtime keys")
+ *   identity_window_ms  0 to 86400000 (default 0): a floor on how long ago an external data file's
+ *               last change must be before its file identity stands in for hashing its bytes; 0
+ *               leaves the file system's own change window (10 ms where change times have
+ *               nanoseconds, 2 s where whole seconds; docs/DESIGN.md, "ONNX Runtime keys")
  * An unknown key or value fails session creation with a message that names it and lists the
  * accepted values (ORT reports ORT_FAIL around the provider's INVALID_ARGUMENT).
  *

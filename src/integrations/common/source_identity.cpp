@@ -1,10 +1,14 @@
 #include "source_identity.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <memory>
+#include <new>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,7 +25,6 @@ namespace weightcache::source {
 
 namespace {
 
-
 std::string shape_suffix(const WeightSource& w) {
   std::string s = "|t" + std::to_string(w.element_type) + "|";
   for (std::size_t i = 0; i < w.dims.size(); ++i) s += (i ? "x" : "") + std::to_string(w.dims[i]);
@@ -29,13 +32,22 @@ std::string shape_suffix(const WeightSource& w) {
   return s;
 }
 
+std::string content_key(XXH128_hash_t h, const WeightSource& w) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return std::string("xxh3|") + buf + shape_suffix(w);
+}
+
+}  // namespace
+
 // File systems on which every change of a file's bytes moves its ctime, stores through a shared
 // writable mapping included once their pages have been written back (the page is write-protected
-// again, and the next store faults into page_mkwrite, which updates the times): ext4 (and ext2/3
-// through it), xfs, btrfs, f2fs. Not tmpfs (stores through a mapping never touch its times),
-// network or FUSE file systems (another host's writes), nor anything unknown: their external data
-// is hashed at every session.
-}  // namespace
+// again, and the next store faults into page_mkwrite, which updates the times), and whose buffered
+// writes hold the lock settle() waits on: ext4 (and ext2/3 through it), xfs, btrfs, f2fs. Not
+// tmpfs (stores through a mapping never touch its times), overlayfs (the pages are the lower
+// file's), network or FUSE file systems (another host's writes), nor anything unknown: their
+// external data is hashed at every session.
 
 bool times_track_every_store(const std::string& path) {
   struct statfs fs {};
@@ -65,22 +77,37 @@ std::string hex_digest(const void* data, std::size_t size) {
   return buf;
 }
 
-FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t window_ns) {
-  FileIdentity f;
+std::int64_t change_clock_ns() {
   struct timespec now {};
-  if (!S_ISREG(st.st_mode) || !times_track) return f;
-  if (::clock_gettime(CLOCK_REALTIME, &now) != 0 || ns_of(now) - ns_of(st.st_ctim) < window_ns) return f;
+  if (::clock_gettime(CLOCK_REALTIME_COARSE, &now) != 0) return 0;
+  return ns_of(now);
+}
+
+std::int64_t change_window_ns(const struct stat& st) {
+  constexpr std::int64_t kFine = 10'000'000, kCoarse = 2'000'000'000;  // platform.hpp's two windows
+  return st.st_ctim.tv_nsec != 0 ? kFine : kCoarse;
+}
+
+FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t clock_ns, std::int64_t floor_ns) {
+  FileIdentity f;
+  if (!S_ISREG(st.st_mode) || !times_track || clock_ns <= 0) return f;
+  // A change after the clock's reading gets a change time at or past it: one older than the
+  // reading by more than the window can never be given again (docs/DESIGN.md, "ONNX Runtime keys").
+  const std::int64_t ctime = ns_of(st.st_ctim);
+  if (ctime <= 0 || ctime >= clock_ns - std::max(change_window_ns(st), floor_ns)) return f;
   f.file = "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
            std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
-           std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ns_of(st.st_ctim));
+           std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ctime);
   f.size = static_cast<std::int64_t>(st.st_size);
   return f;
 }
 
-FileIdentity file_part(const std::string& path, std::int64_t window_ns) {
+FileIdentity file_part(const std::string& path, std::int64_t floor_ns) {
+  if (path.empty()) return {};
+  const std::int64_t clock = change_clock_ns();  // before the stat
   struct stat st {};
-  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
-  return file_part_of(st, times_track_every_store(path), window_ns);
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return file_part_of(st, times_track_every_store(path), clock, floor_ns);
 }
 
 std::string file_identity_in(const FileIdentity& f, const WeightSource& w) {
@@ -90,26 +117,49 @@ std::string file_identity_in(const FileIdentity& f, const WeightSource& w) {
   return f.file + "|o" + std::to_string(w.external_offset) + shape_suffix(w);
 }
 
-std::string file_identity(const WeightSource& w, std::int64_t window_ns) {
+std::string file_identity(const WeightSource& w, std::int64_t floor_ns) {
   if (w.external_path.empty()) return {};
-  return file_identity_in(file_part(w.external_path, window_ns), w);
+  return file_identity_in(file_part(w.external_path, floor_ns), w);
 }
 
-bool write_back(const std::string& path) {
+bool settle(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
-  const bool ok = ::fdatasync(fd) == 0;
+  // A buffered write(2) holds the inode's lock from the moment it sets ctime until its last byte
+  // is copied. lseek(SEEK_HOLE) takes that lock on ext4, btrfs and f2fs, a read takes it on xfs:
+  // either returns only once a write in progress has ended.
+  bool ok = ::lseek(fd, 0, SEEK_HOLE) >= 0;
+  char byte;
+  ok = ok && ::pread(fd, &byte, 1, 0) >= 0;
+  ok = ok && ::fdatasync(fd) == 0;
   ::close(fd);
   return ok;
 }
 
-std::string content_identity(const WeightSource& w) {
-  const XXH128_hash_t h = XXH3_128bits(w.data, w.bytes);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  return std::string("xxh3|") + buf + shape_suffix(w);
+std::string file_content_identity(const WeightSource& w) {
+  if (w.external_path.empty() || w.external_offset < 0) return {};
+  const int fd = ::open(w.external_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  XXH3_state_t* state = XXH3_createState();
+  constexpr std::size_t kChunk = 1u << 20;
+  std::unique_ptr<unsigned char[]> buf(new (std::nothrow) unsigned char[kChunk]);
+  bool ok = state != nullptr && buf != nullptr && XXH3_128bits_reset(state) == XXH_OK;
+  for (std::size_t done = 0; ok && done < w.bytes;) {
+    const std::size_t want = std::min(kChunk, w.bytes - done);
+    const ssize_t n = ::pread(fd, buf.get(), want, static_cast<off_t>(w.external_offset) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0 && XXH3_128bits_update(state, buf.get(), static_cast<std::size_t>(n)) == XXH_OK;
+    done += n > 0 ? static_cast<std::size_t>(n) : 0;
+  }
+  ::close(fd);
+  std::string key;
+  if (ok) key = content_key(XXH3_128bits_digest(state), w);
+  XXH3_freeState(state);
+  return key;
 }
+
+std::string content_identity(const WeightSource& w) { return content_key(XXH3_128bits(w.data, w.bytes), w); }
+
 
 std::string default_cache_path(const std::string& model_path, const char* kind) {
   std::string dir;

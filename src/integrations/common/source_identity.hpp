@@ -8,18 +8,21 @@
 // - the file identity is the data file's device, inode, size, mtime and ctime to the nanosecond,
 //   plus the offset and length inside it. Any write to the file moves its ctime, which no program
 //   can set back; a file replaced by rename has another inode;
-// - a file whose ctime is within the identity window of now (identity_window_ms, default 60 s,
-//   at least 2 s) gets no such entry (and none is trusted for it): a second write within one
-//   timestamp tick of the first would leave ctime unchanged (2 s covers every file system), and a
-//   write(2) sets ctime when it starts, so a single write still copying bytes when the window
-//   ends would be recorded half done (60 s covers a write held up by dirty-page throttling). Its
-//   bytes are hashed instead, until the window has passed;
+// - a file whose ctime is within its file system's change window of the clock read before its
+//   stat (10 ms where change times are kept to the nanosecond, 2 s where whole seconds: the cache
+//   file's own rule, docs/DESIGN.md "How a change is known"), or within the host's floor
+//   (identity_window_ms, default 0), gets no such entry and none is trusted for it: a second
+//   write within one timestamp tick of the first would leave ctime unchanged. Its bytes are
+//   hashed instead, until the window has passed;
+// - a write(2) sets ctime when it starts, not when its last byte lands. Before hashing bytes it
+//   may record, the provider waits for a write in progress to end (settle: a call that takes the
+//   file's lock, which a buffered write holds while it copies), so a single long write begun
+//   before the window is never taken half done;
 // - a store through a shared writable mapping moves ctime only when it faults, that is on the
-//   first store to a page after the page was written back. So before hashing the bytes it
-//   records a mapping for, the provider writes the file back (write_back), and it records the
-//   mapping only when the file identity is the same after hashing as before the write-back;
-// - only file systems whose times follow every store qualify (ext4, xfs, btrfs, f2fs); on any
-//   other the bytes are hashed at every session.
+//   first store to a page after the page was written back. So settle also writes the file back,
+//   and a mapping is recorded only when the file identity is the same after hashing as before;
+// - only file systems whose times follow every store and whose writes hold that lock qualify
+//   (ext4, xfs, btrfs, f2fs); on any other the bytes are hashed at every session.
 // Keys never depend on which way they were found, so a file that ages past the window keeps
 // hitting the same packed entries.
 #pragma once
@@ -45,10 +48,20 @@ struct WeightSource {
 /// The content key of one weight (reads all of its bytes).
 std::string content_identity(const WeightSource& w);
 
+/// The clock the kernel stamps change times from (CLOCK_REALTIME_COARSE). Read before the stat
+/// whose change time it judges: a change after the reading gets a change time at or past it.
+std::int64_t change_clock_ns();
+
+/// The change window of a file on a file system whose times follow every store: 10 ms where its
+/// change time has a sub-second part (the file system keeps nanoseconds for it), else 2 s (whole
+/// seconds, as ext4 with 128-byte inodes keeps them). The cache file's rule
+/// (Platform::change_window_ns), for the file systems file identities are used on.
+std::int64_t change_window_ns(const struct stat& st);
+
 /// The file identity of an external weight ("" when it has none that can be trusted: embedded,
-/// the file cannot be examined, or it changed within the last kRecentChangeWindow).
-/// window_ns: how long ago the file's ctime must be (identity_window_ms).
-std::string file_identity(const WeightSource& w, std::int64_t window_ns);
+/// the file cannot be examined, or it changed within its change window, or within floor_ns).
+/// floor_ns: the host's least age for a file's ctime (identity_window_ms; 0: the window alone).
+std::string file_identity(const WeightSource& w, std::int64_t floor_ns);
 
 /// The part of a file identity that names the file (device, inode, size, times), taken once for
 /// the weights of one file read together (a model load); "" (file) as file_identity would be.
@@ -56,23 +69,33 @@ struct FileIdentity {
   std::string file;
   std::int64_t size = 0;
 };
-FileIdentity file_part(const std::string& path, std::int64_t window_ns);
-/// file_part from a stat of the file already taken, and whether its file system's times follow
-/// every store (times_track_every_store of it).
-FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t window_ns);
+FileIdentity file_part(const std::string& path, std::int64_t floor_ns);
+/// file_part from a stat of the file already taken, the change clock read before that stat
+/// (change_clock_ns), and whether its file system's times follow every store
+/// (times_track_every_store of it).
+FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t clock_ns, std::int64_t floor_ns);
 /// Whether every change of a file's bytes on this path's file system moves its ctime (ext4, xfs,
 /// btrfs, f2fs; see file_identity): a statfs.
 bool times_track_every_store(const std::string& path);
 /// file_identity of `w` in the file `f` names, as file_identity gives while the file is still `f`.
 std::string file_identity_in(const FileIdentity& f, const WeightSource& w);
-/// The default of the provider's identity_window_ms, and its least value.
-constexpr std::int64_t kDefaultIdentityWindowMs = 60'000;
-constexpr std::int64_t kMinIdentityWindowMs = 2'000;
+/// The default of the provider's identity_window_ms (0: the file system's change window alone),
+/// and its largest value.
+constexpr std::int64_t kDefaultIdentityWindowMs = 0;
+constexpr std::int64_t kMaxIdentityWindowMs = 86'400'000;
 
-/// Writes the file's dirty pages back (fdatasync), so a store through any shared mapping of it
-/// faults again and moves its ctime. Done before the bytes behind a recorded file identity are
-/// hashed. False when the file cannot be opened or flushed.
-bool write_back(const std::string& path);
+/// Done before the bytes behind a file identity that may be recorded are hashed: waits for a
+/// write(2) to the file still copying bytes to end (it holds the file's lock, which
+/// lseek(SEEK_HOLE) on ext4, btrfs and f2fs and a read on xfs take), then writes the file's dirty
+/// pages back (fdatasync), so a store through any shared mapping of it faults again and moves
+/// its ctime. False when the file cannot be opened, read or flushed.
+bool settle(const std::string& path);
+
+/// The content key (content_identity) of the bytes the file named by `w.external_path` holds now
+/// at `w.external_offset`, read with pread (never mapped: a file cut short meanwhile is a short
+/// read, not a SIGBUS); "" when they cannot all be read. The bytes a runtime hands over may be a
+/// copy it read before the file last changed: a mapping is recorded only when both agree.
+std::string file_content_identity(const WeightSource& w);
 
 /// The default cache file for a model: <cache dir>/weightcache/<kind>/<stem>-<digest>.wcache, where
 /// the cache dir is $XDG_CACHE_HOME or $HOME/.cache; the digest is of the model's absolute path

@@ -53,8 +53,8 @@ extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format,
 
 using weightcache::source::content_identity;
 using weightcache::source::file_identity;
+using weightcache::source::settle;
 using weightcache::source::WeightSource;
-using weightcache::source::write_back;
 
 namespace {
 thread_local std::string t_error;
@@ -70,8 +70,7 @@ namespace {
 
 using weightcache::ggml_detail::fail;
 
-constexpr std::int64_t kDefaultWindowMs = 60'000;
-constexpr std::int64_t kMinWindowMs = 2'000;
+constexpr std::int64_t kMaxWindowMs = 86'400'000;
 
 // ---- the CPU backend's repacking buffer types, found through ggml's public registry -------------
 
@@ -693,7 +692,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   wc_ggml* g = buf->g;
   void* own = t->data;  // the tensor's place in the buffer's own memory
   g->tensors.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t window_ns = g->options.identity_window_ms * 1'000'000;
+  const std::int64_t floor_ns = g->options.identity_window_ms * 1'000'000;
 
   WeightSource src;
   src.data = data;
@@ -706,6 +705,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   if (from_file) {
     // The file's identity as of this tensor: one stat of the path, which must still name the
     // mapped inode (not a replacement renamed over it); the file system's rule once per load.
+    const std::int64_t clock = weightcache::source::change_clock_ns();  // before the stat
     struct stat st {};
     if (::stat(m.path.c_str(), &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
       src.external_path = m.path;
@@ -721,7 +721,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
         std::lock_guard<std::mutex> lock(buf->maps_mu);
         buf->tracks.emplace_back(st.st_dev, tracks == 1);
       }
-      fid = weightcache::source::file_identity_in(weightcache::source::file_part_of(st, tracks == 1, window_ns), src);
+      fid = weightcache::source::file_identity_in(weightcache::source::file_part_of(st, tracks == 1, clock, floor_ns), src);
     }
   }
   const Mapping* pages = from_file ? &m : nullptr;
@@ -738,10 +738,11 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
       if (void* at = n < 4096 ? found(prefix + std::string(c, n)) : nullptr) return serve(buf, t, at, pages, data, size);
     }
   }
-  // Hashing. Stores through a shared mapping move the identity only when they fault: write the
-  // file back first, so any store from now on moves it; record identity -> content only if it
+  // Hashing. A write(2) in progress moves the identity only when it starts, and stores through a
+  // shared mapping only when they fault: wait for such a write to end and write the file back
+  // first (settle), so any change from now on moves it; record identity -> content only if it
   // has not moved by the end.
-  const bool settled = !fid.empty() && write_back(src.external_path) && file_identity(src, window_ns) == fid;
+  const bool settled = !fid.empty() && settle(src.external_path) && file_identity(src, floor_ns) == fid;
   // A shared file mapping that is not settled (the file is younger than the window, or on a file
   // system whose times do not follow stores) can change under us with no trace: hash and repack
   // a private copy, so the bytes repacked are exactly the bytes hashed. (Memory the process owns,
@@ -769,13 +770,13 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     t->data = p;
     buf->layout->set(b, t, bytes, 0, size);  // straight into the reservation
     // A settled file's bytes were read in place: its identity must not have moved meanwhile.
-    if (settled && file_identity(src, window_ns) != fid) {
+    if (settled && file_identity(src, floor_ns) != fid) {
       (void)wc_release_space(g->cache, p);
       return repack_uncached(b, t, own, data, size);
     }
     commit(b, t, own, bytes, size, p, packed, key);
   }
-  if (settled && file_identity(src, window_ns) == fid) (void)insert_small(g, map_key, content);
+  if (settled && file_identity(src, floor_ns) == fid) (void)insert_small(g, map_key, content);
 }
 
 void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {
@@ -927,7 +928,7 @@ void wc_ggml_options_init(wc_ggml_options* o) {
   if (o == nullptr) return;
   *o = wc_ggml_options{};
   o->struct_size = sizeof *o;
-  o->identity_window_ms = kDefaultWindowMs;
+  o->identity_window_ms = 0;  // the file system's change window alone
   o->drop_source_pages = 1;
   o->finalize_when_loaded = 2;
 }
@@ -959,9 +960,9 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
     }
     if (o.finalize_when_loaded < 0 || o.finalize_when_loaded > 2)
       return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: finalize_when_loaded must be 0, 1 or 2");
-    if (o.identity_window_ms < kMinWindowMs)
-      return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: identity_window_ms must be at least 2000 (the coarsest "
-                                           "file timestamp, FAT's, is 2 s)");
+    if (o.identity_window_ms < 0 || o.identity_window_ms > kMaxWindowMs)
+      return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_create: identity_window_ms must be 0 (the file system's own change "
+                                           "window) to 86400000");
     if (wc_status st = wc_ggml_check_abi(); st != WC_OK) return st;
     const Cpu& c = cpu();
     if (c.layouts.empty()) return fail(WC_ERR_INCOMPATIBLE, "wc_ggml_create: " + c.why);

@@ -96,7 +96,7 @@ struct Options {
 constexpr const char* kOptionList =
     "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
     "(none|async|full), kernels (xnnpack|builtin), threads (1-256), weights_cache (on|off), lease_timeout_ms, "
-    "identity_window_ms (2000 or more)";
+    "identity_window_ms (0 or more)";
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -157,7 +157,7 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
   } else if (key == "lease_timeout_ms") {
     o.lease_timeout_ms = static_cast<std::uint32_t>(number(key, value, 0, 600000));
   } else if (key == "identity_window_ms") {
-    o.identity_window_ms = static_cast<std::int64_t>(number(key, value, kMinIdentityWindowMs, 86'400'000));
+    o.identity_window_ms = static_cast<std::int64_t>(number(key, value, 0, kMaxIdentityWindowMs));
   } else {
     throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
   }
@@ -697,9 +697,9 @@ Weight read_weight(const OrtValueInfo* vi, const std::filesystem::path& model_di
 // seen maps to its content key through a small entry, so a warm session reads none of its bytes;
 // otherwise the bytes are hashed, and the mapping recorded when the file identity can be trusted.
 // Returns whether it inserted such a mapping (the session then finalizes it).
-bool identify(Weight& w, wc_cache* cache, std::int64_t window_ms) {
-  const std::int64_t window_ns = window_ms * 1'000'000;
-  const std::string fid = file_identity(w.source, window_ns);
+bool identify(Weight& w, wc_cache* cache, std::int64_t floor_ms) {
+  const std::int64_t floor_ns = floor_ms * 1'000'000;
+  const std::string fid = file_identity(w.source, floor_ns);
   std::string key;
   if (!fid.empty() && cache != nullptr) {
     key = "ort-file-identity/1|" + fid;
@@ -716,12 +716,18 @@ bool identify(Weight& w, wc_cache* cache, std::int64_t window_ms) {
       }
     }
   }
-  // Record a mapping only for bytes hashed after a write-back, and only if the file identity
-  // did not move meanwhile: a later store through a mapping then faults and moves it.
-  const bool settled = !key.empty() && write_back(w.source.external_path);
+  // Record a mapping only for bytes hashed once a write in progress has ended and the file is
+  // written back (settle), and only if the file identity did not move meanwhile: a later write or
+  // store through a mapping then moves it.
+  const bool settled = !key.empty() && settle(w.source.external_path);
   w.identity = content_identity(w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
-  if (!settled || file_identity(w.source, window_ns) != fid) return false;
+  if (!settled) return false;
+  // ONNX Runtime may have read these bytes before the file's last change (a copy in its own
+  // memory): the mapping names the file's bytes as they are now, read after settling.
+  const std::string now = file_content_identity(w.source);
+  counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
+  if (now != w.identity || file_identity(w.source, floor_ns) != fid) return false;
   return wc_look_up_or_insert(cache, key.data(), key.size(), const_cast<char*>(w.identity.c_str()),
                               w.identity.size() + 1) != SIZE_MAX;  // copied into the cache
 }

@@ -1,0 +1,192 @@
+// The file identities the ONNX Runtime provider and the ggml buffer type key external weights by
+// (src/integrations/common/source_identity.*; docs/DESIGN.md, "ONNX Runtime keys"): the window a
+// file's change time must be older than, and settle(), which waits for a write still copying
+// bytes into the file before bytes that may be recorded are hashed (issue 32).
+#include "../../src/integrations/common/source_identity.hpp"
+
+#include <gtest/gtest.h>
+
+#include "temp_dir.hpp"
+#include "times_track_stores.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace {
+
+using namespace weightcache::source;
+using weightcache::test::TempDir;
+
+constexpr std::int64_t kMs = 1'000'000, kS = 1'000'000'000;
+
+struct stat file_stat(std::int64_t ctime_ns) {
+  struct stat st {};
+  st.st_mode = S_IFREG | 0644;
+  st.st_size = 4096;
+  st.st_ctim.tv_sec = ctime_ns / kS;
+  st.st_ctim.tv_nsec = ctime_ns % kS;
+  st.st_mtim = st.st_ctim;
+  return st;
+}
+
+// The cache file's rule: 10 ms after a change kept to the nanosecond, 2 s after a whole-second one,
+// counted from the clock read before the stat; a host's floor on top; never where times do not
+// follow every store.
+TEST(SourceIdentity, AFileIsTrustedOnceItsChangeIsOlderThanItsFileSystemsWindow) {
+  const std::int64_t clock = 1'800'000'000 * kS;
+  const auto fine = [&](std::int64_t age) { return file_stat(clock - age + 1); };  // a sub-second part
+  EXPECT_EQ(change_window_ns(fine(0)), 10 * kMs);
+  EXPECT_TRUE(file_part_of(fine(5 * kMs), true, clock, 0).file.empty()) << "trusted 5 ms after a change";
+  EXPECT_TRUE(file_part_of(fine(10 * kMs), true, clock, 0).file.empty()) << "trusted at the window's edge";
+  EXPECT_FALSE(file_part_of(fine(11 * kMs), true, clock, 0).file.empty()) << "not trusted 11 ms after a change";
+  EXPECT_TRUE(file_part_of(fine(11 * kMs), true, clock, 2000 * kMs).file.empty()) << "the host's floor was ignored";
+  EXPECT_FALSE(file_part_of(fine(2001 * kMs), true, clock, 2000 * kMs).file.empty());
+  EXPECT_TRUE(file_part_of(fine(60 * kS), false, clock, 0).file.empty()) << "trusted where times miss stores";
+  // Whole seconds: the 2 s window.
+  const struct stat whole = file_stat(clock - kS);
+  EXPECT_EQ(change_window_ns(whole), 2 * kS);
+  EXPECT_TRUE(file_part_of(whole, true, clock, 0).file.empty()) << "a whole-second change trusted after 1 s";
+  EXPECT_FALSE(file_part_of(file_stat(clock - 3 * kS), true, clock, 0).file.empty());
+  EXPECT_TRUE(file_part_of(fine(60 * kS), true, 0, 0).file.empty()) << "trusted without a clock";
+}
+
+// What a mapping is recorded under is the file's bytes now, read by pread: a range past the end of
+// the file is no identity (never a SIGBUS).
+TEST(SourceIdentity, TheFilesOwnBytesAreReadAsTheyAreNow) {
+  TempDir dir("wc-source");
+  const std::string path = dir.file("data.bin");
+  std::vector<unsigned char> bytes(3u << 20);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  WeightSource w;
+  w.data = bytes.data() + 4096;
+  w.bytes = bytes.size() - 8192;
+  w.element_type = 1;
+  w.dims = {static_cast<std::int64_t>(w.bytes / 4)};
+  w.external_path = path;
+  w.external_offset = 4096;
+  EXPECT_EQ(file_content_identity(w), content_identity(w));
+  // Changed in the file, not in the caller's copy.
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(2u << 20));
+    io.put('x');
+  }
+  EXPECT_NE(file_content_identity(w), content_identity(w));
+  ::truncate(path.c_str(), 8192);
+  EXPECT_EQ(file_content_identity(w), "") << "a range past the end of the file was given an identity";
+}
+
+// A buffered write(2) sets the file's change time when it begins and copies its bytes after: one
+// held in the middle (its source is a page that userfaultfd keeps missing until the test lets it
+// go) must have ended before settle() returns, or the bytes hashed next would be half written
+// under a change time that never moves again.
+TEST(SourceIdentity, SettleWaitsForAWriteStillCopyingIntoTheFile) {
+  TempDir dir("wc-source");
+  const std::string path = dir.file("data.bin");
+  const long page = ::sysconf(_SC_PAGESIZE);
+  constexpr int kPages = 64;
+  {
+    std::vector<char> a(static_cast<std::size_t>(page) * kPages, 'A');
+    std::ofstream(path, std::ios::binary).write(a.data(), static_cast<std::streamsize>(a.size()));
+  }
+  if (!weightcache::test::times_track_stores(path))
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs: no file identity is used there";
+  const int uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (uffd < 0)
+    GTEST_SKIP() << "userfaultfd is not available here (" << std::strerror(errno)
+                 << "): needs root, or vm.unprivileged_userfaultfd=1, and a kernel and sandbox that allow it";
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } close_uffd{uffd};
+  uffdio_api api{};
+  api.api = UFFD_API;
+  ASSERT_EQ(::ioctl(uffd, UFFDIO_API, &api), 0) << std::strerror(errno);
+  const std::size_t len = static_cast<std::size_t>(page) * kPages, half = len / 2;
+  auto* region = static_cast<char*>(::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(region, MAP_FAILED);
+  std::memset(region, 'B', half);  // present; the second half faults into the handler
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<std::uintptr_t>(region) + half;
+  reg.range.len = half;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  ASSERT_EQ(::ioctl(uffd, UFFDIO_REGISTER, &reg), 0) << std::strerror(errno);
+
+  std::atomic<bool> faulted{false}, release{false}, written{false};
+  std::thread handler([&] {
+    std::vector<char> b(static_cast<std::size_t>(page), 'B');
+    while (!written.load()) {
+      pollfd p{uffd, POLLIN, 0};
+      if (::poll(&p, 1, 10) <= 0) continue;
+      uffd_msg m{};
+      if (::read(uffd, &m, sizeof m) != static_cast<ssize_t>(sizeof m) || m.event != UFFD_EVENT_PAGEFAULT) continue;
+      faulted.store(true);
+      while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      uffdio_copy c{};
+      c.dst = m.arg.pagefault.address & ~static_cast<std::uint64_t>(page - 1);
+      c.src = reinterpret_cast<std::uintptr_t>(b.data());
+      c.len = static_cast<std::uint64_t>(page);
+      (void)::ioctl(uffd, UFFDIO_COPY, &c);
+    }
+  });
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ssize_t wrote = -1;
+  std::thread writer([&] {
+    wrote = ::pwrite(fd, region, len, 0);
+    written.store(true);
+  });
+  while (!faulted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  // settle() from another thread: it must wait (blocked in the kernel) until the write ends.
+  std::atomic<pid_t> settler{0};
+  std::atomic<bool> settled{false};
+  bool ok = false;
+  std::thread settle_thread([&] {
+    settler.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+    ok = settle(path);
+    settled.store(true);
+  });
+  bool blocked = false;
+  for (int i = 0; i < 30000 && !blocked && !settled.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const pid_t tid = settler.load();
+    if (tid == 0) continue;
+    std::ifstream st("/proc/self/task/" + std::to_string(tid) + "/stat");
+    std::string line;
+    std::getline(st, line);
+    const auto paren = line.rfind(')');
+    blocked = paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D';
+  }
+  EXPECT_FALSE(settled.load()) << "settle() returned while a write(2) was still copying bytes into the file";
+  EXPECT_TRUE(blocked || settled.load()) << "settle() neither returned nor waited in the kernel";
+  release.store(true);
+  writer.join();
+  settle_thread.join();
+  handler.join();
+  ::close(fd);
+  ::munmap(region, len);
+  EXPECT_EQ(wrote, static_cast<ssize_t>(len));
+  EXPECT_TRUE(ok);
+  // What a hash right after settle() reads: the write's last bytes.
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(len - 1));
+  EXPECT_EQ(in.get(), 'B');
+}
+
+}  // namespace
