@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<float[]>> heap;
 
   if (mode == "lookup" && a.size() == 5) {
-    const Verify verify = a[3] == "none" ? Verify::none : a[3] == "on_open" ? Verify::on_open : Verify::first_use;
+    const Verify verify = a[3] == "none" ? Verify::none : a[3] == "on_open" ? Verify::on_open
+                         : a[3] == "shared" ? Verify::shared : Verify::first_use;
     std::vector<std::string> keys;
     std::ifstream in(a[4]);
     for (std::string k; std::getline(in, k);) keys.push_back(k);

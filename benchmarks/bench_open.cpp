@@ -9,6 +9,8 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -122,6 +124,40 @@ void BM_open_only_none(benchmark::State& state) { open_apart(state, Verify::none
 void BM_open_only_shared(benchmark::State& state) { open_apart(state, Verify::shared, false, "open/index_10k_shared"); }
 void BM_look_ups_only(benchmark::State& state) { open_apart(state, Verify::none, true, "open/look_ups_10k_none"); }
 
+// Issue 32, "warm in the first minute": open + 10,000 look-ups in a new process (the child
+// times both), with Verify::shared and a record present (every entry trusted), against
+// Verify::none in the same run (no check at all: the floor).
+void new_process_look_ups(benchmark::State& state, const char* verify, const std::string& name) {
+  const WarmFile* warm = warm_file_or_skip(state);
+  if (warm == nullptr) return;
+  // One untimed shared process first: it verifies and leaves the record the others trust (the
+  // warm file's last change is older than any window by then).
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 0; i < 2; ++i) {
+    Child c = spawn_child({"lookup", warm->path, warm->compat, "shared", warm->keys_path});
+    (void)read_child_line(c);
+    (void)finish_child(c);
+  }
+  for (auto _ : state) {
+    Child c = spawn_child({"lookup", warm->path, warm->compat, verify, warm->keys_path});
+    const std::string line = read_child_line(c);
+    double wall = 0, cpu = 0;
+    if (c.pid < 0 || std::sscanf(line.c_str(), "ok %lf %lf", &wall, &cpu) != 2) {
+      (void)finish_child(c);
+      state.SkipWithError(("child: " + line).c_str());
+      return;
+    }
+    (void)finish_child(c);
+    state.SetIterationTime(wall);
+    record_time(name, Lap{wall, cpu});
+  }
+}
+
+void BM_new_process_shared(benchmark::State& state) {
+  new_process_look_ups(state, "shared", "open/new_process_10k_shared");
+}
+void BM_new_process_none(benchmark::State& state) { new_process_look_ups(state, "none", "open/new_process_10k_none"); }
+
 }  // namespace
 
 #define WC_FIXED(fn, name) BENCHMARK(fn)->Name(name)->UseManualTime()->Iterations(50)->Unit(benchmark::kMicrosecond)
@@ -133,6 +169,8 @@ WC_FIXED(BM_fixed_thread_start, "open/fixed/thread_start");
 #undef WC_FIXED
 BENCHMARK(BM_open_only_none)->Name("open/index_10k_verify_none")->UseManualTime()->Iterations(40)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_open_only_shared)->Name("open/index_10k_shared")->UseManualTime()->Iterations(40)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_new_process_shared)->Name("open/new_process_10k_shared")->UseManualTime()->Iterations(30)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_new_process_none)->Name("open/new_process_10k_verify_none")->UseManualTime()->Iterations(30)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_look_ups_only)->Name("open/look_ups_10k_verify_none")->UseManualTime()->Iterations(40)->Unit(benchmark::kMillisecond);
 
 }  // namespace weightcache::bench

@@ -295,6 +295,14 @@ Core::~Core() {
   } catch (...) {
     absorb_exception("wc_close");
   }
+  // A writer's last state, verified and recorded by the writer itself: after the trim (which
+  // changes the file), before the unmap (it hashes through the mapping).
+  record_own_commits_locked();
+  try {
+    unmap_on_close_locked();
+  } catch (...) {
+    absorb_exception("wc_close");
+  }
   release_lease_locked();
 }
 
@@ -309,6 +317,9 @@ void Core::trim_on_close_locked() {
     }
     release_lease_locked();
   }
+}
+
+void Core::unmap_on_close_locked() {
   // Unmapped first: see below.
   space_.release();
   // Where the OS refuses to shrink a mapped file (Windows), the trim above failed, and where

@@ -166,6 +166,7 @@ class Core {
   Core(const Options& options, platform::Platform& pf);  // use open()
 
  private:
+  struct Trust;  // below, with the verification state
   struct Reservation {
     std::uint64_t capacity = 0;
     bool heap = false;
@@ -239,9 +240,11 @@ class Core {
   Result<void> migrate_heap_entries_locked() WC_REQUIRES(write_mu_);
   Result<bool> try_lock_both_locked() WC_REQUIRES(write_mu_);
   void maybe_trim_locked() WC_REQUIRES(write_mu_);
-  /// At close, holding the lease (or able to take it): cuts what was grown but never committed.
-  /// Unmaps the cache's address space (space_) before it asks the OS for the file's size.
+  /// At close, holding the lease: cuts what was grown but never committed, and lets go of the lease.
   void trim_on_close_locked() WC_REQUIRES(write_mu_);
+  /// At close, after trim_on_close_locked: unmaps the cache's address space (space_), then, where
+  /// mapping grew the file behind our back, cuts the uncommitted tail if no writer is at work.
+  void unmap_on_close_locked() WC_REQUIRES(write_mu_);
 
   bool verify_entry(Entry* e);
   /// Who reaches a verdict: the verify-ahead thread's are counted in verified_ahead_.
@@ -278,6 +281,19 @@ class Core {
   /// Writes what this process verified of the adopted state into the lock file, if the file is
   /// still in that state. Best effort, never throws: called by the verify-ahead thread and close.
   void publish_verification() noexcept;
+  /// The stamp of commit `slot` (whose index is `records`) in the file state `info`, and which of
+  /// its entries this process holds (Trust::entries); the boot id and the rest are the caller's.
+  void describe_state(Trust& t, const format::CommitSlot& slot, const std::vector<format::IndexRecord>& records,
+                      const platform::FileInfo& info) const;
+  /// Writes `verified` (a bit per entry of t's commit) into the lock file, ORed into a record of
+  /// the same stamp already there, if the file is still in t's state and the lock file still the
+  /// cache's own and anything is new. t.mu held.
+  void write_record(Trust& t, std::vector<bool> verified);
+  /// At close, a process that committed in this session verifies the file's final state itself,
+  /// as the next process would (hashing every committed entry again from the mapping), and
+  /// records it (docs/DESIGN.md, "The writer's own record"). Best effort, never throws. Before
+  /// the address space is released: it hashes through the mapping.
+  void record_own_commits_locked() noexcept WC_REQUIRES(write_mu_);
   Entry* find_entry(std::string_view key) const noexcept { return index_.find_key(key); }
   /// Recomputes durable_live_ from the index (after a merge).
   void recount_durable_locked() WC_REQUIRES(write_mu_);
@@ -369,6 +385,13 @@ class Core {
     platform::File own_record;    // opened for the record alone (a read-only opener; closed after adopt)
     bool writable = false;        // this process may write the record
     bool publishable = false;     // a change after the stamp would show in the change time
+    // One fstat per interval, not per trusted entry (confirm_trusted): an fstat that found the
+    // file in the stamp's state holds for first uses until `confirmed_until` (Platform::monotonic_ns,
+    // read before that fstat, plus `recheck_ns`); once one found it changed, `changed` stays set
+    // and every trusted entry is hashed. Set at adopt: min(the file's change window, 10 ms).
+    std::int64_t recheck_ns = 0;
+    std::atomic<std::int64_t> confirmed_until{0};
+    std::atomic<bool> changed{false};
   };
   std::unique_ptr<Trust> trust_;
   std::atomic<std::uint64_t> trusted_entries_{0};

@@ -7,7 +7,11 @@
 #include "core_internal.hpp"
 #include "log.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <new>
+#include <optional>
+#include <thread>
 
 namespace weightcache {
 
@@ -52,6 +56,27 @@ LockFile examine_lock_file(platform::Platform& pf, const std::string& lock_path,
 
 }  // namespace
 
+void Core::describe_state(Trust& t, const format::CommitSlot& slot, const std::vector<format::IndexRecord>& records,
+                          const platform::FileInfo& info) const {
+  StateStamp& s = t.stamp;
+  s.device = info.device;
+  s.inode = info.inode;
+  s.size = info.size;
+  s.mtime_ns = info.mtime_ns;
+  s.ctime_ns = info.ctime_ns;
+  s.sequence = slot.sequence;
+  s.committed_size = slot.committed_size;
+  s.index_checksum = slot.index_checksum;
+  s.entries = records.size();
+  t.entries.assign(records.size(), nullptr);
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    const auto& r = records[i];
+    Entry* e = find_entry(r.key);
+    if (e != nullptr && e->in_file && e->offset == r.offset && e->size == r.size && e->checksum == r.checksum)
+      t.entries[i] = e;
+  }
+}
+
 void Core::adopt_verification(const CommittedState& st) {
   // Only ever a saving: without memory for it, every entry is verified as in first_use.
   try {
@@ -72,17 +97,11 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   if (!info) return;
   const std::int64_t window = pf_.change_window_ns(fd_, info.value());
   if (window <= 0) return;  // not every change moves its change time here: verification per process
-  StateStamp& s = t->stamp;
-  s.device = info->device;
-  s.inode = info->inode;
-  s.size = info->size;
-  s.mtime_ns = info->mtime_ns;
-  s.ctime_ns = info->ctime_ns;
-  s.sequence = st.slot.sequence;
-  s.committed_size = st.slot.committed_size;
-  s.index_checksum = st.slot.index_checksum;
-  s.entries = st.records.size();
+  describe_state(*t, st.slot, st.records, info.value());
+  const StateStamp& s = t->stamp;
   t->publishable = change_would_show(s.ctime_ns, clock, window);
+  // A first use may rely on a check made less than this long before it (confirm_trusted).
+  t->recheck_ns = std::min(window, platform::kFineChangeWindowNs);
 
   if (lock_fd_.is_open() && !leases_own_file_) {
     t->record = &lock_fd_;
@@ -106,14 +125,6 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   if (lock == LockFile::other_content) {
     log::debug("'{}': its lock file holds something else than a verification record; not writing one", opts_.path);
     t->writable = false;
-  }
-
-  t->entries.assign(st.records.size(), nullptr);
-  for (std::size_t i = 0; i < st.records.size(); ++i) {
-    const auto& r = st.records[i];
-    Entry* e = find_entry(r.key);
-    if (e != nullptr && e->in_file && e->offset == r.offset && e->size == r.size && e->checksum == r.checksum)
-      t->entries[i] = e;
   }
 
   auto rec = read_record(pf_, *t->record, st.records.size());
@@ -149,17 +160,45 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
 }
 
 bool Core::confirm_trusted(Entry* e) {
-  // Claimed (kVerifying) by this thread. One fstat says whether the file is still in the state
+  // Claimed (kVerifying) by this thread. An fstat says whether the file is still in the state
   // the record was made for; any change since (a write, even with the modification time put
-  // back, a truncation, a replacement under this descriptor's inode) moved its change time.
+  // back, a truncation, a replacement under this descriptor's inode) moved its change time. One
+  // fstat per interval, not per entry (10,000 entries took 5 ms of them): a check that found the
+  // file unchanged holds for the first uses that start within recheck_ns of the clock reading
+  // taken before it. So a change is seen by every first use that starts one interval after it:
+  // such a use either checks again, or relies on a check whose fstat came after the change.
+  Trust* t = trust_.get();
   bool same = false;
   try {
-    auto now = pf_.stat_file(fd_);
-    same = now && trust_ != nullptr && trust_->stamp.same_file(now.value());
+    std::optional<std::uint64_t> size;  // of the file now, where an fstat said
+    if (t != nullptr && !t->changed.load(std::memory_order_acquire)) {
+      const std::int64_t now = pf_.monotonic_ns();
+      if (now != 0 && now < t->confirmed_until.load(std::memory_order_acquire)) {
+        // The file's size is the stamp's, which covers every entry of the stamp's commit: no
+        // entry trusted at open lies past its end.
+        same = true;
+      } else if (auto info = pf_.stat_file(fd_)) {
+        size = info->size;
+        same = t->stamp.same_file(info.value());
+        if (!same) {
+          t->changed.store(true, std::memory_order_release);  // for good: no later check may rely on one
+        } else if (now != 0) {
+          // A check only ever extends the time checks hold (another thread's may be later).
+          std::int64_t until = t->confirmed_until.load(std::memory_order_relaxed);
+          while (until < now + t->recheck_ns &&
+                 !t->confirmed_until.compare_exchange_weak(until, now + t->recheck_ns, std::memory_order_acq_rel)) {
+          }
+        }
+      }
+    }
+    if (!same && !size) {
+      if (auto info = pf_.stat_file(fd_)) size = info->size;
+    }
     // Cut short since open: reading its bytes would fault, so it is a miss unread.
-    if (now && e->in_file && now->size < e->offset + e->size) return settle_verdict(e, Check::past_end);
+    if (!same && size && e->in_file && *size < e->offset + e->size) return settle_verdict(e, Check::past_end);
   } catch (const std::bad_alloc&) {
     // No answer: hash it.
+    same = false;
   }
   if (!same) {
     log::debug("'{}' changed since it was opened; hashing an entry an earlier process verified", opts_.path);
@@ -176,47 +215,113 @@ void Core::publish_verification() noexcept {
   if (t == nullptr || !t->writable || !t->publishable || in_forked_child()) return;
   guard_void("recording verification", [&] {
     std::lock_guard<std::mutex> lock(t->mu);
-    VerifyRecord rec;
-    rec.stamp = t->stamp;
-    rec.verified.assign(t->entries.size(), false);
-    std::size_t ours = 0;
+    std::vector<bool> verified(t->entries.size(), false);
     for (std::size_t i = 0; i < t->entries.size(); ++i) {
       // kGood from a hash of the bytes, from an earlier record of this same state, or from an
       // insert whose bytes matched these (the same checksum over the same bytes); kTrusted from
-      // an earlier record of this same state (which the stat below still finds).
+      // an earlier record of this same state (which the stat in write_record still finds).
       const Entry* e = t->entries[i];
       const std::uint8_t state = e != nullptr ? e->state.load(std::memory_order_acquire) : kBad;
-      if (state == kGood || state == kTrusted) {
-        rec.verified[i] = true;
-        ++ours;
+      verified[i] = state == kGood || state == kTrusted;
+    }
+    write_record(*t, std::move(verified));
+  });
+}
+
+void Core::write_record(Trust& t, std::vector<bool> verified) {
+  if (std::find(verified.begin(), verified.end(), true) == verified.end()) return;
+  VerifyRecord rec;
+  rec.stamp = t.stamp;
+  rec.verified = std::move(verified);
+  // Still that state: nothing changed the file while it was hashed (a change would have moved
+  // its change time past the stamp's, see adopt_verification).
+  auto now = pf_.stat_file(fd_);
+  if (!now || !t.stamp.same_file(now.value())) {
+    log::debug("'{}' changed since its state was taken; its verification is not recorded", opts_.path);
+    return;
+  }
+  if (auto old = read_record(pf_, *t.record, t.entries.size()); old && old->stamp == t.stamp) {
+    bool news = false;
+    for (std::size_t i = 0; i < rec.verified.size(); ++i) {
+      news = news || (rec.verified[i] && !old->verified[i]);
+      rec.verified[i] = rec.verified[i] || old->verified[i];
+    }
+    if (!news) return;  // nothing new: leave the lock file alone
+  }
+  // Still the cache's own lock file, with nothing but a record in it (see examine_lock_file).
+  if (examine_lock_file(pf_, lock_path_, *t.record, now.value()) != LockFile::ours) {
+    log::debug("'{}': its lock file changed since open (another name, a link or other content); its verification "
+               "is not recorded",
+               opts_.path);
+    return;
+  }
+  const auto bytes = encode_record(rec);
+  if (auto r = pf_.write_at(*t.record, bytes.data(), bytes.size(), 0); !r)
+    log::debug("'{}': could not record its verification: {}", opts_.path, r.error().message);
+}
+
+void Core::record_own_commits_locked() noexcept {
+  // Only a writer of this session whose verification a later process may trust: a durable one
+  // (with durability none it never waits for the disk, and the write-back below would make it),
+  // on a file with a lock file it may write, not a forked child (whose close returned earlier).
+  if (commits_.load(std::memory_order_relaxed) == 0 || opts_.verify != Verify::shared ||
+      opts_.durability == Durability::none || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed) ||
+      !fd_.is_open() || !lock_fd_.is_open() || leases_own_file_ || space_.base() == nullptr || in_forked_child())
+    return;
+  const std::uint64_t mapped = mapped_end_;  // what the hashing below may read
+  guard_void("recording the writer's verification", [&] {
+    // Its entries are good in memory from its own checksums, but that is no verification of the
+    // file: a foreign write to committed bytes before the last commit hides behind the commit's
+    // own change time. So it verifies the final state as the next process would: the clock,
+    // then the stamp, old enough for any later change to show; the bytes written back (clean
+    // pages: a store through a mapping after this faults and moves the change time); every
+    // committed entry hashed from the mapping; and the stamp checked again before the record
+    // is written (docs/DESIGN.md, "The writer's own record").
+    auto t = std::make_unique<Trust>();
+    if (!pf_.boot_id(t->stamp.boot)) return;
+    std::int64_t clock = pf_.change_clock_ns();
+    auto info = pf_.stat_file(fd_);
+    if (clock == 0 || !info) return;
+    const std::int64_t window = pf_.change_window_ns(fd_, info.value());
+    if (window <= 0) return;
+    // Just committed: a change within the window of the last one could keep its change time.
+    // Where that is a clock tick (10 ms), wait it out (the change clock moves a tick at a time,
+    // so the wait is bounded, not one sleep); a coarse file system's 2 s is too long to hold a
+    // close for, so nothing is recorded there.
+    std::int64_t waited = 0;
+    while (!change_would_show(info->ctime_ns, clock, window)) {
+      const std::int64_t rest = info->ctime_ns + window - clock;
+      if (window > platform::kFineChangeWindowNs || rest > 2 * window || waited > 3 * window) {
+        log::debug("'{}': its last commit is too recent for a change to show; its verification is not recorded",
+                   opts_.path);
+        return;
       }
+      const std::int64_t pause = std::max<std::int64_t>(rest, 0) + 1000000;
+      std::this_thread::sleep_for(std::chrono::nanoseconds(pause));
+      waited += pause;
+      clock = pf_.change_clock_ns();
+      info = pf_.stat_file(fd_);
+      if (clock == 0 || !info) return;
     }
-    if (ours == 0) return;
-    // Still that state: nothing changed the file while it was hashed (a change would have moved
-    // its change time past the stamp's, see adopt_verification).
-    auto now = pf_.stat_file(fd_);
-    if (!now || !t->stamp.same_file(now.value())) {
-      log::debug("'{}' changed since it was opened; its verification is not recorded", opts_.path);
-      return;
+    // The commit in the file now, read as open reads it; the stamp is the fstat above.
+    platform::FileInfo seen = info.value();
+    std::vector<format::IndexRecord> records;
+    auto slot = read_latest_slot(0, &records, &seen);
+    if (!slot || slot->committed_size > mapped) return;
+    describe_state(*t, slot.value(), records, info.value());
+    t->record = &lock_fd_;
+    t->writable = true;
+    if (examine_lock_file(pf_, lock_path_, lock_fd_, info.value()) != LockFile::ours) return;
+    if (!pf_.write_back(fd_, 0, slot->committed_size)) return;
+    // Hashed, never taken from the entries' states: that is the whole point.
+    std::vector<bool> verified(t->entries.size(), false);
+    for (std::size_t i = 0; i < t->entries.size(); ++i) {
+      const Entry* e = t->entries[i];
+      if (e != nullptr && e->offset + e->size <= info->size && e->offset + e->size <= mapped)
+        verified[i] = check_bytes(e, nullptr) == Check::good;
     }
-    if (auto old = read_record(pf_, *t->record, t->entries.size()); old && old->stamp == t->stamp) {
-      bool news = false;
-      for (std::size_t i = 0; i < rec.verified.size(); ++i) {
-        news = news || (rec.verified[i] && !old->verified[i]);
-        rec.verified[i] = rec.verified[i] || old->verified[i];
-      }
-      if (!news) return;  // nothing new: leave the lock file alone
-    }
-    // Still the cache's own lock file, with nothing but a record in it (see examine_lock_file).
-    if (examine_lock_file(pf_, lock_path_, *t->record, now.value()) != LockFile::ours) {
-      log::debug("'{}': its lock file changed since open (another name, a link or other content); its verification "
-                 "is not recorded",
-                 opts_.path);
-      return;
-    }
-    const auto bytes = encode_record(rec);
-    if (auto r = pf_.write_at(*t->record, bytes.data(), bytes.size(), 0); !r)
-      log::debug("'{}': could not record its verification: {}", opts_.path, r.error().message);
+    std::lock_guard<std::mutex> lock(t->mu);
+    write_record(*t, std::move(verified));
   });
 }
 

@@ -190,12 +190,19 @@ typedef enum wc_verify {
                               of this boot already checksummed in exactly this committed state
                               of this file (same device, inode, size, change and modification
                               times, commit) is not hashed again: its first look-up checks with
-                              one fstat that the file is still in that state. The record of
-                              what was verified lives in the lock file ("<path>.lock"); any
-                              change to the file, a replacement or a reboot voids it. A
-                              process records only a state older, when it opened, than its file
-                              system's change-time window: 10 ms on ext4, xfs, btrfs and f2fs
-                              with nanosecond times, 2 s on every other. Caches on
+                              an fstat that the file is still in that state, at most once per
+                              10 ms for all entries: a change made after the record is seen by
+                              the first look-up of any such entry that starts 10 ms or more
+                              after the change; one within 10 ms of the last check may rely on
+                              that check. The record of what was verified lives in the lock
+                              file ("<path>.lock"); any change to the file, a replacement or a
+                              reboot voids it. A process records only a state older, when it
+                              opened, than its file system's change-time window: 10 ms on ext4,
+                              xfs, btrfs and f2fs with nanosecond times, 2 s on every other. A
+                              writer that committed (durability async or full) records its
+                              final state at wc_close, after checksumming every committed entry
+                              again (waiting out the 10 ms window first; never the 2 s one), so
+                              the next process hashes nothing. Caches on
                               a descriptor or ":memory:", tmpfs, network and FUSE file systems,
                               and Windows verify per process, as WC_VERIFY_FIRST_USE. See
                               docs/DESIGN.md, "Verified once per file state". */

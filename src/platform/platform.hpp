@@ -8,6 +8,7 @@
 
 #include <weightcache/weight_cache.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -184,6 +185,14 @@ class Platform {
   /// Now, on the clock the file system stamps change times from, in ns since the epoch, no finer
   /// than the file system sees it (Linux: CLOCK_REALTIME_COARSE); 0 where unknown.
   virtual std::int64_t change_clock_ns() noexcept { return 0; }
+  /// Now, on a clock that never goes back (it does not follow the wall clock), in ns from any
+  /// fixed point; 0 where unknown. How long a check that a file is still in a state holds for
+  /// this process (core_trust.cpp: one fstat per interval, not per entry). POSIX reads
+  /// CLOCK_MONOTONIC through its call table, so that tests can pin it.
+  virtual std::int64_t monotonic_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
   /// The change-time window of the file open at `f`, whose fstat is `info`: how much earlier than
   /// a change_clock_ns() reading its change time must be for every change made after the reading
   /// to be certain to give it another change time (docs/DESIGN.md, "How a change is known"). It

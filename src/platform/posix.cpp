@@ -608,6 +608,12 @@ class PosixPlatform final : public Platform {
 #endif
   }
 
+  std::int64_t monotonic_ns() noexcept override {
+    struct timespec ts {};
+    if (sys().clock_gettime(CLOCK_MONOTONIC, &ts) != 0) return 0;
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  }
+
   Result<void> prepare_for_stores(const File& f, std::uint64_t offset, std::uint64_t len) override {
     // One page of zeros, never written (so it stays the kernel's shared zero page), named
     // kIovecs times in each pwritev: 1 MiB per call, as many calls as writing a 1 MiB buffer

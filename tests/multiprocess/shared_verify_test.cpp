@@ -10,6 +10,7 @@
 #include "forwarding_platform.hpp"
 #include "verify_record.hpp"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -372,6 +373,80 @@ TEST_F(SharedVerify, TrustedEntriesAreCountedWhenServedAndStillServedWhileTheFil
   EXPECT_EQ(opened->stats().verify_failures, 0u);
 }
 
+// ---- one check of the file per interval, not one per trusted entry (issue 32) ----
+
+// Counts fstat()s of open files and reads a monotonic clock the test moves by hand.
+class PinnedClockPlatform final : public test::ForwardingPlatform {
+ public:
+  Result<platform::FileInfo> stat_file(const File& h) noexcept override {
+    stats.fetch_add(1, std::memory_order_relaxed);
+    return os_.stat_file(h);
+  }
+  std::int64_t monotonic_ns() noexcept override { return now.load(std::memory_order_relaxed); }
+  std::atomic<std::uint64_t> stats{0};
+  std::atomic<std::int64_t> now{1'000'000'000'000};
+};
+
+TEST(SharedVerifyInterval, ATrustingProcessChecksTheFileOncePerIntervalNotOncePerEntry) {
+  TempDir dir("wc-verify");
+  if (on_tmpfs(dir.path().string())) GTEST_SKIP() << "the temporary directory is on tmpfs; set TMPDIR to a disk";
+  const std::string path = dir.file("cache.wcache");
+  constexpr std::size_t kMany = 2000, kSmall = 256;
+  {
+    auto opened = WeightCache::open(cache_options(path));
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    for (std::size_t j = 0; j < kMany; ++j) {
+      const std::string key = own_key("m", j);
+      ASSERT_NE(opened->insert(key, bytes_for_key(key, kSmall)), kNotFound) << last_error().message;
+    }
+    ASSERT_TRUE(opened->finalize().ok()) << last_error().message;
+  }
+  let_change_time_settle(path);
+  {  // the first process hashes every entry and records it
+    auto first = WeightCache::open(shared_options(path));
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    for (std::size_t j = 0; j < kMany; ++j) ASSERT_EQ(check_entry(first.value(), own_key("m", j), kSmall), "");
+    ASSERT_EQ(first->stats().trusted_entries, 0u);
+  }
+  PinnedClockPlatform pf;
+  auto opened = Core::open(shared_options(path), pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  const std::uint64_t at_open = pf.stats.load();
+  for (std::size_t j = 0; j < kMany; ++j) EXPECT_NE(core.look_up(own_key("m", j)), kNotFound);
+  EXPECT_EQ(core.stats().trusted_entries, kMany);
+  EXPECT_LE(pf.stats.load() - at_open, 2u) << "the first uses of " << kMany << " trusted entries within one interval";
+}
+
+TEST_F(SharedVerify, AChangeIsSeenByTheFirstUseOneIntervalAfterTheLastCheckAndNotBefore) {
+  PinnedClockPlatform pf;
+  auto opened = Core::open(shared_options(path), pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  EXPECT_NE(core.look_up(own_key("v", 0)), kNotFound);  // checks the file: in the record's state
+  EXPECT_EQ(core.stats().trusted_entries, 1u);
+  {  // then one byte of entry 3 changes, the modification time put back
+    KeepMtime keep(path);
+    write_bytes_at(path, offset_of_key(path, own_key("v", 3)) + 1000, "X");
+  }
+  // Within the interval of that check a first use relies on it (what the promise allows): the
+  // check is made at most once per interval.
+  pf.now += platform::kFineChangeWindowNs - 1;
+  EXPECT_NE(core.look_up(own_key("v", 1)), kNotFound);
+  EXPECT_EQ(core.stats().trusted_entries, 2u) << "the file was checked again within the interval of the last check";
+  // One interval after the check, the next first use checks again and finds the change.
+  pf.now += 1;
+  EXPECT_EQ(core.look_up(own_key("v", 3)), kNotFound) << "a byte changed an interval before its first use was served";
+  EXPECT_EQ(core.stats().verify_failures, 1u);
+  EXPECT_NE(core.look_up(own_key("v", 4)), kNotFound);
+  EXPECT_EQ(core.stats().trusted_entries, 2u) << "an entry first used after the change was not hashed";
+  const std::uint64_t stats_then = pf.stats.load();
+  pf.now += 1;  // the change stays known: no later check may find the file unchanged again
+  EXPECT_NE(core.look_up(own_key("v", 5)), kNotFound);
+  EXPECT_EQ(core.stats().trusted_entries, 2u);
+  EXPECT_LE(pf.stats.load() - stats_then, 1u) << "only the size is asked after a change";
+}
+
 // ---- who writes the record, and when not ----
 
 void empty_the_record(const std::string& path) { std::filesystem::resize_file(path + ".lock", 0); }
@@ -459,6 +534,131 @@ TEST_F(SharedVerify, AStateTooRecentForAChangeToShowIsNotRecorded) {
   // The same with the real clock (the file's change time settled in SetUp) records it.
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], 0u);
   EXPECT_EQ(verify_in_child(dir, path)["trusted_entries"], kCount);
+}
+
+// ---- the writer's own record (issue 32): the process that committed verifies its final state ----
+
+Options writer_options(const std::string& path) {
+  Options o = cache_options(path);
+  o.durability = Durability::full;
+  o.verify = Verify::shared;
+  return o;
+}
+
+// A platform whose file system has the coarse window (2 s), as FAT's or an unknown one's. Once
+// armed with a time (the file's change time after the last commit), its change clock first says
+// that time, then 3 s later: a writer that waited for the window would find it over and record.
+class CoarseWindowPlatform final : public test::ForwardingPlatform {
+ public:
+  std::int64_t change_window_ns(const File&, const platform::FileInfo&) noexcept override {
+    return platform::kCoarseChangeWindowNs;
+  }
+  std::int64_t change_clock_ns() noexcept override {
+    const std::int64_t at = armed.load();
+    if (at == 0) return os_.change_clock_ns();
+    return reads.fetch_add(1) == 0 ? at : at + 3 * 1000000000ll;
+  }
+  std::atomic<std::int64_t> armed{0};
+  std::atomic<int> reads{0};
+};
+
+// Packs and commits kCount entries through `pf` with `o`, then `before_close`, then closes.
+template <class BeforeClose>
+void pack_and_close(const Options& o, platform::Platform& pf, BeforeClose before_close) {
+  auto opened = Core::open(o, pf);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  Core& core = *opened.value();
+  for (std::size_t j = 0; j < kCount; ++j) {
+    const std::string key = own_key("v", j);
+    std::string bytes = bytes_for_key(key, kSize);
+    ASSERT_NE(core.look_up_or_insert(key, bytes.data(), bytes.size()), kNotFound) << last_error().message;
+  }
+  ASSERT_TRUE(core.finalize().ok()) << last_error().message;
+  ASSERT_EQ(core.stats().commits, 1u);
+  before_close();
+}
+
+class SharedVerifyWriter : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (on_tmpfs(dir.path().string())) GTEST_SKIP() << "the temporary directory is on tmpfs; set TMPDIR to a disk";
+    path = dir.file("cache.wcache");
+    // The writer waits out a fine window (10 ms) at close, never the coarse one.
+    const std::string probe = dir.file("probe");
+    write_entries(probe);
+    if (HasFatalFailure()) return;
+    if (window_of(probe) != platform::kFineChangeWindowNs)
+      GTEST_SKIP() << "the temporary directory's file system does not keep nanosecond change times";
+  }
+  std::uint64_t record_size() {
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(path + ".lock", ec);
+    return ec ? 0 : n;
+  }
+  TempDir dir{"wc-verify"};
+  std::string path;
+  test::ForwardingPlatform os;
+};
+
+TEST_F(SharedVerifyWriter, AProcessLaunchedRightAfterTheWriterClosedTrustsEveryEntry) {
+  pack_and_close(writer_options(path), os, [] {});
+  ASSERT_GE(record_size(), kRecordFixedBytes) << "the writer left no record";
+  // No pause: the writer waited out its own window at close.
+  auto next = verify_in_child(dir, path);
+  EXPECT_EQ(next["trusted_entries"], kCount) << "the first process after the writer hashed what the writer verified";
+  EXPECT_EQ(next["hits"], kCount);
+  EXPECT_EQ(next["verify_failures"], 0u);
+}
+
+// Another program writes other bytes into a committed entry after the commit and before the
+// writer's close: the stamp the writer takes at close includes that change time, so only
+// hashing again finds it. The entry's state in the writer's memory (good, from its own
+// checksum) must not vouch for it.
+TEST_F(SharedVerifyWriter, AForeignWriteBeforeTheWritersCloseIsNotVouchedFor) {
+  pack_and_close(writer_options(path), os, [&] {
+    const std::string key = own_key("v", 5);
+    std::string other = bytes_for_key(key, kSize).substr(0, 64);
+    other[10] = static_cast<char>(other[10] ^ 0x33);
+    write_bytes_at(path, offset_of_key(path, key), other);
+  });
+  ASSERT_GE(record_size(), kRecordFixedBytes) << "the writer left no record";
+  auto next = verify_in_child(dir, path, {.missing = "5"});
+  EXPECT_EQ(next["verify_failures"], 1u) << "the entry written over was not hashed";
+  EXPECT_EQ(next["trusted_entries"], kCount - 1) << "the writer did not vouch for its other entries";
+}
+
+TEST_F(SharedVerifyWriter, OnlyADurableSharedWriterOnAFileSystemWithAFineWindowLeavesARecord) {
+  {
+    SCOPED_TRACE("durability none");
+    Options o = writer_options(path);
+    o.durability = Durability::none;
+    pack_and_close(o, os, [] {});
+    EXPECT_EQ(record_size(), 0u) << "a writer with durability none left a record";
+  }
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  {
+    SCOPED_TRACE("Verify::first_use");
+    Options o = writer_options(path);
+    o.verify = Verify::first_use;
+    pack_and_close(o, os, [] {});
+    EXPECT_EQ(record_size(), 0u) << "a Verify::first_use writer left a record";
+  }
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  {
+    SCOPED_TRACE("a coarse window (2 s)");
+    CoarseWindowPlatform coarse;
+    pack_and_close(writer_options(path), coarse, [&] { coarse.armed = ctime_of(path); });
+    EXPECT_EQ(record_size(), 0u) << "a writer on a coarse file system held its close for the window";
+  }
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".lock");
+  {
+    SCOPED_TRACE("durable, shared, fine window");
+    pack_and_close(writer_options(path), os, [] {});
+    EXPECT_GE(record_size(), kRecordFixedBytes) << "the writer left no record";
+  }
 }
 
 // ---- the window per file-system class (Platform::change_window_ns) ----

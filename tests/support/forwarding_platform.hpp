@@ -74,6 +74,7 @@ class ForwardingPlatform : public platform::Platform {
   bool vanishes_with_holders(const File& f) noexcept override { return os_.vanishes_with_holders(f); }
   bool boot_id(std::uint8_t (&out)[16]) noexcept override { return os_.boot_id(out); }
   std::int64_t change_clock_ns() noexcept override { return os_.change_clock_ns(); }
+  std::int64_t monotonic_ns() noexcept override { return os_.monotonic_ns(); }
   std::int64_t change_window_ns(const File& f, const platform::FileInfo& info) noexcept override {
     return os_.change_window_ns(f, info);
   }
