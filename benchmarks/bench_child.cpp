@@ -3,7 +3,8 @@
 // whatever it mapped or allocated) until its stdin reaches EOF, so the parent can read its
 // /proc/<pid>/smaps and start the next process while this one still holds the cache open.
 //
-//   lookup PATH COMPAT VERIFY KEYS_FILE   open the cache, look up every key of KEYS_FILE
+//   lookup PATH COMPAT VERIFY KEYS_FILE   open the cache, look up every key of KEYS_FILE (VERIFY:
+//                                         none, on_open, shared, else first_use)
 //   model-cache PATH LAYERS DIM           open the demo model's cache, look up every matrix and
 //                                         read every byte
 //   model-heap LAYERS DIM                 pack the demo model onto the heap (what a backend
@@ -98,8 +99,10 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<float[]>> heap;
 
   if (mode == "lookup" && a.size() == 5) {
-    const Verify verify = a[3] == "none" ? Verify::none : a[3] == "on_open" ? Verify::on_open
-                         : a[3] == "shared" ? Verify::shared : Verify::first_use;
+    const Verify verify = a[3] == "none"      ? Verify::none
+                          : a[3] == "on_open" ? Verify::on_open
+                          : a[3] == "shared"  ? Verify::shared
+                                              : Verify::first_use;
     std::vector<std::string> keys;
     std::ifstream in(a[4]);
     for (std::string k; std::getline(in, k);) keys.push_back(k);

@@ -286,6 +286,17 @@ void print_summary(std::FILE* out) {
                 "warm/mmap_read_floor", 0, true);
   slowdown_line(&lines, "  same with Verify::none vs mmap+read", "warm/lookup_read_none", "warm/mmap_read_floor", 0,
                 true);
+  // A NONE writer's pages (bench_none_pages.cpp): the first Verify::shared reader writes them back.
+  slowdown_line(&lines, "first shared reader of 1 GiB after a none writer vs a full one", "none_pages/none_no_start/reader",
+                "none_pages/full/reader", 0, true);
+  slowdown_line(&lines, "  same, write-back started at the none writer's finalize", "none_pages/none/reader",
+                "none_pages/full/reader", 0, true);
+  slowdown_line(&lines, "  none writer's finalize: write-back started vs not", "none_pages/none/writer_finalize",
+                "none_pages/none_no_start/writer_finalize", 0, true);
+  slowdown_line(&lines, "  none writer's close (after finalize): write-back started vs not", "none_pages/none/writer_close",
+                "none_pages/none_no_start/writer_close", 0, true);
+  slowdown_line(&lines, "  full writer's finalize vs none's with write-back started", "none_pages/full/writer_finalize",
+                "none_pages/none/writer_finalize", 0, true);
   ratio_line(&lines, "demo model 576 MiB: warm load vs pack to heap", "model/load_warm", "model/pack_heap", 0, 20,
              false);
   ratio_line(&lines, "  same without verify-ahead (checksums on one core)", "model/load_warm_one_thread",

@@ -357,6 +357,9 @@ class Core {
   std::uint64_t heap_cursor_ WC_GUARDED_BY(write_mu_) = 0;   // arena offset
   format::CommitSlot committed_ WC_GUARDED_BY(write_mu_){};  // latest slot we wrote or read
   std::uint64_t written_size_ WC_GUARDED_BY(write_mu_) = 0;  // largest committed_size of any slot we wrote, synced or not
+  // A commit that flushed nothing (durability none or async): the committed size whose
+  // write-back finalize has started before it returns (start_write_back_behind); 0: none.
+  std::uint64_t write_back_owed_ WC_GUARDED_BY(write_mu_) = 0;
   std::map<std::uint64_t, Reservation> reservations_ WC_GUARDED_BY(write_mu_);
   std::vector<Entry*> pending_ WC_GUARDED_BY(write_mu_);     // file entries not yet in a committed index
   bool warned_fallback_ WC_GUARDED_BY(write_mu_) = false;
@@ -374,6 +377,7 @@ class Core {
   StripedCounter hits_, misses_;
   const std::uint64_t opener_forks_;  // platform::fork_generation() at open (see in_forked_child)
   const int opener_pid_;               // the process that opened the cache (the fallback)
+  const bool commit_write_back_;       // see finalize; off only for the benchmark (WEIGHTCACHE_COMMIT_WRITE_BACK=off)
   std::atomic<std::uint64_t> verified_ahead_{0};
   // Verified once per file state (core_trust.cpp): set once by adopt_verification, at open,
   // before any other thread runs; publish_verification serializes on `mu`.
@@ -408,6 +412,17 @@ class Core {
     std::atomic<bool> ahead_running{false};
   };
   std::unique_ptr<VerifySync> verify_sync_ = std::make_unique<VerifySync>();
+  // The thread that starts a commit's write-back (finalize): `owed` is the committed size still
+  // to start, `running` whether the thread lives; close waits for it (wait_for_write_back).
+  struct WriteBackSync {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::uint64_t owed = 0;
+    bool running = false;
+  };
+  std::unique_ptr<WriteBackSync> write_back_sync_ = std::make_unique<WriteBackSync>();
+  void start_write_back_behind(std::uint64_t committed_size) noexcept;
+  void wait_for_write_back() noexcept;
   std::atomic<std::uint64_t> verify_failures_{0};
   std::atomic<std::uint64_t> mappings_{0}, heap_fallbacks_{0}, commits_{0};
   std::atomic<std::uint64_t> mapped_bytes_{0}, heap_bytes_{0};

@@ -318,6 +318,11 @@ Result<void> Core::persist_locked(MutexLock& lk) {
   cursor_ = slot.committed_size;
   flush_from_ = cursor_;
   commits_.fetch_add(1, std::memory_order_relaxed);
+  // Nothing flushed these pages: the next process that verifies and records would have to write
+  // them all back first (adopt_verification), about 5x its time after a durable writer for
+  // 1 GiB. finalize has that write-back started on a thread (start_write_back_behind) and never
+  // waits for it. A descriptor cache (":memory:" too) has no such reader: it keeps no record.
+  if (!full && !from_descriptor_ && commit_write_back_) write_back_owed_ = slot.committed_size;
   maybe_trim_locked();
   release_lease_if_safe_locked();
   return migrated;
@@ -344,6 +349,16 @@ Result<void> Core::finalize() {
   try {
     if (in_forked_child()) return fail(inherited_refusal("finalize"));
     MutexLock lock(write_mu_);
+    // A commit that flushed nothing has its write-back started when this finalize returns,
+    // whatever the outcome: what was committed is final (committed bytes are never rewritten).
+    struct StartWriteBack {
+      Core& core;
+      ~StartWriteBack() WC_NO_THREAD_SAFETY_ANALYSIS {
+        const std::uint64_t owed = core.write_back_owed_;
+        core.write_back_owed_ = 0;
+        if (owed != 0) core.start_write_back_behind(owed);
+      }
+    } start_write_back{*this};
     lease_gave_up_ = false;  // a new packing phase may wait for the lease again
     // Finalize always ends the packing phase (runtimes refuse to run until it has), even when
     // persisting fails: the entries are still served from memory, and the error says why.
@@ -368,6 +383,51 @@ Result<void> Core::finalize() {
   } catch (...) {
     return fail({Errc::no_memory, 0, "out of memory during finalize of '" + opts_.path + "'"});
   }
+}
+
+void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
+  // Starting write-back is not waiting for it, but the OS submits the pages in the caller's
+  // thread and blocks it while the disk's queue is full: for 1 GiB that took about as long as
+  // writing it (docs/BENCHMARKS.md). So a thread of its own does it, and the finalize returns.
+  // The whole committed range each time: the OS skips pages that are clean or already being
+  // written, so what an earlier finalize started is not written twice.
+  WriteBackSync& wb = *write_back_sync_;
+  {
+    std::lock_guard<std::mutex> lk(wb.mu);
+    wb.owed = std::max(wb.owed, committed_size);
+    if (wb.running) return;  // it takes the new range when it is done with the one it has
+    wb.running = true;
+  }
+  try {
+    std::thread([this, &wb] {
+      for (;;) {
+        std::uint64_t size = 0;
+        {
+          std::lock_guard<std::mutex> lk(wb.mu);
+          size = wb.owed;
+          wb.owed = 0;
+          if (size == 0) {
+            // The last touch of the cache: close may free it once the mutex is free.
+            wb.running = false;
+            wb.cv.notify_all();
+            return;
+          }
+        }
+        pf_.start_write_back(fd_, 0, size);
+      }
+    }).detach();
+  } catch (...) {
+    // No thread: the next verifying process writes the pages back itself, as it always could.
+    std::lock_guard<std::mutex> lk(wb.mu);
+    wb.owed = 0;
+    wb.running = false;
+  }
+}
+
+void Core::wait_for_write_back() noexcept {
+  WriteBackSync& wb = *write_back_sync_;
+  std::unique_lock<std::mutex> lk(wb.mu);
+  wb.cv.wait(lk, [&] { return !wb.running; });
 }
 
 Result<void> Core::persist_all_locked(MutexLock& lk) {

@@ -110,6 +110,9 @@ class [[nodiscard]] Result<void> {
 };
 
 enum class Backing : int { automatic = WC_BACKING_AUTO, file = WC_BACKING_FILE, heap = WC_BACKING_HEAP };
+/// See wc_durability: none flushes nothing (a finalize has what it committed start writing back
+/// on a thread of the cache's and never waits for it; close waits for that start, not for the
+/// writes), async also starts write-back, full waits for the disk at every commit.
 enum class Durability : int { none = WC_DURABILITY_NONE, async = WC_DURABILITY_ASYNC, full = WC_DURABILITY_FULL };
 enum class Verify : int {
   first_use = WC_VERIFY_FIRST_USE,

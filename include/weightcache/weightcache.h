@@ -52,8 +52,10 @@
  *   (wc_is_finalized included), so a child can never publish beside the parent nor let go of
  *   the parent's lock.
  * - Threads: wc_open may start one background thread (see wc_options.verify_ahead), which
- *   wc_close stops and waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few
- *   worker threads that end before they return. No other library code runs on its own threads.
+ *   wc_close stops and waits for; with WC_DURABILITY_NONE or _ASYNC, wc_finalize may start one
+ *   that starts the write-back of what it committed (see WC_DURABILITY_NONE), which wc_close
+ *   waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few worker threads
+ *   that end before they return. No other library code runs on its own threads.
  * - Entries are durable only after wc_finalize returns WC_OK, and WC_OK means every entry
  *   inserted so far is (with WC_DURABILITY_FULL: durable against power loss; otherwise against a
  *   crash of the process). Closing discards entries no finalize managed to persist.
@@ -176,8 +178,16 @@ typedef enum wc_backing {
 } wc_backing;
 
 typedef enum wc_durability {
-  WC_DURABILITY_NONE = 0,  /* no flushes: survives a process crash, not a power loss */
-  WC_DURABILITY_ASYNC = 1, /* write-back is started at finalize but not waited for */
+  WC_DURABILITY_NONE = 0,  /* no flushes: survives a process crash, not a power loss. A
+                              finalize that commits has the committed bytes' write-back started
+                              (Linux: sync_file_range without wait) on a thread of the cache's
+                              and never waits for it, so the next process that verifies them
+                              does not have to write them back itself. wc_close waits for that
+                              thread to finish starting it (the writes themselves are never
+                              waited for): right after a finalize of 1 GiB, about 0.5 s. See
+                              docs/DESIGN.md, "Durable means durable" */
+  WC_DURABILITY_ASYNC = 1, /* write-back is started at finalize but not waited for (as for
+                              NONE, after an msync without wait) */
   WC_DURABILITY_FULL = 2   /* data, then index, then commit slot, each flushed to disk */
 } wc_durability;
 
