@@ -503,7 +503,9 @@ TEST(GgmlBufferType, RefusesBadArgumentsAndTensorsItCannotRepack) {
   ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
   wc_ggml_options go;
   wc_ggml_options_init(&go);
-  go.identity_window_ms = 1999;
+  go.identity_window_ms = -1;
+  EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_ERR_INVALID_ARGUMENT);
+  go.identity_window_ms = 86'400'001;
   EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(wc_ggml_check_abi(), WC_OK) << wc_ggml_last_error();
   ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();

@@ -211,6 +211,49 @@ void changed_gguf_is_seen(const RuntimeFixture& t, bool wait) {
 
 }  // namespace
 
+// Issue 32: a GGUF is trusted by its file system's change window (10 ms where change times have
+// nanoseconds), not a flat minute. Written, then 50 ms later a cold load records the file
+// identities while it repacks, and every load after it reads none of the tensors' bytes. One block
+// rewritten in place (its times put back) 20 ms after that is seen by the next load.
+TEST_P(RuntimeSuite, AGgufWritten50msBeforeTheColdLoadIsTrustedFromTheNextLoadOn) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  ASSERT_NO_FATAL_FAILURE(make_model(model));
+  const struct stat st = stat_of(model);
+  if (!times_track_stores(model) || st.st_ctim.tv_nsec == 0)
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs with nanosecond change times";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const ToolRun cold = load(model, cache);
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_GT(cold.u64("repacked"), 0u) << cold.out;
+  for (int i = 0; i < 2; ++i) {
+    const ToolRun warm = load(model, cache);
+    ASSERT_EQ(warm.code, 0) << warm.describe();
+    EXPECT_EQ(warm.u64("repacked"), 0u) << warm.out;
+    EXPECT_EQ(warm.u64("source_bytes_hashed"), 0u) << "the cold load left no file identity, load " << i << ": "
+                                                    << warm.out;
+    expect_same_outputs(warm, cold, "warm vs cold");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::size_t at = tensor_offset(model, "blk.1.ffn_down.weight");
+  ASSERT_GT(at, 0u);
+  const int fd = ::open(model.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char block[18];
+  ASSERT_EQ(::pread(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  for (int i = 2; i < 18; ++i) block[i] = static_cast<unsigned char>(block[i] ^ 0x5A);
+  ASSERT_EQ(::pwrite(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  ::close(fd);
+  ASSERT_NO_FATAL_FAILURE(restore_times(model, st));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const ToolRun stock = load(model, kStock);
+  ASSERT_EQ(stock.code, 0) << stock.describe();
+  EXPECT_NE(stock.j["checksum"], cold.j["checksum"]) << "the in-place write did not change the outputs";
+  const ToolRun after = load(model, cache);
+  ASSERT_EQ(after.code, 0) << after.describe();
+  expect_same_outputs(after, stock, "stale repacked weights served after an in-place write");
+  EXPECT_EQ(after.u64("repacked"), 1u) << after.out;
+}
+
 TEST_P(RuntimeSuite, AChangedGgufIsSeenRightAfterTheWrite) { changed_gguf_is_seen(*this, false); }
 TEST_P(RuntimeSuite, AChangedGgufIsSeenThroughItsFileIdentity) { changed_gguf_is_seen(*this, true); }
 
