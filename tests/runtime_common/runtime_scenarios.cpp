@@ -89,6 +89,22 @@ void restore_times(const std::string& path, const struct stat& st) {
   ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
 }
 
+// One block of one weight rewritten in place (its nibbles, not its scale), the file's size kept
+// and its times put back as `touch -r` does.
+void rewrite_one_block(const std::string& model) {
+  const struct stat st = stat_of(model);
+  const std::size_t at = tensor_offset(model, "blk.1.ffn_down.weight");
+  ASSERT_GT(at, 0u);
+  const int fd = ::open(model.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char block[18];
+  ASSERT_EQ(::pread(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  for (int i = 2; i < 18; ++i) block[i] = static_cast<unsigned char>(block[i] ^ 0x5A);
+  ASSERT_EQ(::pwrite(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
+  ::close(fd);
+  ASSERT_NO_FATAL_FAILURE(restore_times(model, st));
+}
+
 void past_the_window(bool wait) {
   if (wait) std::this_thread::sleep_for(std::chrono::milliseconds(2100));
 }
@@ -174,18 +190,8 @@ void changed_gguf_is_seen(const RuntimeFixture& t, bool wait) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
-  // One block of one weight: its nibbles, not its scale.
   const struct stat st = stat_of(model);
-  const std::size_t at = tensor_offset(model, "blk.1.ffn_down.weight");
-  ASSERT_GT(at, 0u);
-  const int fd = ::open(model.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  unsigned char block[18];
-  ASSERT_EQ(::pread(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
-  for (int i = 2; i < 18; ++i) block[i] = static_cast<unsigned char>(block[i] ^ 0x5A);
-  ASSERT_EQ(::pwrite(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
-  ::close(fd);
-  ASSERT_NO_FATAL_FAILURE(restore_times(model, st));
+  ASSERT_NO_FATAL_FAILURE(rewrite_one_block(model));
   ToolRun one_block, every_weight, renamed;
   ASSERT_NO_FATAL_FAILURE(outputs_follow(t, model, cache, wait, "an in-place write of one block", cold, 1, one_block));
 
@@ -234,16 +240,7 @@ TEST_P(RuntimeSuite, AGgufWritten50msBeforeTheColdLoadIsTrustedFromTheNextLoadOn
     expect_same_outputs(warm, cold, "warm vs cold");
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const std::size_t at = tensor_offset(model, "blk.1.ffn_down.weight");
-  ASSERT_GT(at, 0u);
-  const int fd = ::open(model.c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  unsigned char block[18];
-  ASSERT_EQ(::pread(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
-  for (int i = 2; i < 18; ++i) block[i] = static_cast<unsigned char>(block[i] ^ 0x5A);
-  ASSERT_EQ(::pwrite(fd, block, sizeof block, static_cast<off_t>(at)), static_cast<ssize_t>(sizeof block));
-  ::close(fd);
-  ASSERT_NO_FATAL_FAILURE(restore_times(model, st));
+  ASSERT_NO_FATAL_FAILURE(rewrite_one_block(model));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   const ToolRun stock = load(model, kStock);
   ASSERT_EQ(stock.code, 0) << stock.describe();
