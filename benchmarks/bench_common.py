@@ -1,8 +1,11 @@
-"""What the benchmark scripts share: evicting files from the page cache, removing a cache file, and
-a clustered bar chart through gnuplot (nothing when gnuplot is missing)."""
+"""What the benchmark scripts share: evicting files from the page cache, removing a cache file,
+writing a model's files afresh, a per-launch table of the "first minute" runs, and a clustered bar
+chart through gnuplot (nothing when gnuplot is missing)."""
 import os
 import shutil
+import statistics
 import subprocess
+import time
 
 
 def evict(*paths):
@@ -22,6 +25,46 @@ def fresh(cache):
     for f in (cache, cache + ".lock"):
         if os.path.exists(f):
             os.unlink(f)
+
+
+def written_now(sources, directory):
+    """Copies the files into a fresh directory, every byte written now (their change times are this
+    moment's), as a download does just before a service's workers start. Returns the copies' paths
+    and the moment the last one was closed (time.time())."""
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    copies = []
+    for src in sources:
+        dst = os.path.join(directory, os.path.basename(src))
+        shutil.copyfile(src, dst)
+        copies.append(dst)
+    return copies, time.time()
+
+
+def first_minute_table(what, unit, launches, base_ms, base_label, floor_ms=None):
+    """Prints the "first minute" launches k = 1..6 of every round (launches: one list of
+    (ms, source_bytes_hashed) per round), each against the baseline's median (base_ms) and, when
+    given, the warm floor measured in the same run (the column "/ floor": 1.00 is at the floor).
+    Returns the rows for the JSON."""
+    rows = []
+    head = f"{'k':>2s} {'':22s} {unit + ' median':>11s} {'range':>15s} {'vs ' + base_label:>14s}"
+    if floor_ms:
+        head += f" {'/ floor':>8s}"
+    print(f"{what}\n{head} {'source bytes hashed (max of rounds)':>36s}")
+    for k in range(len(launches[0])):
+        ms = [r[k][0] for r in launches]
+        hashed = [r[k][1] for r in launches]
+        m = statistics.median(ms)
+        row = {"k": k + 1, "ms": m, "min_ms": min(ms), "max_ms": max(ms), "vs_base": base_ms / m,
+               "source_bytes_hashed_max": max(hashed), "source_bytes_hashed_min": min(hashed)}
+        line = (f"{k + 1:2d} {'(packs)' if k == 0 else '':22s} {m:11.2f} {min(ms):7.2f}-{max(ms):7.2f} "
+                f"{base_ms / m:13.1f}x")
+        if floor_ms:
+            row["vs_floor"] = m / floor_ms
+            line += f" {m / floor_ms:8.2f}"
+        print(f"{line} {max(hashed):36,d}")
+        rows.append(row)
+    return rows
 
 
 def bar_plot(png, title, ylabel, labels, series, work):

@@ -16,20 +16,28 @@ run, batch-64 and batch-1 throughput, with ratios measured in this run. Then fou
 once per configuration (the cache's summed Pss against the stock loads' four private copies), and
 loads from a cold page cache (the GGUF and the cache file evicted with POSIX_FADV_DONTNEED).
 
+With --first-minute, each round also copies the GGUF to a new directory (every byte written now, as
+a download does) and then, with no pause, loads it through a fresh cache file six times (a cold load
+and five warm ones, each a new process, default options: no --identity-window-ms), then a stock load
+of the same copy; it prints the load ms, the ratio to stock, the ratio to the warm floor (the "every
+later" row of the same run) and source_bytes_hashed for each load k = 1..6 (issue 32: from k = 2 on,
+at the warm floor). The four-process and cold-page-cache runs are left out then.
+
 Run by benchmarks/run and scripts/demo; standalone:
   benchmarks/ggml_bench.py --bin build/x/examples --work build/bench/ggml [--rounds 5] [--small]
-    [--layers 12 --dim 2048 --ffn 5632] [--plot PNG]
+    [--layers 12 --dim 2048 --ffn 5632] [--plot PNG] [--first-minute]
 Writes <work>/ggml-bench.json.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-from bench_common import bar_plot, evict, fresh
+from bench_common import bar_plot, evict, first_minute_table, fresh, written_now
 
 WINDOW_MS = 2000  # weightcache-ggml --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["repack", "no_repack", "cold", "cold_sync", "warm1", "warm"]
@@ -38,9 +46,11 @@ LABELS = {"repack": "stock ggml (repacks)", "no_repack": "no repacking (--no-rep
           "warm1": "weightcache, warm, verifies", "warm": "weightcache, warm, every later"}
 
 
-def run(args, extra, hold=False):
-    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", str(args.steps),
-           "--threads", str(args.threads), "--identity-window-ms", str(WINDOW_MS)] + extra
+def run(args, extra, hold=False, model=None, window_ms=WINDOW_MS, steps=None):
+    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", model or args.model, "--json", "--steps",
+           str(steps or args.steps), "--threads", str(args.threads)] + extra
+    if window_ms is not None:
+        cmd += ["--identity-window-ms", str(window_ms)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
@@ -59,6 +69,21 @@ def one_round(args):
     time.sleep(WINDOW_MS / 1000 + 0.5)
     run(args, ["--cache", cache])  # verifies again, and records it (older than the window)
     out["warm"] = run(args, ["--cache", cache])
+    return out
+
+
+def first_minute(args):
+    """The GGUF written, then with no pause a cold load and five warm ones through a fresh cache
+    (default options), then a stock load of the same copy. Each runs one short decode, so that the
+    next starts soon after (a service's workers start at once)."""
+    (model,), written = written_now([args.model], os.path.join(args.work, "first-minute"))
+    cache = os.path.join(args.work, "first-minute", "c.wcache")
+    loads, started_ms = [], []
+    for _ in range(6):
+        started_ms.append((time.time() - written) * 1000)
+        loads.append(run(args, ["--cache", cache], model=model, window_ms=None, steps=1))
+    out = {"started_ms": started_ms, "loads": loads, "repack": run(args, [], model=model, window_ms=None, steps=1)}
+    shutil.rmtree(os.path.dirname(model), ignore_errors=True)
     return out
 
 
@@ -92,6 +117,8 @@ def main():
     ap.add_argument("--ffn", type=int, default=5632)
     ap.add_argument("--type", default="q4_0")
     ap.add_argument("--small", action="store_true", help="2 layers of 512, one round (a smoke run)")
+    ap.add_argument("--first-minute", action="store_true",
+                    help="also the GGUF written, then at once a cold and five warm loads (default options)")
     ap.add_argument("--plot")
     args = ap.parse_args()
     if args.small:
@@ -104,6 +131,7 @@ def main():
                        stdout=subprocess.DEVNULL)
         time.sleep(WINDOW_MS / 1000 + 0.2)  # the GGUF's identity is trusted once it is older than the window
     size_mib = os.path.getsize(args.model) / 2**20
+    fm = []
     first = one_round(args)
     cpu, stock_bufts = first["repack"].get("cpu", "this CPU"), first["repack"].get("stock_buffer_types", "")
     print(f"ggml_bench: on {cpu}, ggml's CPU backend repacks this model into {stock_bufts or 'nothing'}")
@@ -113,7 +141,13 @@ def main():
         with open(os.path.join(args.work, "ggml-bench.json"), "w") as f:
             json.dump({"type": args.type, "cpu": cpu, "stock_buffer_types": stock_bufts, "cacheable": False}, f, indent=1)
         return
-    rounds = [first] + [one_round(args) for _ in range(args.rounds - 1)]
+    if args.first_minute:
+        fm.append(first_minute(args))
+    rounds = [first]
+    for _ in range(args.rounds - 1):
+        rounds.append(one_round(args))
+        if args.first_minute:
+            fm.append(first_minute(args))
     rows = {c: {k: med([r[c] for r in rounds], k)
                 for k in ("load_ms", "durable_ms", "rss_anon_bytes", "tok_s_batch64", "tok_s_batch1")} for c in ORDER}
     sums = {c: {r[c]["checksum"] for r in rounds} for c in ORDER}
@@ -121,6 +155,9 @@ def main():
     repacked_bytes = rounds[0]["cold"]["cache_rss_bytes"]
 
     cache = os.path.join(args.work, "c.wcache")
+    if fm:
+        print_first_minute(args, rows, fm)
+        return
     four_stock = four_at_once(args, [])
     four_cache = four_at_once(args, ["--cache", cache])
     four = {"stock_anon_mib": sum(r["rss_anon_bytes"] for r in four_stock) / 2**20,
@@ -171,6 +208,35 @@ def main():
                 [("load ms", [rows[c]["load_ms"] for c in ORDER]),
                  ("RssAnon MiB", [rows[c]["rss_anon_bytes"] / 2**20 for c in ORDER])], args.work):
         print(f"ggml_bench: plot in {args.plot}")
+
+def print_first_minute(args, rows, fm):
+    """The rows of the usual scenario (stock and the warm floor come from them), then the first
+    minute's loads by k; JSON in <work>/ggml-first-minute.json."""
+    base = rows["repack"]
+    print(f"{'load':40s} {'load ms':>9s} {'vs stock':>9s}")
+    for c in ORDER:
+        print(f"{LABELS[c]:40s} {rows[c]['load_ms']:9.1f} {base['load_ms'] / rows[c]['load_ms']:8.1f}x")
+    stock_ms = statistics.median(r["repack"]["load_ms"] for r in fm)
+    floor_ms = rows["warm"]["load_ms"]
+    keep = ("load_ms", "source_bytes_hashed", "served_from_cache", "repacked", "durable_ms")
+    print(f"\nfirst minute: the GGUF copied to a new directory, then with no pause (the cold load launched "
+          f"{max(r['started_ms'][0] for r in fm):.1f} ms after the copy was closed; the second "
+          f"{statistics.median(r['started_ms'][1] for r in fm):.0f} ms after, the last "
+          f"{statistics.median(r['started_ms'][5] for r in fm):.0f} ms after) a cold load and five warm ones, "
+          f"default options; stock load of the same copy {stock_ms:.1f} ms; warm floor ('every later' above) "
+          f"{floor_ms:.1f} ms; medians of {len(fm)} rounds")
+    table = first_minute_table("load ms by load k (each a new process)", "load ms",
+                               [[(l["load_ms"], l["source_bytes_hashed"]) for l in r["loads"]] for r in fm],
+                               stock_ms, "stock", floor_ms)
+    same = len({l["checksum"] for r in fm for l in r["loads"] + [r["repack"]]}) == 1
+    print("outputs of the first-minute loads bit-identical to stock's" if same else "FIRST-MINUTE OUTPUTS DIFFER")
+    report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
+              "rounds": args.rounds, "rows": rows, "identical": same, "stock_ms": stock_ms, "floor_ms": floor_ms,
+              "started_ms": [r["started_ms"] for r in fm], "first_minute": table,
+              "loads": [[{k: l.get(k) for k in keep} for l in r["loads"]] for r in fm]}
+    with open(os.path.join(args.work, "ggml-first-minute.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
 
 if __name__ == "__main__":
     main()

@@ -15,20 +15,28 @@ with ratios measured in this run. Then four processes at once (summed Pss of the
 against one copy, and the stock loads' private memory), and loads from a cold page cache (the GGUF
 and the cache file evicted with POSIX_FADV_DONTNEED).
 
+With --first-minute, each round also copies the GGUF to a new directory (every byte written now, as
+a download does) and then, with no pause, loads it through a fresh cache file six times (a cold load
+and five warm ones, each a new process, default options: no --identity-window-ms), then a stock load
+of the same copy; it prints the load ms, the ratio to stock, the ratio to the warm floor (the "every
+later" row of the same run) and source_bytes_hashed for each load k = 1..6 (issue 32: from k = 2 on,
+at the warm floor). The four-process and cold-page-cache runs are left out then.
+
 Run by benchmarks/run and scripts/demo; standalone:
   benchmarks/llama_bench.py --bin build/x/examples --work build/bench/llama [--rounds 5] [--small]
-    [--layers 12 --dim 2048 --ffn 5632] [--plot PNG]
+    [--layers 12 --dim 2048 --ffn 5632] [--plot PNG] [--first-minute]
 Writes <work>/llama-bench.json.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-from bench_common import bar_plot, evict, fresh
+from bench_common import bar_plot, evict, first_minute_table, fresh, written_now
 
 WINDOW_MS = 2000  # --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["stock", "no_repack", "cold", "warm1", "warm"]
@@ -38,10 +46,11 @@ LABELS = {"stock": "stock llama.cpp (repacks)", "no_repack": "use_extra_bufts=fa
 PROMPT = "weightcache keeps what llama.cpp repacks, once, for every process to use."
 
 
-def run(args, extra):
-    cmd = [os.path.join(args.bin, "weightcache-llama"), "--model", args.model, "--json", "--threads",
-           str(args.threads), "--n-predict", str(args.n_predict), "--prompt", PROMPT,
-           "--identity-window-ms", str(WINDOW_MS)] + extra
+def run(args, extra, model=None, window_ms=WINDOW_MS, n_predict=None):
+    cmd = [os.path.join(args.bin, "weightcache-llama"), "--model", model or args.model, "--json", "--threads",
+           str(args.threads), "--n-predict", str(n_predict or args.n_predict), "--prompt", PROMPT] + extra
+    if window_ms is not None:
+        cmd += ["--identity-window-ms", str(window_ms)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
@@ -58,6 +67,51 @@ def one_round(args, cache):
     run(args, ["--cache", cache])  # verifies again, and records it (older than the window)
     out["warm"] = run(args, ["--cache", cache])
     return out
+
+
+def first_minute(args):
+    """The GGUF written, then with no pause a cold load and five warm ones through a fresh cache
+    (default options), then a stock load of the same copy. Each runs one short decode, so that the
+    next starts soon after (a service's workers start at once)."""
+    (model,), written = written_now([args.model], os.path.join(args.work, "first-minute"))
+    cache = os.path.join(args.work, "first-minute", "c.wcache")
+    loads, started_ms = [], []
+    for _ in range(6):
+        started_ms.append((time.time() - written) * 1000)
+        loads.append(run(args, ["--cache", cache], model=model, window_ms=None, n_predict=4))
+    out = {"started_ms": started_ms, "loads": loads, "stock": run(args, [], model=model, window_ms=None, n_predict=4)}
+    shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+    return out
+
+
+def print_first_minute(args, rows, fm):
+    """The rows of the usual scenario (stock and the warm floor come from them), then the first
+    minute's loads by k; JSON in <work>/llama-first-minute.json."""
+    base = rows["stock"]
+    print(f"{'load':32s} {'load ms':>8s} {'vs stock':>8s}")
+    for c in ORDER:
+        print(f"{LABELS[c]:32s} {rows[c]['load_ms']:8.1f} {base['load_ms'] / rows[c]['load_ms']:7.1f}x")
+    stock_ms = statistics.median(r["stock"]["load_ms"] for r in fm)
+    floor_ms = rows["warm"]["load_ms"]
+    keep = ("load_ms", "source_bytes_hashed", "served_from_cache", "repacked", "durable_ms")
+    print(f"\nfirst minute: the GGUF copied to a new directory, then with no pause (the cold load launched "
+          f"{max(r['started_ms'][0] for r in fm):.1f} ms after the copy was closed; the second "
+          f"{statistics.median(r['started_ms'][1] for r in fm):.0f} ms after, the last "
+          f"{statistics.median(r['started_ms'][5] for r in fm):.0f} ms after) a cold load and five warm ones, "
+          f"default options; stock load of the same copy {stock_ms:.1f} ms; warm floor ('every later' above) "
+          f"{floor_ms:.1f} ms; medians of {len(fm)} rounds")
+    table = first_minute_table("load ms by load k (each a new process)", "load ms",
+                               [[(l["load_ms"], l["source_bytes_hashed"]) for l in r["loads"]] for r in fm],
+                               stock_ms, "stock", floor_ms)
+    same = len({(l["checksum_all"], tuple(l["tokens"])) for r in fm for l in r["loads"] + [r["stock"]]}) == 1
+    print("logits and tokens of the first-minute loads bit-identical to stock's" if same else
+          "FIRST-MINUTE OUTPUTS DIFFER")
+    report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
+              "rounds": args.rounds, "rows": rows, "identical": same, "stock_ms": stock_ms, "floor_ms": floor_ms,
+              "started_ms": [r["started_ms"] for r in fm], "first_minute": table,
+              "loads": [[{k: l.get(k) for k in keep} for l in r["loads"]] for r in fm]}
+    with open(os.path.join(args.work, "llama-first-minute.json"), "w") as f:
+        json.dump(report, f, indent=1)
 
 
 def four_at_once(args, extra):
@@ -87,6 +141,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=320)
     ap.add_argument("--type", default="q4_0")
     ap.add_argument("--small", action="store_true", help="2 layers of 512, one round (a smoke run)")
+    ap.add_argument("--first-minute", action="store_true",
+                    help="also the GGUF written, then at once a cold and five warm loads (default options)")
     ap.add_argument("--plot")
     args = ap.parse_args()
     if args.small:
@@ -112,7 +168,12 @@ def main():
             json.dump({"type": args.type, "cpu": cpu, "stock_buffer_types": stock_bufts, "cacheable": False,
                        "why_none": why}, f, indent=1)
         return
-    rounds = [first] + [one_round(args, cache) for _ in range(args.rounds - 1)]
+    fm = [first_minute(args)] if args.first_minute else []
+    rounds = [first]
+    for _ in range(args.rounds - 1):
+        rounds.append(one_round(args, cache))
+        if args.first_minute:
+            fm.append(first_minute(args))
     keys = ("load_ms", "rss_anon_bytes", "rss_file_bytes", "rss_anon_end_bytes", "rss_file_end_bytes",
             "prompt_tok_s", "gen_tok_s")
     rows = {c: {k: statistics.median(r[c][k] for r in rounds) for k in keys} for c in ORDER}
@@ -121,6 +182,9 @@ def main():
     repacked_mib = rounds[0]["cold"]["cache_rss_bytes"] / 2**20
     prompt_tokens = rounds[0]["stock"]["prompt_tokens"]
 
+    if fm:
+        print_first_minute(args, rows, fm)
+        return
     four_stock = four_at_once(args, [])
     four_cache = four_at_once(args, ["--cache", cache])
     four = {"stock_anon_mib": sum(r["rss_anon_end_bytes"] for r in four_stock) / 2**20,

@@ -16,9 +16,16 @@ and the private memory (RssAnon) a session creation added, with ratios measured 
 Then four processes at once per provider, to compare the memory of their weights: the CPU
 provider's four private copies against the provider's one shared file (summed Pss).
 
+With --first-minute, each round also copies each model's files to a new directory (every byte
+written now, as a download does) and then, with no pause, launches a cold session on a fresh cache
+file and five warm ones, each a new process, with the provider's default options (no
+identity_window_ms; threads as above), then ORT's CPU provider (with and without prepacking) on the
+same copy; it prints create ms, the ratio to the CPU provider and source_bytes_hashed for each
+launch k = 1..6 (issue 32: from k = 2 on, >= 20x the CPU provider for f32, no source byte hashed).
+
 Run by benchmarks/run and scripts/demo; standalone:
   benchmarks/ort_bench.py --host build/x/examples/weightcache-ort-host \
-      --ep build/x/libweightcache_ort_ep.so --work build/bench/ort [--rounds 5] [--small]
+      --ep build/x/libweightcache_ort_ep.so --work build/bench/ort [--rounds 5] [--small] [--first-minute]
 Writes <work>/ort-bench.json, and with --plot PNG a gnuplot chart.
 """
 import argparse
@@ -30,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from bench_common import first_minute_table, written_now
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAKE_MODELS = os.path.join(HERE, "..", "tests", "onnxruntime", "make_models.py")
@@ -91,6 +100,29 @@ def one_round(args, model_path, cache):
     out["ep_verify"] = run_host(args, args.host, withc)
     out["ep_warm"] = run_host(args, args.host, withc)
     return out
+
+
+def first_minute(args, model):
+    """The model's files written, then with no pause a cold session and five warm ones (each a new
+    process, the provider's default identity window), then the CPU provider on the same files."""
+    sources = [os.path.join(args.models, model + ".ext.onnx"), os.path.join(args.models, model + ".ext.onnx.data")]
+    copies, written = written_now(sources, os.path.join(args.work, "first-minute"))
+    path, cache = copies[0], os.path.join(args.work, "first-minute", model + ".wcache")
+    ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
+          "--option", f"cache_path={cache}", "--cache-file", cache]
+    common = ["--model", path, "--runs", "3", "--intra-threads", str(args.threads)]
+    launches, started_ms = [], []
+    for _ in range(6):
+        started_ms.append((time.time() - written) * 1000)
+        launches.append(run_host(args, args.host, common + ep))
+    out = {"started_ms": started_ms, "launches": launches, "cpu": run_host(args, args.host, common),
+           "cpu_noprepack": run_host(args, args.host, common + ["--session-option", "session.disable_prepacking=1"])}
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    return out
+
+
+def hashed(r):
+    return (r.get("stats_delta") or {}).get("source_bytes_hashed", 0)
 
 
 def four_at_once(args, model_path, cache, use_ep):
@@ -161,6 +193,8 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--small", action="store_true", help="a 2 x 512x1024 model, one round (a smoke run)")
     ap.add_argument("--no-memory", action="store_true", help="skip the four-process memory runs")
+    ap.add_argument("--first-minute", action="store_true",
+                    help="also the model written, then at once a cold and five warm sessions (default options)")
     ap.add_argument("--plot", help="write a PNG chart here (needs gnuplot)")
     ap.add_argument("--replot", action="store_true", help="only draw --plot from <work>/ort-bench.json")
     args = ap.parse_args()
@@ -183,7 +217,11 @@ def main():
     for model in ["big_mlp", "big_nbits"]:
         path = os.path.join(args.models, model + ".ext.onnx")
         cache = os.path.join(args.work, model + ".wcache")
-        rounds = [one_round(args, path, cache) for _ in range(args.rounds)]
+        rounds, fm = [], []
+        for _ in range(args.rounds):
+            rounds.append(one_round(args, path, cache))
+            if args.first_minute:
+                fm.append(first_minute(args, model))
         rows = {}
         for c in order:
             rs = [r[c] for r in rounds]
@@ -228,6 +266,28 @@ def main():
             print(f"four processes at once: CPU EP {m['four_cpu_anon_mib']:.1f} MiB private (4 copies); "
                   f"WeightCache EP summed Pss {m['four_ep_pss_mib']:.1f} MiB = {m['four_ep_pss_mib'] / one:.3f}x "
                   f"one copy ({one:.1f} MiB), Private_Dirty {m['four_ep_private_dirty_mib']:.1f} MiB")
+        if fm:
+            cpu_ms = median([r["cpu"]["create_ms"] for r in fm])
+            noprepack_ms = median([r["cpu_noprepack"]["create_ms"] for r in fm])
+            print(f"\n{names[model]}, first minute: the model's files copied to a new directory, then with no pause "
+                  f"(launched {max(r['started_ms'][0] for r in fm):.1f} ms after the copy was closed; the second "
+                  f"{statistics.median(r['started_ms'][1] for r in fm):.0f} ms after, the last "
+                  f"{statistics.median(r['started_ms'][5] for r in fm):.0f} ms after) a cold "
+                  f"session and five warm ones, default identity window; medians of {args.rounds} rounds")
+            m["first_minute"] = {
+                "cpu_create_ms": cpu_ms, "cpu_noprepack_create_ms": noprepack_ms,
+                "started_ms": [r["started_ms"] for r in fm],
+                "launches": first_minute_table(
+                    "create ms by launch k (each a new process); floor: the warm 'every later' row above", "create ms",
+                    [[(l["create_ms"], hashed(l)) for l in r["launches"]] for r in fm], cpu_ms, "CPU EP",
+                    rows["ep_warm"]["create_ms"]),
+                "first_run_ms": [median([r["launches"][k]["first_run_ms"] for r in fm]) for k in range(6)],
+                "from_cache": [median([(r["launches"][k].get("stats_delta") or {}).get("from_cache", 0) for r in fm])
+                               for k in range(6)]}
+            print(f"ORT CPU EP (prepacks), same copies: {cpu_ms:.2f} ms; disable_prepacking=1 (ORT's floor): "
+                  f"{noprepack_ms:.2f} ms ({cpu_ms / noprepack_ms:.0f}x)")
+            same = len({l.get("output_hash") for r in fm for l in r["launches"]} | {rows["ep_heap"]["output_hash"]}) == 1
+            print("outputs of the first-minute launches " + ("bit-identical to backing=heap's" if same else "DIFFER"))
 
     out = os.path.join(args.work, "ort-bench.json")
     with open(out, "w") as f:

@@ -261,11 +261,12 @@ void Core::write_record(Trust& t, std::vector<bool> verified) {
 }
 
 void Core::record_own_commits_locked() noexcept {
-  // Only a writer of this session whose verification a later process may trust: a durable one
-  // (with durability none it never waits for the disk, and the write-back below would make it),
+  // Only a writer of this session whose verification a later process may trust: one with
+  // durability full (with none or async it never waits for the disk, and the write-back below
+  // would make it; full has flushed these pages at finalize, so the write-back finds them clean),
   // on a file with a lock file it may write, not a forked child (whose close returned earlier).
   if (commits_.load(std::memory_order_relaxed) == 0 || opts_.verify != Verify::shared ||
-      opts_.durability == Durability::none || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed) ||
+      opts_.durability != Durability::full || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed) ||
       !fd_.is_open() || !lock_fd_.is_open() || leases_own_file_ || space_.base() == nullptr || in_forked_child())
     return;
   const std::uint64_t mapped = mapped_end_;  // what the hashing below may read

@@ -209,7 +209,7 @@ typedef enum wc_verify {
                               reboot voids it. A process records only a state older, when it
                               opened, than its file system's change-time window: 10 ms on ext4,
                               xfs, btrfs and f2fs with nanosecond times, 2 s on every other. A
-                              writer that committed (durability async or full) records its
+                              writer that committed (durability full) records its
                               final state at wc_close, after checksumming every committed entry
                               again (waiting out the 10 ms window first; never the 2 s one), so
                               the next process hashes nothing. Caches on
