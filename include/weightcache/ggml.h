@@ -32,7 +32,8 @@
  * follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its
  * file system's change window (10 ms where change times have nanoseconds, else 2 s) and than
  * identity_window_ms. The load that hashes a tensor records that entry at once where the file is
- * that old, waiting first for a write to the file still in progress to end. Every other load
+ * that old and no process has it open for writing (a read lease says so; without one, as for a
+ * GGUF owned by another user, only once it is 60 s old). Every other load
  * hashes the tensor's bytes. A changed GGUF therefore never reaches stale repacked
  * bytes: its identity moved, or its bytes are hashed.
  *

@@ -408,6 +408,33 @@ TEST_F(OrtEp, ADataFileWritten50msBeforeTheColdSessionIsTrustedFromTheNextOn) {
   EXPECT_GT(stat_of(floor.j, "source_bytes_hashed"), 0u) << "a data file younger than the host's floor was trusted";
 }
 
+// Nothing hashed while another process has the data file open for writing is recorded (a write,
+// direct I/O included, may be in progress under an old change time: a hostile review got stale
+// weights served through a held O_DIRECT write): every session hashes until the writer closes it,
+// then the next records and the one after reads no weight byte.
+TEST_F(OrtEp, NoIdentityIsRecordedWhileTheDataFileIsOpenForWriting) {
+  const std::string mdir = f("m");
+  make_mlp(mdir);
+  const std::string model = mdir + "/mlp.ext.onnx", data = mdir + "/mlp.ext.onnx.data", cache = f("c.wcache");
+  if (!nanosecond_times(data))
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs with nanosecond change times";
+  const int writer = ::open(data.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(writer, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 2; ++i) {
+    const HostRun r = host(dir_, ep_args(model, cache, f("held.bin")));
+    ASSERT_EQ(r.code, 0) << r.describe();
+    EXPECT_GT(stat_of(r.j, "source_bytes_hashed"), 0u) << "an identity recorded while a writer held the file, run " << i;
+  }
+  ::close(writer);
+  const HostRun records = host(dir_, ep_args(model, cache, f("records.bin")));
+  ASSERT_EQ(records.code, 0) << records.describe();
+  const HostRun trusts = host(dir_, ep_args(model, cache, f("trusts.bin")));
+  ASSERT_EQ(trusts.code, 0) << trusts.describe();
+  EXPECT_EQ(stat_of(trusts.j, "source_bytes_hashed"), 0u) << "nothing was recorded once the writer closed the file";
+  EXPECT_EQ(slurp(f("trusts.bin")), slurp(f("held.bin")));
+}
+
 // The model files on a file system of another class: `dir` holds mlp.ext.onnx and its data (made
 // there); each session hashes the external data (`hashed`) or finds it by identity.
 void sessions_hash(const TempDir& tmp, const std::string& dir, const std::string& cache, bool hashed, int count) {

@@ -1,7 +1,7 @@
 // The file identities the ONNX Runtime provider and the ggml buffer type key external weights by
 // (src/integrations/common/source_identity.*; docs/DESIGN.md, "ONNX Runtime keys"): the window a
-// file's change time must be older than, and settle(), which waits for a write still copying
-// bytes into the file before bytes that may be recorded are hashed (issue 32).
+// file's change time must be older than, and open_writers(), without which nothing hashed is
+// recorded (issue 32).
 #include "../../src/integrations/common/source_identity.hpp"
 
 #include <gtest/gtest.h>
@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace {
@@ -91,11 +92,73 @@ TEST(SourceIdentity, TheFilesOwnBytesAreReadAsTheyAreNow) {
   EXPECT_EQ(file_content_identity(w), "") << "a range past the end of the file was given an identity";
 }
 
+// Whether anybody has the file open for writing decides whether what is hashed may be recorded
+// (issue 32): a write in progress, direct I/O included, and a writable mapping each hold such an
+// opening; with none, any later change needs a new one and moves the change time.
+TEST(SourceIdentity, AnOpenWriterOrAWritableMappingIsSeenAndNoneOnceTheyAreGone) {
+  TempDir dir("wc-source");
+  const std::string path = dir.file("data.bin");
+  std::ofstream(path, std::ios::binary) << std::string(8192, 'A');
+  if (!weightcache::test::times_track_stores(path))
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs: no file identity is used there";
+  ASSERT_EQ(open_writers(path), Writers::none) << "no lease on a file nobody writes (leases off here?)";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(open_writers(path), Writers::writer) << "an idle writer was not seen";
+  ::close(fd);
+  EXPECT_EQ(open_writers(path), Writers::none);
+  const int rw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(rw, 0);
+  void* map = ::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(rw);
+  EXPECT_EQ(open_writers(path), Writers::writer) << "a writable shared mapping (its descriptor closed) was not seen";
+  ::munmap(map, 8192);
+  EXPECT_EQ(open_writers(path), Writers::none);
+}
+
+// A process that cannot ask for a lease (the file is another user's) falls back to the rule from
+// before issue 32: a file changed less than 60 s ago is not recorded.
+TEST(SourceIdentity, WithoutALeaseAFileYoungerThanAMinuteIsNotRecorded) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a child as another user";
+  TempDir dir("wc-source");
+  const std::string path = dir.file("data.bin");
+  std::ofstream(path, std::ios::binary) << std::string(8192, 'A');
+  if (!weightcache::test::times_track_stores(path))
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs: no file identity is used there";
+  ::chmod(dir.path().c_str(), 0755);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the 10 ms window
+  WeightSource w;
+  w.bytes = 4096;
+  w.element_type = 1;
+  w.dims = {1024};
+  w.external_path = path;
+  w.external_offset = 0;
+  const std::string fid = file_identity(w, 0);
+  ASSERT_FALSE(fid.empty());
+  EXPECT_TRUE(may_record(w, fid, 0)) << "the owner (root) may record a file 50 ms old";
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) ::_exit(3);
+    if (::access(path.c_str(), R_OK) != 0) ::_exit(6);  // the answer must be the lease's, not the open's
+    if (open_writers(path) != Writers::unknown) ::_exit(4);
+    ::_exit(may_record(w, fid, 0) ? 5 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 3) << "could not become another user";
+  EXPECT_NE(WEXITSTATUS(status), 4) << "another user's process was given a lease (or saw a writer)";
+  EXPECT_NE(WEXITSTATUS(status), 6) << "another user cannot read the file here: the test proves nothing";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "a process without a lease recorded a file changed 50 ms ago";
+}
+
 // A buffered write(2) sets the file's change time when it begins and copies its bytes after: one
 // held in the middle (its source is a page that userfaultfd keeps missing until the test lets it
-// go) must have ended before settle() returns, or the bytes hashed next would be half written
-// under a change time that never moves again.
-TEST(SourceIdentity, SettleWaitsForAWriteStillCopyingIntoTheFile) {
+// go) is seen as a writer at once, and asking never waits for it (a hostile review hung a session
+// on a write held this way when the provider waited for writes to end).
+TEST(SourceIdentity, AWriteHeldInTheMiddleIsAWriterAndAskingNeverWaitsForIt) {
   TempDir dir("wc-source");
   const std::string path = dir.file("data.bin");
   const long page = ::sysconf(_SC_PAGESIZE);
@@ -153,40 +216,24 @@ TEST(SourceIdentity, SettleWaitsForAWriteStillCopyingIntoTheFile) {
   });
   while (!faulted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 
-  // settle() from another thread: it must wait (blocked in the kernel) until the write ends.
-  std::atomic<pid_t> settler{0};
-  std::atomic<bool> settled{false};
-  bool ok = false;
-  std::thread settle_thread([&] {
-    settler.store(static_cast<pid_t>(::syscall(SYS_gettid)));
-    ok = settle(path);
-    settled.store(true);
+  // Asked from another thread while the write is held: it must answer, and answer "a writer".
+  std::atomic<bool> answered{false};
+  Writers seen = Writers::none;
+  std::thread asker([&] {
+    seen = open_writers(path);
+    answered.store(true);
   });
-  bool blocked = false;
-  for (int i = 0; i < 30000 && !blocked && !settled.load(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const pid_t tid = settler.load();
-    if (tid == 0) continue;
-    std::ifstream st("/proc/self/task/" + std::to_string(tid) + "/stat");
-    std::string line;
-    std::getline(st, line);
-    const auto paren = line.rfind(')');
-    blocked = paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'D';
-  }
-  EXPECT_FALSE(settled.load()) << "settle() returned while a write(2) was still copying bytes into the file";
-  EXPECT_TRUE(blocked || settled.load()) << "settle() neither returned nor waited in the kernel";
+  for (int i = 0; i < 30000 && !answered.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(answered.load()) << "asking for writers waited for a write held in the middle";
   release.store(true);
   writer.join();
-  settle_thread.join();
+  asker.join();
   handler.join();
+  EXPECT_EQ(seen, Writers::writer) << "a write in progress was not seen";
   ::close(fd);
   ::munmap(region, len);
   EXPECT_EQ(wrote, static_cast<ssize_t>(len));
-  EXPECT_TRUE(ok);
-  // What a hash right after settle() reads: the write's last bytes.
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(len - 1));
-  EXPECT_EQ(in.get(), 'B');
+  EXPECT_EQ(open_writers(path), Writers::none);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -43,8 +44,8 @@ std::string content_key(XXH128_hash_t h, const WeightSource& w) {
 
 // File systems on which every change of a file's bytes moves its ctime, stores through a shared
 // writable mapping included once their pages have been written back (the page is write-protected
-// again, and the next store faults into page_mkwrite, which updates the times), and whose buffered
-// writes hold the lock settle() waits on: ext4 (and ext2/3 through it), xfs, btrfs, f2fs. Not
+// again, and the next store faults into page_mkwrite, which updates the times), and that grant
+// leases (open_writers): ext4 (and ext2/3 through it), xfs, btrfs, f2fs. Not
 // tmpfs (stores through a mapping never touch its times), overlayfs (the pages are the lower
 // file's), network or FUSE file systems (another host's writes), nor anything unknown: their
 // external data is hashed at every session.
@@ -122,16 +123,40 @@ std::string file_identity(const WeightSource& w, std::int64_t floor_ns) {
   return file_identity_in(file_part(w.external_path, floor_ns), w);
 }
 
-bool settle(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Writers open_writers(const std::string& path) {
+  // O_NONBLOCK: where another process holds a lease on the file, the open fails rather than wait
+  // for that lease to be broken.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Writers::unknown;
+  // A lease break signals the lease holder: SIGURG, ignored by default, not SIGIO, which ends
+  // the process. Without that, no lease.
+  Writers w = Writers::unknown;
+  if (::fcntl(fd, F_SETSIG, SIGURG) == 0) {
+    if (::fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
+      (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
+      w = Writers::none;
+    } else if (errno == EAGAIN) {
+      w = Writers::writer;  // the kernel refuses a read lease while anyone has the file open for writing
+    }
+  }
+  ::close(fd);
+  return w;
+}
+
+bool may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns) {
+  if (fid.empty()) return false;
+  switch (open_writers(w.external_path)) {
+    case Writers::none:
+      return true;
+    case Writers::writer:
+      return false;
+    case Writers::unknown:
+      break;
+  }
+  if (file_identity(w, std::max(floor_ns, kUnknownWritersFloorNs)) != fid) return false;
+  const int fd = ::open(w.external_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return false;
-  // A buffered write(2) holds the inode's lock from the moment it sets ctime until its last byte
-  // is copied. lseek(SEEK_HOLE) takes that lock on ext4, btrfs and f2fs, a read takes it on xfs:
-  // either returns only once a write in progress has ended.
-  bool ok = ::lseek(fd, 0, SEEK_HOLE) >= 0;
-  char byte;
-  ok = ok && ::pread(fd, &byte, 1, 0) >= 0;
-  ok = ok && ::fdatasync(fd) == 0;
+  const bool ok = ::fdatasync(fd) == 0;
   ::close(fd);
   return ok;
 }

@@ -14,15 +14,19 @@
 //   (identity_window_ms, default 0), gets no such entry and none is trusted for it: a second
 //   write within one timestamp tick of the first would leave ctime unchanged. Its bytes are
 //   hashed instead, until the window has passed;
-// - a write(2) sets ctime when it starts, not when its last byte lands. Before hashing bytes it
-//   may record, the provider waits for a write in progress to end (settle: a call that takes the
-//   file's lock, which a buffered write holds while it copies), so a single long write begun
-//   before the window is never taken half done;
-// - a store through a shared writable mapping moves ctime only when it faults, that is on the
-//   first store to a page after the page was written back. So settle also writes the file back,
-//   and a mapping is recorded only when the file identity is the same after hashing as before;
-// - only file systems whose times follow every store and whose writes hold that lock qualify
-//   (ext4, xfs, btrfs, f2fs); on any other the bytes are hashed at every session.
+// - a write(2) sets ctime when it starts, not when its last byte lands, and a store through a
+//   shared writable mapping moves it only when it faults. So before hashing bytes it may record,
+//   the provider asks whether any process has the file open for writing (open_writers: a read lease,
+//   which the kernel refuses while one does, and which it takes and gives back at once). Every
+//   write in progress, direct I/O included, and every writable mapping holds such an opening: with
+//   none, every later change comes through a new one and moves ctime past the window. With one,
+//   the bytes are hashed and nothing is recorded; the question never waits for a writer;
+// - where the lease cannot be asked for (a file owned by another user, without CAP_LEASE), the
+//   rule before issue 32 holds: a file changed within the last 60 s is not recorded, and the file
+//   is written back (fdatasync) before hashing, so a store through a mapping faults again;
+// - a mapping is recorded only when the file identity is the same after hashing as before;
+// - only file systems whose times follow every store (ext4, xfs, btrfs, f2fs) qualify; on any
+//   other the bytes are hashed at every session.
 // Keys never depend on which way they were found, so a file that ages past the window keeps
 // hitting the same packed entries.
 #pragma once
@@ -84,12 +88,23 @@ std::string file_identity_in(const FileIdentity& f, const WeightSource& w);
 constexpr std::int64_t kDefaultIdentityWindowMs = 0;
 constexpr std::int64_t kMaxIdentityWindowMs = 86'400'000;
 
-/// Done before the bytes behind a file identity that may be recorded are hashed: waits for a
-/// write(2) to the file still copying bytes to end (it holds the file's lock, which
-/// lseek(SEEK_HOLE) on ext4, btrfs and f2fs and a read on xfs take), then writes the file's dirty
-/// pages back (fdatasync), so a store through any shared mapping of it faults again and moves
-/// its ctime. False when the file cannot be opened, read or flushed.
-bool settle(const std::string& path);
+/// Whether any process has the file open for writing, as a read lease answers it (fcntl
+/// F_SETLEASE, F_RDLCK, given back at once): `none` (no writer: no write is in progress and none
+/// can happen without a new opening), `writer` (one has: a write may be in progress or a store
+/// through a writable mapping may come without moving ctime), `unknown` (the lease cannot be
+/// asked for: the file is another user's and the process lacks CAP_LEASE, or the file system or
+/// a sandbox refuses leases). Never waits. A writer opening the file in the microseconds the
+/// lease is held gets its open through once it is given back, and the process gets a SIGURG
+/// (ignored unless handled), never the SIGIO whose default ends it.
+enum class Writers { none, writer, unknown };
+Writers open_writers(const std::string& path);
+
+/// Before the bytes behind `fid` (file_identity(w, floor_ns)) are hashed: whether what is hashed
+/// next may be recorded under `fid` (if the identity is still `fid` afterwards). Yes when
+/// open_writers says none; when it cannot tell, only if the file's last change is 60 s old
+/// (kUnknownWritersFloorNs) and the file is written back (fdatasync) first.
+bool may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns);
+constexpr std::int64_t kUnknownWritersFloorNs = 60'000'000'000;
 
 /// The content key (content_identity) of the bytes the file named by `w.external_path` holds now
 /// at `w.external_offset`, read with pread (never mapped: a file cut short meanwhile is a short

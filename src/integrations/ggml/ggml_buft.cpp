@@ -53,7 +53,7 @@ extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format,
 
 using weightcache::source::content_identity;
 using weightcache::source::file_identity;
-using weightcache::source::settle;
+using weightcache::source::may_record;
 using weightcache::source::WeightSource;
 
 namespace {
@@ -739,10 +739,10 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     }
   }
   // Hashing. A write(2) in progress moves the identity only when it starts, and stores through a
-  // shared mapping only when they fault: wait for such a write to end and write the file back
-  // first (settle), so any change from now on moves it; record identity -> content only if it
-  // has not moved by the end.
-  const bool settled = !fid.empty() && settle(src.external_path) && file_identity(src, floor_ns) == fid;
+  // shared mapping only when they fault: record identity -> content only for bytes hashed while
+  // nobody has the file open for writing (may_record: every later change then comes through a
+  // new opening and moves the identity), and only if it has not moved by the end.
+  const bool settled = !fid.empty() && may_record(src, fid, floor_ns) && file_identity(src, floor_ns) == fid;
   // A shared file mapping that is not settled (the file is younger than the window, or on a file
   // system whose times do not follow stores) can change under us with no trace: hash and repack
   // a private copy, so the bytes repacked are exactly the bytes hashed. (Memory the process owns,

@@ -716,10 +716,10 @@ bool identify(Weight& w, wc_cache* cache, std::int64_t floor_ms) {
       }
     }
   }
-  // Record a mapping only for bytes hashed once a write in progress has ended and the file is
-  // written back (settle), and only if the file identity did not move meanwhile: a later write or
-  // store through a mapping then moves it.
-  const bool settled = !key.empty() && settle(w.source.external_path);
+  // Record a mapping only for bytes hashed while nobody has the file open for writing (may_record),
+  // and only if the file identity did not move meanwhile: a later write or store through a
+  // mapping needs a new opening, and moves it.
+  const bool settled = !key.empty() && may_record(w.source, fid, floor_ns);
   w.identity = content_identity(w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
   if (!settled) return false;
