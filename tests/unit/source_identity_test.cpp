@@ -9,6 +9,7 @@
 #include "temp_dir.hpp"
 #include "times_track_stores.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -80,16 +81,60 @@ TEST(SourceIdentity, TheFilesOwnBytesAreReadAsTheyAreNow) {
   w.dims = {static_cast<std::int64_t>(w.bytes / 4)};
   w.external_path = path;
   w.external_offset = 4096;
-  EXPECT_EQ(file_content_identity(w), content_identity(w));
+  const Recording r(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(file_content_identity(r, w), content_identity(w));
   // Changed in the file, not in the caller's copy.
   {
     std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
     io.seekp(static_cast<std::streamoff>(2u << 20));
     io.put('x');
   }
-  EXPECT_NE(file_content_identity(w), content_identity(w));
+  EXPECT_NE(file_content_identity(r, w), content_identity(w));
   ::truncate(path.c_str(), 8192);
-  EXPECT_EQ(file_content_identity(w), "") << "a range past the end of the file was given an identity";
+  EXPECT_EQ(file_content_identity(r, w), "") << "a range past the end of the file was given an identity";
+}
+
+// A crash may lose a file's last bytes while its new change time survives (or the reverse): an
+// identity names the boot it was taken in, so nothing recorded before a crash is used after it.
+TEST(SourceIdentity, AnIdentityNamesTheBootItWasTakenIn) {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  if (!std::getline(in, boot)) GTEST_SKIP() << "no boot id here";
+  boot.erase(std::remove(boot.begin(), boot.end(), '-'), boot.end());
+  const std::int64_t clock = 1'800'000'000 * kS;
+  const FileIdentity f = file_part_of(file_stat(clock - kS + 1), true, clock, 0);
+  ASSERT_FALSE(f.file.empty());
+  EXPECT_NE(f.file.find("|boot" + boot), std::string::npos) << f.file;
+}
+
+// Every question of a recording goes to one descriptor: a file put in the path's place after the
+// identity was taken (a rename over it) is not recorded under the first file's identity.
+TEST(SourceIdentity, AFileRenamedOverThePathAfterItsIdentityIsNotRecordedUnderIt) {
+  TempDir dir("wc-source");
+  const std::string path = dir.file("data.bin"), other = dir.file("other.bin");
+  std::ofstream(path, std::ios::binary) << std::string(8192, 'A');
+  std::ofstream(other, std::ios::binary) << std::string(8192, 'A');
+  if (!weightcache::test::times_track_stores(path))
+    GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs: no file identity is used there";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  WeightSource w;
+  w.bytes = 4096;
+  w.element_type = 1;
+  w.dims = {1024};
+  w.external_path = path;
+  const std::string fid = file_identity(w, 0);
+  ASSERT_FALSE(fid.empty());
+  {
+    const Recording r = may_record(w, fid, 0);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(still(r, w, fid, 0));
+  }
+  const Recording held = may_record(w, fid, 0);
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(::rename(other.c_str(), path.c_str()), 0);
+  EXPECT_FALSE(still(held, w, fid, 0)) << "the path names another file now";
+  EXPECT_FALSE(may_record(w, fid, 0).ok()) << "a recording opened another file under the first one's identity";
 }
 
 // Whether anybody has the file open for writing decides whether what is hashed may be recorded
@@ -136,14 +181,14 @@ TEST(SourceIdentity, WithoutALeaseAFileYoungerThanAMinuteIsNotRecorded) {
   w.external_offset = 0;
   const std::string fid = file_identity(w, 0);
   ASSERT_FALSE(fid.empty());
-  EXPECT_TRUE(may_record(w, fid, 0)) << "the owner (root) may record a file 50 ms old";
+  EXPECT_TRUE(may_record(w, fid, 0).ok()) << "the owner (root) may record a file 50 ms old";
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) ::_exit(3);
     if (::access(path.c_str(), R_OK) != 0) ::_exit(6);  // the answer must be the lease's, not the open's
     if (open_writers(path) != Writers::unknown) ::_exit(4);
-    ::_exit(may_record(w, fid, 0) ? 5 : 0);
+    ::_exit(may_record(w, fid, 0).ok() ? 5 : 0);
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);

@@ -1,6 +1,7 @@
 #include "source_identity.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -50,10 +51,10 @@ std::string content_key(XXH128_hash_t h, const WeightSource& w) {
 // file's), network or FUSE file systems (another host's writes), nor anything unknown: their
 // external data is hashed at every session.
 
-bool times_track_every_store(const std::string& path) {
-  struct statfs fs {};
-  if (::statfs(path.c_str(), &fs) != 0) return false;
-  switch (static_cast<unsigned long>(fs.f_type)) {
+namespace {
+
+bool tracks_every_store(unsigned long type) {
+  switch (type) {
     case 0xEF53UL:      // ext2, ext3, ext4
     case 0x58465342UL:  // xfs
     case 0x9123683EUL:  // btrfs
@@ -64,10 +65,52 @@ bool times_track_every_store(const std::string& path) {
   }
 }
 
+}  // namespace
+
+bool times_track_every_store(const std::string& path) {
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 && tracks_every_store(static_cast<unsigned long>(fs.f_type));
+}
+
 namespace {
 
 std::int64_t ns_of(const struct timespec& ts) {
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The boot id (/proc/sys/kernel/random/boot_id) as 32 hex digits, read once per process (constant
+// atomics: nothing to construct, nothing a fork can leave half made); "" where it cannot be read.
+std::string boot_id() {
+  static std::atomic<int> state{0};  // 0 not read yet, 1 read, 2 unreadable
+  static std::atomic<std::uint64_t> hi{0}, lo{0};
+  if (state.load(std::memory_order_acquire) == 0) {
+    std::uint64_t h = 0, l = 0;
+    int digits = 0;
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "re")) {
+      for (int c = std::fgetc(f); c != EOF && digits < 32; c = std::fgetc(f)) {
+        if (c == '-' || c == '\n') continue;
+        if (!std::isxdigit(c)) break;
+        const std::uint64_t v = static_cast<std::uint64_t>(std::isdigit(c) ? c - '0' : std::tolower(c) - 'a' + 10);
+        if (digits < 16) h = h << 4 | v;
+        else l = l << 4 | v;
+        ++digits;
+      }
+      std::fclose(f);
+    }
+    hi.store(h, std::memory_order_relaxed);
+    lo.store(l, std::memory_order_relaxed);
+    state.store(digits == 32 ? 1 : 2, std::memory_order_release);
+  }
+  if (state.load(std::memory_order_acquire) != 1) return {};
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi.load(std::memory_order_relaxed)),
+                static_cast<unsigned long long>(lo.load(std::memory_order_relaxed)));
+  return buf;
+}
+
+bool times_track_every_store_fd(int fd) {
+  struct statfs fs {};
+  return ::fstatfs(fd, &fs) == 0 && tracks_every_store(static_cast<unsigned long>(fs.f_type));
 }
 
 }  // namespace
@@ -96,9 +139,11 @@ FileIdentity file_part_of(const struct stat& st, bool times_track, std::int64_t 
   // reading by more than the window can never be given again (docs/DESIGN.md, "ONNX Runtime keys").
   const std::int64_t ctime = ns_of(st.st_ctim);
   if (ctime <= 0 || ctime >= clock_ns - std::max(change_window_ns(st), floor_ns)) return f;
+  const std::string boot = boot_id();
+  if (boot.empty()) return f;  // a record could outlive a crash that undid the change it saw
   f.file = "file|" + std::to_string(static_cast<unsigned long long>(st.st_dev)) + ":" +
            std::to_string(static_cast<unsigned long long>(st.st_ino)) + "|s" + std::to_string(st.st_size) + "|m" +
-           std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ctime);
+           std::to_string(ns_of(st.st_mtim)) + "|c" + std::to_string(ctime) + "|boot" + boot;
   f.size = static_cast<std::int64_t>(st.st_size);
   return f;
 }
@@ -123,48 +168,67 @@ std::string file_identity(const WeightSource& w, std::int64_t floor_ns) {
   return file_identity_in(file_part(w.external_path, floor_ns), w);
 }
 
+Writers open_writers(int fd) {
+  // A lease break signals the lease holder: SIGURG, ignored by default, not SIGIO, which ends
+  // the process. Without that, no lease.
+  if (::fcntl(fd, F_SETSIG, SIGURG) != 0) return Writers::unknown;
+  if (::fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
+    (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
+    return Writers::none;
+  }
+  // The kernel refuses a read lease while anyone has the file open for writing.
+  return errno == EAGAIN ? Writers::writer : Writers::unknown;
+}
+
 Writers open_writers(const std::string& path) {
   // O_NONBLOCK: where another process holds a lease on the file, the open fails rather than wait
   // for that lease to be broken.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Writers::unknown;
-  // A lease break signals the lease holder: SIGURG, ignored by default, not SIGIO, which ends
-  // the process. Without that, no lease.
-  Writers w = Writers::unknown;
-  if (::fcntl(fd, F_SETSIG, SIGURG) == 0) {
-    if (::fcntl(fd, F_SETLEASE, F_RDLCK) == 0) {
-      (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
-      w = Writers::none;
-    } else if (errno == EAGAIN) {
-      w = Writers::writer;  // the kernel refuses a read lease while anyone has the file open for writing
-    }
-  }
+  const Writers w = open_writers(fd);
   ::close(fd);
   return w;
 }
 
-bool may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns) {
-  if (fid.empty()) return false;
-  switch (open_writers(w.external_path)) {
+Recording::~Recording() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+// The identity of the file open at `fd` as file_identity gives it for `w`.
+std::string identity_of(int fd, const WeightSource& w, std::int64_t floor_ns) {
+  const std::int64_t clock = change_clock_ns();  // before the fstat
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {};
+  return file_identity_in(file_part_of(st, times_track_every_store_fd(fd), clock, floor_ns), w);
+}
+
+}  // namespace
+
+Recording may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns) {
+  if (fid.empty() || w.external_path.empty()) return {};
+  Recording r(::open(w.external_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!r.ok() || identity_of(r.fd(), w, floor_ns) != fid) return {};  // another file by now
+  switch (open_writers(r.fd())) {
     case Writers::none:
-      return true;
+      return r;
     case Writers::writer:
-      return false;
+      return {};
     case Writers::unknown:
       break;
   }
-  if (file_identity(w, std::max(floor_ns, kUnknownWritersFloorNs)) != fid) return false;
-  const int fd = ::open(w.external_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return false;
-  const bool ok = ::fdatasync(fd) == 0;
-  ::close(fd);
-  return ok;
+  if (identity_of(r.fd(), w, std::max(floor_ns, kUnknownWritersFloorNs)) != fid || ::fdatasync(r.fd()) != 0) return {};
+  return r;
 }
 
-std::string file_content_identity(const WeightSource& w) {
-  if (w.external_path.empty() || w.external_offset < 0) return {};
-  const int fd = ::open(w.external_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
+bool still(const Recording& r, const WeightSource& w, const std::string& fid, std::int64_t floor_ns) {
+  return r.ok() && !fid.empty() && identity_of(r.fd(), w, floor_ns) == fid && file_identity(w, floor_ns) == fid;
+}
+
+std::string file_content_identity(const Recording& r, const WeightSource& w) {
+  if (!r.ok() || w.external_offset < 0) return {};
+  const int fd = r.fd();
   XXH3_state_t* state = XXH3_createState();
   constexpr std::size_t kChunk = 1u << 20;
   std::unique_ptr<unsigned char[]> buf(new (std::nothrow) unsigned char[kChunk]);
@@ -176,7 +240,6 @@ std::string file_content_identity(const WeightSource& w) {
     ok = n > 0 && XXH3_128bits_update(state, buf.get(), static_cast<std::size_t>(n)) == XXH_OK;
     done += n > 0 ? static_cast<std::size_t>(n) : 0;
   }
-  ::close(fd);
   std::string key;
   if (ok) key = content_key(XXH3_128bits_digest(state), w);
   XXH3_freeState(state);

@@ -24,7 +24,11 @@
 // - where the lease cannot be asked for (a file owned by another user, without CAP_LEASE), the
 //   rule before issue 32 holds: a file changed within the last 60 s is not recorded, and the file
 //   is written back (fdatasync) before hashing, so a store through a mapping faults again;
-// - a mapping is recorded only when the file identity is the same after hashing as before;
+// - a mapping is recorded only when the file identity is the same after hashing as before, asked
+//   of one descriptor throughout (and of the path at the end);
+// - the identity holds the boot id: a crash may lose a file's last bytes while its new change time
+//   survives, or its new change time while its bytes survive, so nothing recorded in one boot is
+//   used in another (the first load after a boot hashes once);
 // - only file systems whose times follow every store (ext4, xfs, btrfs, f2fs) qualify; on any
 //   other the bytes are hashed at every session.
 // Keys never depend on which way they were found, so a file that ages past the window keeps
@@ -88,29 +92,53 @@ std::string file_identity_in(const FileIdentity& f, const WeightSource& w);
 constexpr std::int64_t kDefaultIdentityWindowMs = 0;
 constexpr std::int64_t kMaxIdentityWindowMs = 86'400'000;
 
-/// Whether any process has the file open for writing, as a read lease answers it (fcntl
-/// F_SETLEASE, F_RDLCK, given back at once): `none` (no writer: no write is in progress and none
-/// can happen without a new opening), `writer` (one has: a write may be in progress or a store
-/// through a writable mapping may come without moving ctime), `unknown` (the lease cannot be
-/// asked for: the file is another user's and the process lacks CAP_LEASE, or the file system or
-/// a sandbox refuses leases). Never waits. A writer opening the file in the microseconds the
-/// lease is held gets its open through once it is given back, and the process gets a SIGURG
-/// (ignored unless handled), never the SIGIO whose default ends it.
+/// Whether any process has the file open for writing, as a read lease on `fd` (open read-only)
+/// answers it (fcntl F_SETLEASE, F_RDLCK, given back at once): `none` (no writer: no write is in
+/// progress and none can happen without a new opening), `writer` (one has: a write may be in
+/// progress or a store through a writable mapping may come without moving ctime), `unknown` (the
+/// lease cannot be asked for: the file is another user's and the process lacks CAP_LEASE, or the
+/// file system or a sandbox refuses leases). Never waits. A writer opening the file in the
+/// microseconds the lease is held gets its open through once it is given back, and the process
+/// gets a SIGURG (ignored unless handled), never the SIGIO whose default ends it.
 enum class Writers { none, writer, unknown };
-Writers open_writers(const std::string& path);
+Writers open_writers(int fd);
+Writers open_writers(const std::string& path);  // opens it read-only for the question
 
-/// Before the bytes behind `fid` (file_identity(w, floor_ns)) are hashed: whether what is hashed
-/// next may be recorded under `fid` (if the identity is still `fid` afterwards). Yes when
-/// open_writers says none; when it cannot tell, only if the file's last change is 60 s old
-/// (kUnknownWritersFloorNs) and the file is written back (fdatasync) first.
-bool may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns);
+/// The file a mapping is being recorded for, open once: every question asked of it (its identity,
+/// writers, its bytes) goes to this one descriptor, so a path swapped meanwhile (a rename over it,
+/// two directories exchanged) cannot send one question to another file (a hostile review's
+/// finding). Closes it.
+class Recording {
+ public:
+  Recording() = default;
+  explicit Recording(int fd) : fd_(fd) {}
+  Recording(Recording&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Recording& operator=(Recording&&) = delete;
+  Recording(const Recording&) = delete;
+  ~Recording();
+  bool ok() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Before the bytes behind `fid` (file_identity(w, floor_ns)) are hashed: opens the file, and the
+/// Recording is ok() when what is hashed next may be recorded under `fid` (if `still` says so
+/// afterwards): the descriptor's file is the one `fid` names, and open_writers says none; where it
+/// cannot tell, only if the file's last change is 60 s old (kUnknownWritersFloorNs) and the file
+/// is written back (fdatasync) first.
+Recording may_record(const WeightSource& w, const std::string& fid, std::int64_t floor_ns);
 constexpr std::int64_t kUnknownWritersFloorNs = 60'000'000'000;
 
-/// The content key (content_identity) of the bytes the file named by `w.external_path` holds now
-/// at `w.external_offset`, read with pread (never mapped: a file cut short meanwhile is a short
-/// read, not a SIGBUS); "" when they cannot all be read. The bytes a runtime hands over may be a
-/// copy it read before the file last changed: a mapping is recorded only when both agree.
-std::string file_content_identity(const WeightSource& w);
+/// After hashing: the recording's file and the file at the path are both still `fid`.
+bool still(const Recording& r, const WeightSource& w, const std::string& fid, std::int64_t floor_ns);
+
+/// The content key (content_identity) of the bytes the recording's file holds now at
+/// `w.external_offset`, read with pread (never mapped: a file cut short meanwhile is a short read,
+/// not a SIGBUS); "" when they cannot all be read. The bytes a runtime hands over may be a copy it
+/// read before the file last changed: a mapping is recorded only when both agree.
+std::string file_content_identity(const Recording& r, const WeightSource& w);
 
 /// The default cache file for a model: <cache dir>/weightcache/<kind>/<stem>-<digest>.wcache, where
 /// the cache dir is $XDG_CACHE_HOME or $HOME/.cache; the digest is of the model's absolute path

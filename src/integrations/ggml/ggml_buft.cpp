@@ -54,6 +54,8 @@ extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format,
 using weightcache::source::content_identity;
 using weightcache::source::file_identity;
 using weightcache::source::may_record;
+using weightcache::source::Recording;
+using weightcache::source::still;
 using weightcache::source::WeightSource;
 
 namespace {
@@ -742,7 +744,8 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   // shared mapping only when they fault: record identity -> content only for bytes hashed while
   // nobody has the file open for writing (may_record: every later change then comes through a
   // new opening and moves the identity), and only if it has not moved by the end.
-  const bool settled = !fid.empty() && may_record(src, fid, floor_ns) && file_identity(src, floor_ns) == fid;
+  const Recording rec = fid.empty() ? Recording() : may_record(src, fid, floor_ns);
+  const bool settled = rec.ok();
   // A shared file mapping that is not settled (the file is younger than the window, or on a file
   // system whose times do not follow stores) can change under us with no trace: hash and repack
   // a private copy, so the bytes repacked are exactly the bytes hashed. (Memory the process owns,
@@ -770,13 +773,13 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
     t->data = p;
     buf->layout->set(b, t, bytes, 0, size);  // straight into the reservation
     // A settled file's bytes were read in place: its identity must not have moved meanwhile.
-    if (settled && file_identity(src, floor_ns) != fid) {
+    if (settled && !still(rec, src, fid, floor_ns)) {
       (void)wc_release_space(g->cache, p);
       return repack_uncached(b, t, own, data, size);
     }
     commit(b, t, own, bytes, size, p, packed, key);
   }
-  if (settled && file_identity(src, floor_ns) == fid) (void)insert_small(g, map_key, content);
+  if (settled && still(rec, src, fid, floor_ns)) (void)insert_small(g, map_key, content);
 }
 
 void b_set_tensor(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data, size_t offset, size_t size) {

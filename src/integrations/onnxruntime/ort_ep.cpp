@@ -719,15 +719,15 @@ bool identify(Weight& w, wc_cache* cache, std::int64_t floor_ms) {
   // Record a mapping only for bytes hashed while nobody has the file open for writing (may_record),
   // and only if the file identity did not move meanwhile: a later write or store through a
   // mapping needs a new opening, and moves it.
-  const bool settled = !key.empty() && may_record(w.source, fid, floor_ns);
+  const Recording rec = key.empty() ? Recording() : may_record(w.source, fid, floor_ns);
   w.identity = content_identity(w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
-  if (!settled) return false;
+  if (!rec.ok()) return false;
   // ONNX Runtime may have read these bytes before the file's last change (a copy in its own
-  // memory): the mapping names the file's bytes as they are now, read after settling.
-  const std::string now = file_content_identity(w.source);
+  // memory): the mapping names the file's bytes as they are now, read through the same descriptor.
+  const std::string now = file_content_identity(rec, w.source);
   counters().source_bytes_hashed.fetch_add(w.source.bytes, std::memory_order_relaxed);
-  if (now != w.identity || file_identity(w.source, floor_ns) != fid) return false;
+  if (now != w.identity || !still(rec, w.source, fid, floor_ns)) return false;
   return wc_look_up_or_insert(cache, key.data(), key.size(), const_cast<char*>(w.identity.c_str()),
                               w.identity.size() + 1) != SIZE_MAX;  // copied into the cache
 }
