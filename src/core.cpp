@@ -293,7 +293,10 @@ Core::~Core() {
     // mappings and its descriptors (the parent's keep the lock): the members do that as they go.
     (void)verify_sync_.release();
     (void)trust_.release();  // its mutex too (the parent's verify-ahead thread may hold it)
-    (void)write_back_sync_.release();  // and the parent's write-back thread's
+    // And the parent's write-back thread's; where that thread ended before the fork, this orders
+    // all it did (it read the descriptor) before the child closes the descriptor.
+    (void)write_back_sync_->running.load(std::memory_order_acquire);
+    (void)write_back_sync_.release();
     return;
   }
   // The write-back thread uses the descriptor: done before it closes.

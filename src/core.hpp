@@ -418,7 +418,10 @@ class Core {
     std::mutex mu;
     std::condition_variable cv;
     std::uint64_t owed = 0;
-    bool running = false;
+    // Under `mu`, and atomic besides: a forked child that cannot lock `mu` (the parent's thread may
+    // have held it) loads it with acquire, which orders what a thread that ended before the fork
+    // did before the child's close (ThreadSanitizer checks it), as for the verify-ahead thread.
+    std::atomic<bool> running{false};
   };
   std::unique_ptr<WriteBackSync> write_back_sync_ = std::make_unique<WriteBackSync>();
   void start_write_back_behind(std::uint64_t committed_size) noexcept;

@@ -395,8 +395,8 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
   {
     std::lock_guard<std::mutex> lk(wb.mu);
     wb.owed = std::max(wb.owed, committed_size);
-    if (wb.running) return;  // it takes the new range when it is done with the one it has
-    wb.running = true;
+    if (wb.running.load(std::memory_order_relaxed)) return;  // it takes the new range when done with its own
+    wb.running.store(true, std::memory_order_relaxed);
   }
   try {
     std::thread([this, &wb] {
@@ -408,7 +408,7 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
           wb.owed = 0;
           if (size == 0) {
             // The last touch of the cache: close may free it once the mutex is free.
-            wb.running = false;
+            wb.running.store(false, std::memory_order_release);
             wb.cv.notify_all();
             return;
           }
@@ -420,14 +420,14 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
     // No thread: the next verifying process writes the pages back itself, as it always could.
     std::lock_guard<std::mutex> lk(wb.mu);
     wb.owed = 0;
-    wb.running = false;
+    wb.running.store(false, std::memory_order_relaxed);
   }
 }
 
 void Core::wait_for_write_back() noexcept {
   WriteBackSync& wb = *write_back_sync_;
   std::unique_lock<std::mutex> lk(wb.mu);
-  wb.cv.wait(lk, [&] { return !wb.running; });
+  wb.cv.wait(lk, [&] { return !wb.running.load(std::memory_order_acquire); });
 }
 
 Result<void> Core::persist_all_locked(MutexLock& lk) {
