@@ -189,7 +189,7 @@ class Core {
   Result<CommittedState> read_state();  // header, slot and index of fd_ (checked)
   bool upgrade_in_use();  // shared -> exclusive: true when no other process has the file open
   Result<void> attach(CommittedState& st);  // map + index what read_state found
-  Result<void> attach_locked(CommittedState& st) WC_REQUIRES(write_mu_);
+  Result<void> attach_locked(CommittedState& st, std::vector<Entry*>* placed = nullptr) WC_REQUIRES(write_mu_);
   void await_file(const Error& why);
   Result<void> try_attach_locked() WC_REQUIRES(write_mu_);  // a cache awaiting its file: attach it if it exists now
   Result<void> create_missing_file();  // under the lease
@@ -234,7 +234,10 @@ class Core {
   Result<Region> allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) WC_REQUIRES(write_mu_);
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
-  void merge_records_locked(std::vector<format::IndexRecord>& records) WC_REQUIRES(write_mu_);
+  /// Publishes what `records` add to the index. With `placed`: the entry that holds each record
+  /// after it (nullptr where this process's own uncommitted entry kept the key).
+  void merge_records_locked(std::vector<format::IndexRecord>& records, std::vector<Entry*>* placed = nullptr)
+      WC_REQUIRES(write_mu_);
   Result<void> persist_locked(MutexLock& lk) WC_REQUIRES(write_mu_);
   Result<void> persist_all_locked(MutexLock& lk) WC_REQUIRES(write_mu_);
   Result<void> migrate_heap_entries_locked() WC_REQUIRES(write_mu_);
@@ -273,18 +276,23 @@ class Core {
   void verify_all(const std::vector<Entry*>& entries);
   /// With Verify::shared: takes the file's state stamp after attaching `st` and trusts the
   /// entries a record of an earlier verification of exactly that state names (core_trust.cpp).
-  void adopt_verification(const CommittedState& st) WC_REQUIRES(write_mu_);
-  void adopt_verification_or_throw(const CommittedState& st) WC_REQUIRES(write_mu_);
+  /// `placed`: merge_records_locked's answer for st.records, if it has one.
+  void adopt_verification(const CommittedState& st, const std::vector<Entry*>* placed) WC_REQUIRES(write_mu_);
+  void adopt_verification_or_throw(const CommittedState& st, const std::vector<Entry*>* placed) WC_REQUIRES(write_mu_);
   /// A kTrusted entry claimed (kVerifying) by this thread: kGood if the file is still in the
   /// state its record was made for, else hashed (finish_verify).
   bool confirm_trusted(Entry* e);
+  /// Whether a check of the file's state in the last interval holds for a first use starting
+  /// now (confirm_trusted's rule), without a system call beyond the clock. Any thread.
+  bool trust_confirmed_now() const noexcept;
   /// Writes what this process verified of the adopted state into the lock file, if the file is
   /// still in that state. Best effort, never throws: called by the verify-ahead thread and close.
   void publish_verification() noexcept;
   /// The stamp of commit `slot` (whose index is `records`) in the file state `info`, and which of
   /// its entries this process holds (Trust::entries); the boot id and the rest are the caller's.
+  /// `placed` (merge_records_locked's, for these records) spares a look-up per record.
   void describe_state(Trust& t, const format::CommitSlot& slot, const std::vector<format::IndexRecord>& records,
-                      const platform::FileInfo& info) const;
+                      const platform::FileInfo& info, const std::vector<Entry*>* placed = nullptr) const;
   /// Writes `verified` (a bit per entry of t's commit) into the lock file, ORed into a record of
   /// the same stamp already there, if the file is still in t's state and the lock file still the
   /// cache's own and anything is new. t.mu held.

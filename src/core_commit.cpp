@@ -17,17 +17,29 @@ using namespace core_detail;
 // index
 // ---------------------------------------------------------------------------------------------
 
-void Core::merge_records_locked(std::vector<format::IndexRecord>& records) {
+void Core::merge_records_locked(std::vector<format::IndexRecord>& records, std::vector<Entry*>* placed) {
   // All or nothing: everything that allocates comes before the first publish, so running out of
   // memory (it propagates) leaves the index as it was. A partial merge would be worse than none:
   // this process's next commit writes an index of what it knows, and would drop the rest.
+  // An empty index (an open) knows none of the keys: no look-up per record, and the durable
+  // bytes are the merged ones (the index holds no key twice: decode_trailer refuses that).
+  const bool first = index_.live_count() == 0 && heap_bytes_ == 0 && mapped_bytes_ == 0;
   {
     // write_mu_ is held: no other writer changes the index meanwhile.
     std::vector<Entry*> fresh;
     fresh.reserve(records.size());
+    if (placed != nullptr) {
+      placed->clear();
+      placed->reserve(records.size());
+    }
     for (auto& r : records) {
-      if (Entry* mine = find_entry(r.key); mine != nullptr && (mine->offset == r.offset || !mine->durable.load()))
-        continue;  // already known, or ours and not yet committed: ours wins
+      if (!first) {
+        if (Entry* mine = find_entry(r.key); mine != nullptr && (mine->offset == r.offset || !mine->durable.load())) {
+          // already known, or ours and not yet committed: ours wins
+          if (placed != nullptr) placed->push_back(mine->offset == r.offset ? mine : nullptr);
+          continue;
+        }
+      }
       Entry* e = index_.make(r.key);
       e->offset = r.offset;
       e->size = r.size;
@@ -35,6 +47,7 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) {
       e->in_file = true;
       e->durable.store(true, std::memory_order_relaxed);
       fresh.push_back(e);
+      if (placed != nullptr) placed->push_back(e);
     }
     if (opts_.verify == Verify::on_open) verify_all(fresh);
     index_.reserve_publishes(fresh.size());  // from here on nothing allocates
@@ -44,6 +57,13 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records) {
         else heap_bytes_ -= old->size;
       }
       mapped_bytes_ += e->size;
+    }
+    if (first) {
+      std::uint64_t bytes = 0;
+      for (const Entry* e : fresh)
+        if (!e->replaced.load(std::memory_order_relaxed)) bytes += round_size(e->size);
+      durable_live_.store(bytes, std::memory_order_relaxed);
+      return;
     }
   }
   recount_durable_locked();

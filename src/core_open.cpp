@@ -595,8 +595,9 @@ Result<CommittedState> Core::read_state() {
 
 Result<void> Core::attach(CommittedState& st) {
   MutexLock lock(write_mu_);
-  if (auto r = attach_locked(st); !r) return r;
-  adopt_verification(st);
+  std::vector<Entry*> placed;
+  if (auto r = attach_locked(st, &placed); !r) return r;
+  adopt_verification(st, &placed);
   // When this cache was last used, for gc's least-recently-used order: the lock file's time, so
   // that opening never changes the cache file's.
   if (lock_fd_.is_open()) pf_.touch(lock_fd_);  // never open for a descriptor cache
@@ -604,7 +605,7 @@ Result<void> Core::attach(CommittedState& st) {
   return {};
 }
 
-Result<void> Core::attach_locked(CommittedState& st) {
+Result<void> Core::attach_locked(CommittedState& st, std::vector<Entry*>* placed) {
   if (st.slot.committed_size > file_span_)
     return Error{Errc::no_space, 0, "file is larger than max_file_bytes; raise max_file_bytes"};
   file_size_ = state_size_;
@@ -612,7 +613,7 @@ Result<void> Core::attach_locked(CommittedState& st) {
   if (auto r = ensure_mapped_locked(st.slot.committed_size); !r) return r.error();
   committed_ = st.slot;
   publish_sizes_locked();
-  merge_records_locked(st.records);
+  merge_records_locked(st.records, placed);
   return {};
 }
 

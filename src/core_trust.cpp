@@ -57,7 +57,7 @@ LockFile examine_lock_file(platform::Platform& pf, const std::string& lock_path,
 }  // namespace
 
 void Core::describe_state(Trust& t, const format::CommitSlot& slot, const std::vector<format::IndexRecord>& records,
-                          const platform::FileInfo& info) const {
+                          const platform::FileInfo& info, const std::vector<Entry*>* placed) const {
   StateStamp& s = t.stamp;
   s.device = info.device;
   s.inode = info.inode;
@@ -71,22 +71,24 @@ void Core::describe_state(Trust& t, const format::CommitSlot& slot, const std::v
   t.entries.assign(records.size(), nullptr);
   for (std::size_t i = 0; i < records.size(); ++i) {
     const auto& r = records[i];
-    Entry* e = find_entry(r.key);
-    if (e != nullptr && e->in_file && e->offset == r.offset && e->size == r.size && e->checksum == r.checksum)
+    // What merged these records knows where each went; the key's entry now is the same one
+    // (write_mu_ is held from the merge to here), so a look-up would only hash the key again.
+    Entry* e = placed != nullptr && placed->size() == records.size() ? (*placed)[i] : find_entry(r.key);
+    if (e != nullptr && !e->replaced.load(std::memory_order_relaxed) && e->in_file && e->offset == r.offset && e->size == r.size && e->checksum == r.checksum)
       t.entries[i] = e;
   }
 }
 
-void Core::adopt_verification(const CommittedState& st) {
+void Core::adopt_verification(const CommittedState& st, const std::vector<Entry*>* placed) {
   // Only ever a saving: without memory for it, every entry is verified as in first_use.
   try {
-    adopt_verification_or_throw(st);
+    adopt_verification_or_throw(st, placed);
   } catch (const std::bad_alloc&) {
     log::debug("'{}': no memory to read its verification record; verifying per process", opts_.path);
   }
 }
 
-void Core::adopt_verification_or_throw(const CommittedState& st) {
+void Core::adopt_verification_or_throw(const CommittedState& st, const std::vector<Entry*>* placed) {
   if (opts_.verify != Verify::shared || from_descriptor_ || !file_backed_.load(std::memory_order_relaxed)) return;
   auto t = std::make_unique<Trust>();
   // The clock first, the file's state after: a change made after this reading gets a change
@@ -97,7 +99,7 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   if (!info) return;
   const std::int64_t window = pf_.change_window_ns(fd_, info.value());
   if (window <= 0) return;  // not every change moves its change time here: verification per process
-  describe_state(*t, st.slot, st.records, info.value());
+  describe_state(*t, st.slot, st.records, info.value(), placed);
   const StateStamp& s = t->stamp;
   t->publishable = change_would_show(s.ctime_ns, clock, window);
   // A first use may rely on a check made less than this long before it (confirm_trusted).
@@ -157,6 +159,13 @@ void Core::adopt_verification_or_throw(const CommittedState& st) {
   if (vouched != 0)
     log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again "
                "while the file stays in it", opts_.path, vouched, st.records.size());
+}
+
+bool Core::trust_confirmed_now() const noexcept {
+  const Trust* t = trust_.get();
+  if (t == nullptr || t->changed.load(std::memory_order_acquire)) return false;
+  const std::int64_t now = pf_.monotonic_ns();
+  return now != 0 && now < t->confirmed_until.load(std::memory_order_acquire);
 }
 
 bool Core::confirm_trusted(Entry* e) {
