@@ -1,6 +1,7 @@
 """What the benchmark scripts share: evicting files from the page cache, removing a cache file,
 writing a model's files afresh, a per-launch table of the "first minute" runs, and a clustered bar
 chart through gnuplot (nothing when gnuplot is missing)."""
+import json
 import os
 import shutil
 import statistics
@@ -92,3 +93,34 @@ plot {", ".join(plots)}
 """
     subprocess.run(["gnuplot"], input=gp, text=True, check=True)
     return True
+
+
+def print_gguf_first_minute(args, rows, fm, *, name, order, labels, stock, width, identity, same_text):
+    """The first-minute report of a GGUF runtime (ggml_bench.py, llama_bench.py): the rows of the
+    usual scenario (stock, row `stock`, and the warm floor, row "warm", come from them), then the
+    first minute's loads by k; `identity(load)` is what must be equal across every load for the
+    outputs to be bit-identical. JSON in <work>/<name>-first-minute.json."""
+    base = rows[stock]
+    print(f"{'load':{width}s} {'load ms':>9s} {'vs stock':>9s}")
+    for c in order:
+        print(f"{labels[c]:{width}s} {rows[c]['load_ms']:9.1f} {base['load_ms'] / rows[c]['load_ms']:8.1f}x")
+    stock_ms = statistics.median(r[stock]["load_ms"] for r in fm)
+    floor_ms = rows["warm"]["load_ms"]
+    keep = ("load_ms", "source_bytes_hashed", "served_from_cache", "repacked", "durable_ms")
+    print(f"\nfirst minute: the GGUF copied to a new directory, then with no pause (the cold load launched "
+          f"{max(r['started_ms'][0] for r in fm):.1f} ms after the copy was closed; the second "
+          f"{statistics.median(r['started_ms'][1] for r in fm):.0f} ms after, the last "
+          f"{statistics.median(r['started_ms'][5] for r in fm):.0f} ms after) a cold load and five warm ones, "
+          f"default options; stock load of the same copy {stock_ms:.1f} ms; warm floor ('every later' above) "
+          f"{floor_ms:.1f} ms; medians of {len(fm)} rounds")
+    table = first_minute_table("load ms by load k (each a new process)", "load ms",
+                               [[(l["load_ms"], l["source_bytes_hashed"]) for l in r["loads"]] for r in fm],
+                               stock_ms, "stock", floor_ms)
+    same = len({identity(l) for r in fm for l in r["loads"] + [r[stock]]}) == 1
+    print(same_text if same else "FIRST-MINUTE OUTPUTS DIFFER")
+    report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
+              "rounds": args.rounds, "rows": rows, "identical": same, "stock_ms": stock_ms, "floor_ms": floor_ms,
+              "started_ms": [r["started_ms"] for r in fm], "first_minute": table,
+              "loads": [[{k: l.get(k) for k in keep} for l in r["loads"]] for r in fm]}
+    with open(os.path.join(args.work, f"{name}-first-minute.json"), "w") as f:
+        json.dump(report, f, indent=1)

@@ -4,6 +4,9 @@
 // every dirty page of the committed range and waits for it (adopt_verification). A none writer's
 // finalize now starts that write-back, never waiting for it; WEIGHTCACHE_COMMIT_WRITE_BACK=off
 // measures the writer without it in the same run, and a durability full writer is the reference.
+// A full writer with Verify::shared leaves the verification record at close (issue 32, item 2:
+// "The writer's own record" in docs/DESIGN.md); one with Verify::first_use does not, which
+// measures what that record costs the writer's close and saves the first reader.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -23,10 +26,13 @@ constexpr std::size_t kEntrySize = std::size_t{4} << 20;
 constexpr std::size_t kEntries = 256;  // 1 GiB
 const char* const kCompat = "bench-none-pages";
 
-enum class Writer { none, none_no_start, full };
+enum class Writer { none, none_no_start, full, full_no_record };
 
 const char* tag(Writer w) {
-  return w == Writer::none ? "none" : w == Writer::none_no_start ? "none_no_start" : "full";
+  return w == Writer::none            ? "none"
+         : w == Writer::none_no_start ? "none_no_start"
+         : w == Writer::full          ? "full"
+                                      : "full_no_record";
 }
 
 // Writes the cache as a packer would (reserve, fill, insert), then finalize and close; returns
@@ -35,7 +41,10 @@ Lap write_cache(const std::string& path, const std::vector<std::string>& keys, W
   if (w == Writer::none_no_start) ::setenv("WEIGHTCACHE_COMMIT_WRITE_BACK", "off", 1);
   else ::unsetenv("WEIGHTCACHE_COMMIT_WRITE_BACK");
   Options o = bench_options(path, kCompat);
-  o.durability = w == Writer::full ? Durability::full : Durability::none;
+  const bool full = w == Writer::full || w == Writer::full_no_record;
+  o.durability = full ? Durability::full : Durability::none;
+  // first_use: the writer keeps no trust state, so its close records nothing.
+  if (w == Writer::full_no_record) o.verify = Verify::first_use;
   o.verify_ahead = false;  // a writer: nothing to verify
   auto cache = WeightCache::open(o);
   ::unsetenv("WEIGHTCACHE_COMMIT_WRITE_BACK");
@@ -121,6 +130,11 @@ void BM_first_reader(benchmark::State& state, Writer w) {
 
 BENCHMARK_CAPTURE(BM_first_reader, full, Writer::full)
     ->Name("first_minute/first_shared_reader_1GiB_after_full_writer")
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_first_reader, full_no_record, Writer::full_no_record)
+    ->Name("first_minute/first_shared_reader_1GiB_after_full_writer_no_record")
     ->UseManualTime()
     ->Iterations(3)
     ->Unit(benchmark::kMillisecond);

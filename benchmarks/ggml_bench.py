@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from bench_common import bar_plot, evict, first_minute_table, fresh, written_now
+from bench_common import bar_plot, evict, fresh, print_gguf_first_minute, written_now
 
 WINDOW_MS = 2000  # weightcache-ggml --identity-window-ms: the least allowed (docs/DESIGN.md, "ggml keys")
 ORDER = ["repack", "no_repack", "cold", "cold_sync", "warm1", "warm"]
@@ -156,7 +156,9 @@ def main():
 
     cache = os.path.join(args.work, "c.wcache")
     if fm:
-        print_first_minute(args, rows, fm)
+        print_gguf_first_minute(args, rows, fm, name="ggml", order=ORDER, labels=LABELS, stock="repack", width=40,
+                                identity=lambda l: l["checksum"],
+                                same_text="outputs of the first-minute loads bit-identical to stock's")
         return
     four_stock = four_at_once(args, [])
     four_cache = four_at_once(args, ["--cache", cache])
@@ -208,35 +210,6 @@ def main():
                 [("load ms", [rows[c]["load_ms"] for c in ORDER]),
                  ("RssAnon MiB", [rows[c]["rss_anon_bytes"] / 2**20 for c in ORDER])], args.work):
         print(f"ggml_bench: plot in {args.plot}")
-
-def print_first_minute(args, rows, fm):
-    """The rows of the usual scenario (stock and the warm floor come from them), then the first
-    minute's loads by k; JSON in <work>/ggml-first-minute.json."""
-    base = rows["repack"]
-    print(f"{'load':40s} {'load ms':>9s} {'vs stock':>9s}")
-    for c in ORDER:
-        print(f"{LABELS[c]:40s} {rows[c]['load_ms']:9.1f} {base['load_ms'] / rows[c]['load_ms']:8.1f}x")
-    stock_ms = statistics.median(r["repack"]["load_ms"] for r in fm)
-    floor_ms = rows["warm"]["load_ms"]
-    keep = ("load_ms", "source_bytes_hashed", "served_from_cache", "repacked", "durable_ms")
-    print(f"\nfirst minute: the GGUF copied to a new directory, then with no pause (the cold load launched "
-          f"{max(r['started_ms'][0] for r in fm):.1f} ms after the copy was closed; the second "
-          f"{statistics.median(r['started_ms'][1] for r in fm):.0f} ms after, the last "
-          f"{statistics.median(r['started_ms'][5] for r in fm):.0f} ms after) a cold load and five warm ones, "
-          f"default options; stock load of the same copy {stock_ms:.1f} ms; warm floor ('every later' above) "
-          f"{floor_ms:.1f} ms; medians of {len(fm)} rounds")
-    table = first_minute_table("load ms by load k (each a new process)", "load ms",
-                               [[(l["load_ms"], l["source_bytes_hashed"]) for l in r["loads"]] for r in fm],
-                               stock_ms, "stock", floor_ms)
-    same = len({l["checksum"] for r in fm for l in r["loads"] + [r["repack"]]}) == 1
-    print("outputs of the first-minute loads bit-identical to stock's" if same else "FIRST-MINUTE OUTPUTS DIFFER")
-    report = {"type": args.type, "layers": args.layers, "dim": args.dim, "ffn": args.ffn, "threads": args.threads,
-              "rounds": args.rounds, "rows": rows, "identical": same, "stock_ms": stock_ms, "floor_ms": floor_ms,
-              "started_ms": [r["started_ms"] for r in fm], "first_minute": table,
-              "loads": [[{k: l.get(k) for k in keep} for l in r["loads"]] for r in fm]}
-    with open(os.path.join(args.work, "ggml-first-minute.json"), "w") as f:
-        json.dump(report, f, indent=1)
-
 
 if __name__ == "__main__":
     main()
