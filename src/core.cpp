@@ -297,6 +297,7 @@ Core::~Core() {
     // all it did (it read the descriptor) before the child closes the descriptor.
     (void)write_back_sync_->running.load(std::memory_order_acquire);
     (void)write_back_sync_.release();
+    (void)write_back_thread_.release();  // the parent's thread: neither joinable nor destructible here
     return;
   }
   // The write-back thread uses the descriptor: done before it closes.

@@ -409,10 +409,13 @@ class Core {
   std::atomic<std::uint64_t> trusted_entries_{0};
   std::atomic<std::uint64_t> lease_timeouts_{0};
   // What look-ups waiting for another thread's verdict, and close waiting for the verify-ahead
-  // thread, wait on. The thread is detached (a forked child can neither join nor detach a thread
-  // it never had) and says it is done, under `mu`, as its last act. On the heap so that a forked
-  // child can leave it behind untouched: the parent's threads may have held the mutex or waited
-  // on the condition variable at the fork, and locking or destroying either then hangs the child.
+  // thread, wait on. The thread says it is done, under `mu`, as its last act, and close then
+  // joins it (verify_ahead_thread_): a thread still returning through this library's code when
+  // close returns would crash a host that unloads the library next (dlclose). A forked child
+  // can neither join nor detach a thread it never had: it leaves the handle behind. On the heap
+  // so that a forked child can leave it behind untouched: the parent's threads may have held the
+  // mutex or waited on the condition variable at the fork, and locking or destroying either then
+  // hangs the child.
   struct VerifySync {
     std::mutex mu;
     std::condition_variable cv;  // an entry left kVerifying, or the verify-ahead thread ended
@@ -420,6 +423,8 @@ class Core {
     std::atomic<bool> ahead_running{false};
   };
   std::unique_ptr<VerifySync> verify_sync_ = std::make_unique<VerifySync>();
+  // Joined by stop_verify_ahead; a forked child releases the pointer (never joins or destroys it).
+  std::unique_ptr<std::thread> verify_ahead_thread_;
   // The thread that starts a commit's write-back (finalize): `owed` is the committed size still
   // to start, `running` whether the thread lives; close waits for it (wait_for_write_back).
   struct WriteBackSync {
@@ -432,6 +437,9 @@ class Core {
     std::atomic<bool> running{false};
   };
   std::unique_ptr<WriteBackSync> write_back_sync_ = std::make_unique<WriteBackSync>();
+  // The write-back thread: joined before another starts (under write_mu_) and at close, as the
+  // verify-ahead thread is.
+  std::unique_ptr<std::thread> write_back_thread_;
   void start_write_back_behind(std::uint64_t committed_size) noexcept;
   void wait_for_write_back() noexcept;
   std::atomic<std::uint64_t> verify_failures_{0};

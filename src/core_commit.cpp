@@ -418,8 +418,11 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
     if (wb.running.load(std::memory_order_relaxed)) return;  // it takes the new range when done with its own
     wb.running.store(true, std::memory_order_relaxed);
   }
+  // The thread before this one (if any) has said it is done: it is at most returning, so the join
+  // is short. Under write_mu_ (finalize), so no other caller starts or joins one meanwhile.
+  join_thread(write_back_thread_);
   try {
-    std::thread([this, &wb] {
+    write_back_thread_ = std::make_unique<std::thread>([this, &wb] {
       for (;;) {
         std::uint64_t size = 0;
         {
@@ -435,7 +438,7 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
         }
         pf_.start_write_back(fd_, 0, size);
       }
-    }).detach();
+    });
   } catch (...) {
     // No thread: the next verifying process writes the pages back itself, as it always could.
     std::lock_guard<std::mutex> lk(wb.mu);
@@ -446,8 +449,12 @@ void Core::start_write_back_behind(std::uint64_t committed_size) noexcept {
 
 void Core::wait_for_write_back() noexcept {
   WriteBackSync& wb = *write_back_sync_;
-  std::unique_lock<std::mutex> lk(wb.mu);
-  wb.cv.wait(lk, [&] { return !wb.running.load(std::memory_order_acquire); });
+  {
+    std::unique_lock<std::mutex> lk(wb.mu);
+    wb.cv.wait(lk, [&] { return !wb.running.load(std::memory_order_acquire); });
+  }
+  // As stop_verify_ahead: joined, so that no thread runs this library's code after close.
+  join_thread(write_back_thread_);
 }
 
 Result<void> Core::persist_all_locked(MutexLock& lk) {

@@ -4,6 +4,9 @@
 #include <bit>
 #include <cstdint>
 #include <cstddef>
+#include <memory>
+#include <system_error>
+#include <thread>
 
 namespace weightcache::core_detail {
 
@@ -43,5 +46,22 @@ inline constexpr const char* kMaxEntrySizeText =
 inline constexpr std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 inline constexpr bool is_pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 inline constexpr std::uint64_t floor_pow2(std::uint64_t v) { return v == 0 ? 0 : std::uint64_t{1} << (63 - std::countl_zero(v)); }
+
+// Joins a library thread that has said it is done (it is at most returning through this
+// library's code), so that no thread runs that code once close returns and a host may unload the
+// library. A join that fails (it cannot, short of a bug) leaves the thread detached instead of
+// terminating the host.
+inline void join_thread(std::unique_ptr<std::thread>& t) noexcept {
+  if (!t || !t->joinable()) return;
+  try {
+    t->join();
+  } catch (const std::system_error&) {
+    try {
+      t->detach();
+    } catch (const std::system_error&) {
+      (void)t.release();  // neither: never destroyed (a joinable std::thread would terminate)
+    }
+  }
+}
 
 }  // namespace weightcache::core_detail

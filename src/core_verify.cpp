@@ -199,7 +199,7 @@ void Core::start_verify_ahead() {
     VerifySync* sync = verify_sync_.get();
     sync->ahead_running.store(true, std::memory_order_relaxed);
     try {
-      std::thread([this, sync, todo = std::move(todo)] {
+      verify_ahead_thread_ = std::make_unique<std::thread>([this, sync, todo = std::move(todo)] {
         // A thread's body is a boundary: a failure ends the work ahead, and look-ups verify
         // what is left on first use.
         guard_void("verify-ahead thread", [&] {
@@ -218,7 +218,7 @@ void Core::start_verify_ahead() {
         std::lock_guard<std::mutex> lk(sync->mu);
         sync->ahead_running.store(false, std::memory_order_release);
         sync->cv.notify_all();
-      }).detach();
+      });
     } catch (...) {
       sync->ahead_running.store(false, std::memory_order_relaxed);
       throw;
@@ -237,10 +237,16 @@ void Core::stop_verify_ahead() noexcept {
     // what the child's close does next (ThreadSanitizer checks it); where it was running, the
     // entry it held is checked by whoever looks it up (verify_entry).
     (void)sync.ahead_running.load(std::memory_order_acquire);
+    (void)verify_ahead_thread_.release();  // the parent's: neither joinable nor destructible here
     return;
   }
-  std::unique_lock<std::mutex> lk(sync.mu);
-  sync.cv.wait(lk, [&] { return !sync.ahead_running.load(std::memory_order_acquire); });
+  {
+    std::unique_lock<std::mutex> lk(sync.mu);
+    sync.cv.wait(lk, [&] { return !sync.ahead_running.load(std::memory_order_acquire); });
+  }
+  // Done with the cache, but still returning through this library's code: joined, so that a host
+  // may unload the library (dlclose) as soon as close returns.
+  join_thread(verify_ahead_thread_);
 }
 
 

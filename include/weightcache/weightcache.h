@@ -55,7 +55,9 @@
  *   wc_close stops and waits for; with WC_DURABILITY_NONE or _ASYNC, wc_finalize may start one
  *   that starts the write-back of what it committed (see WC_DURABILITY_NONE), which wc_close
  *   waits for; with WC_VERIFY_ON_OPEN, wc_open and wc_refresh checksum on a few worker threads
- *   that end before they return. No other library code runs on its own threads.
+ *   that end before they return. No other library code runs on its own threads. When the last
+ *   wc_close of every cache has returned, none of these threads exists any more (each is
+ *   joined), so a host may unload the library (dlclose, FreeLibrary) right after it.
  * - Entries are durable only after wc_finalize returns WC_OK, and WC_OK means every entry
  *   inserted so far is (with WC_DURABILITY_FULL: durable against power loss; otherwise against a
  *   crash of the process). Closing discards entries no finalize managed to persist.
@@ -434,8 +436,9 @@ WC_API void wc_stats_init(wc_stats* stats);
  */
 WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
 
-/** Releases the handle. The last handle of a cache closes the cache: stops and waits for its
- * verify-ahead thread (at most one 8 MiB piece of hashing), unmaps it (every pointer it returned
+/** Releases the handle. The last handle of a cache closes the cache: stops and joins its
+ * verify-ahead thread (at most one 8 MiB piece of hashing) and joins its write-back thread
+ * (see WC_DURABILITY_NONE), unmaps it (every pointer it returned
  * becomes invalid), gives up its locks and descriptors. Entries inserted since the last
  * successful wc_finalize are not persisted. Other handles sharing the cache are unaffected.
  * NULL is ignored. No other call on this handle may run concurrently or follow. */

@@ -1,0 +1,109 @@
+/* A C host that loads the shared library with dlopen, uses a cache, closes it and unloads the
+ * library at once, `rounds` times, pinned to one CPU (unload_test.cpp runs it). In C, so that the
+ * C++ runtime comes and goes with the library, as it does for a C host (and no copy of the
+ * library's template code in the program stands in for the library's own).
+ *
+ *   weightcache_unload_child LIBRARY none|async|verify-ahead DIR ROUNDS
+ *
+ * Exit status: 0 done; 2 a setup step failed; 3 the library stayed loaded after dlclose (the
+ * test cannot fail then); a signal: the host crashed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <weightcache/weightcache.h>
+
+typedef struct {
+  void* handle;
+  void (*options_init)(wc_options*);
+  wc_status (*open)(const wc_options*, wc_cache**);
+  void* (*reserve)(wc_cache*, size_t);
+  size_t (*insert)(wc_cache*, const void*, size_t, void*, size_t);
+  wc_status (*finalize)(wc_cache*);
+  void (*close)(wc_cache*);
+} api;
+
+static int load(const char* library, api* a) {
+  a->handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (a->handle == NULL) return 0;
+  *(void**)&a->options_init = dlsym(a->handle, "wc_options_init");
+  *(void**)&a->open = dlsym(a->handle, "wc_open");
+  *(void**)&a->reserve = dlsym(a->handle, "wc_reserve_space");
+  *(void**)&a->insert = dlsym(a->handle, "wc_look_up_or_insert");
+  *(void**)&a->finalize = dlsym(a->handle, "wc_finalize");
+  *(void**)&a->close = dlsym(a->handle, "wc_close");
+  return a->options_init && a->open && a->reserve && a->insert && a->finalize && a->close;
+}
+
+static int mapped(const char* library) {
+  const char* name = strrchr(library, '/');
+  name = name ? name + 1 : library;
+  FILE* maps = fopen("/proc/self/maps", "r");
+  if (maps == NULL) return 0;
+  char line[1024];
+  int found = 0;
+  while (fgets(line, sizeof line, maps) != NULL)
+    if (strstr(line, name) != NULL) found = 1;
+  fclose(maps);
+  return found;
+}
+
+/* One entry of `size` bytes under key `k<i>`, then finalize and close. */
+static int write_one(api* a, wc_options* o, int i, size_t size) {
+  wc_cache* c = NULL;
+  if (a->open(o, &c) != WC_OK) return 2;
+  char key[32];
+  const int n = snprintf(key, sizeof key, "k%d", i);
+  void* p = a->reserve(c, size);
+  if (p == NULL) return 2;
+  memset(p, i & 0xff, size);
+  if (a->insert(c, key, (size_t)n, p, size) == SIZE_MAX) return 2;
+  (void)a->finalize(c);
+  a->close(c);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 5) return 2;
+  const char* library = argv[1];
+  const char* mode = argv[2];
+  const char* dir = argv[3];
+  const int rounds = atoi(argv[4]);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  (void)sched_setaffinity(0, sizeof one, &one); /* one CPU: the unload overtakes the thread's return */
+  char path[4096];
+  for (int i = 0; i < rounds; ++i) {
+    api a;
+    if (!load(library, &a)) return 2;
+    wc_options o;
+    a.options_init(&o);
+    o.compat_key = "unload";
+    o.compat_key_size = 6;
+    int r = 0;
+    if (strcmp(mode, "verify-ahead") == 0) {
+      snprintf(path, sizeof path, "%s/va.wcache", dir);
+      o.path = path;
+      if (i == 0) /* 24 MiB, written once: over the verify-ahead thread's 16 MiB threshold */
+        for (int k = 0; k < 24 && r == 0; ++k) r = write_one(&a, &o, k, (size_t)1 << 20);
+      o.verify = WC_VERIFY_FIRST_USE;
+      o.read_only = 1;
+      wc_cache* c = NULL;
+      if (r == 0 && a.open(&o, &c) != WC_OK) r = 2;
+      if (r == 0) a.close(c);
+    } else {
+      snprintf(path, sizeof path, "%s/c%d.wcache", dir, i % 4);
+      o.path = path;
+      o.durability = strcmp(mode, "async") == 0 ? WC_DURABILITY_ASYNC : WC_DURABILITY_NONE;
+      r = write_one(&a, &o, i, 4096);
+    }
+    dlclose(a.handle);
+    if (r != 0) return r;
+    if (i == 0 && mapped(library)) return 3;
+  }
+  return 0;
+}
