@@ -179,7 +179,9 @@ std::vector<std::pair<const char*, uint64_t>> stats_fields(const wc_ort_ep_stats
           {"from_cache", s.from_cache},     {"packed_bytes", s.packed_bytes},
           {"heap_weights", s.heap_weights}, {"cache_failures", s.cache_failures},
           {"caches_open", s.caches_open},   {"xnnpack", s.xnnpack},
-          {"source_bytes_hashed", s.source_bytes_hashed}};
+          {"source_bytes_hashed", s.source_bytes_hashed},
+          {"weight_nodes_seen", s.weight_nodes_seen},
+          {"weight_nodes_taken", s.weight_nodes_taken}};
 }
 
 wc_ort_ep_stats stats_delta(const wc_ort_ep_stats& after, const wc_ort_ep_stats& before) {
@@ -193,6 +195,8 @@ wc_ort_ep_stats stats_delta(const wc_ort_ep_stats& after, const wc_ort_ep_stats&
   d.heap_weights -= before.heap_weights;
   d.cache_failures -= before.cache_failures;
   d.source_bytes_hashed -= before.source_bytes_hashed;
+  d.weight_nodes_seen -= before.weight_nodes_seen;
+  d.weight_nodes_taken -= before.weight_nodes_taken;
   // caches_open and xnnpack are states, not counters: the value after.
   return d;
 }

@@ -94,6 +94,13 @@ typedef struct wc_ort_ep_stats {
   uint64_t xnnpack;           /* 1 when the library computes with XNNPACK, 0 with its own GEMM */
   uint64_t source_bytes_hashed; /* bytes of source weights read to key them: 0 for a warm session
                                    on external data whose file has not changed */
+  uint64_t weight_nodes_seen;   /* nodes that bear a constant weight (MatMul, Gemm, Conv, their
+                                   quantized and com.microsoft forms: the weight input is a
+                                   constant initializer), in every graph and subgraph a session's
+                                   provider was asked about; each counted once per session */
+  uint64_t weight_nodes_taken;  /* of those, the ones the provider took (the rest run on other
+                                   providers; at ONNX Runtime's verbose log level the provider
+                                   says why, one line per node and session) */
 } wc_ort_ep_stats;
 
 /** Zeroes *stats and sets its struct_size. NULL is ignored. */

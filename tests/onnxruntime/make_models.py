@@ -44,7 +44,8 @@ MS_DOMAIN = "com.microsoft"
 DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
-          "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale"]
+          "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
+          "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 
 
@@ -123,9 +124,13 @@ class Graph:
         self.nodes.append(helper.make_node(op, inputs, outputs, name=self.tmp(op), domain=domain, **attrs))
         return outputs[0]
 
-    def model(self):
-        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.inits)
-        opsets = [helper.make_opsetid("", OPSET)]
+    def graph(self):
+        """The GraphProto alone (an If branch: no inputs, outer-scope values by name)."""
+        return helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializer=self.inits)
+
+    def model(self, opset=OPSET):
+        graph = self.graph()
+        opsets = [helper.make_opsetid("", opset)]
         if self.uses_ms:
             opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
         m = helper.make_model(graph, opset_imports=opsets, producer_name="weightcache make_models.py")
@@ -256,6 +261,91 @@ def build_nbits_negative_scale(seed):
     return g
 
 
+def build_reshape_opset9(seed, name="reshape_opset9"):
+    # As paddle2onnx and older exporters write it: a Reshape whose shape is computed (here from
+    # Shape, Slice and Concat) at opset 9, whose shape inference then gives the MatMul's A no rank.
+    # reshape_opset9_bad_k reshapes to rows of 32 for a weight of K 64: no provider can run it,
+    # and one that took the MatMul must fail the run with an error, not read past A.
+    rng, g = rng_for(seed, name), Graph(name)
+    d, h, n = 64, 48, 32
+    x = g.input("X", ["batch", "seq", d])
+    first = g.node("Slice", [g.node("Shape", [x])], starts=[0], ends=[1], axes=[0])
+    rows = d if name == "reshape_opset9" else d // 2
+    rest = g.node("Constant", [], value=numpy_helper.from_array(np.array([-1, rows], dtype=np.int64), "rest"))
+    r = g.node("Reshape", [x, g.node("Concat", [first, rest], axis=0)])
+    t = g.node("MatMul", [r, g.init("W1", dense(rng, d, h))])
+    t = g.node("Add", [t, g.init("b1", vec(rng, h))])
+    t = g.node("Relu", [t])
+    g.node("MatMul", [t, g.init("W2", dense(rng, h, n))], ["Y"])
+    g.output("Y", ["batch", "seq", n])
+    g.opset = 9
+    return g
+
+
+def build_constant_weights(seed):
+    # Weights and bias as Constant nodes' values, not initializers (torch.onnx and tf2onnx write
+    # some models so).
+    rng, g = rng_for(seed, "constant_weights"), Graph("constant_weights")
+    d, n = 32, 24
+    x = g.input("X", ["batch", "seq", d])
+    w = g.node("Constant", [], value=numpy_helper.from_array(dense(rng, d, n), "W"))
+    b = g.node("Constant", [], value=numpy_helper.from_array(vec(rng, n), "b"))
+    t = g.node("Add", [g.node("MatMul", [x, w]), b])
+    g.node("Relu", [t], ["Y"])
+    g.output("Y", ["batch", "seq", n])
+    return g
+
+
+def build_if_branches(seed):
+    # Two If nodes on opposite conditions, so that one run takes a then- and an else-branch; each
+    # branch holds a MatMul: then-branches with the weight as the branch's own initializer,
+    # else-branches with the outer graph's (an outer-scope value).
+    rng, g = rng_for(seed, "if_branches"), Graph("if_branches")
+    d, n = 32, 16
+    x = g.input("X", ["batch", "seq", d])
+    total = g.node("ReduceSum", [x], keepdims=0)
+    cond = g.node("Greater", [total, g.init("zero", np.array(0.0, dtype=np.float32))])
+    for i, c in enumerate([cond, g.node("Not", [cond])]):
+        then_g, else_g = Graph(f"then{i}"), Graph(f"else{i}")
+        t = then_g.node("MatMul", [x, then_g.init(f"Wt{i}", dense(rng, d, n))])
+        then_g.node("Add", [t, then_g.init(f"bt{i}", vec(rng, n))], [f"yt{i}"])
+        then_g.outputs.append(helper.make_tensor_value_info(f"yt{i}", TensorProto.FLOAT, None))
+        t = else_g.node("MatMul", [x, g.init(f"We{i}", dense(rng, d, n))])
+        else_g.node("Relu", [t], [f"ye{i}"])
+        else_g.outputs.append(helper.make_tensor_value_info(f"ye{i}", TensorProto.FLOAT, None))
+        out = "Y" if i == 0 else "Y2"
+        g.node("If", [c], [out], then_branch=then_g.graph(), else_branch=else_g.graph())
+        g.output(out, ["batch", "seq", n])
+    return g
+
+
+def build_vector_input(seed):
+    # A 1-D A ([K]): MatMul's output is then [N] (ONNX promotes A to [1, K] and drops the 1).
+    rng, g = rng_for(seed, "vector_input"), Graph("vector_input")
+    k, n = 24, 10
+    x = g.input("X", [k])
+    t = g.node("MatMul", [x, g.init("W", dense(rng, k, n))])
+    g.node("Add", [t, g.init("b", vec(rng, n))], ["Y"])
+    g.output("Y", [n])
+    return g
+
+
+def build_declined(seed):
+    # Weight-bearing nodes the provider leaves to ONNX Runtime's CPU provider (a Gemm with A
+    # transposed, a MatMul with a batched 3-D constant B) beside one it takes: its verbose log says
+    # why for each, and its stats count all three as seen and one as taken.
+    rng, g = rng_for(seed, "declined"), Graph("declined")
+    k, n, n2 = 16, 8, 5
+    a = g.input("A", [k, "rows"])
+    t = g.node("Gemm", [a, g.init("B", dense(rng, k, n))], transA=1)
+    g.node("MatMul", [t, g.init("W", dense(rng, n, n2))], ["Y"])
+    g.output("Y", ["rows", n2])
+    x = g.input("X", [2, 3, n])
+    g.node("MatMul", [x, g.init("W3", dense(rng, 2 * n, n2).reshape(2, n, n2))], ["Y3"])
+    g.output("Y3", [2, 3, n2])
+    return g
+
+
 def build_big(seed, name, dim, hidden, layers, stream):
     """`layers` transformer MLP blocks (MatMul + Add + Gelu + MatMul + Add), f32 or 4-bit: the
     benchmark models. Weights go straight to the external data file (`stream`), never held all at
@@ -359,7 +449,11 @@ def generate(args):
                 "odd_shapes": build_odd_shapes, "matmulnbits": build_matmulnbits,
                 "gemm": build_gemm, "gemm_nobias": lambda s: build_gemm(s, "gemm_nobias"),
                 "gemm_relu": lambda s: build_gemm(s, "gemm_relu"), "bias_rank3": build_bias_rank3,
-                "gemm_tiny_alpha": build_gemm_tiny_alpha, "nbits_negative_scale": build_nbits_negative_scale}
+                "gemm_tiny_alpha": build_gemm_tiny_alpha, "nbits_negative_scale": build_nbits_negative_scale,
+                "reshape_opset9": build_reshape_opset9,
+                "reshape_opset9_bad_k": lambda s: build_reshape_opset9(s, "reshape_opset9_bad_k"),
+                "constant_weights": build_constant_weights, "if_branches": build_if_branches,
+                "declined": build_declined, "vector_input": build_vector_input}
     for name in names:
         if name in BIG_MODELS:
             if not args.big:
@@ -367,7 +461,7 @@ def generate(args):
             g, files = write_big(args.out, name, args.seed, args.dim, args.hidden, args.layers)
         elif name in builders:
             g = builders[name](args.seed)
-            model = g.model()
+            model = g.model(getattr(g, "opset", OPSET))
             onnx.checker.check_model(model)
             files = save_both(model, args.out, name, ext=name in ("mlp", "matmulnbits"))
         else:

@@ -214,6 +214,11 @@ const F32Case kF32[] = {
     // Its bias Add adds a dimension ([1, 1, N] on a 2-D activation): only the MatMul is claimed,
     // or the output would lose that dimension (a hostile review's finding).
     {"bias_rank3.onnx", 1, 1, 1},
+    // As exporters write them (issue "The ONNX Runtime EP on the models people ship"): a MatMul
+    // whose A has no rank (a computed Reshape at opset 9), weights in Constant nodes, MatMuls in
+    // both branches of two If nodes (branch initializers and outer-scope ones), a 1-D A.
+    {"reshape_opset9.onnx", 4, 2, 2}, {"constant_weights.onnx", 3, 1, 1}, {"if_branches.onnx", 8, 4, 4},
+    {"vector_input.onnx", 1, 1, 1},
 };
 
 void PrintTo(const F32Case& c, std::ostream* os) { *os << c.file; }
@@ -233,6 +238,9 @@ TEST_P(OrtEpF32, ColdMatchesCpuAndWarmIsBitIdentical) {
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "nodes"), c.nodes) << cold.out;
   EXPECT_EQ(stat_of(cold.j, "weights"), c.weights) << cold.out;
+  // Every weight-bearing node of these models is taken, each counted once (subgraphs included).
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_seen"), c.weights) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), c.weights) << cold.out;
   // Layers over one weight, created on several threads, still pack it once (a hostile review
   // found two threads each packing and storing their own copy).
   EXPECT_EQ(stat_of(cold.j, "packed"), c.distinct) << cold.out;
@@ -291,6 +299,53 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpNbits, ::testing::Values("matmulnbits.onnx
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// ---- what the provider leaves to others -------------------------------------------------------------
+
+// Lines of the provider's verbose log that leave a weight-bearing node to other providers.
+std::vector<std::string> declined_lines(const std::string& err) {
+  std::vector<std::string> v;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("WeightCache EP: left to other providers: ") != std::string::npos) v.push_back(line);
+  return v;
+}
+
+TEST_F(OrtEp, SaysAtTheVerboseLevelWhichWeightBearingNodesItLeavesAndWhy) {
+  const std::string model = models("declined.onnx");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun r = host(dir_, ep_args(model, f("c.wcache"), f("ep.bin"), {"--log-level", "verbose"}));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  EXPECT_EQ(stat_of(r.j, "weight_nodes_seen"), 3u) << r.out;
+  EXPECT_EQ(stat_of(r.j, "weight_nodes_taken"), 1u) << r.out;
+  EXPECT_EQ(stat_of(r.j, "weights"), 1u) << r.out;
+  const auto lines = declined_lines(r.err);
+  ASSERT_EQ(lines.size(), 2u) << r.err;  // once per node, however often ORT asks
+  const std::string all = lines[0] + "\n" + lines[1];
+  EXPECT_NE(all.find("Gemm node"), std::string::npos) << all;
+  EXPECT_NE(all.find("transA=1"), std::string::npos) << all;
+  EXPECT_NE(all.find("MatMul node"), std::string::npos) << all;
+  EXPECT_NE(all.find("[2, 8, 5]"), std::string::npos) << all;  // the 3-D B, with its shape
+  EXPECT_CLOSE_TO_CPU(f("ep.bin"), f("cpu.bin"), kRel, kAbs);
+  // Quiet at the default (warning) level.
+  const HostRun quiet = host(dir_, ep_args(model, f("c.wcache"), f("ep2.bin")));
+  ASSERT_EQ(quiet.code, 0) << quiet.describe();
+  EXPECT_TRUE(declined_lines(quiet.err).empty()) << quiet.err;
+  EXPECT_EQ(stat_of(quiet.j, "weight_nodes_seen"), 3u) << quiet.out;
+}
+
+// A of unknown rank is taken on trust and checked when the layer runs: a K that does not fit
+// fails the run with an error that says so (as ORT's CPU provider fails it), never a read past A.
+TEST_F(OrtEp, AnInputOfUnknownRankWhoseKDoesNotFitFailsTheRunCleanly) {
+  const std::string model = models("reshape_opset9_bad_k.onnx");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  EXPECT_NE(cpu.code, 0) << "ORT's CPU provider ran a MatMul whose K does not fit";
+  const HostRun r = host(dir_, ep_args(model, f("c.wcache"), f("ep.bin")));
+  EXPECT_EQ(r.code, 1) << r.describe();  // the host's error exit, not a signal
+  EXPECT_NE(r.err.find("does not fit a layer of 64 inputs"), std::string::npos) << r.err;
+}
 
 // ---- warm sessions pack nothing --------------------------------------------------------------------
 

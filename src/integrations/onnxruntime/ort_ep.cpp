@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,7 +68,7 @@ namespace {
 struct Counters {
   std::atomic<std::uint64_t> sessions{0}, nodes{0}, weights{0}, packed{0}, from_cache{0}, packed_bytes{0},
       heap_weights{0}, cache_failures{0}, caches_open{0},
-      source_bytes_hashed{0};
+      source_bytes_hashed{0}, weight_nodes_seen{0}, weight_nodes_taken{0};
 };
 Counters& counters() {
   static Counters c;
@@ -226,6 +227,8 @@ struct Layer {
   std::size_t k = 0, n = 0;
   std::size_t input_index = 0;  // of the activation among the fused node's inputs
   bool gemm = false;            // A must be 2-D
+  // A's rank may be unknown until the run (then checked there): a MatMul with a 1-D A gives an
+  // output of rank 1 ([N]), any other A an output of A's rank with N last.
 };
 
 struct ComputeInfo : OrtNodeComputeInfo {
@@ -246,6 +249,10 @@ class Ep : public OrtEp {
   wc_xnn_adapter* adapter_ = nullptr;
   void* pool_ = nullptr;  // pthreadpool_t with more than one thread
   std::mutex mu_;         // GetCapability and Compile of one session may not overlap; to be safe
+  // Weight-bearing nodes this session's GetCapability calls have seen and taken, by their first
+  // output's name (unique in a model, subgraphs included): ONNX Runtime may ask about a graph
+  // more than once, and each node is counted and declined in the log once per session.
+  std::set<std::string> weight_nodes_seen_, weight_nodes_taken_, declined_;
 
   OrtStatus* get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info);
   OrtStatus* compile(const OrtGraph** graphs, const OrtNode** fused, std::size_t count, OrtNodeComputeInfo** out);
@@ -347,7 +354,10 @@ TensorInfo tensor_info(const OrtValueInfo* vi) {
   }
   t.dims.resize(rank);
   check(api().ort->GetDimensions(tsi, t.dims.data(), rank), "dimensions");
-  t.rank_known = true;
+  // No shape at all (an older exporter's Reshape whose shape is computed, at opset 9, gives its
+  // output none) reads as rank 0 above: only ORT's own flag tells it from a scalar.
+  t.rank_known = api().ort->TensorTypeAndShape_HasShape(tsi);
+  if (!t.rank_known) t.dims.clear();
   return t;
 }
 
@@ -548,68 +558,128 @@ std::optional<Activation> activation_of(const OrtNode* node) {
   return std::nullopt;
 }
 
-// Whether `node` is a layer the provider computes, and with what shape.
-std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok) {
+// The input that holds a node's weight, for the operators that bear weights (matrix products and
+// convolutions, float and quantized); -1 for any other node.
+int weight_input(const std::string& t, const std::string& d) {
+  if (d.empty()) {
+    if (t == "MatMul" || t == "Gemm" || t == "Conv" || t == "ConvTranspose" || t == "MatMulInteger" ||
+        t == "ConvInteger")
+      return 1;
+    if (t == "QLinearMatMul" || t == "QLinearConv") return 3;
+    return -1;
+  }
+  if (d == kMsDomain) {
+    if (t == "MatMulNBits" || t == "DynamicQuantizeMatMul" || t == "FusedMatMul" || t == "FusedConv" ||
+        t == "FusedGemm" || t == "MatMulIntegerToFloat")
+      return 1;
+    if (t == "QGemm") return 3;
+  }
+  return -1;
+}
+
+// Whether `node` bears a weight: a weight-bearing operator whose weight input is a constant.
+bool bears_weight(const OrtNode* node) {
+  const int w = weight_input(op_type(node), domain(node));
+  if (w < 0) return false;
+  const auto in = node_inputs(node);
+  return static_cast<std::size_t>(w) < in.size() && is_constant(in[static_cast<std::size_t>(w)]);
+}
+
+std::string dims_text(const TensorInfo& t) {
+  if (!t.rank_known) return "(unknown rank)";
+  std::string s = "[";
+  for (std::size_t i = 0; i < t.dims.size(); ++i) s += (i ? ", " : "") + (t.dims[i] < 0 ? std::string("?") : std::to_string(t.dims[i]));
+  return s + "]";
+}
+
+// Whether `node` is a layer the provider computes, and with what shape; if not, `*why` says why
+// (for a node that bears a weight: the provider's verbose log names each one it leaves to others).
+std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* why = nullptr) {
   const std::string t = op_type(node), d = domain(node);
+  const auto decline = [&](std::string reason) -> std::optional<Plan> {
+    if (why != nullptr) *why = std::move(reason);
+    return std::nullopt;
+  };
   const auto in = node_inputs(node);
   const auto out = node_outputs(node);
-  if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return std::nullopt;
+  if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
   Plan p;
   p.core_node = node;
   if (t == "MatMul" && d.empty() && in.size() == 2) {
     const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
-    if (!is_f32(a) || !a.rank_known || a.dims.size() < 2 || !is_f32(b) || b.dims.size() != 2) return std::nullopt;
-    if (!is_constant(in[1]) || b.dims[0] <= 0 || b.dims[1] <= 0) return std::nullopt;
-    if (a.dims.back() >= 0 && a.dims.back() != b.dims[0]) return std::nullopt;
+    // A's rank and dimensions may be unknown here (exporters' Reshapes): K and the rank are
+    // checked when the layer runs, and a run whose A does not fit fails with an error.
+    if (!is_f32(a)) return decline("A is not float32");
+    if (a.rank_known && a.dims.empty()) return decline("A is a scalar");
+    if (!is_f32(b) || b.dims.size() != 2) return decline("B is not a 2-D float32 matrix " + dims_text(b));
+    if (!is_constant(in[1])) return decline("B is not a constant initializer");
+    if (b.dims[0] <= 0 || b.dims[1] <= 0) return decline("B has an empty or unknown dimension " + dims_text(b));
+    if (a.rank_known && a.dims.back() >= 0 && a.dims.back() != b.dims[0])
+      return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(b.dims[0]));
     p.core = Core::matmul;
-    p.out_rank = a.dims.size();
+    p.out_rank = a.rank_known ? a.dims.size() : 0;
     p.k = b.dims[0];
     p.n = b.dims[1];
     return p;
   }
   if (t == "Gemm" && d.empty() && (in.size() == 2 || in.size() == 3)) {
     const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
-    if (!is_f32(a) || !a.rank_known || a.dims.size() != 2 || !is_f32(b) || b.dims.size() != 2) return std::nullopt;
-    if (!is_constant(in[1]) || int_attr(node, "transA").value_or(0) != 0) return std::nullopt;
+    if (!is_f32(a) || (a.rank_known && a.dims.size() != 2)) return decline("A is not a 2-D float32 matrix " + dims_text(a));
+    if (!is_f32(b) || b.dims.size() != 2) return decline("B is not a 2-D float32 matrix " + dims_text(b));
+    if (!is_constant(in[1])) return decline("B is not a constant initializer");
+    if (int_attr(node, "transA").value_or(0) != 0) return decline("transA=1 (A transposed) is not computed");
     const bool trans_b = int_attr(node, "transB").value_or(0) != 0;
     p.k = trans_b ? b.dims[1] : b.dims[0];
     p.n = trans_b ? b.dims[0] : b.dims[1];
-    if (p.k <= 0 || p.n <= 0 || (a.dims[1] >= 0 && a.dims[1] != p.k)) return std::nullopt;
+    if (p.k <= 0 || p.n <= 0) return decline("B has an empty or unknown dimension " + dims_text(b));
+    if (a.rank_known && a.dims[1] >= 0 && a.dims[1] != p.k)
+      return decline("A's K " + std::to_string(a.dims[1]) + " is not B's " + std::to_string(p.k));
     const float alpha = float_attr(node, "alpha").value_or(1.0f), beta = float_attr(node, "beta").value_or(1.0f);
-    if (alpha == 0.0f || !std::isfinite(alpha) || !std::isfinite(beta)) return std::nullopt;
+    if (alpha == 0.0f || !std::isfinite(alpha) || !std::isfinite(beta)) return decline("alpha is 0, or alpha or beta is not finite");
     if (in.size() == 3 && in[2] != nullptr && beta != 0.0f) {
-      if (!is_row_bias(in[2], p.n) || tensor_info(in[2]).dims.size() > 2) return std::nullopt;
+      if (!is_row_bias(in[2], p.n) || tensor_info(in[2]).dims.size() > 2)
+        return decline("C is not a constant row of N values " + dims_text(tensor_info(in[2])));
       // The bias is packed as beta * C / alpha (the product is scaled by alpha afterwards): it must
       // stay finite, or a tiny alpha would turn every output into inf or NaN.
-      if (!scaled_bias_finite(in[2], beta / alpha, alpha)) return std::nullopt;
+      if (!scaled_bias_finite(in[2], beta / alpha, alpha)) return decline("beta * C / alpha is not finite");
     }
     p.core = Core::gemm;
     p.out_rank = 2;
     return p;
   }
-  if (nbits_ok && t == "MatMulNBits" && d == kMsDomain && in.size() >= 3) {
+  if (t == "MatMulNBits" && d == kMsDomain && in.size() >= 3) {
+    if (!nbits_ok) return decline("4-bit weights need XNNPACK (kernels=xnnpack)");
     const auto k = int_attr(node, "K"), n = int_attr(node, "N"), bits = int_attr(node, "bits"),
                block = int_attr(node, "block_size");
-    if (!k || !n || !block || bits.value_or(4) != 4 || *k <= 0 || *n <= 0) return std::nullopt;
+    if (!k || !n || !block || bits.value_or(4) != 4 || *k <= 0 || *n <= 0)
+      return decline("only bits=4 with K, N and block_size set is computed");
     if (!nbits_supported(static_cast<std::size_t>(*k), static_cast<std::size_t>(*n), static_cast<std::size_t>(*block)))
-      return std::nullopt;
+      return decline("XNNPACK takes no block size " + std::to_string(*block) + " for K " + std::to_string(*k));
     const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]), s = tensor_info(in[2]);
-    if (!is_f32(a) || !a.rank_known || a.dims.size() < 2) return std::nullopt;
-    if (!is_constant(in[1]) || !b.known || b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) return std::nullopt;
-    if (numel(b.dims) != *n * (*k / 2)) return std::nullopt;
-    if (!is_constant(in[2]) || !is_f32(s) || numel(s.dims) != *n * (*k / *block)) return std::nullopt;
+    if (!is_f32(a)) return decline("A is not float32");
+    if (a.rank_known && a.dims.empty()) return decline("A is a scalar");
+    if (!is_constant(in[1]) || !b.known || b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+      return decline("B is not a constant uint8 initializer");
+    if (numel(b.dims) != *n * (*k / 2)) return decline("B does not hold N x K/2 bytes");
+    if (!is_constant(in[2]) || !is_f32(s) || numel(s.dims) != *n * (*k / *block))
+      return decline("the scales are not a constant float32 tensor of N x K/block_size values");
     // zero_points (3), g_idx (4): only the default symmetric layout (zero point 8) is claimed.
-    if (in.size() > 3 && in[3] != nullptr) return std::nullopt;
-    if (in.size() > 4 && in[4] != nullptr) return std::nullopt;
-    if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return std::nullopt;
+    if (in.size() > 3 && in[3] != nullptr) return decline("zero points are not computed (only the default 8)");
+    if (in.size() > 4 && in[4] != nullptr) return decline("g_idx is not computed");
+    if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return decline("the bias is not a row of N values");
     p.core = Core::nbits;
-    p.out_rank = a.dims.size();
+    p.out_rank = a.rank_known ? a.dims.size() : 0;
     p.block_size = *block;
     p.k = *k;
     p.n = *n;
     return p;
   }
-  return std::nullopt;
+  if (t == "Conv" || t == "ConvTranspose" || t == "QLinearConv" || t == "ConvInteger" || t == "FusedConv")
+    return decline("convolutions are not computed by this provider yet");
+  if (t == "MatMulInteger" || t == "DynamicQuantizeMatMul" || t == "QLinearMatMul" || t == "MatMulIntegerToFloat" ||
+      t == "QGemm")
+    return decline("8-bit quantized matrix products are not computed by this provider yet");
+  return decline("the operator " + (d.empty() ? std::string() : d + ".") + t + " is not computed by this provider");
 }
 
 // Extends a core plan with the bias Add and the activation that only it feeds.
@@ -632,7 +702,10 @@ void fuse_epilogue(Plan& p) {
         // The sum keeps the layer's shape only when the bias is a row vector of N values.
         // ... and adds no dimension: Add's output has the larger rank of its two inputs.
         const TensorInfo bt = tensor_info(other);
-        if (other != nullptr && is_row_bias(other, p.n) && numel(bt.dims) == p.n && bt.dims.size() <= p.out_rank) {
+        // With A's rank unknown (out_rank 0), only a bias of rank 1 or less, which adds no
+        // dimension to any output of rank 1 or more.
+        const std::size_t rank_room = p.out_rank != 0 ? p.out_rank : 1;
+        if (other != nullptr && is_row_bias(other, p.n) && numel(bt.dims) == p.n && bt.dims.size() <= rank_room) {
           p.add_node = next;
           cur = out[0];
         }
@@ -801,12 +874,18 @@ OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelCo
     if (s == nullptr) s = api().ort->GetDimensions(tsi, dims.data(), rank);
     api().ort->ReleaseTensorTypeAndShapeInfo(tsi);
     check(s, "input shape");
-    if (rank < 2 || (layer->gemm && rank != 2) || dims.back() != static_cast<std::int64_t>(layer->k))
-      throw OrtError{ORT_INVALID_ARGUMENT, "input of rank " + std::to_string(rank) + " does not fit a layer of " +
-                                                std::to_string(layer->k) + " inputs"};
+    // The graph may not have said A's rank or K (exporters' Reshapes): what arrives is checked
+    // here, and a misfit fails the run with an error instead of reading past A.
+    if (rank < 1 || (layer->gemm && rank != 2) || dims.back() != static_cast<std::int64_t>(layer->k)) {
+      std::string shape;
+      for (std::size_t i = 0; i < rank; ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
+      throw OrtError{ORT_INVALID_ARGUMENT, "input of shape [" + shape + "] does not fit a layer of " +
+                                                std::to_string(layer->k) + " inputs" +
+                                                (layer->gemm ? " (Gemm: 2-D, K last)" : " (K last)")};
+    }
     std::size_t m = 1;
     for (std::size_t i = 0; i + 1 < rank; ++i) m *= static_cast<std::size_t>(dims[i]);
-    dims.back() = static_cast<std::int64_t>(layer->n);
+    dims.back() = static_cast<std::int64_t>(layer->n);  // a 1-D A ([K]) gives [N]
     OrtValue* output = nullptr;
     check(api().ort->KernelContext_GetOutput(ctx, 0, dims.data(), dims.size(), &output), "output");
     const void* a = nullptr;
@@ -839,25 +918,75 @@ Ep::~Ep() {
 #endif
 }
 
+// Where a graph sits in its model, for telling one node from another of the same output name in
+// a sibling subgraph (value names are unique within a graph, not across an If's two branches):
+// the output of the node that holds it, and its own name. "" for the main graph.
+std::string graph_scope(const OrtGraph* graph) {
+  const OrtNode* parent = nullptr;
+  if (OrtStatus* st = api().ort->Graph_GetParentNode(graph, &parent); st != nullptr) {
+    take_message(st);
+    return {};
+  }
+  if (parent == nullptr) return {};
+  const char* name = nullptr;
+  if (OrtStatus* st = api().ort->Graph_GetName(graph, &name); st != nullptr) {
+    take_message(st);
+    name = nullptr;
+  }
+  const auto outs = node_outputs(parent);
+  return (outs.empty() || outs[0] == nullptr ? std::string() : value_name(outs[0])) + "/" +
+         (name != nullptr ? name : "") + "/";
+}
+
 OrtStatus* Ep::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::vector<const OrtNode*> nodes = graph_nodes(graph);
   std::vector<const OrtNode*> taken;
   const bool nbits_ok = options_.use_xnnpack;
+  const std::string scope = graph_scope(graph);
   for (const OrtNode* node : nodes) {
     if (std::find(taken.begin(), taken.end(), node) != taken.end()) continue;
-    auto plan = core_plan(node, nbits_ok);
-    if (!plan) continue;
+    const bool weighty = bears_weight(node);
+    std::string id;
+    if (weighty) {
+      const auto outs = node_outputs(node);
+      id = scope + (outs.empty() || outs[0] == nullptr ? std::string() : value_name(outs[0]));
+      if (weight_nodes_seen_.insert(id).second) counters().weight_nodes_seen.fetch_add(1, std::memory_order_relaxed);
+    }
+    std::string why;
+    auto plan = core_plan(node, nbits_ok, &why);
+    const auto declined = [&](const std::string& reason) {
+      // Once per node and session; a node taken by an earlier call is not declined now.
+      if (!weighty || weight_nodes_taken_.count(id) != 0 || !declined_.insert(id).second) return;
+      const char* name = nullptr;
+      if (OrtStatus* st = api().ort->Node_GetName(node, &name); st != nullptr) {
+        take_message(st);
+        name = nullptr;
+      }
+      const std::string d = domain(node);
+      log(logger_, ORT_LOGGING_LEVEL_VERBOSE,
+          "left to other providers: " + (d.empty() ? std::string() : d + ".") + op_type(node) + " node '" +
+              (name != nullptr ? name : "") + "' (output '" + id + "'): " + reason);
+    };
+    if (!plan) {
+      declined(why);
+      continue;
+    }
     fuse_epilogue(*plan);
     auto group = plan->nodes();
     bool clash = false;
     for (const OrtNode* g : group) clash = clash || std::find(taken.begin(), taken.end(), g) != taken.end();
-    if (clash) continue;
+    if (clash) {
+      declined("its bias or activation is already part of another layer");
+      continue;
+    }
     OrtNodeFusionOptions fusion{};
     fusion.ort_version_supported = ORT_API_VERSION;
     fusion.drop_constant_initializers = true;  // the provider keeps the packed copy; ORT frees its own
     check(api().ep->EpGraphSupportInfo_AddNodesToFuse(info, group.data(), group.size(), &fusion), "claiming nodes");
     taken.insert(taken.end(), group.begin(), group.end());
+    if (weighty && weight_nodes_taken_.insert(id).second)
+      counters().weight_nodes_taken.fetch_add(1, std::memory_order_relaxed);
   }
   return nullptr;
 }
@@ -1315,6 +1444,8 @@ WC_ORT_EXPORT wc_status wc_ort_ep_get_stats(wc_ort_ep_stats* out) {
   s.cache_failures = c.cache_failures.load();
   s.caches_open = c.caches_open.load();
   s.source_bytes_hashed = c.source_bytes_hashed.load();
+  s.weight_nodes_seen = c.weight_nodes_seen.load();
+  s.weight_nodes_taken = c.weight_nodes_taken.load();
   s.xnnpack = have_xnnpack() ? 1 : 0;
   std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
   return WC_OK;
