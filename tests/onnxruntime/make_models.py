@@ -45,7 +45,8 @@ DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
-          "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input"]
+          "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
+          "loop_body"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 
 
@@ -319,6 +320,29 @@ def build_if_branches(seed):
     return g
 
 
+def build_loop_body(seed):
+    # A Loop of 3 iterations whose body applies a layer (MatMul, bias Add, Relu) to the value it
+    # carries: the body's weight is its own initializer, its bias the outer graph's.
+    rng, g = rng_for(seed, "loop_body"), Graph("loop_body")
+    d = 24
+    x = g.input("X", ["batch", "seq", d])
+    body = Graph("body")
+    body.inputs.append(helper.make_tensor_value_info("i", TensorProto.INT64, []))
+    body.inputs.append(helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []))
+    body.inputs.append(helper.make_tensor_value_info("v", TensorProto.FLOAT, None))
+    t = body.node("MatMul", ["v", body.init("Wl", (dense(rng, d, d) * 0.5).astype(np.float32))])
+    t = body.node("Add", [t, g.init("bl", vec(rng, d))])
+    body.node("Relu", [t], ["v_out"])
+    body.node("Identity", ["cond_in"], ["cond_out"])
+    body.outputs.append(helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []))
+    body.outputs.append(helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None))
+    trips = g.init("trips", np.array(3, dtype=np.int64))
+    cond = g.init("cond", np.array(True))
+    g.node("Loop", [trips, cond, x], ["Y"], body=body.graph())
+    g.output("Y", ["batch", "seq", d])
+    return g
+
+
 def build_vector_input(seed):
     # A 1-D A ([K]): MatMul's output is then [N] (ONNX promotes A to [1, K] and drops the 1).
     rng, g = rng_for(seed, "vector_input"), Graph("vector_input")
@@ -453,7 +477,8 @@ def generate(args):
                 "reshape_opset9": build_reshape_opset9,
                 "reshape_opset9_bad_k": lambda s: build_reshape_opset9(s, "reshape_opset9_bad_k"),
                 "constant_weights": build_constant_weights, "if_branches": build_if_branches,
-                "declined": build_declined, "vector_input": build_vector_input}
+                "declined": build_declined, "vector_input": build_vector_input,
+                "loop_body": build_loop_body}
     for name in names:
         if name in BIG_MODELS:
             if not args.big:

@@ -219,6 +219,8 @@ const F32Case kF32[] = {
     // both branches of two If nodes (branch initializers and outer-scope ones), a 1-D A.
     {"reshape_opset9.onnx", 4, 2, 2}, {"constant_weights.onnx", 3, 1, 1}, {"if_branches.onnx", 8, 4, 4},
     {"vector_input.onnx", 1, 1, 1},
+    // A Loop's body: a layer on the carried value (no shape in the body: rank unknown).
+    {"loop_body.onnx", 3, 1, 1},
 };
 
 void PrintTo(const F32Case& c, std::ostream* os) { *os << c.file; }
