@@ -46,7 +46,7 @@ DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
-          "loop_body"]
+          "loop_body", "cnn", "conv1d"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 
 
@@ -343,6 +343,38 @@ def build_loop_body(seed):
     return g
 
 
+def conv_w(rng, m, c, *k):
+    fan_in = c * int(np.prod(k))
+    return (rng.standard_normal((m, c) + tuple(k)) / math.sqrt(fan_in)).astype(np.float32)
+
+
+def build_cnn(seed):
+    # A small CNN with what exporters write: explicit pads and a Relu, a grouped convolution with
+    # stride 2 and SAME_UPPER, a depthwise one with dilation 2 and VALID, a pointwise one, and a
+    # 2 x 2 kernel with SAME_LOWER (the padding goes before).
+    rng, g = rng_for(seed, "cnn"), Graph("cnn")
+    x = g.input("X", ["batch", 3, 16, 16])
+    t = g.node("Conv", [x, g.init("W1", conv_w(rng, 8, 3, 3, 3)), g.init("B1", vec(rng, 8))], pads=[1, 1, 1, 1])
+    t = g.node("Relu", [t])
+    t = g.node("Conv", [t, g.init("W2", conv_w(rng, 8, 4, 3, 3))], group=2, strides=[2, 2], auto_pad="SAME_UPPER")
+    t = g.node("Conv", [t, g.init("W3", conv_w(rng, 8, 1, 3, 3)), g.init("B3", vec(rng, 8))], group=8,
+               dilations=[2, 2], auto_pad="VALID")
+    t = g.node("Conv", [t, g.init("W4", conv_w(rng, 6, 8, 1, 1)), g.init("B4", vec(rng, 6))])
+    g.node("Conv", [t, g.init("W5", conv_w(rng, 6, 6, 2, 2))], ["Y"], auto_pad="SAME_LOWER")
+    g.output("Y", ["batch", 6, 4, 4])
+    return g
+
+
+def build_conv1d(seed):
+    # A 1-D convolution (audio models): run as a 2-D one of height 1.
+    rng, g = rng_for(seed, "conv1d"), Graph("conv1d")
+    x = g.input("X", ["batch", 4, 20])
+    t = g.node("Conv", [x, g.init("W", conv_w(rng, 6, 4, 5)), g.init("B", vec(rng, 6))], pads=[2, 2], strides=[2])
+    g.node("Relu", [t], ["Y"])
+    g.output("Y", ["batch", 6, 10])
+    return g
+
+
 def build_vector_input(seed):
     # A 1-D A ([K]): MatMul's output is then [N] (ONNX promotes A to [1, K] and drops the 1).
     rng, g = rng_for(seed, "vector_input"), Graph("vector_input")
@@ -478,7 +510,7 @@ def generate(args):
                 "reshape_opset9_bad_k": lambda s: build_reshape_opset9(s, "reshape_opset9_bad_k"),
                 "constant_weights": build_constant_weights, "if_branches": build_if_branches,
                 "declined": build_declined, "vector_input": build_vector_input,
-                "loop_body": build_loop_body}
+                "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d}
     for name in names:
         if name in BIG_MODELS:
             if not args.big:

@@ -186,6 +186,16 @@ size_t count_lines(const std::string& err, const std::string& needle) {
 size_t ep_warnings(const std::string& err) { return count_lines(err, "WeightCache EP: "); }
 size_t library_warnings(const std::string& err) { return count_lines(err, "] weightcache: "); }
 
+// Lines of the provider's verbose log that leave a weight-bearing node to other providers.
+std::vector<std::string> declined_lines(const std::string& err) {
+  std::vector<std::string> v;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find("WeightCache EP: left to other providers: ") != std::string::npos) v.push_back(line);
+  return v;
+}
+
 class OrtEp : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -268,6 +278,65 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpF32,
                            return n;
                          });
 
+// Convolutions (XNNPACK only): a CNN with padding modes, groups, depthwise, dilation, stride, a
+// pointwise and a 2 x 2 SAME_LOWER kernel, and a 1-D convolution.
+struct ConvCase {
+  const char* file;
+  uint64_t nodes, weights;
+};
+const ConvCase kConv[] = {{"cnn.onnx", 6, 5}, {"conv1d.onnx", 2, 1}};
+void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.file; }
+
+class OrtEpConv : public OrtEp, public ::testing::WithParamInterface<std::tuple<ConvCase, int>> {};
+
+TEST_P(OrtEpConv, ColdMatchesCpuWarmPacksNothingAndIsBitIdentical) {
+  const auto& [c, threads] = GetParam();
+  const std::string model = models(c.file), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const std::vector<std::string> opt{"--option", "threads=" + std::to_string(threads)};
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), opt));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "nodes"), c.nodes) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weights"), c.weights) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "packed"), c.weights) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "heap_weights"), 0u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_seen"), c.weights) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), c.weights) << cold.out;
+  EXPECT_EQ(ep_warnings(cold.err), 0u) << cold.err;
+  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin"), opt));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "from_cache"), c.weights) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin"))) << "the warm process computed other outputs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, OrtEpConv, ::testing::Combine(::testing::ValuesIn(kConv), ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           std::string n = std::string(std::get<0>(info.param).file) + "_threads" +
+                                           std::to_string(std::get<1>(info.param));
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+// The built-in kernels compute no convolution: each is left to ORT's CPU provider, and says so.
+TEST_F(OrtEp, TheBuiltInKernelsLeaveConvolutionsAndSaySo) {
+  const std::string model = models("cnn.onnx");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun r =
+      host(dir_, ep_args(model, f("c.wcache"), f("ep.bin"), {"--option", "kernels=builtin", "--log-level", "verbose"}));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  EXPECT_EQ(stat_of(r.j, "weight_nodes_seen"), 5u) << r.out;
+  EXPECT_EQ(stat_of(r.j, "weight_nodes_taken"), 0u) << r.out;
+  const auto lines = declined_lines(r.err);
+  EXPECT_EQ(lines.size(), 5u) << r.err;
+  for (const auto& l : lines) EXPECT_NE(l.find("convolutions need XNNPACK"), std::string::npos) << l;
+  EXPECT_EQ(slurp(f("ep.bin")), slurp(f("cpu.bin")));  // all of it on the CPU provider
+}
+
 class OrtEpNbits : public OrtEp, public ::testing::WithParamInterface<const char*> {};
 
 // 4-bit weights with activations quantized per row to int8 (XNNPACK's qd8) differ from ORT's CPU
@@ -303,16 +372,6 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpNbits, ::testing::Values("matmulnbits.onnx
                          });
 
 // ---- what the provider leaves to others -------------------------------------------------------------
-
-// Lines of the provider's verbose log that leave a weight-bearing node to other providers.
-std::vector<std::string> declined_lines(const std::string& err) {
-  std::vector<std::string> v;
-  std::istringstream in(err);
-  std::string line;
-  while (std::getline(in, line))
-    if (line.find("WeightCache EP: left to other providers: ") != std::string::npos) v.push_back(line);
-  return v;
-}
 
 TEST_F(OrtEp, SaysAtTheVerboseLevelWhichWeightBearingNodesItLeavesAndWhy) {
   const std::string model = models("declined.onnx");

@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <cstdint>
 #include <limits>
+#include <mutex>
 
 #ifdef WEIGHTCACHE_ORT_EP_XNNPACK
 #include <pthreadpool.h>
@@ -166,6 +168,15 @@ void parallel_for(void* threadpool, std::size_t count, const std::function<void(
     if (e) std::rethrow_exception(e);
 }
 
+bool conv_output_size(const ConvSpec& s, std::size_t h, std::size_t w, std::size_t* oh, std::size_t* ow) noexcept {
+  const std::size_t eh = (s.kh - 1) * s.dh + 1, ew = (s.kw - 1) * s.dw + 1;
+  const std::size_t ph = h + s.pad_top + s.pad_bottom, pw = w + s.pad_left + s.pad_right;
+  if (h == 0 || w == 0 || ph < eh || pw < ew) return false;
+  *oh = (ph - eh) / s.sh + 1;
+  *ow = (pw - ew) / s.sw + 1;
+  return true;
+}
+
 // ---- XNNPACK -------------------------------------------------------------------------------------
 
 #ifdef WEIGHTCACHE_ORT_EP_XNNPACK
@@ -256,30 +267,30 @@ class XnnLinear final : public Linear {
   void run(const float* a, std::size_t m, float* y) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!quantized_) {
-      check_xnn(xnn_reshape_fully_connected_nc_f32(fc.op, m, pool_), "reshape");
-      check_xnn(xnn_setup_fully_connected_nc_f32(fc.op, a, y), "setup");
-      check_xnn(xnn_run_operator(fc.op, pool_), "run");
+      check_xnn(xnn_reshape_fully_connected_nc_f32(fc.op, m, pool_), "fully-connected reshape");
+      check_xnn(xnn_setup_fully_connected_nc_f32(fc.op, a, y), "fully-connected setup");
+      check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
     } else {
       // Activations are quantized per row to int8 (XNNPACK's qd8), as its subgraph runtime does.
       q_.resize(m * k_ + XNN_EXTRA_BYTES);
       params_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
       row_sum_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
-      check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "reshape convert");
-      check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "setup convert");
-      check_xnn(xnn_run_operator(convert.op, pool_), "run convert");
+      check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "fully-connected reshape convert");
+      check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "fully-connected setup convert");
+      check_xnn(xnn_run_operator(convert.op, pool_), "fully-connected run convert");
       std::size_t workspace = 0;
-      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "reshape");
+      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "fully-connected reshape");
       workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
       check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
-                "setup");
-      check_xnn(xnn_run_operator(fc.op, pool_), "run");
+                "fully-connected setup");
+      check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
     }
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
   }
 
   static void check_xnn(xnn_status st, const char* what) {
     if (st != xnn_status_success)
-      throw OrtError{ORT_FAIL, std::string("XNNPACK fully-connected ") + what + " failed (xnn_status " +
+      throw OrtError{ORT_FAIL, std::string("XNNPACK ") + what + " failed (xnn_status " +
                                    std::to_string(static_cast<int>(st)) + ")"};
   }
 
@@ -306,7 +317,135 @@ xnn_status create_fc(const LinearSpec& s, const std::uint16_t* scales_bf16, cons
                                                     scales_bf16, s.weights, bias, lo, hi, 0, cache, op);
 }
 
+class XnnConv final : public Conv2d {
+ public:
+  XnnConv(const ConvSpec& s, pthreadpool_t pool, bool relu_fused)
+      : cin_(s.groups * s.group_in), cout_(s.groups * s.group_out), spec_(s), activation_(s.activation),
+        relu_fused_(relu_fused), pool_(pool) {
+    spec_.weights = nullptr;  // only creation reads them
+  }
+
+  XnnOp conv;
+  std::unique_ptr<ForwardingProvider> provider;
+
+  void run(const float* x, std::size_t n, std::size_t h, std::size_t w, float* y) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t oh = 0, ow = 0;
+    if (!conv_output_size(spec_, h, w, &oh, &ow)) throw OrtError{ORT_INVALID_ARGUMENT, "the convolution has no output for this input size"};
+    // ONNX is NCHW, XNNPACK's convolution NHWC: the input is transposed in, the output back out.
+    in_.resize(n * h * w * cin_ + XNN_EXTRA_BYTES / sizeof(float));
+    for (std::size_t b = 0; b < n; ++b)
+      for (std::size_t c = 0; c < cin_; ++c) {
+        const float* src = x + (b * cin_ + c) * h * w;
+        float* dst = in_.data() + b * h * w * cin_ + c;
+        for (std::size_t i = 0; i < h * w; ++i) dst[i * cin_] = src[i];
+      }
+    std::size_t workspace = 0, rh = 0, rw = 0;
+    XnnLinear::check_xnn(xnn_reshape_convolution2d_nhwc_f32(conv.op, n, h, w, &workspace, &rh, &rw, pool_), "convolution reshape");
+    if (rh != oh || rw != ow) throw OrtError{ORT_FAIL, "XNNPACK's convolution output size differs from ONNX's"};
+    workspace_.resize(workspace / sizeof(std::uint64_t) + 8);
+    out_.resize(n * oh * ow * cout_);
+    XnnLinear::check_xnn(xnn_setup_convolution2d_nhwc_f32(conv.op, workspace ? aligned_workspace() : nullptr, in_.data(), out_.data()),
+                         "convolution setup");
+    XnnLinear::check_xnn(xnn_run_operator(conv.op, pool_), "convolution run");
+    for (std::size_t b = 0; b < n; ++b)
+      for (std::size_t c = 0; c < cout_; ++c) {
+        const float* src = out_.data() + b * oh * ow * cout_ + c;
+        float* dst = y + (b * cout_ + c) * oh * ow;
+        for (std::size_t i = 0; i < oh * ow; ++i) dst[i] = src[i * cout_];
+      }
+    apply_epilogue(y, n * cout_ * oh * ow, 1.0f, activation_, relu_fused_);
+  }
+
+ private:
+  void* aligned_workspace() {
+    auto p = reinterpret_cast<std::uintptr_t>(workspace_.data());
+    return reinterpret_cast<void*>((p + 63) & ~std::uintptr_t{63});
+  }
+  std::size_t cin_, cout_;
+  ConvSpec spec_;
+  Activation activation_;
+  bool relu_fused_;
+  pthreadpool_t pool_;
+  std::mutex mu_;
+  std::vector<float> in_, out_;
+  std::vector<std::uint64_t> workspace_;
+};
+
+xnn_status create_conv(const ConvSpec& s, const float* kernel, const float* bias, float lo, float hi,
+                       xnn_weights_cache_t cache, xnn_operator_t* op) {
+  return xnn_create_convolution2d_nhwc_f32(
+      static_cast<std::uint32_t>(s.pad_top), static_cast<std::uint32_t>(s.pad_right),
+      static_cast<std::uint32_t>(s.pad_bottom), static_cast<std::uint32_t>(s.pad_left),
+      static_cast<std::uint32_t>(s.kh), static_cast<std::uint32_t>(s.kw), static_cast<std::uint32_t>(s.sh),
+      static_cast<std::uint32_t>(s.sw), static_cast<std::uint32_t>(s.dh), static_cast<std::uint32_t>(s.dw),
+      static_cast<std::uint32_t>(s.groups), s.group_in, s.group_out, s.groups * s.group_in, s.groups * s.group_out,
+      kernel, bias, lo, hi, 0, cache, op);
+}
+
 }  // namespace
+
+std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec& s, const PackTarget& t, CreateReport* report) {
+  if (!xnn_ready()) throw OrtError{ORT_FAIL, "XNNPACK could not be initialized on this CPU"};
+  const bool relu_fused = s.activation == Activation::relu;
+  const float lo = relu_fused ? 0.0f : -std::numeric_limits<float>::infinity();
+  const float hi = std::numeric_limits<float>::infinity();
+  const float* bias = s.bias.empty() ? nullptr : s.bias.data();
+  auto layer = std::make_unique<XnnConv>(s, static_cast<pthreadpool_t>(t.threadpool), relu_fused);
+  // XNNPACK takes the kernel as [groups][group_out][kh][kw][group_in] (OHWI), ONNX gives
+  // [groups * group_out][group_in][kh][kw] (OIHW): the same bytes where group_in or kh x kw is 1
+  // (depthwise, pointwise), otherwise transposed, and only when packing needs them.
+  std::vector<float> ohwi;
+  const auto kernel = [&]() -> const float* {
+    if (s.group_in == 1 || s.kh * s.kw == 1) return s.weights;
+    if (ohwi.empty()) {
+      const std::size_t outs = s.groups * s.group_out, hw = s.kh * s.kw;
+      ohwi.resize(outs * hw * s.group_in);
+      for (std::size_t o = 0; o < outs; ++o)
+        for (std::size_t i = 0; i < s.group_in; ++i)
+          for (std::size_t k = 0; k < hw; ++k) ohwi[(o * hw + k) * s.group_in + i] = s.weights[(o * s.group_in + i) * hw + k];
+    }
+    return ohwi.data();
+  };
+  const auto drop_op = [&] {
+    if (layer->conv.op != nullptr) xnn_delete_operator(layer->conv.op);
+    layer->conv.op = nullptr;
+  };
+  xnn_status st = xnn_status_invalid_state;
+  if (t.use_cache && t.adapter != nullptr) {
+    layer->provider = std::make_unique<ForwardingProvider>(
+        static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(t.adapter)));
+    // Keys are names, never addresses (see create_xnnpack). A hit needs none of the kernel's bytes:
+    // first ONNX's weights, named, with no packing allowed; only a miss transposes them.
+    const bool bias_named = bias == nullptr || wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
+    if (bias_named && wc_xnn_adapter_name_buffer(t.adapter, s.weights, s.weights_name.c_str()) == WC_OK) {
+      t_hit_only = true;
+      st = create_conv(s, s.weights, bias, lo, hi, layer->provider->get(), &layer->conv.op);
+      t_hit_only = false;
+      (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
+      if (st != xnn_status_success) {
+        drop_op();
+        const float* k = kernel();
+        if (wc_xnn_adapter_name_buffer(t.adapter, k, s.weights_name.c_str()) == WC_OK) {
+          st = create_conv(s, k, bias, lo, hi, layer->provider->get(), &layer->conv.op);
+          if (st != xnn_status_success) report->why = wc_last_error();
+          (void)wc_xnn_adapter_name_buffer(t.adapter, k, nullptr);
+        }
+      }
+    }
+    if (bias != nullptr) (void)wc_xnn_adapter_name_buffer(t.adapter, bias, nullptr);
+    report->packed = layer->provider->reservations > 0;
+    report->bytes = layer->provider->reserved_bytes;
+  }
+  if (st != xnn_status_success) {
+    drop_op();
+    layer->provider.reset();
+    XnnLinear::check_xnn(create_conv(s, kernel(), bias, lo, hi, nullptr, &layer->conv.op), "convolution create");
+    report->packed = true;
+    report->in_heap = true;
+  }
+  return layer;
+}
 
 bool have_xnnpack() noexcept { return xnn_ready(); }
 
@@ -398,11 +537,11 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     real_scales();
     st = create_fc(s, scales.data(), bias, lo, hi, nullptr, &layer->fc.op);
     if (st != xnn_status_success && nbits) return dequantized(s, t, report);
-    XnnLinear::check_xnn(st, "create");
+    XnnLinear::check_xnn(st, "fully-connected create");
     report->packed = true;
     report->in_heap = true;
   }
-  if (nbits) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "create convert");
+  if (nbits) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "fully-connected create convert");
   return layer;
 }
 
@@ -412,6 +551,9 @@ bool have_xnnpack() noexcept { return false; }
 std::string xnnpack_build_id() { return {}; }
 bool nbits_supported(std::size_t, std::size_t, std::size_t) noexcept { return false; }
 std::unique_ptr<Linear> create_xnnpack(const LinearSpec&, const PackTarget&, CreateReport*) {
+  throw OrtError{ORT_NOT_IMPLEMENTED, "this build of the provider has no XNNPACK"};
+}
+std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec&, const PackTarget&, CreateReport*) {
   throw OrtError{ORT_NOT_IMPLEMENTED, "this build of the provider has no XNNPACK"};
 }
 

@@ -86,6 +86,35 @@ std::string xnnpack_build_id();
 /// Whether XNNPACK accepts this 4-bit layer (block size, scales finite and positive).
 bool nbits_supported(std::size_t k, std::size_t n, std::size_t block_size) noexcept;
 
+/// One 2-D convolution (ONNX Conv, NCHW; a 1-D one as height 1) and its epilogue.
+struct ConvSpec {
+  std::size_t groups = 1, group_in = 0, group_out = 0;  // channels per group, in and out
+  std::size_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
+  std::size_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  // ONNX's weights, [groups * group_out, group_in, kh, kw] (OIHW). Valid only while the kernel is
+  // created: read on a cache miss (transposed to XNNPACK's OHWI first), named on every create.
+  const float* weights = nullptr;
+  std::string weights_name;  // its identity and the geometry: what the packed bytes are keyed by
+  std::vector<float> bias;   // groups * group_out values, or empty
+  std::string bias_name;
+  Activation activation = Activation::none;
+};
+
+/// A created convolution. run() may be called from several threads; calls are serialized.
+class Conv2d {
+ public:
+  virtual ~Conv2d() = default;
+  /// y[n x C_out x oh x ow] = epilogue(conv(x[n x C_in x h x w])), both NCHW; oh and ow are
+  /// output_size()'s.
+  virtual void run(const float* x, std::size_t n, std::size_t h, std::size_t w, float* y) = 0;
+};
+
+/// The output height and width of a convolution on an h x w input; false if it has none.
+bool conv_output_size(const ConvSpec& s, std::size_t h, std::size_t w, std::size_t* oh, std::size_t* ow) noexcept;
+
+/// Creates the convolution (XNNPACK builds only), packing (or finding) its weights.
+std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec& spec, const PackTarget& target, CreateReport* report);
+
 /// Creates the layer, packing (or finding) its weights. Throws OrtError with a message when
 /// neither the cache nor a heap fallback can make it.
 std::unique_ptr<Linear> create_xnnpack(const LinearSpec& spec, const PackTarget& target, CreateReport* report);

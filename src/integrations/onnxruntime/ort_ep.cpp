@@ -224,6 +224,9 @@ class Factory;
 
 struct Layer {
   std::unique_ptr<Linear> linear;
+  std::unique_ptr<Conv2d> conv;  // a convolution instead of a linear layer
+  ConvSpec geometry;             // conv: its shape (no weights)
+  std::size_t conv_rank = 0;     // conv: 4, or 3 for a 1-D convolution
   std::size_t k = 0, n = 0;
   std::size_t input_index = 0;  // of the activation among the fused node's inputs
   bool gemm = false;            // A must be 2-D
@@ -478,6 +481,22 @@ std::optional<std::string> string_attr(const OrtNode* node, const char* name) {
   return v;
 }
 
+// An attribute of integers, or nullopt when absent or of another type.
+std::optional<std::vector<std::int64_t>> ints_attr(const OrtNode* node, const char* name) {
+  const OrtOpAttr* attr = attribute(node, name);
+  if (attr == nullptr) return std::nullopt;
+  std::size_t size = 0;
+  take_message(api().ort->ReadOpAttr(attr, ORT_OP_ATTR_INTS, nullptr, 0, &size));  // reports the size needed
+  std::vector<std::int64_t> v(size / sizeof(std::int64_t));
+  if (OrtStatus* r = api().ort->ReadOpAttr(attr, ORT_OP_ATTR_INTS, v.data(), v.size() * sizeof(std::int64_t), &size);
+      r != nullptr) {
+    take_message(r);
+    return std::nullopt;
+  }
+  v.resize(std::min(v.size(), size / sizeof(std::int64_t)));
+  return v;
+}
+
 std::int64_t numel(const std::vector<std::int64_t>& dims) {
   std::int64_t n = 1;
   for (auto d : dims) {
@@ -527,7 +546,7 @@ bool scaled_bias_finite(const OrtValueInfo* vi, float scale, float alpha) {
 
 // ---- the layers the provider claims ---------------------------------------------------------------
 
-enum class Core { matmul, gemm, nbits };
+enum class Core { matmul, gemm, nbits, conv };
 
 // One claimed layer, as found by GetCapability (and again by Compile on its own graph).
 struct Plan {
@@ -539,6 +558,8 @@ struct Plan {
   std::int64_t k = 0, n = 0;
   std::size_t out_rank = 0;  // rank of the layer's output (the activation's)
   std::int64_t block_size = 0;  // nbits: K per block scale
+  ConvSpec conv;                // conv: the geometry (weights, names and bias come at Compile)
+  std::size_t conv_rank = 0;    // conv: 4 (2-D) or 3 (1-D, run as height 1)
   std::vector<const OrtNode*> nodes() const {
     std::vector<const OrtNode*> v{core_node};
     if (add_node) v.push_back(add_node);
@@ -674,8 +695,78 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
     p.n = *n;
     return p;
   }
+  if (t == "Conv" && d.empty() && (in.size() == 2 || in.size() == 3)) {
+    if (!nbits_ok) return decline("convolutions need XNNPACK (kernels=xnnpack)");
+    const TensorInfo x = tensor_info(in[0]), w = tensor_info(in[1]);
+    if (!is_f32(x)) return decline("X is not float32");
+    if (!is_constant(in[1]) || !is_f32(w)) return decline("W is not a constant float32 initializer");
+    const std::size_t rank = w.dims.size();
+    if (rank != 4 && rank != 3) return decline("only 1-D and 2-D convolutions are computed (W " + dims_text(w) + ")");
+    if (x.rank_known && x.dims.size() != rank) return decline("X's rank is not W's " + dims_text(x));
+    const std::int64_t group = int_attr(node, "group").value_or(1);
+    const std::int64_t m = w.dims[0], gi = w.dims[1], kh = rank == 4 ? w.dims[2] : 1, kw = w.dims[rank - 1];
+    if (group <= 0 || m <= 0 || gi <= 0 || kh <= 0 || kw <= 0 || m % group != 0)
+      return decline("W's shape " + dims_text(w) + " does not fit group " + std::to_string(group));
+    if (x.rank_known && x.dims[1] >= 0 && x.dims[1] != gi * group)
+      return decline("X has " + std::to_string(x.dims[1]) + " channels, W takes " + std::to_string(gi * group));
+    const std::size_t spatial = rank - 2;
+    const auto ones = std::vector<std::int64_t>(spatial, 1);
+    const auto strides = ints_attr(node, "strides").value_or(ones);
+    const auto dilations = ints_attr(node, "dilations").value_or(ones);
+    auto pads = ints_attr(node, "pads").value_or(std::vector<std::int64_t>(2 * spatial, 0));
+    if (const auto ks = ints_attr(node, "kernel_shape"); ks && (ks->size() != spatial || ks->back() != kw || (spatial == 2 && (*ks)[0] != kh)))
+      return decline("kernel_shape disagrees with W " + dims_text(w));
+    if (strides.size() != spatial || dilations.size() != spatial || pads.size() != 2 * spatial)
+      return decline("strides, dilations or pads do not have one value per spatial dimension");
+    for (std::size_t i = 0; i < spatial; ++i)
+      if (strides[i] <= 0 || dilations[i] <= 0 || pads[i] < 0 || pads[i + spatial] < 0 || strides[i] > 65535 ||
+          dilations[i] > 65535 || pads[i] > 65535 || pads[i + spatial] > 65535)
+        return decline("a stride, dilation or pad is out of range");
+    const std::string auto_pad = string_attr(node, "auto_pad").value_or("NOTSET");
+    if (auto_pad == "VALID") {
+      std::fill(pads.begin(), pads.end(), 0);
+    } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      // The pads follow from the input's size: computed here where the graph gives it.
+      for (std::size_t i = 0; i < spatial; ++i) {
+        const std::int64_t size = x.rank_known ? x.dims[2 + i] : -1;
+        if (size <= 0) return decline("auto_pad " + auto_pad + " on an input whose size the graph does not give");
+        const std::int64_t k = i == spatial - 1 ? kw : kh;
+        const std::int64_t out = (size + strides[i] - 1) / strides[i];
+        const std::int64_t total = std::max<std::int64_t>(0, (out - 1) * strides[i] + (k - 1) * dilations[i] + 1 - size);
+        const std::int64_t small = total / 2, large = total - small;
+        pads[i] = auto_pad == "SAME_UPPER" ? small : large;
+        pads[i + spatial] = auto_pad == "SAME_UPPER" ? large : small;
+      }
+    } else if (auto_pad != "NOTSET") {
+      return decline("unknown auto_pad " + auto_pad);
+    }
+    if (in.size() == 3 && in[2] != nullptr) {
+      const TensorInfo bt = tensor_info(in[2]);
+      if (!is_constant(in[2]) || !is_f32(bt) || numel(bt.dims) != m) return decline("B is not a constant of M values");
+    }
+    ConvSpec& c = p.conv;
+    c.groups = static_cast<std::size_t>(group);
+    c.group_in = static_cast<std::size_t>(gi);
+    c.group_out = static_cast<std::size_t>(m / group);
+    c.kh = static_cast<std::size_t>(kh);
+    c.kw = static_cast<std::size_t>(kw);
+    c.sh = spatial == 2 ? static_cast<std::size_t>(strides[0]) : 1;
+    c.sw = static_cast<std::size_t>(strides.back());
+    c.dh = spatial == 2 ? static_cast<std::size_t>(dilations[0]) : 1;
+    c.dw = static_cast<std::size_t>(dilations.back());
+    c.pad_top = spatial == 2 ? static_cast<std::size_t>(pads[0]) : 0;
+    c.pad_left = static_cast<std::size_t>(pads[spatial - 1]);
+    c.pad_bottom = spatial == 2 ? static_cast<std::size_t>(pads[2]) : 0;
+    c.pad_right = static_cast<std::size_t>(pads[2 * spatial - 1]);
+    p.core = Core::conv;
+    p.conv_rank = rank;
+    p.out_rank = rank;
+    p.k = gi * group;
+    p.n = m;
+    return p;
+  }
   if (t == "Conv" || t == "ConvTranspose" || t == "QLinearConv" || t == "ConvInteger" || t == "FusedConv")
-    return decline("convolutions are not computed by this provider yet");
+    return decline("only float32 Conv is computed (not " + t + ")");
   if (t == "MatMulInteger" || t == "DynamicQuantizeMatMul" || t == "QLinearMatMul" || t == "MatMulIntegerToFloat" ||
       t == "QGemm")
     return decline("8-bit quantized matrix products are not computed by this provider yet");
@@ -692,6 +783,8 @@ void fuse_epilogue(Plan& p) {
   } else if (p.core == Core::nbits) {
     const auto in = node_inputs(p.core_node);
     has_bias = in.size() > 5 && in[5] != nullptr;
+  } else if (p.core == Core::conv) {
+    has_bias = true;  // a convolution's bias is its own input; a following Add broadcasts otherwise
   }
   if (const OrtNode* next = sole_consumer(cur); next != nullptr && !has_bias) {
     if (op_type(next) == "Add" && domain(next).empty()) {
@@ -874,6 +967,33 @@ OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelCo
     if (s == nullptr) s = api().ort->GetDimensions(tsi, dims.data(), rank);
     api().ort->ReleaseTensorTypeAndShapeInfo(tsi);
     check(s, "input shape");
+    if (layer->conv) {
+      const ConvSpec& c = layer->geometry;
+      std::size_t oh = 0, ow = 0;
+      const bool fits = rank == layer->conv_rank && dims[1] == static_cast<std::int64_t>(layer->k) && dims[0] >= 0 &&
+                        conv_output_size(c, rank == 4 ? static_cast<std::size_t>(dims[2]) : 1,
+                                         static_cast<std::size_t>(dims[rank - 1]), &oh, &ow);
+      if (!fits) {
+        std::string shape;
+        for (std::size_t i = 0; i < rank; ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
+        throw OrtError{ORT_INVALID_ARGUMENT, "input of shape [" + shape + "] does not fit a convolution of " +
+                                                  std::to_string(layer->k) + " channels"};
+      }
+      const std::size_t batch = static_cast<std::size_t>(dims[0]);
+      std::vector<std::int64_t> out_dims{dims[0], static_cast<std::int64_t>(layer->n)};
+      if (rank == 4) out_dims.push_back(static_cast<std::int64_t>(oh));
+      out_dims.push_back(static_cast<std::int64_t>(ow));
+      OrtValue* output = nullptr;
+      check(api().ort->KernelContext_GetOutput(ctx, 0, out_dims.data(), out_dims.size(), &output), "output");
+      const void* x = nullptr;
+      void* y = nullptr;
+      check(api().ort->GetTensorData(input, &x), "input data");
+      check(api().ort->GetTensorMutableData(output, &y), "output data");
+      if (batch != 0)
+        layer->conv->run(static_cast<const float*>(x), batch, rank == 4 ? static_cast<std::size_t>(dims[2]) : 1,
+                         static_cast<std::size_t>(dims[rank - 1]), static_cast<float*>(y));
+      return nullptr;
+    }
     // The graph may not have said A's rank or K (exporters' Reshapes): what arrives is checked
     // here, and a misfit fails the run with an error instead of reading past A.
     if (rank < 1 || (layer->gemm && rank != 2) || dims.back() != static_cast<std::int64_t>(layer->k)) {
@@ -1062,6 +1182,8 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     bool recorded = false;
     CreateReport report;
     std::unique_ptr<Linear> linear;
+    ConvSpec conv_spec;  // a convolution's (plan->core == Core::conv)
+    std::unique_ptr<Conv2d> conv;
   };
   std::vector<Job> jobs(count);
   std::uint64_t nodes_claimed = 0;
@@ -1078,7 +1200,12 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     job.w = read_weight(in[1], dir);
     spec.weights = job.w.source.data;
     const OrtValueInfo* bias_vi = nullptr;
-    if (plan->core == Core::matmul) {
+    if (plan->core == Core::conv) {
+      job.conv_spec = plan->conv;
+      job.conv_spec.weights = static_cast<const float*>(job.w.source.data);
+      job.conv_spec.activation = plan->activation;
+      if (in.size() == 3 && in[2] != nullptr) bias_vi = in[2];
+    } else if (plan->core == Core::matmul) {
       spec.weights_kn = true;
     } else if (plan->core == Core::gemm) {
       spec.weights_kn = int_attr(plan->core_node, "transB").value_or(0) == 0;
@@ -1118,6 +1245,22 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     Job& job = jobs[g];
     LinearSpec& spec = job.spec;
     job.recorded = identify(job.w, cache_->cache, options_.identity_window_ms);
+    if (job.plan->core == Core::conv) {
+      // The packed bytes depend on the geometry as well as on the weights: all of it is in the name.
+      const ConvSpec& c = job.conv_spec;
+      char geometry[192];
+      std::snprintf(geometry, sizeof geometry, "w|f32conv|g%zu|%zux%zu|k%zux%zu|s%zux%zu|d%zux%zu|p%zu,%zu,%zu,%zu|",
+                    c.groups, c.group_in, c.group_out, c.kh, c.kw, c.sh, c.sw, c.dh, c.dw, c.pad_top, c.pad_left,
+                    c.pad_bottom, c.pad_right);
+      job.conv_spec.weights_name = geometry + job.w.identity;
+      if (job.has_bias) {
+        job.recorded = identify(job.bias, cache_->cache, options_.identity_window_ms) || job.recorded;
+        const auto* b = static_cast<const float*>(job.bias.source.data);
+        job.conv_spec.bias.assign(b, b + job.bias.source.bytes / sizeof(float));
+        job.conv_spec.bias_name = "b|" + job.bias.identity;
+      }
+      return;
+    }
     spec.weights_name = std::string(spec.kind == LinearSpec::Kind::nbits4 ? "w|nbits4|" : "w|f32|") + job.w.identity;
     if (spec.kind == LinearSpec::Kind::nbits4) {
       job.recorded = identify(job.scales, cache_->cache, options_.identity_window_ms) || job.recorded;
@@ -1147,6 +1290,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
   // one address (an initializer two layers share) must then carry one name.
   std::vector<std::pair<const void*, const std::string*>> names;
   for (const Job& job : jobs) {
+    if (job.plan->core == Core::conv) continue;  // a convolution names its own buffers, on this thread
     names.emplace_back(job.spec.weights, &job.spec.weights_name);
     if (!job.spec.bias.empty()) names.emplace_back(job.spec.bias.data(), &job.spec.bias_name);
   }
@@ -1169,21 +1313,30 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     job.linear = options_.use_xnnpack ? create_xnnpack(job.spec, target, &job.report)
                                       : create_builtin(job.spec, target, &job.report);
   };
+  const auto is_conv = [&](std::size_t g) { return jobs[g].plan->core == Core::conv; };
   try {
     if (bound) {
       // Layers over the same weights (one initializer, or equal bytes) are created one after the
       // other on one thread: the first packs, the others find its entry. Created at once, each
       // would miss and pack its own copy.
       std::map<std::string, std::vector<std::size_t>> by_weight;
-      for (std::size_t g = 0; g < count; ++g) by_weight[jobs[g].spec.weights_name].push_back(g);
+      for (std::size_t g = 0; g < count; ++g)
+        if (!is_conv(g)) by_weight[jobs[g].spec.weights_name].push_back(g);
       std::vector<const std::vector<std::size_t>*> groups;
       for (const auto& [name, members] : by_weight) groups.push_back(&members);
       parallel_for(pool_, groups.size(), [&](std::size_t i) {
         for (std::size_t g : *groups[i]) create(g);
       });
     } else {
-      for (std::size_t g = 0; g < count; ++g) create(g);
+      for (std::size_t g = 0; g < count; ++g)
+        if (!is_conv(g)) create(g);
     }
+    // Convolutions one after the other on this thread: each names its own buffers while it is
+    // created (a kernel it transposes lives only that long).
+    PackTarget conv_target = target;
+    conv_target.names_bound = false;
+    for (std::size_t g = 0; g < count; ++g)
+      if (is_conv(g)) jobs[g].conv = create_xnnpack_conv(jobs[g].conv_spec, conv_target, &jobs[g].report);
   } catch (...) {
     if (together)
       for (const auto& [address, name] : names) (void)wc_xnn_adapter_name_buffer(adapter_, address, nullptr);
@@ -1210,6 +1363,13 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     if (!report.why.empty() && why.empty()) why = report.why;
     auto layer = std::make_shared<Layer>();
     layer->linear = std::move(job.linear);
+    layer->conv = std::move(job.conv);
+    if (layer->conv) {
+      layer->geometry = job.conv_spec;
+      layer->geometry.weights = nullptr;
+      layer->geometry.bias.clear();
+      layer->conv_rank = job.plan->conv_rank;
+    }
     layer->k = job.spec.k;
     layer->n = job.spec.n;
     layer->gemm = job.plan->core == Core::gemm;
