@@ -46,7 +46,7 @@ DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
-          "loop_body", "cnn", "conv1d"]
+          "loop_body", "cnn", "conv1d", "dq_mlp"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 
 
@@ -375,6 +375,31 @@ def build_conv1d(seed):
     return g
 
 
+def quantize_int8(rng, k, n, per_column):
+    w = dense(rng, k, n)
+    scale = (np.abs(w).max(axis=0) if per_column else np.abs(w).max()) / 127.0
+    q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    return q, np.asarray(scale, dtype=np.float32)
+
+
+def build_dq_mlp(seed):
+    # A dynamically quantized MLP as onnxruntime's quantize_dynamic writes it for CPUs: int8
+    # weights, one scale per tensor (first layer) or per column with zero points of 0 (second).
+    rng, g = rng_for(seed, "dq_mlp"), Graph("dq_mlp")
+    d, h = 64, 96
+    x = g.input("X", ["batch", "seq", d])
+    q1, s1 = quantize_int8(rng, d, h, False)
+    t = g.node("DynamicQuantizeMatMul", [x, g.init("B1", q1), g.init("s1", s1), "", g.init("b1", vec(rng, h))],
+               domain=MS_DOMAIN)
+    t = g.node("Relu", [t])
+    q2, s2 = quantize_int8(rng, h, d, True)
+    t = g.node("DynamicQuantizeMatMul", [t, g.init("B2", q2), g.init("s2", s2), g.init("z2", np.zeros(d, np.int8))],
+               domain=MS_DOMAIN)
+    g.node("Add", [t, g.init("b2", vec(rng, d))], ["Y"])
+    g.output("Y", ["batch", "seq", d])
+    return g
+
+
 def build_vector_input(seed):
     # A 1-D A ([K]): MatMul's output is then [N] (ONNX promotes A to [1, K] and drops the 1).
     rng, g = rng_for(seed, "vector_input"), Graph("vector_input")
@@ -510,7 +535,8 @@ def generate(args):
                 "reshape_opset9_bad_k": lambda s: build_reshape_opset9(s, "reshape_opset9_bad_k"),
                 "constant_weights": build_constant_weights, "if_branches": build_if_branches,
                 "declined": build_declined, "vector_input": build_vector_input,
-                "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d}
+                "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d,
+                "dq_mlp": build_dq_mlp}
     for name in names:
         if name in BIG_MODELS:
             if not args.big:
@@ -575,6 +601,15 @@ def evaluate(model, feeds):
             r = a.get("alpha", 1.0) * (A @ B)
             if len(i) > 2:
                 r = r + a.get("beta", 1.0) * i[2]
+        elif n.op_type == "DynamicQuantizeMatMul":
+            # The ideal the quantized product approximates: A unquantized, B dequantized exactly.
+            names = list(n.input)
+            b = env[names[1]].astype(np.float64)
+            if len(names) > 3 and names[3]:
+                b = b - env[names[3]].astype(np.float64)
+            r = np.matmul(i[0], b * env[names[2]].astype(np.float64))
+            if len(names) > 4 and names[4]:
+                r = r + env[names[4]]
         elif n.op_type == "MatMulNBits":
             assert a["bits"] == 4 and len(i) == 3, "only 4-bit without zero points"
             w = dequantize_nbits(i[1], i[2].astype(np.float32), a["K"], a["N"], a["block_size"])

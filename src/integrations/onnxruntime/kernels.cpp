@@ -259,7 +259,7 @@ class XnnLinear final : public Linear {
  public:
   XnnLinear(const LinearSpec& s, pthreadpool_t pool, bool relu_fused)
       : k_(s.k), n_(s.n), alpha_(s.alpha), activation_(s.activation), relu_fused_(relu_fused),
-        quantized_(s.kind == LinearSpec::Kind::nbits4), pool_(pool) {}
+        quantized_(s.kind != LinearSpec::Kind::f32), qc8_(s.kind == LinearSpec::Kind::qc8), pool_(pool) {}
 
   XnnOp fc, convert;
   std::unique_ptr<ForwardingProvider> provider;  // the operator calls it at every reshape
@@ -279,10 +279,17 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "fully-connected setup convert");
       check_xnn(xnn_run_operator(convert.op, pool_), "fully-connected run convert");
       std::size_t workspace = 0;
-      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "fully-connected reshape");
-      workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
-      check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
-                "fully-connected setup");
+      if (qc8_) {
+        check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qc8w(fc.op, m, &workspace, pool_), "fully-connected reshape");
+        workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+        check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qc8w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+                  "fully-connected setup");
+      } else {
+        check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "fully-connected reshape");
+        workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+        check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+                  "fully-connected setup");
+      }
       check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
     }
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
@@ -298,7 +305,7 @@ class XnnLinear final : public Linear {
   std::size_t k_, n_;
   float alpha_;
   Activation activation_;
-  bool relu_fused_, quantized_;
+  bool relu_fused_, quantized_, qc8_;
   pthreadpool_t pool_;
   std::mutex mu_;  // an XNNPACK operator is reshaped, set up and run by one thread at a time
   std::vector<std::int8_t> q_;
@@ -313,6 +320,10 @@ xnn_status create_fc(const LinearSpec& s, const std::uint16_t* scales_bf16, cons
   if (s.kind == LinearSpec::Kind::f32)
     return xnn_create_fully_connected_nc_f32(s.k, s.n, s.k, s.n, static_cast<const float*>(s.weights), bias, lo, hi,
                                              s.weights_kn ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, cache, op);
+  if (s.kind == LinearSpec::Kind::qc8)
+    return xnn_create_fully_connected_nc_qd8_f32_qc8w(s.k, s.n, s.k, s.n, s.scales, static_cast<const std::int8_t*>(s.weights),
+                                                      bias, lo, hi, s.weights_kn ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, cache,
+                                                      op);
   return xnn_create_fully_connected_nc_qd8_f32_qb4w(s.k, s.n, s.k, s.n, s.block_size, /*kernel_zero_point=*/8,
                                                     scales_bf16, s.weights, bias, lo, hi, 0, cache, op);
 }
@@ -462,6 +473,18 @@ bool nbits_supported(std::size_t k, std::size_t n, std::size_t block_size) noexc
 // XNNPACK refused the 4-bit layer (its scales must be finite and positive in bf16): the layer runs
 // on the built-in f32 GEMM over the dequantized weights, keyed as such. Rare, so not fast.
 std::unique_ptr<Linear> dequantized(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
+  if (s.kind == LinearSpec::Kind::qc8) {  // K x N int8, a scale per column
+    std::vector<float> w(s.k * s.n);
+    const auto* q = static_cast<const std::int8_t*>(s.weights);
+    for (std::size_t kk = 0; kk < s.k; ++kk)
+      for (std::size_t col = 0; col < s.n; ++col) w[kk * s.n + col] = static_cast<float>(q[kk * s.n + col]) * s.scales[col];
+    LinearSpec f = s;
+    f.kind = LinearSpec::Kind::f32;
+    f.weights = w.data();
+    f.weights_kn = true;
+    f.weights_name = "dequantized|" + s.weights_name;
+    return create_builtin(f, t, report);
+  }
   std::vector<float> w(s.n * s.k);
   const auto* q = static_cast<const std::uint8_t*>(s.weights);
   const std::size_t blocks = s.k / s.block_size;
@@ -536,12 +559,13 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
     layer->provider.reset();
     real_scales();
     st = create_fc(s, scales.data(), bias, lo, hi, nullptr, &layer->fc.op);
-    if (st != xnn_status_success && nbits) return dequantized(s, t, report);
+    if (st != xnn_status_success && s.kind != LinearSpec::Kind::f32) return dequantized(s, t, report);
     XnnLinear::check_xnn(st, "fully-connected create");
     report->packed = true;
     report->in_heap = true;
   }
-  if (nbits) XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "fully-connected create convert");
+  if (s.kind != LinearSpec::Kind::f32)
+    XnnLinear::check_xnn(xnn_create_convert_nc_f32_qd8(0, &layer->convert.op), "fully-connected create convert");
   return layer;
 }
 

@@ -24,7 +24,7 @@ enum class Activation { none, relu, gelu };
 
 /// One layer's weights and epilogue, as GetCapability/Compile found them in the graph.
 struct LinearSpec {
-  enum class Kind { f32, nbits4 } kind = Kind::f32;
+  enum class Kind { f32, nbits4, qc8 } kind = Kind::f32;
   std::size_t k = 0, n = 0;
   // f32: the weights, K x N row-major when weights_kn (MatMul's B, Gemm's B with transB = 0),
   // else N x K. nbits4: MatMulNBits' B, N x K/2 bytes (element 2i in the low nibble).
@@ -32,6 +32,8 @@ struct LinearSpec {
   const void* weights = nullptr;
   bool weights_kn = true;
   std::string weights_name;  // the weight's identity (source_identity.hpp): what the packed bytes are keyed by
+  // qc8: DynamicQuantizeMatMul's B, K x N int8 (weights_kn), zero point 0, with N per-column
+  // scales in `scales` (a per-tensor scale repeated).
   // nbits4 only: the per-block scales (N x K/block_size, f32) and the block size.
   const float* scales = nullptr;
   std::size_t block_size = 0;

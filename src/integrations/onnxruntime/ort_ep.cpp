@@ -519,6 +519,26 @@ bool is_row_bias(const OrtValueInfo* vi, std::int64_t n) {
   return true;
 }
 
+// The bytes of a constant initializer (nullptr and 0 when ORT gives none).
+std::pair<const void*, std::size_t> constant_bytes(const OrtValueInfo* vi) {
+  const OrtValue* value = nullptr;
+  if (OrtStatus* s = api().ort->ValueInfo_GetInitializerValue(vi, &value); s != nullptr || value == nullptr) {
+    take_message(s);
+    return {nullptr, 0};
+  }
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  if (OrtStatus* s = api().ort->GetTensorData(value, &data); s != nullptr) {
+    take_message(s);
+    return {nullptr, 0};
+  }
+  if (OrtStatus* s = api().ort->GetTensorSizeInBytes(value, &bytes); s != nullptr) {
+    take_message(s);
+    return {nullptr, 0};
+  }
+  return {data, bytes};
+}
+
 // Whether every beta / alpha * C value is finite (C a small constant row, read here).
 bool scaled_bias_finite(const OrtValueInfo* vi, float scale, float alpha) {
   if (!std::isfinite(scale)) return false;
@@ -546,7 +566,7 @@ bool scaled_bias_finite(const OrtValueInfo* vi, float scale, float alpha) {
 
 // ---- the layers the provider claims ---------------------------------------------------------------
 
-enum class Core { matmul, gemm, nbits, conv };
+enum class Core { matmul, gemm, nbits, conv, qc8 };
 
 // One claimed layer, as found by GetCapability (and again by Compile on its own graph).
 struct Plan {
@@ -767,9 +787,39 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
   }
   if (t == "Conv" || t == "ConvTranspose" || t == "QLinearConv" || t == "ConvInteger" || t == "FusedConv")
     return decline("only float32 Conv is computed (not " + t + ")");
+  if (t == "DynamicQuantizeMatMul" && d == kMsDomain && in.size() >= 3) {
+    // Y = dequantize(quantize(A)) x (B * b_scale) + bias, A quantized at run time. XNNPACK's qd8-qc8w
+    // fully-connected: A quantized per row (ORT: per tensor), B int8 with a scale per column.
+    if (!nbits_ok) return decline("8-bit weights need XNNPACK (kernels=xnnpack)");
+    const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]), sc = tensor_info(in[2]);
+    if (!is_f32(a)) return decline("A is not float32");
+    if (a.rank_known && a.dims.empty()) return decline("A is a scalar");
+    if (!is_constant(in[1]) || !b.known || b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || b.dims.size() != 2 ||
+        b.dims[0] <= 0 || b.dims[1] <= 0)
+      return decline("B is not a constant 2-D int8 initializer " + dims_text(b));
+    p.k = b.dims[0];
+    p.n = b.dims[1];
+    if (!is_constant(in[2]) || !is_f32(sc) || (numel(sc.dims) != 1 && numel(sc.dims) != p.n))
+      return decline("b_scale is not a constant float32 of 1 or N values");
+    if (in.size() > 3 && in[3] != nullptr) {
+      // XNNPACK's int8 weights are symmetric: a zero point other than 0 stays on the CPU provider.
+      const auto [zp, bytes] = is_constant(in[3]) ? constant_bytes(in[3]) : std::pair<const void*, std::size_t>{};
+      const TensorInfo zt = tensor_info(in[3]);
+      if (zp == nullptr || zt.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8) return decline("b_zero_point is not a constant int8");
+      const auto* z = static_cast<const std::int8_t*>(zp);
+      for (std::size_t i = 0; i < bytes; ++i)
+        if (z[i] != 0) return decline("b_zero_point is not 0 (only symmetric int8 weights are computed)");
+    }
+    if (in.size() > 4 && in[4] != nullptr && !is_row_bias(in[4], p.n)) return decline("the bias is not a row of N values");
+    if (a.rank_known && a.dims.back() >= 0 && a.dims.back() != p.k)
+      return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(p.k));
+    p.core = Core::qc8;
+    p.out_rank = a.rank_known ? a.dims.size() : 0;
+    return p;
+  }
   if (t == "MatMulInteger" || t == "DynamicQuantizeMatMul" || t == "QLinearMatMul" || t == "MatMulIntegerToFloat" ||
       t == "QGemm")
-    return decline("8-bit quantized matrix products are not computed by this provider yet");
+    return decline("of the 8-bit matrix products only com.microsoft.DynamicQuantizeMatMul is computed (not " + t + ")");
   return decline("the operator " + (d.empty() ? std::string() : d + ".") + t + " is not computed by this provider");
 }
 
@@ -783,6 +833,9 @@ void fuse_epilogue(Plan& p) {
   } else if (p.core == Core::nbits) {
     const auto in = node_inputs(p.core_node);
     has_bias = in.size() > 5 && in[5] != nullptr;
+  } else if (p.core == Core::qc8) {
+    const auto in = node_inputs(p.core_node);
+    has_bias = in.size() > 4 && in[4] != nullptr;
   } else if (p.core == Core::conv) {
     has_bias = true;  // a convolution's bias is its own input; a following Add broadcasts otherwise
   }
@@ -1182,6 +1235,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     bool recorded = false;
     CreateReport report;
     std::unique_ptr<Linear> linear;
+    std::vector<float> column_scales;  // qc8: a scale per column
     ConvSpec conv_spec;  // a convolution's (plan->core == Core::conv)
     std::unique_ptr<Conv2d> conv;
   };
@@ -1205,6 +1259,16 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       job.conv_spec.weights = static_cast<const float*>(job.w.source.data);
       job.conv_spec.activation = plan->activation;
       if (in.size() == 3 && in[2] != nullptr) bias_vi = in[2];
+    } else if (plan->core == Core::qc8) {
+      spec.kind = LinearSpec::Kind::qc8;
+      spec.weights_kn = true;
+      job.scales = read_weight(in[2], dir);
+      const auto* sc = static_cast<const float*>(job.scales.source.data);
+      const std::size_t count = job.scales.source.bytes / sizeof(float);
+      job.column_scales.resize(spec.n);
+      for (std::size_t i = 0; i < spec.n; ++i) job.column_scales[i] = count == 1 ? sc[0] : sc[i];
+      spec.scales = job.column_scales.data();
+      if (in.size() > 4 && in[4] != nullptr) bias_vi = in[4];
     } else if (plan->core == Core::matmul) {
       spec.weights_kn = true;
     } else if (plan->core == Core::gemm) {
@@ -1261,7 +1325,15 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       }
       return;
     }
-    spec.weights_name = std::string(spec.kind == LinearSpec::Kind::nbits4 ? "w|nbits4|" : "w|f32|") + job.w.identity;
+    spec.weights_name = std::string(spec.kind == LinearSpec::Kind::nbits4 ? "w|nbits4|"
+                                    : spec.kind == LinearSpec::Kind::qc8  ? "w|qc8|"
+                                                                          : "w|f32|") +
+                        job.w.identity;
+    if (spec.kind == LinearSpec::Kind::qc8) {
+      job.recorded = identify(job.scales, cache_->cache, options_.identity_window_ms) || job.recorded;
+      // The scales are packed with the weights: both identities name the packed bytes.
+      spec.weights_name += "|scales|" + job.scales.identity;
+    }
     if (spec.kind == LinearSpec::Kind::nbits4) {
       job.recorded = identify(job.scales, cache_->cache, options_.identity_window_ms) || job.recorded;
       // The scales are packed with the weights: both identities name the packed bytes.
