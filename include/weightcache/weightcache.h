@@ -441,6 +441,8 @@ WC_API wc_status wc_open(const wc_options* options, wc_cache** out);
  * (see WC_DURABILITY_NONE), unmaps it (every pointer it returned
  * becomes invalid), gives up its locks and descriptors. Entries inserted since the last
  * successful wc_finalize are not persisted. Other handles sharing the cache are unaffected.
+ * It may run at process exit (an atexit handler, a static destructor), also after the
+ * library's own static destructors (a handler registered before the library was loaded).
  * NULL is ignored. No other call on this handle may run concurrently or follow. */
 WC_API void wc_close(wc_cache* cache);
 

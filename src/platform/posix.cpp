@@ -763,7 +763,10 @@ class PosixPlatform final : public Platform {
 };
 
 PosixPlatform& posix_platform() noexcept {
-  static PosixPlatform platform;
+  // Never destroyed, as the registry and the log are not: a host may close a cache from an exit
+  // handler it registered before it loaded the library (dlopen), and such handlers run after the
+  // library's own static destructors. A destroyed platform there freed its mapping table twice.
+  static PosixPlatform& platform = *new PosixPlatform;
   return platform;
 }
 

@@ -958,7 +958,9 @@ class Win32Platform final : public Platform {
 }  // namespace win32
 
 Platform& os() noexcept {
-  static win32::Win32Platform platform;
+  // Never destroyed (see posix_platform): a cache may be closed after the library's static
+  // destructors have run.
+  static win32::Win32Platform& platform = *new win32::Win32Platform;
   return platform;
 }
 

@@ -3,7 +3,7 @@
  * C++ runtime comes and goes with the library, as it does for a C host (and no copy of the
  * library's template code in the program stands in for the library's own).
  *
- *   weightcache_unload_child LIBRARY none|async|verify-ahead DIR ROUNDS
+ *   weightcache_unload_child LIBRARY none|async|verify-ahead|atexit-close DIR ROUNDS
  *
  * Exit status: 0 done; 2 a setup step failed; 3 the library stayed loaded after dlclose (the
  * test cannot fail then); a signal: the host crashed. */
@@ -66,7 +66,34 @@ static int write_one(api* a, wc_options* o, int i, size_t size) {
   return 0;
 }
 
+/* atexit-close: the exit handler that closes the cache was registered before the library was
+ * loaded, so it runs after the library's static destructors. */
+static void (*g_close)(wc_cache*);
+static wc_cache* g_open_at_exit;
+static void close_at_exit(void) {
+  if (g_open_at_exit != NULL) g_close(g_open_at_exit);
+}
+
+static int open_for_exit(const char* library, const char* dir) {
+  atexit(close_at_exit);
+  api a;
+  if (!load(library, &a)) return 2;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/exit.wcache", dir);
+  wc_options o;
+  a.options_init(&o);
+  o.path = path;
+  o.compat_key = "unload";
+  o.compat_key_size = 6;
+  o.durability = WC_DURABILITY_FULL;
+  if (write_one(&a, &o, 1, 4096) != 0) return 2;
+  if (a.open(&o, &g_open_at_exit) != WC_OK) return 2;
+  g_close = a.close;
+  return 0; /* the library stays loaded; close_at_exit closes the cache */
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && strcmp(argv[2], "atexit-close") == 0) return open_for_exit(argv[1], argv[3]);
   if (argc != 5) return 2;
   const char* library = argv[1];
   const char* mode = argv[2];
