@@ -63,9 +63,9 @@ def run_host(args, host, extra, env=None):
 
 def make_models(args):
     os.makedirs(args.models, exist_ok=True)
-    want = ["big_mlp", "big_nbits"]
+    want = args.model_names
     manifest = os.path.join(args.models, "manifest.json")
-    shape = [str(args.dim), str(args.hidden), str(args.layers)]
+    shape = [str(args.dim), str(args.hidden), str(args.layers)] + sorted(want)
     stamp = os.path.join(args.models, "shape.txt")
     if os.path.exists(manifest) and os.path.exists(stamp) and open(stamp).read().split() == shape:
         return
@@ -74,6 +74,11 @@ def make_models(args):
                    check=True, stdout=subprocess.DEVNULL)
     with open(stamp, "w") as f:
         f.write(" ".join(shape))
+
+
+def batch_of(model_path):
+    """The CNN runs one 224x224 image per Run (the host's default batch is 2)."""
+    return ["--batch", "1"] if "big_resnet" in os.path.basename(model_path) else []
 
 
 def median(xs):
@@ -85,7 +90,7 @@ def one_round(args, model_path, cache):
     # and by default (60 s) every session within a minute of that hashes their external data.
     ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
           "--option", "identity_window_ms=2000"]
-    common = ["--model", model_path, "--runs", "3", "--intra-threads", str(args.threads)]
+    common = ["--model", model_path, "--runs", "3", "--intra-threads", str(args.threads)] + batch_of(model_path)
     out = {}
     out["cpu"] = run_host(args, args.host, common)
     out["cpu_noprepack"] = run_host(args, args.host, common + ["--session-option", "session.disable_prepacking=1"])
@@ -110,7 +115,7 @@ def first_minute(args, model):
     path, cache = copies[0], os.path.join(args.work, "first-minute", model + ".wcache")
     ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
           "--option", f"cache_path={cache}", "--cache-file", cache]
-    common = ["--model", path, "--runs", "3", "--intra-threads", str(args.threads)]
+    common = ["--model", path, "--runs", "3", "--intra-threads", str(args.threads)] + batch_of(path)
     launches, started_ms = [], []
     for _ in range(6):
         started_ms.append((time.time() - written) * 1000)
@@ -129,7 +134,7 @@ def four_at_once(args, model_path, cache, use_ep):
     """Four processes run the model at once; each measures once all four have run."""
     barrier = tempfile.mkdtemp(prefix="ort-bench-barrier-", dir=args.work)
     extra = ["--model", model_path, "--runs", "1", "--intra-threads", str(args.threads),
-             "--barrier", barrier, "--processes", "4"]
+             "--barrier", barrier, "--processes", "4"] + batch_of(model_path)
     if use_ep:
         extra += ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"cache_path={cache}",
                   "--option", "identity_window_ms=2000",
@@ -195,6 +200,11 @@ def main():
     ap.add_argument("--no-memory", action="store_true", help="skip the four-process memory runs")
     ap.add_argument("--first-minute", action="store_true",
                     help="also the model written, then at once a cold and five warm sessions (default options)")
+    ap.add_argument("--models", nargs="+", dest="model_names", default=["big_mlp", "big_nbits"],
+                    choices=["big_mlp", "big_nbits", "big_dq", "big_resnet"],
+                    help="big_mlp (f32) and big_nbits (4-bit) by default; big_dq: the same MLP dynamically "
+                         "quantized to int8 (DynamicQuantizeMatMul); big_resnet: a ResNet-50-shaped f32 CNN "
+                         "(224x224, batch 1)")
     ap.add_argument("--plot", help="write a PNG chart here (needs gnuplot)")
     ap.add_argument("--replot", action="store_true", help="only draw --plot from <work>/ort-bench.json")
     args = ap.parse_args()
@@ -212,9 +222,10 @@ def main():
 
     report = {"dim": args.dim, "hidden": args.hidden, "layers": args.layers, "rounds": args.rounds,
               "threads": args.threads, "models": {}}
-    names = {"big_mlp": "f32", "big_nbits": "4-bit MatMulNBits"}
+    names = {"big_mlp": "f32", "big_nbits": "4-bit MatMulNBits", "big_dq": "int8 DynamicQuantizeMatMul",
+             "big_resnet": "ResNet-50-shaped f32 CNN"}
     order, labels = ORDER, LABELS
-    for model in ["big_mlp", "big_nbits"]:
+    for model in args.model_names:
         path = os.path.join(args.models, model + ".ext.onnx")
         cache = os.path.join(args.work, model + ".wcache")
         rounds, fm = [], []
@@ -246,7 +257,9 @@ def main():
         report["models"][model] = m
 
         base = rows["cpu"]
-        print(f"\n{names[model]}: {args.layers} layers of {args.dim}x{args.hidden} + {args.hidden}x{args.dim}, "
+        shape = ("53 convolutions and a 2048x1000 Gemm, 224x224 input, batch 1" if model == "big_resnet" else
+                 f"{args.layers} layers of {args.dim}x{args.hidden} + {args.hidden}x{args.dim}")
+        print(f"\n{names[model]}: {shape}, "
               f"{cache_bytes / 2**20:.1f} MiB packed, medians of {args.rounds} rounds, every launch a new process")
         print(f"{'launch':36s} {'create ms':>10s} {'vs CPU EP':>10s} {'1st run ms':>11s} {'vs CPU EP':>10s} "
               f"{'RssAnon +MiB':>13s} {'packed':>7s}")

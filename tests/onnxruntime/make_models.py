@@ -48,6 +48,9 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
+# More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
+# the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
+EXTRA_BIG_MODELS = ["big_dq", "big_resnet"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,9 +434,21 @@ def build_big(seed, name, dim, hidden, layers, stream):
     """`layers` transformer MLP blocks (MatMul + Add + Gelu + MatMul + Add), f32 or 4-bit: the
     benchmark models. Weights go straight to the external data file (`stream`), never held all at
     once: 704 MiB as numpy arrays and again as protobuf bytes would need twice that."""
+    if name == "big_resnet":
+        return build_resnet50(seed, stream)
     rng, g = rng_for(seed, name), Graph(name)
     x = g.input("X", ["batch", "seq", dim])
     for layer in range(layers):
+        if name == "big_dq":  # dynamically quantized int8 (onnxruntime's quantize_dynamic), per-column scales
+            for half, (k, n) in enumerate([(dim, hidden), (hidden, dim)]):
+                q, sc = quantize_int8(rng, k, n, True)
+                x = g.node("DynamicQuantizeMatMul", [x, stream(g, f"l{layer}.W{half + 1}_q8", q),
+                                                     stream(g, f"l{layer}.W{half + 1}_scales", sc), "",
+                                                     stream(g, f"l{layer}.b{half + 1}", vec(rng, n))],
+                           ["Y"] if layer == layers - 1 and half == 1 else None, domain=MS_DOMAIN)
+                if half == 0:
+                    x = g.node("Gelu", [x], domain=MS_DOMAIN)
+            continue
         if name == "big_mlp":
             t = g.node("MatMul", [x, stream(g, f"l{layer}.W1", dense(rng, dim, hidden))])
         else:
@@ -448,6 +463,41 @@ def build_big(seed, name, dim, hidden, layers, stream):
             t = matmul_nbits(g, t, stream(g, f"l{layer}.W2_q4", b), stream(g, f"l{layer}.W2_scales", s), hidden, dim)
         x = g.node("Add", [t, stream(g, f"l{layer}.b2", vec(rng, dim))], ["Y"] if layer == layers - 1 else None)
     g.output("Y", ["batch", "seq", dim])
+    return g
+
+
+def build_resnet50(seed, stream):
+    """A ResNet-50-shaped f32 CNN (the benchmark's convolution model): a 7x7 stem, bottleneck
+    stages of 3, 4, 6 and 3 blocks (widths 256 to 2048, a 1x1 projection on each stage's first
+    block), global average pooling and a 1000-way Gemm; batch norms folded into conv biases, as
+    exported models have them after optimization. 25.5 M weights, 102 MB."""
+    rng, g = rng_for(seed, "big_resnet"), Graph("big_resnet")
+    count = [0]
+
+    def conv(x, cin, cout, k, stride=1, relu=True):
+        count[0] += 1
+        i = count[0]
+        t = g.node("Conv", [x, stream(g, f"c{i}.W", conv_w(rng, cout, cin, k, k)), stream(g, f"c{i}.B", vec(rng, cout))],
+                   pads=[k // 2] * 4, strides=[stride, stride])
+        return g.node("Relu", [t]) if relu else t
+
+    x = g.input("X", ["batch", 3, 224, 224])
+    t = conv(x, 3, 64, 7, 2)
+    t = g.node("MaxPool", [t], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for stage, (mid, blocks) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
+        out = mid * 4
+        for b in range(blocks):
+            stride = 2 if b == 0 and stage > 0 else 1
+            y = conv(t, cin, mid, 1)
+            y = conv(y, mid, mid, 3, stride)
+            y = conv(y, mid, out, 1, relu=False)
+            short = conv(t, cin, out, 1, stride, relu=False) if b == 0 else t
+            t = g.node("Relu", [g.node("Add", [y, short])])
+            cin = out
+    t = g.node("Flatten", [g.node("GlobalAveragePool", [t])])
+    g.node("Gemm", [t, stream(g, "fc.W", dense(rng, 2048, 1000)), stream(g, "fc.B", vec(rng, 1000))], ["Y"])
+    g.output("Y", ["batch", 1000])
     return g
 
 
@@ -538,7 +588,7 @@ def generate(args):
                 "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d,
                 "dq_mlp": build_dq_mlp}
     for name in names:
-        if name in BIG_MODELS:
+        if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:
                 sys.exit(f"make_models.py: {name} needs --big")
             g, files = write_big(args.out, name, args.seed, args.dim, args.hidden, args.layers)
@@ -548,7 +598,7 @@ def generate(args):
             onnx.checker.check_model(model)
             files = save_both(model, args.out, name, ext=name in ("mlp", "matmulnbits"))
         else:
-            sys.exit(f"make_models.py: unknown model {name} (known: {' '.join(MODELS + BIG_MODELS)})")
+            sys.exit(f"make_models.py: unknown model {name} (known: {' '.join(MODELS + BIG_MODELS + EXTRA_BIG_MODELS)})")
         manifest["models"][name] = manifest_entry(g, files)
         print(f"{name}: {' '.join(files)}", file=sys.stderr)
     with open(manifest_path, "w") as f:

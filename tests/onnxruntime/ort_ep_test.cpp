@@ -294,7 +294,7 @@ TEST_P(OrtEpConv, ColdMatchesCpuWarmPacksNothingAndIsBitIdentical) {
   const std::string model = models(c.file), cache = f("c.wcache");
   const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
   ASSERT_EQ(cpu.code, 0) << cpu.describe();
-  const std::vector<std::string> opt{"--option", "threads=" + std::to_string(threads)};
+  const std::vector<std::string> opt{"--option", "threads=" + std::to_string(threads), "--option", "conv=on"};
   const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), opt));
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "nodes"), c.nodes) << cold.out;
@@ -321,13 +321,36 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpConv, ::testing::Combine(::testing::Values
                            return n;
                          });
 
+// By default on x86-64 (conv=auto) and with conv=off, convolutions stay on ORT's CPU provider,
+// and the provider says why; conv=on takes them (the test above).
+TEST_F(OrtEp, ConvolutionsFollowTheConvOption) {
+  const std::string model = models("cnn.onnx");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+#if defined(__x86_64__)
+  const uint64_t auto_taken = 0;
+#else
+  const uint64_t auto_taken = 5;
+#endif
+  for (const auto& [mode, taken] : {std::pair<std::string, uint64_t>{"auto", auto_taken}, {"off", 0u}, {"on", 5u}}) {
+    const HostRun r = host(dir_, ep_args(model, f(mode + ".wcache"), f(mode + ".bin"),
+                                         {"--option", "conv=" + mode, "--log-level", "verbose"}));
+    ASSERT_EQ(r.code, 0) << r.describe();
+    EXPECT_EQ(stat_of(r.j, "weight_nodes_seen"), 5u) << mode << r.out;
+    EXPECT_EQ(stat_of(r.j, "weight_nodes_taken"), taken) << mode << r.out;
+    EXPECT_EQ(declined_lines(r.err).size(), 5u - taken) << mode << r.err;
+    if (taken == 0) EXPECT_EQ(slurp(f(mode + ".bin")), slurp(f("cpu.bin"))) << mode;
+    else EXPECT_CLOSE_TO_CPU(f(mode + ".bin"), f("cpu.bin"), kRel, kAbs);
+  }
+}
+
 // The built-in kernels compute no convolution: each is left to ORT's CPU provider, and says so.
 TEST_F(OrtEp, TheBuiltInKernelsLeaveConvolutionsAndSaySo) {
   const std::string model = models("cnn.onnx");
   const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
   ASSERT_EQ(cpu.code, 0) << cpu.describe();
-  const HostRun r =
-      host(dir_, ep_args(model, f("c.wcache"), f("ep.bin"), {"--option", "kernels=builtin", "--log-level", "verbose"}));
+  const HostRun r = host(dir_, ep_args(model, f("c.wcache"), f("ep.bin"),
+                                       {"--option", "kernels=builtin", "--option", "conv=on", "--log-level", "verbose"}));
   ASSERT_EQ(r.code, 0) << r.describe();
   EXPECT_EQ(stat_of(r.j, "weight_nodes_seen"), 5u) << r.out;
   EXPECT_EQ(stat_of(r.j, "weight_nodes_taken"), 0u) << r.out;

@@ -345,12 +345,7 @@ class XnnConv final : public Conv2d {
     if (!conv_output_size(spec_, h, w, &oh, &ow)) throw OrtError{ORT_INVALID_ARGUMENT, "the convolution has no output for this input size"};
     // ONNX is NCHW, XNNPACK's convolution NHWC: the input is transposed in, the output back out.
     in_.resize(n * h * w * cin_ + XNN_EXTRA_BYTES / sizeof(float));
-    for (std::size_t b = 0; b < n; ++b)
-      for (std::size_t c = 0; c < cin_; ++c) {
-        const float* src = x + (b * cin_ + c) * h * w;
-        float* dst = in_.data() + b * h * w * cin_ + c;
-        for (std::size_t i = 0; i < h * w; ++i) dst[i * cin_] = src[i];
-      }
+    transpose(x, in_.data(), n, cin_, h * w);
     std::size_t workspace = 0, rh = 0, rw = 0;
     XnnLinear::check_xnn(xnn_reshape_convolution2d_nhwc_f32(conv.op, n, h, w, &workspace, &rh, &rw, pool_), "convolution reshape");
     if (rh != oh || rw != ow) throw OrtError{ORT_FAIL, "XNNPACK's convolution output size differs from ONNX's"};
@@ -359,16 +354,20 @@ class XnnConv final : public Conv2d {
     XnnLinear::check_xnn(xnn_setup_convolution2d_nhwc_f32(conv.op, workspace ? aligned_workspace() : nullptr, in_.data(), out_.data()),
                          "convolution setup");
     XnnLinear::check_xnn(xnn_run_operator(conv.op, pool_), "convolution run");
-    for (std::size_t b = 0; b < n; ++b)
-      for (std::size_t c = 0; c < cout_; ++c) {
-        const float* src = out_.data() + b * oh * ow * cout_ + c;
-        float* dst = y + (b * cout_ + c) * oh * ow;
-        for (std::size_t i = 0; i < oh * ow; ++i) dst[i] = src[i * cout_];
-      }
+    transpose(out_.data(), y, n, oh * ow, cout_);
     apply_epilogue(y, n * cout_ * oh * ow, 1.0f, activation_, relu_fused_);
   }
 
  private:
+  // [n][a][b] -> [n][b][a] (NCHW <-> NHWC), with XNNPACK's blocked transpose.
+  void transpose(const float* src, float* dst, std::size_t n, std::size_t a, std::size_t b) {
+    if (a == 1 || b == 1) {
+      std::memcpy(dst, src, n * a * b * sizeof(float));
+      return;
+    }
+    const std::size_t shape[3] = {n, a, b}, perm[3] = {0, 2, 1};
+    XnnLinear::check_xnn(xnn_run_transpose_nd_x32(src, dst, 3, shape, perm, 0, pool_), "transpose");
+  }
   void* aligned_workspace() {
     auto p = reinterpret_cast<std::uintptr_t>(workspace_.data());
     return reinterpret_cast<void*>((p + 63) & ~std::uintptr_t{63});

@@ -89,6 +89,10 @@ struct Options {
   wc_durability durability = WC_DURABILITY_FULL;
   bool weights_cache = true;   // false: XNNPACK packs into its own memory (a baseline)
   bool use_xnnpack = true;     // kernels=xnnpack (default when built with it) or builtin
+  // conv=on|off|auto: whether convolutions are taken (XNNPACK only). auto: off on x86-64, where
+  // ONNX Runtime's own NCHWc convolutions ran a ResNet-50-shaped model 2.6x faster per Run than
+  // XNNPACK's (docs/BENCHMARKS.md), on elsewhere.
+  enum class Conv { automatic, on, off } conv = Conv::automatic;
   std::size_t threads = 1;
   std::uint32_t lease_timeout_ms = 1000;
   std::int64_t identity_window_ms = kDefaultIdentityWindowMs;
@@ -96,7 +100,8 @@ struct Options {
 
 constexpr const char* kOptionList =
     "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
-    "(none|async|full), kernels (xnnpack|builtin), threads (1-256), weights_cache (on|off), lease_timeout_ms, "
+    "(none|async|full), kernels (xnnpack|builtin), conv (auto|on|off), threads (1-256), weights_cache (on|off), "
+    "lease_timeout_ms, "
     "identity_window_ms (0 or more)";
 
 std::string lower(std::string s) {
@@ -150,6 +155,10 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
   } else if (key == "kernels") {
     static const std::pair<const char*, bool> v[] = {{"xnnpack", true}, {"builtin", false}};
     o.use_xnnpack = one_of(key, value, v);
+  } else if (key == "conv") {
+    static const std::pair<const char*, Options::Conv> v[] = {
+        {"auto", Options::Conv::automatic}, {"on", Options::Conv::on}, {"off", Options::Conv::off}};
+    o.conv = one_of(key, value, v);
   } else if (key == "weights_cache") {
     static const std::pair<const char*, bool> v[] = {{"on", true}, {"off", false}};
     o.weights_cache = one_of(key, value, v);
@@ -635,7 +644,20 @@ std::string dims_text(const TensorInfo& t) {
 
 // Whether `node` is a layer the provider computes, and with what shape; if not, `*why` says why
 // (for a node that bears a weight: the provider's verbose log names each one it leaves to others).
-std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* why = nullptr) {
+// Why convolutions are not taken with these options ("" when they are).
+std::string conv_refusal(const Options& o) {
+  if (!o.use_xnnpack) return "convolutions need XNNPACK (kernels=xnnpack)";
+  if (o.conv == Options::Conv::off) return "conv=off";
+#if defined(__x86_64__) || defined(_M_X64)
+  if (o.conv == Options::Conv::automatic)
+    return "on x86-64 convolutions are left to ONNX Runtime's CPU provider by default, whose NCHWc kernels run "
+           "faster per Run than XNNPACK's; conv=on takes them (faster session creation, slower Runs)";
+#endif
+  return {};
+}
+
+std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* why = nullptr,
+                              const std::string& conv_refused = {}) {
   const std::string t = op_type(node), d = domain(node);
   const auto decline = [&](std::string reason) -> std::optional<Plan> {
     if (why != nullptr) *why = std::move(reason);
@@ -717,6 +739,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
   }
   if (t == "Conv" && d.empty() && (in.size() == 2 || in.size() == 3)) {
     if (!nbits_ok) return decline("convolutions need XNNPACK (kernels=xnnpack)");
+    if (!conv_refused.empty()) return decline(conv_refused);
     const TensorInfo x = tensor_info(in[0]), w = tensor_info(in[1]);
     if (!is_f32(x)) return decline("X is not float32");
     if (!is_constant(in[1]) || !is_f32(w)) return decline("W is not a constant float32 initializer");
@@ -1116,6 +1139,7 @@ OrtStatus* Ep::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info
   const std::vector<const OrtNode*> nodes = graph_nodes(graph);
   std::vector<const OrtNode*> taken;
   const bool nbits_ok = options_.use_xnnpack;
+  const std::string conv_refused = conv_refusal(options_);
   const std::string scope = graph_scope(graph);
   for (const OrtNode* node : nodes) {
     if (std::find(taken.begin(), taken.end(), node) != taken.end()) continue;
@@ -1127,7 +1151,7 @@ OrtStatus* Ep::get_capability(const OrtGraph* graph, OrtEpGraphSupportInfo* info
       if (weight_nodes_seen_.insert(id).second) counters().weight_nodes_seen.fetch_add(1, std::memory_order_relaxed);
     }
     std::string why;
-    auto plan = core_plan(node, nbits_ok, &why);
+    auto plan = core_plan(node, nbits_ok, &why, conv_refused);
     const auto declined = [&](const std::string& reason) {
       // Once per node and session; a node taken by an earlier call is not declined now.
       if (!weighty || weight_nodes_taken_.count(id) != 0 || !declined_.insert(id).second) return;
@@ -1201,7 +1225,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     part.nodes = graph_nodes(graphs[g]);
     std::optional<Plan> plan;
     for (const OrtNode* node : part.nodes)
-      if ((plan = core_plan(node, options_.use_xnnpack))) break;
+      if ((plan = core_plan(node, options_.use_xnnpack, nullptr, conv_refusal(options_)))) break;
     if (!plan) throw OrtError{ORT_FAIL, "a fused partition holds no layer this provider computes"};
     for (const OrtNode* node : part.nodes) {
       if (node == plan->core_node) continue;
