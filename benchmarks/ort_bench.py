@@ -81,6 +81,12 @@ def batch_of(model_path):
     return ["--batch", "1"] if "big_resnet" in os.path.basename(model_path) else []
 
 
+def conv_of(model_path):
+    """The CNN with its convolutions through the cache (conv=on; on x86-64 the default leaves them
+    to the CPU provider)."""
+    return ["--option", "conv=on"] if "big_resnet" in os.path.basename(model_path) else []
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -89,7 +95,7 @@ def one_round(args, model_path, cache):
     # identity_window_ms=2000, the shortest allowed: the models may have been written a moment ago,
     # and by default (60 s) every session within a minute of that hashes their external data.
     ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
-          "--option", "identity_window_ms=2000"]
+          "--option", "identity_window_ms=2000"] + conv_of(model_path)
     common = ["--model", model_path, "--runs", "3", "--intra-threads", str(args.threads)] + batch_of(model_path)
     out = {}
     out["cpu"] = run_host(args, args.host, common)
@@ -114,7 +120,7 @@ def first_minute(args, model):
     copies, written = written_now(sources, os.path.join(args.work, "first-minute"))
     path, cache = copies[0], os.path.join(args.work, "first-minute", model + ".wcache")
     ep = ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"threads={args.threads}",
-          "--option", f"cache_path={cache}", "--cache-file", cache]
+          "--option", f"cache_path={cache}", "--cache-file", cache] + conv_of(path)
     common = ["--model", path, "--runs", "3", "--intra-threads", str(args.threads)] + batch_of(path)
     launches, started_ms = [], []
     for _ in range(6):
@@ -138,7 +144,7 @@ def four_at_once(args, model_path, cache, use_ep):
     if use_ep:
         extra += ["--ep", "weightcache", "--ep-library", args.ep, "--option", f"cache_path={cache}",
                   "--option", "identity_window_ms=2000",
-                  "--option", f"threads={args.threads}", "--cache-file", cache]
+                  "--option", f"threads={args.threads}", "--cache-file", cache] + conv_of(model_path)
     procs = [subprocess.Popen([args.host, "--json"] + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(4)]
     results = []
