@@ -46,7 +46,7 @@ DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
-          "loop_body", "cnn", "conv1d", "dq_mlp"]
+          "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
@@ -403,6 +403,34 @@ def build_dq_mlp(seed):
     return g
 
 
+def build_gemm_unknown_rank_1d(seed):
+    # A computed Reshape at opset 9 (rank unknown to ORT) that flattens to 1-D before a Gemm: ONNX
+    # wants A 2-D, ORT's CPU provider runs it as one row, [1, N] (a hostile review's finding).
+    rng, g = rng_for(seed, "gemm_unknown_rank_1d"), Graph("gemm_unknown_rank_1d")
+    x = g.input("X", ["batch", "seq", 6])
+    first = g.node("Slice", [g.node("Shape", [x])], starts=[0], ends=[1], axes=[0])
+    rest = g.node("Constant", [], value=numpy_helper.from_array(np.array([36], dtype=np.int64), "rest"))
+    shape = g.node("Slice", [g.node("Concat", [first, rest], axis=0)], starts=[1], ends=[100], axes=[0])
+    flat = g.node("Reshape", [x, shape])
+    g.node("Gemm", [flat, g.init("B", dense(rng, 36, 5)), g.init("C", vec(rng, 5))], ["Y"])
+    g.output("Y", [1, 5])
+    g.opset = 9
+    return g
+
+
+def build_conv_empty_width(seed):
+    # A convolution of an input of width 0 whose pads still give it an output: every value is the
+    # bias (a hostile review's finding).
+    rng, g = rng_for(seed, "conv_empty_width"), Graph("conv_empty_width")
+    x = g.input("X", [2, 3, 6, 6])
+    empty = g.node("Slice", [x, g.init("s0", np.array([0], np.int64)), g.init("e0", np.array([0], np.int64)),
+                             g.init("ax", np.array([3], np.int64))])
+    t = g.node("Conv", [empty, g.init("W", conv_w(rng, 4, 3, 1, 1)), g.init("B", vec(rng, 4))], pads=[0, 1, 0, 1])
+    g.node("Relu", [t], ["Y"])
+    g.output("Y", [2, 4, 6, 2])
+    return g
+
+
 def build_vector_input(seed):
     # A 1-D A ([K]): MatMul's output is then [N] (ONNX promotes A to [1, K] and drops the 1).
     rng, g = rng_for(seed, "vector_input"), Graph("vector_input")
@@ -586,7 +614,8 @@ def generate(args):
                 "constant_weights": build_constant_weights, "if_branches": build_if_branches,
                 "declined": build_declined, "vector_input": build_vector_input,
                 "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d,
-                "dq_mlp": build_dq_mlp}
+                "dq_mlp": build_dq_mlp, "gemm_unknown_rank_1d": build_gemm_unknown_rank_1d,
+                "conv_empty_width": build_conv_empty_width}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:

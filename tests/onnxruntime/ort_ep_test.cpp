@@ -231,6 +231,8 @@ const F32Case kF32[] = {
     {"vector_input.onnx", 1, 1, 1},
     // A Loop's body: a layer on the carried value (no shape in the body: rank unknown).
     {"loop_body.onnx", 3, 1, 1},
+    // A Gemm whose A has no rank in the graph and is 1-D at run time: one row, [1, N].
+    {"gemm_unknown_rank_1d.onnx", 1, 1, 1},
 };
 
 void PrintTo(const F32Case& c, std::ostream* os) { *os << c.file; }
@@ -284,7 +286,8 @@ struct ConvCase {
   const char* file;
   uint64_t nodes, weights;
 };
-const ConvCase kConv[] = {{"cnn.onnx", 6, 5}, {"conv1d.onnx", 2, 1}};
+// conv_empty_width: an input of width 0 whose pads still give an output (all bias).
+const ConvCase kConv[] = {{"cnn.onnx", 6, 5}, {"conv1d.onnx", 2, 1}, {"conv_empty_width.onnx", 2, 1}};
 void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.file; }
 
 class OrtEpConv : public OrtEp, public ::testing::WithParamInterface<std::tuple<ConvCase, int>> {};

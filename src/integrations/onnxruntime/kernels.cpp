@@ -171,7 +171,7 @@ void parallel_for(void* threadpool, std::size_t count, const std::function<void(
 bool conv_output_size(const ConvSpec& s, std::size_t h, std::size_t w, std::size_t* oh, std::size_t* ow) noexcept {
   const std::size_t eh = (s.kh - 1) * s.dh + 1, ew = (s.kw - 1) * s.dw + 1;
   const std::size_t ph = h + s.pad_top + s.pad_bottom, pw = w + s.pad_left + s.pad_right;
-  if (h == 0 || w == 0 || ph < eh || pw < ew) return false;
+  if (ph < eh || pw < ew) return false;  // an empty input with pads still has an output (all bias)
   *oh = (ph - eh) / s.sh + 1;
   *ow = (pw - ew) / s.sw + 1;
   return true;
@@ -344,6 +344,14 @@ class XnnConv final : public Conv2d {
     std::size_t oh = 0, ow = 0;
     if (!conv_output_size(spec_, h, w, &oh, &ow)) throw OrtError{ORT_INVALID_ARGUMENT, "the convolution has no output for this input size"};
     // ONNX is NCHW, XNNPACK's convolution NHWC: the input is transposed in, the output back out.
+    if (h == 0 || w == 0) {
+      // Nothing but padding under every window: each output is the bias (XNNPACK takes no empty input).
+      for (std::size_t b = 0; b < n; ++b)
+        for (std::size_t c = 0; c < cout_; ++c)
+          std::fill_n(y + (b * cout_ + c) * oh * ow, oh * ow, spec_.bias.empty() ? 0.0f : spec_.bias[c]);
+      apply_epilogue(y, n * cout_ * oh * ow, 1.0f, activation_, false);
+      return;
+    }
     in_.resize(n * h * w * cin_ + XNN_EXTRA_BYTES / sizeof(float));
     transpose(x, in_.data(), n, cin_, h * w);
     std::size_t workspace = 0, rh = 0, rw = 0;

@@ -1072,16 +1072,19 @@ OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelCo
     }
     // The graph may not have said A's rank or K (exporters' Reshapes): what arrives is checked
     // here, and a misfit fails the run with an error instead of reading past A.
-    if (rank < 1 || (layer->gemm && rank != 2) || dims.back() != static_cast<std::int64_t>(layer->k)) {
+    // A Gemm's A is 2-D by ONNX; a 1-D one (an unknown rank that turns out so) is one row, as the
+    // CPU provider runs it.
+    if (rank < 1 || (layer->gemm && rank > 2) || dims.back() != static_cast<std::int64_t>(layer->k)) {
       std::string shape;
       for (std::size_t i = 0; i < rank; ++i) shape += (i ? ", " : "") + std::to_string(dims[i]);
       throw OrtError{ORT_INVALID_ARGUMENT, "input of shape [" + shape + "] does not fit a layer of " +
                                                 std::to_string(layer->k) + " inputs" +
-                                                (layer->gemm ? " (Gemm: 2-D, K last)" : " (K last)")};
+                                                (layer->gemm ? " (Gemm: 1-D or 2-D, K last)" : " (K last)")};
     }
     std::size_t m = 1;
     for (std::size_t i = 0; i + 1 < rank; ++i) m *= static_cast<std::size_t>(dims[i]);
-    dims.back() = static_cast<std::int64_t>(layer->n);  // a 1-D A ([K]) gives [N]
+    dims.back() = static_cast<std::int64_t>(layer->n);  // a 1-D A ([K]) gives [N] for MatMul
+    if (layer->gemm && rank == 1) dims.insert(dims.begin(), 1);  // and [1, N] for Gemm, as ORT's CPU kernel
     OrtValue* output = nullptr;
     check(api().ort->KernelContext_GetOutput(ctx, 0, dims.data(), dims.size(), &output), "output");
     const void* a = nullptr;
