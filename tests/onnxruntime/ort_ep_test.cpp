@@ -209,6 +209,13 @@ class OrtEp : public ::testing::Test {
 
 // ---- correct outputs -----------------------------------------------------------------------------
 
+// A parameterized test's name from a model file and its variant: letters and digits, '_' for the rest.
+std::string test_name(std::string n) {
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
 struct F32Case {
   const char* file;
   uint64_t nodes;    // nodes the provider can claim (MatMul/Gemm with a constant B, its bias Add, Relu/Gelu)
@@ -274,10 +281,7 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpF32,
                          ::testing::Combine(::testing::ValuesIn(kF32),
                                             ::testing::Values("xnnpack", "builtin", "xnnpack_threads")),
                          [](const auto& info) {
-                           std::string n = std::string(std::get<0>(info.param).file) + "_" + std::get<1>(info.param);
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
+                           return test_name(std::string(std::get<0>(info.param).file) + "_" + std::get<1>(info.param));
                          });
 
 // Convolutions (XNNPACK only): a CNN with padding modes, groups, depthwise, dilation, stride, a
@@ -317,11 +321,8 @@ TEST_P(OrtEpConv, ColdMatchesCpuWarmPacksNothingAndIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Models, OrtEpConv, ::testing::Combine(::testing::ValuesIn(kConv), ::testing::Values(1, 2)),
                          [](const auto& info) {
-                           std::string n = std::string(std::get<0>(info.param).file) + "_threads" +
-                                           std::to_string(std::get<1>(info.param));
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
+                           return test_name(std::string(std::get<0>(info.param).file) + "_threads" +
+                                            std::to_string(std::get<1>(info.param)));
                          });
 
 // By default on x86-64 (conv=auto) and with conv=off, convolutions stay on ORT's CPU provider,
@@ -438,12 +439,7 @@ TEST_P(OrtEpNbits, ColdIsBitIdenticalToNoCacheBaselineAndWarmToCold) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OrtEpNbits, ::testing::Values("matmulnbits.onnx", "matmulnbits.ext.onnx"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         [](const auto& info) { return test_name(info.param); });
 
 // ---- what the provider leaves to others -------------------------------------------------------------
 

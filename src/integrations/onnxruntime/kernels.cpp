@@ -248,10 +248,19 @@ struct ForwardingProvider {
   xnn_weights_cache_t get() { return reinterpret_cast<xnn_weights_cache_t>(&self); }
 };
 
+std::unique_ptr<ForwardingProvider> forwarding_provider(wc_xnn_adapter* adapter) {
+  return std::make_unique<ForwardingProvider>(
+      static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(adapter)));
+}
+
 struct XnnOp {
   xnn_operator_t op = nullptr;
   ~XnnOp() {
     if (op != nullptr) xnn_delete_operator(op);
+  }
+  void reset() noexcept {  // an operator whose creation is tried again
+    if (op != nullptr) xnn_delete_operator(op);
+    op = nullptr;
   }
 };
 
@@ -425,14 +434,9 @@ std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec& s, const PackTarget&
     }
     return ohwi.data();
   };
-  const auto drop_op = [&] {
-    if (layer->conv.op != nullptr) xnn_delete_operator(layer->conv.op);
-    layer->conv.op = nullptr;
-  };
   xnn_status st = xnn_status_invalid_state;
   if (t.use_cache && t.adapter != nullptr) {
-    layer->provider = std::make_unique<ForwardingProvider>(
-        static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(t.adapter)));
+    layer->provider = forwarding_provider(t.adapter);
     // Keys are names, never addresses (see create_xnnpack). A hit needs none of the kernel's bytes:
     // first ONNX's weights, named, with no packing allowed; only a miss transposes them.
     const bool bias_named = bias == nullptr || wc_xnn_adapter_name_buffer(t.adapter, bias, s.bias_name.c_str()) == WC_OK;
@@ -442,7 +446,7 @@ std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec& s, const PackTarget&
       t_hit_only = false;
       (void)wc_xnn_adapter_name_buffer(t.adapter, s.weights, nullptr);
       if (st != xnn_status_success) {
-        drop_op();
+        layer->conv.reset();
         const float* k = kernel();
         if (wc_xnn_adapter_name_buffer(t.adapter, k, s.weights_name.c_str()) == WC_OK) {
           st = create_conv(s, k, bias, lo, hi, layer->provider->get(), &layer->conv.op);
@@ -456,7 +460,7 @@ std::unique_ptr<Conv2d> create_xnnpack_conv(const ConvSpec& s, const PackTarget&
     report->bytes = layer->provider->reserved_bytes;
   }
   if (st != xnn_status_success) {
-    drop_op();
+    layer->conv.reset();
     layer->provider.reset();
     XnnLinear::check_xnn(create_conv(s, kernel(), bias, lo, hi, nullptr, &layer->conv.op), "convolution create");
     report->packed = true;
@@ -524,14 +528,9 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
   };
   const float* bias = s.bias.empty() ? nullptr : s.bias.data();
   auto layer = std::make_unique<XnnLinear>(s, static_cast<pthreadpool_t>(t.threadpool), relu_fused);
-  const auto drop_op = [&] {
-    if (layer->fc.op != nullptr) xnn_delete_operator(layer->fc.op);
-    layer->fc.op = nullptr;
-  };
   xnn_status st = xnn_status_invalid_state;
   if (t.use_cache && t.adapter != nullptr) {
-    layer->provider = std::make_unique<ForwardingProvider>(
-        static_cast<const wc_xnn_weights_cache_provider*>(wc_xnn_adapter_provider(t.adapter)));
+    layer->provider = forwarding_provider(t.adapter);
     // Keys are names, never addresses: name the buffers XNNPACK will pass in the look-up key for
     // as long as the operator is created, then unbind them (their memory may be freed and reused).
     bool named = t.names_bound;
@@ -545,7 +544,7 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
       t_hit_only = true;
       st = create_fc(s, t.placeholder_scales, bias, lo, hi, layer->provider->get(), &layer->fc.op);
       t_hit_only = false;
-      if (st != xnn_status_success) drop_op();
+      if (st != xnn_status_success) layer->fc.reset();
     }
     if (named && st != xnn_status_success) {
       real_scales();
@@ -562,7 +561,7 @@ std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t,
   if (st != xnn_status_success) {
     // No cache, or the cache could not give memory (reserve_space refused: disk full, no
     // memory): XNNPACK packs into memory of its own, as without weightcache.
-    drop_op();
+    layer->fc.reset();
     layer->provider.reset();
     real_scales();
     st = create_fc(s, scales.data(), bias, lo, hi, nullptr, &layer->fc.op);
