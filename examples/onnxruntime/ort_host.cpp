@@ -9,7 +9,7 @@
 //          [--option key=value]... [--session-option key=value]... [--intra-threads N]
 //          [--sessions N] [--threads-sessions] [--runs R] [--batch B] [--seq S] [--seed N]
 //          [--cache-file PATH] [--out FILE] [--compare FILE [--rtol X] [--atol Y]] [--json]
-//          [--log-level verbose|info|warning|error]
+//          [--log-level verbose|info|warning|error] [--graph-optimization none|basic|extended|all]
 //
 // Inputs: every input must be float. Input number i (session order), element j, is
 // splitmix64(seed ^ (i + 1) * 0xD1B54A32D192ED03 + (j + 1) * 0x9E3779B97F4A7C15), top 24 bits
@@ -93,13 +93,15 @@ struct options {
   double rtol = 1e-4, atol = 1e-5;
   bool json = false;
   OrtLoggingLevel log_level = ORT_LOGGING_LEVEL_WARNING;
+  GraphOptimizationLevel graph_optimization = ORT_ENABLE_ALL;  // --graph-optimization
 };
 
 const char* k_usage =
     "usage: weightcache-ort-host --model M.onnx [--ep cpu|weightcache] [--ep-library ABS_PATH]\n"
     "  [--option key=value]... [--session-option key=value]... [--intra-threads N] [--sessions N]\n"
     "  [--threads-sessions] [--runs R] [--batch B] [--seq S] [--seed N] [--cache-file PATH]\n"
-    "  [--out FILE] [--compare FILE [--rtol X] [--atol Y]] [--json] [--log-level verbose|info|warning|error]\n";
+    "  [--out FILE] [--compare FILE [--rtol X] [--atol Y]] [--json] [--log-level verbose|info|warning|error]\n"
+    "  [--graph-optimization none|basic|extended|all]\n";
 
 options parse_args(int argc, char** argv) {
   options o;
@@ -114,6 +116,9 @@ options parse_args(int argc, char** argv) {
         cl.take("--processes", o.processes, 1) || cl.take("--out", o.out_file) ||
         cl.take("--compare", o.compare_file) || cl.take("--rtol", o.rtol) || cl.take("--atol", o.atol) ||
         cl.flag("--json", o.json) ||
+        cl.choose("--graph-optimization", o.graph_optimization,
+                  {{"none", ORT_DISABLE_ALL}, {"basic", ORT_ENABLE_BASIC}, {"extended", ORT_ENABLE_EXTENDED},
+                   {"all", ORT_ENABLE_ALL}}) ||
         cl.choose("--log-level", o.log_level,
                   {{"verbose", ORT_LOGGING_LEVEL_VERBOSE}, {"info", ORT_LOGGING_LEVEL_INFO},
                    {"warning", ORT_LOGGING_LEVEL_WARNING}, {"error", ORT_LOGGING_LEVEL_ERROR}}))
@@ -531,6 +536,8 @@ int run(const options& o) {
   check(g_ort->CreateEnv(o.log_level, "weightcache-ort-host", &guard.env), "CreateEnv");
   check(g_ort->CreateSessionOptions(&guard.session_options), "CreateSessionOptions");
   check(g_ort->SetIntraOpNumThreads(guard.session_options, o.intra_threads), "SetIntraOpNumThreads");
+  check(g_ort->SetSessionGraphOptimizationLevel(guard.session_options, o.graph_optimization),
+        "SetSessionGraphOptimizationLevel");
   for (const auto& [key, value] : o.session_options)
     check(g_ort->AddSessionConfigEntry(guard.session_options, key.c_str(), value.c_str()), "AddSessionConfigEntry");
 

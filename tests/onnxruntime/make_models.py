@@ -46,7 +46,8 @@ DEFAULT_BATCH, DEFAULT_SEQ = 2, 3
 MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_input_b", "odd_shapes",
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
-          "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width"]
+          "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
+          "conv_add_bias"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
@@ -418,6 +419,20 @@ def build_gemm_unknown_rank_1d(seed):
     return g
 
 
+def build_conv_add_bias(seed):
+    # A convolution without a bias followed by an Add of one value per channel ([M, 1, 1]) and a
+    # Relu: both fused. One with its own bias, then an Add of [1, M, 1, 1]: the Add stays apart.
+    rng, g = rng_for(seed, "conv_add_bias"), Graph("conv_add_bias")
+    x = g.input("X", ["batch", 3, 8, 8])
+    t = g.node("Conv", [x, g.init("W1", conv_w(rng, 4, 3, 3, 3))], pads=[1, 1, 1, 1])
+    t = g.node("Add", [t, g.init("c1", vec(rng, 4).reshape(4, 1, 1))])
+    t = g.node("Relu", [t])
+    t = g.node("Conv", [t, g.init("W2", conv_w(rng, 4, 4, 1, 1)), g.init("B2", vec(rng, 4))])
+    g.node("Add", [t, g.init("c2", vec(rng, 4).reshape(1, 4, 1, 1))], ["Y"])
+    g.output("Y", ["batch", 4, 8, 8])
+    return g
+
+
 def build_conv_empty_width(seed):
     # A convolution of an input of width 0 whose pads still give it an output: every value is the
     # bias (a hostile review's finding).
@@ -615,7 +630,7 @@ def generate(args):
                 "declined": build_declined, "vector_input": build_vector_input,
                 "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d,
                 "dq_mlp": build_dq_mlp, "gemm_unknown_rank_1d": build_gemm_unknown_rank_1d,
-                "conv_empty_width": build_conv_empty_width}
+                "conv_empty_width": build_conv_empty_width, "conv_add_bias": build_conv_add_bias}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:

@@ -291,7 +291,11 @@ struct ConvCase {
   uint64_t nodes, weights;
 };
 // conv_empty_width: an input of width 0 whose pads still give an output (all bias).
-const ConvCase kConv[] = {{"cnn.onnx", 6, 5}, {"conv1d.onnx", 2, 1}, {"conv_empty_width.onnx", 2, 1}};
+// conv_add_bias: ORT's own graph optimizations fold both channel Adds into the convolutions'
+// biases before it asks the provider (3 nodes: a convolution and its Relu, a convolution); the
+// test below asks without them.
+const ConvCase kConv[] = {
+    {"cnn.onnx", 6, 5}, {"conv1d.onnx", 2, 1}, {"conv_empty_width.onnx", 2, 1}, {"conv_add_bias.onnx", 3, 2}};
 void PrintTo(const ConvCase& c, std::ostream* os) { *os << c.file; }
 
 class OrtEpConv : public OrtEp, public ::testing::WithParamInterface<std::tuple<ConvCase, int>> {};
@@ -324,6 +328,25 @@ INSTANTIATE_TEST_SUITE_P(Models, OrtEpConv, ::testing::Combine(::testing::Values
                            return test_name(std::string(std::get<0>(info.param).file) + "_threads" +
                                             std::to_string(std::get<1>(info.param)));
                          });
+
+// Without ORT's graph optimizations a channel bias Add ([M, 1, 1]) after a convolution without a
+// bias is fused into it with the Relu after it (3 nodes); the Add ([1, M, 1, 1]) after one with
+// its own bias stays on the CPU provider.
+TEST_F(OrtEp, AChannelBiasAddAfterAConvolutionIsFusedWhereOrtLeavesIt) {
+  const std::string model = models("conv_add_bias.onnx");
+  const std::vector<std::string> none{"--graph-optimization", "none"};
+  std::vector<std::string> cpu_args{"--model", model, "--json", "--out", f("cpu.bin")};
+  cpu_args.insert(cpu_args.end(), none.begin(), none.end());
+  const HostRun cpu = host(dir_, cpu_args);
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  std::vector<std::string> opt{"--option", "conv=on"};
+  opt.insert(opt.end(), none.begin(), none.end());
+  const HostRun r = host(dir_, ep_args(model, f("c.wcache"), f("ep.bin"), opt));
+  ASSERT_EQ(r.code, 0) << r.describe();
+  EXPECT_EQ(stat_of(r.j, "nodes"), 4u) << r.out;
+  EXPECT_EQ(stat_of(r.j, "weights"), 2u) << r.out;
+  EXPECT_CLOSE_TO_CPU(f("ep.bin"), f("cpu.bin"), kRel, kAbs);
+}
 
 // By default on x86-64 (conv=auto) and with conv=off, convolutions stay on ORT's CPU provider,
 // and the provider says why; conv=on takes them (the test above).

@@ -860,7 +860,29 @@ void fuse_epilogue(Plan& p) {
     const auto in = node_inputs(p.core_node);
     has_bias = in.size() > 4 && in[4] != nullptr;
   } else if (p.core == Core::conv) {
-    has_bias = true;  // a convolution's bias is its own input; a following Add broadcasts otherwise
+    const auto in = node_inputs(p.core_node);
+    has_bias = in.size() > 2 && in[2] != nullptr;
+    // A convolution without its own bias takes a following Add of one value per output channel
+    // ([M, 1, 1] or [1, M, 1, 1]; [M, 1] for 1-D), as exporters write a folded bias.
+    if (const OrtNode* next = sole_consumer(cur); next != nullptr && !has_bias && op_type(next) == "Add" &&
+                                                  domain(next).empty()) {
+      const auto add_in = node_inputs(next);
+      const auto add_out = node_outputs(next);
+      const OrtValueInfo* other = add_in.size() != 2 ? nullptr : add_in[0] == cur ? add_in[1] : add_in[1] == cur ? add_in[0] : nullptr;
+      if (other != nullptr && add_out.size() == 1 && is_constant(other) && is_f32(tensor_info(add_out[0]))) {
+        const TensorInfo bt = tensor_info(other);
+        std::vector<std::int64_t> d = bt.dims;
+        while (!d.empty() && d.front() == 1 && d.size() > p.conv_rank - 1) d.erase(d.begin());
+        bool channel = is_f32(bt) && bt.rank_known && bt.dims.size() <= p.conv_rank && d.size() == p.conv_rank - 1 &&
+                       d[0] == p.n;
+        for (std::size_t i = 1; channel && i < d.size(); ++i) channel = d[i] == 1;
+        if (channel) {
+          p.add_node = next;
+          cur = add_out[0];
+        }
+      }
+    }
+    has_bias = true;  // nothing else of a bias below
   }
   if (const OrtNode* next = sole_consumer(cur); next != nullptr && !has_bias) {
     if (op_type(next) == "Add" && domain(next).empty()) {
