@@ -16,8 +16,10 @@ set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
 # Executables are linked statically: they then start without the target's dynamic loader and
 # libraries installed on the build machine (i386 ones run natively, aarch64 ones under
-# qemu-user without -L), and a test that starts a helper process starts it the same way.
-set(CMAKE_EXE_LINKER_FLAGS_INIT "-static")
+# qemu-user without -L), and a test that starts a helper process starts it the same way. The
+# project adds -static per executable (CMakeLists.txt), so that one that must be dynamic (a
+# host that dlopens the shared library) can say so.
+set(WEIGHTCACHE_STATIC_EXECUTABLES ON)
 
 # fmt and xxHash are used header-only (and nlohmann/json by the CLI): Debian ships them for
 # the build machine only, under /usr/include, where glibc's own
