@@ -47,7 +47,7 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
-          "conv_add_bias"]
+          "conv_add_bias", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
@@ -404,6 +404,91 @@ def build_dq_mlp(seed):
     return g
 
 
+def build_mmi_mlp(seed, name="mmi_mlp"):
+    # MatMuls as onnxruntime's quantize_dynamic writes them for CPUs in its default (QOperator)
+    # format: DynamicQuantizeLinear (uint8 A, one scale and zero point), MatMulInteger with int8
+    # weights, Cast to float, Mul by (A's scale x the weights' scale). One DynamicQuantizeLinear
+    # feeds two layers (as Q and K of an attention block); the third layer is
+    # com.microsoft.MatMulIntegerToFloat, as ORT's own fusion saves it in an optimized model; the
+    # fourth has asymmetric uint8 weights, which stay on the CPU provider; the fifth takes an A
+    # quantized with a constant scale and zero point.
+    # mmi_mlp_7bit: the int8 weights in 7 bits (quantize_dynamic's reduce_range), which ORT's
+    # u8s8 kernels without VNNI need: with full-range weights they saturate a 16-bit sum of two
+    # products (255 x 127 x 2 > 32767), and its CPU provider is then less exact than the EP.
+    rng, g = rng_for(seed, "mmi_mlp"), Graph(name)
+    seven = name == "mmi_mlp_7bit"
+
+    def int8_weights(k, n, per_column):
+        q, sc = quantize_int8(rng, k, n, per_column)
+        if seven:
+            q = np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8)
+            sc = (sc * 2).astype(np.float32)
+        return q, sc
+    d, h = 64, 96
+    x = g.input("X", ["batch", "seq", d])
+
+    def dql(t):
+        outs = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+        g.node("DynamicQuantizeLinear", [t], outs)
+        return outs
+
+    def mmi(q, b, scale, zero, out=None):
+        inputs = [q[0], b, q[2]] + ([zero] if zero else [])
+        t = g.node("MatMulInteger", inputs)
+        t = g.node("Cast", [t], to=TensorProto.FLOAT)
+        s = g.node("Mul", [q[1], scale])
+        return g.node("Mul", [t, s], [out] if out else None)
+
+    xq = dql(x)
+    q1, s1 = int8_weights(d, h, False)
+    t = mmi(xq, g.init("B1", q1), g.init("s1", s1), None)
+    t = g.node("Relu", [g.node("Add", [t, g.init("b1", vec(rng, h))])])
+    q2, s2 = int8_weights(d, h, True)
+    mmi(xq, g.init("B2", q2), g.init("s2", s2), g.init("z2", np.zeros(h, np.int8)), "Y2")
+    tq = dql(t)
+    q3, s3 = int8_weights(h, d, True)
+    t = g.node("MatMulIntegerToFloat", [tq[0], g.init("B3", q3), tq[1], g.init("s3", s3), tq[2], "",
+                                        g.init("b3", vec(rng, d))], domain=MS_DOMAIN)
+    uq = dql(t)
+    w4 = dense(rng, d, d)
+    lo, hi = float(w4.min()), float(w4.max())
+    s4 = np.float32((hi - lo) / 255.0)
+    z4 = np.uint8(np.clip(np.round(-lo / s4), 0, 255))
+    q4 = np.clip(np.round(w4 / s4) + z4, 0, 255).astype(np.uint8)
+    mmi(uq, g.init("B4", q4), g.init("s4", np.asarray(s4, np.float32)), g.init("z4", np.asarray(z4, np.uint8)), "Y")
+    # Static quantization: A quantized by QuantizeLinear with a constant scale and zero point; ORT
+    # folds the Mul of the two constant scales into one before any provider sees the graph.
+    a5 = np.float32(2.0 / 255.0)
+    xq5 = g.node("QuantizeLinear", [x, g.init("a5_scale", np.asarray(a5, np.float32)),
+                                    g.init("a5_zero", np.asarray(128, np.uint8))])
+    q5, s5 = int8_weights(d, h, True)
+    mmi([xq5, "a5_scale", "a5_zero"], g.init("B5", q5), g.init("s5", s5), None, "Y3")
+    g.output("Y", ["batch", "seq", d])
+    g.output("Y2", ["batch", "seq", h])
+    g.output("Y3", ["batch", "seq", h])
+    return g
+
+
+def build_mmi_negative_scale(seed):
+    # A MatMulInteger layer whose weights have a negative column scale (legal ONNX; XNNPACK's 4-bit
+    # path refuses such scales, its int8 path takes them). 7-bit weights, so that ORT's own
+    # kernels do not saturate.
+    rng, g = rng_for(seed, "mmi_negative_scale"), Graph("mmi_negative_scale")
+    d, h = 32, 48
+    x = g.input("X", ["batch", "seq", d])
+    outs = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+    g.node("DynamicQuantizeLinear", [x], outs)
+    q, sc = quantize_int8(rng, d, h, True)
+    q = np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8)
+    sc = (sc * 2).astype(np.float32)
+    sc[3] = -sc[3]
+    t = g.node("MatMulInteger", [outs[0], g.init("B", q), outs[2]])
+    t = g.node("Cast", [t], to=TensorProto.FLOAT)
+    g.node("Mul", [t, g.node("Mul", [outs[1], g.init("s", sc)])], ["Y"])
+    g.output("Y", ["batch", "seq", h])
+    return g
+
+
 def build_gemm_unknown_rank_1d(seed):
     # A computed Reshape at opset 9 (rank unknown to ORT) that flattens to 1-D before a Gemm: ONNX
     # wants A 2-D, ORT's CPU provider runs it as one row, [1, N] (a hostile review's finding).
@@ -630,7 +715,9 @@ def generate(args):
                 "declined": build_declined, "vector_input": build_vector_input,
                 "loop_body": build_loop_body, "cnn": build_cnn, "conv1d": build_conv1d,
                 "dq_mlp": build_dq_mlp, "gemm_unknown_rank_1d": build_gemm_unknown_rank_1d,
-                "conv_empty_width": build_conv_empty_width, "conv_add_bias": build_conv_add_bias}
+                "conv_empty_width": build_conv_empty_width, "conv_add_bias": build_conv_add_bias,
+                "mmi_mlp": build_mmi_mlp, "mmi_mlp_7bit": lambda s: build_mmi_mlp(s, "mmi_mlp_7bit"),
+                "mmi_negative_scale": build_mmi_negative_scale}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:
@@ -704,6 +791,37 @@ def evaluate(model, feeds):
             r = np.matmul(i[0], b * env[names[2]].astype(np.float64))
             if len(names) > 4 and names[4]:
                 r = r + env[names[4]]
+        elif n.op_type == "DynamicQuantizeLinear":
+            # ONNX's definition: uint8, a range that includes 0, zero point rounded half to even.
+            x = i[0].astype(np.float32)
+            lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+            scale = np.float32((hi - lo) / 255.0) if hi > lo else np.float32(1.0)
+            zero = np.clip(np.rint(np.float32(0.0) - np.float32(lo) / scale), 0, 255)
+            q = np.clip(np.rint(x / scale) + zero, 0, 255)
+            for name, v in zip(n.output, [q.astype(np.uint8), np.float64(scale), np.uint8(zero)]):
+                env[name] = v
+            continue
+        elif n.op_type in ("MatMulInteger", "MatMulIntegerToFloat"):
+            names = list(n.input)
+            a = env[names[0]].astype(np.int64)
+            b = env[names[1]].astype(np.int64)
+            az, bz = (2, 3) if n.op_type == "MatMulInteger" else (4, 5)
+            if len(names) > az and names[az]:
+                a = a - env[names[az]].astype(np.int64)
+            if len(names) > bz and names[bz]:
+                b = b - env[names[bz]].astype(np.int64)
+            r = np.matmul(a, b)
+            if n.op_type == "MatMulIntegerToFloat":
+                r = r.astype(np.float64) * (env[names[2]] * env[names[3]].astype(np.float64))
+                if len(names) > 6 and names[6]:
+                    r = r + env[names[6]]
+        elif n.op_type == "QuantizeLinear":
+            x = i[0].astype(np.float32)
+            r = np.clip(np.rint(x / np.float32(i[1])) + i[2].astype(np.float64), 0, 255).astype(np.uint8)
+        elif n.op_type == "Cast":
+            r = i[0].astype(np.float64)
+        elif n.op_type == "Mul":
+            r = i[0] * i[1]
         elif n.op_type == "MatMulNBits":
             assert a["bits"] == 4 and len(i) == 3, "only 4-bit without zero points"
             w = dequantize_nbits(i[1], i[2].astype(np.float32), a["K"], a["N"], a["block_size"])

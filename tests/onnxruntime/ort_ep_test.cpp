@@ -435,6 +435,62 @@ TEST_F(OrtEp, DynamicallyQuantizedInt8WeightsAreAsExactAsTheCpuProviderAndWarmPa
   EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
 }
 
+// MatMuls as quantize_dynamic writes them by default: DynamicQuantizeLinear, MatMulInteger, Cast,
+// Mul by (A's scale x b_scale); one DynamicQuantizeLinear shared by two layers;
+// com.microsoft.MatMulIntegerToFloat; and a statically quantized A (constant scales, folded). The provider takes A quantized as ORT quantized it, so the
+// integer product is exact, and its output is ONNX's to float rounding (make_models.py --check
+// evaluates the graph literally). ORT's CPU provider is at most as exact: on a CPU without VNNI its
+// u8s8 kernels saturate a 16-bit sum with full-range int8 weights (mmi_mlp_7bit below). A fourth
+// layer with asymmetric uint8 weights is left to the CPU provider, and the verbose log says why.
+TEST_F(OrtEp, MatMulIntegerAfterDynamicQuantizeLinearIsTheExactIntegerProductAndWarmPacksNothing) {
+  const std::string model = models("mmi_mlp.onnx"), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun base = host(dir_, ep_args(model, f("unused.wcache"), f("base.bin"), {"--option", "weights_cache=off"}));
+  ASSERT_EQ(base.code, 0) << base.describe();
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), {"--log-level", "verbose"}));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_seen"), 5u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 4u) << cold.out;
+  // Two layers of MatMulInteger, Cast and two Muls (the first with its bias Add and Relu), the
+  // MatMulIntegerToFloat, and the statically quantized MatMulInteger, Cast and Mul.
+  EXPECT_EQ(stat_of(cold.j, "nodes"), 14u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "packed"), 4u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "heap_weights"), 0u) << cold.out;
+  const auto declined = declined_lines(cold.err);
+  ASSERT_EQ(declined.size(), 1u) << cold.err;
+  EXPECT_NE(declined[0].find("uint8 weights are not computed"), std::string::npos) << declined[0];
+  EXPECT_EQ(slurp(f("cold.bin")), slurp(f("base.bin"))) << "packed through the cache != XNNPACK's own packing";
+  const json ep_ref = reference_check("mmi_mlp", f("cold.bin")), cpu_ref = reference_check("mmi_mlp", f("cpu.bin"));
+  ASSERT_TRUE(ep_ref.is_object() && cpu_ref.is_object()) << ep_ref << cpu_ref;
+  const double ep_err = ep_ref["max_abs"].get<double>(), cpu_err = cpu_ref["max_abs"].get<double>();
+  const double scale = ep_ref["max_ref"].get<double>();
+  std::printf("  against ONNX's result: provider %.3g, CPU provider %.3g (max |ref| %.3g)\n", ep_err, cpu_err, scale);
+  EXPECT_LE(ep_err, kRel * scale) << "not ONNX's integer product, scaled";
+  EXPECT_LE(ep_err, std::max(cpu_err, kRel * scale)) << "less exact than ONNX Runtime's own kernels";
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(stat_of(warm.j, "from_cache"), 4u) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+}
+
+// With weights in 7 bits (quantize_dynamic's reduce_range), no CPU kernel saturates: the provider
+// and ORT's CPU provider agree to float rounding, cold and warm.
+TEST_F(OrtEp, MatMulIntegerWithSevenBitWeightsMatchesTheCpuProvider) {
+  const std::string model = models("mmi_mlp_7bit.onnx"), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin")));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 4u) << cold.out;
+  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+}
+
 class OrtEpNbits : public OrtEp, public ::testing::WithParamInterface<const char*> {};
 
 // 4-bit weights with activations quantized per row to int8 (XNNPACK's qd8) differ from ORT's CPU
@@ -818,13 +874,16 @@ TEST_F(OrtEp, AStoreThroughASharedMappingOfTheDataIsSeen) {
 
 // Layers the fast paths cannot take stay correct: a Gemm whose alpha is so small that beta * C /
 // alpha overflows is left to ONNX Runtime; 4-bit weights with negative scales, which XNNPACK
-// refuses, run on the built-in GEMM over the dequantized weights (both from a hostile review).
+// refuses, run on the built-in GEMM over the dequantized weights (both from a hostile review). Int8
+// weights with a negative column scale (MatMulInteger, Cast and two Muls), which XNNPACK's 4-bit
+// path would refuse, are taken by its int8 path as they are and stay correct.
 TEST_F(OrtEp, LayersTheFastPathsRefuseStayCorrect) {
   struct Case {
     const char* file;
     uint64_t nodes;
   };
-  for (const Case c : {Case{"gemm_tiny_alpha.onnx", 0}, Case{"nbits_negative_scale.onnx", 1}}) {
+  for (const Case c : {Case{"gemm_tiny_alpha.onnx", 0}, Case{"nbits_negative_scale.onnx", 1},
+                       Case{"mmi_negative_scale.onnx", 4}}) {
     SCOPED_TRACE(c.file);
     const HostRun cpu = cpu_reference(dir_, models(c.file), f("cpu.bin"));
     ASSERT_EQ(cpu.code, 0) << cpu.describe();

@@ -35,6 +35,18 @@ void apply_epilogue(float* y, std::size_t count, float alpha, Activation activat
 
 // ---- the provider's own packer and GEMM ------------------------------------------------------
 
+void Linear::run_quantized(const std::uint8_t* a, bool a_unsigned, std::size_t m, std::size_t k, std::int32_t zero_point, float scale,
+                           float* y) {
+  // Dequantized exactly ((a - zero_point) is an integer of at most 9 bits) and computed in f32.
+  if (m == 0) return;
+  std::vector<float> f(m * k);
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const std::int32_t v = a_unsigned ? static_cast<std::int32_t>(a[i]) : static_cast<std::int32_t>(static_cast<std::int8_t>(a[i]));
+    f[i] = static_cast<float>(v - zero_point) * scale;
+  }
+  run(f.data(), m, y);
+}
+
 namespace {
 
 constexpr std::size_t kPanel = 8;  // output columns per packed panel
@@ -272,6 +284,30 @@ class XnnLinear final : public Linear {
 
   XnnOp fc, convert;
   std::unique_ptr<ForwardingProvider> provider;  // the operator calls it at every reshape
+
+  void run_quantized(const std::uint8_t* a, bool a_unsigned, std::size_t m, std::size_t k, std::int32_t zero_point, float scale,
+                     float* y) override {
+    if (!qc8_) return Linear::run_quantized(a, a_unsigned, m, k, zero_point, scale, y);
+    std::lock_guard<std::mutex> lock(mu_);
+    // XNNPACK's qd8 input is int8 with a zero point and scale per row: uint8 is shifted by 128
+    // (a - zero_point unchanged), and every row gets the tensor's one scale and zero point.
+    q_.resize(m * k_ + XNN_EXTRA_BYTES);
+    const std::size_t count = m * k_;
+    if (a_unsigned) {
+      for (std::size_t i = 0; i < count; ++i) q_[i] = static_cast<std::int8_t>(a[i] ^ 0x80u);
+      zero_point -= 128;
+    } else {
+      std::memcpy(q_.data(), a, count);
+    }
+    params_.assign(m + XNN_EXTRA_QUANTIZATION_PARAMS, xnn_quantization_params{zero_point, scale});
+    std::size_t workspace = 0;
+    check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qc8w(fc.op, m, &workspace, pool_), "fully-connected reshape");
+    workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+    check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qc8w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+              "fully-connected setup");
+    check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
+    apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
+  }
 
   void run(const float* a, std::size_t m, float* y) override {
     std::lock_guard<std::mutex> lock(mu_);

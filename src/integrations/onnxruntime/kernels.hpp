@@ -32,8 +32,8 @@ struct LinearSpec {
   const void* weights = nullptr;
   bool weights_kn = true;
   std::string weights_name;  // the weight's identity (source_identity.hpp): what the packed bytes are keyed by
-  // qc8: DynamicQuantizeMatMul's B, K x N int8 (weights_kn), zero point 0, with N per-column
-  // scales in `scales` (a per-tensor scale repeated).
+  // qc8: the int8 B of DynamicQuantizeMatMul, MatMulInteger or MatMulIntegerToFloat, K x N
+  // (weights_kn), zero point 0, with N per-column scales in `scales` (a per-tensor one repeated).
   // nbits4 only: the per-block scales (N x K/block_size, f32) and the block size.
   const float* scales = nullptr;
   std::size_t block_size = 0;
@@ -58,6 +58,11 @@ class Linear {
   virtual ~Linear() = default;
   /// y[m x n] = epilogue(a[m x k] x W); a and y are dense row-major.
   virtual void run(const float* a, std::size_t m, float* y) = 0;
+  /// The same for an A quantized before the layer, one scale and zero point for all of it
+  /// (A = (a - zero_point) * scale, m x k; a is uint8 when a_unsigned, else int8). A qc8 layer on
+  /// XNNPACK takes a as it is; any other dequantizes it and calls run().
+  virtual void run_quantized(const std::uint8_t* a, bool a_unsigned, std::size_t m, std::size_t k, std::int32_t zero_point,
+                             float scale, float* y);
 };
 
 /// Where a session packs: its cache (may be a heap cache standing in for a file) and, for

@@ -239,6 +239,13 @@ struct Layer {
   std::size_t k = 0, n = 0;
   std::size_t input_index = 0;  // of the activation among the fused node's inputs
   bool gemm = false;            // A must be 2-D
+  // An 8-bit A with one scale and zero point (MatMulInteger, MatMulIntegerToFloat): each is an
+  // input of the fused node (index) or a constant read at Compile.
+  bool quantized_a = false;
+  bool a_unsigned = false;  // uint8 (else int8)
+  std::optional<std::size_t> a_scale_index, a_zero_index;
+  float a_scale = 1.0f;
+  std::int32_t a_zero = 0;
   // A's rank may be unknown until the run (then checked there): a MatMul with a 1-D A gives an
   // output of rank 1 ([N]), any other A an output of A's rank with N last.
 };
@@ -433,6 +440,17 @@ bool is_graph_output(const OrtValueInfo* vi) {
   return o;
 }
 
+// The node that computes a value, or NULL for a graph input or initializer.
+const OrtNode* producer_of(const OrtValueInfo* vi) {
+  const OrtNode* node = nullptr;
+  std::size_t index = 0;
+  if (OrtStatus* s = api().ort->ValueInfo_GetValueProducer(vi, &node, &index); s != nullptr) {
+    take_message(s);
+    return nullptr;
+  }
+  return node;
+}
+
 // The only consumer of a value, or NULL when it has none, several, or is a graph output.
 const OrtNode* sole_consumer(const OrtValueInfo* vi) {
   if (is_graph_output(vi)) return nullptr;
@@ -589,8 +607,20 @@ struct Plan {
   std::int64_t block_size = 0;  // nbits: K per block scale
   ConvSpec conv;                // conv: the geometry (weights, names and bias come at Compile)
   std::size_t conv_rank = 0;    // conv: 4 (2-D) or 3 (1-D, run as height 1)
+  // qc8: the int8 weights, their scales (1 or N values) and the bias of the core node (or NULL).
+  const OrtValueInfo* weight_vi = nullptr;
+  const OrtValueInfo* scale_vi = nullptr;
+  const OrtValueInfo* bias_vi = nullptr;
+  // qc8 on an A quantized before the layer (MatMulInteger, MatMulIntegerToFloat): its scale (NULL:
+  // 1, folded into the weights') and zero point (NULL: 0), one value each; and a MatMulInteger's
+  // Cast, scale Mul (unless folded) and output Mul.
+  bool quantized_a = false;
+  const OrtValueInfo* a_scale = nullptr;
+  const OrtValueInfo* a_zero = nullptr;
+  std::vector<const OrtNode*> chain;
   std::vector<const OrtNode*> nodes() const {
     std::vector<const OrtNode*> v{core_node};
+    v.insert(v.end(), chain.begin(), chain.end());
     if (add_node) v.push_back(add_node);
     if (act_node) v.push_back(act_node);
     return v;
@@ -635,6 +665,23 @@ bool bears_weight(const OrtNode* node) {
   return static_cast<std::size_t>(w) < in.size() && is_constant(in[static_cast<std::size_t>(w)]);
 }
 
+// Why the zero points of int8 weights cannot be computed ("" when they can: a constant int8 of 0s,
+// since XNNPACK's int8 weights are symmetric; any other stays on the CPU provider).
+std::string nonzero_weight_zero_points(const OrtValueInfo* vi) {
+  const auto [zp, bytes] = is_constant(vi) ? constant_bytes(vi) : std::pair<const void*, std::size_t>{};
+  if (zp == nullptr || tensor_info(vi).type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8) return "b_zero_point is not a constant int8";
+  const auto* z = static_cast<const std::int8_t*>(zp);
+  for (std::size_t i = 0; i < bytes; ++i)
+    if (z[i] != 0) return "b_zero_point is not 0 (only symmetric int8 weights are computed)";
+  return {};
+}
+
+// A constant float32 scale of the weights: one value, or one per column ([N], [1, N] ...), of a
+// rank that adds no dimension to the layer's output.
+bool is_scale_row(const OrtValueInfo* vi, std::int64_t n, std::size_t rank_room) {
+  return is_row_bias(vi, n) && tensor_info(vi).dims.size() <= rank_room;
+}
+
 std::string dims_text(const TensorInfo& t) {
   if (!t.rank_known) return "(unknown rank)";
   std::string s = "[";
@@ -665,9 +712,101 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
   };
   const auto in = node_inputs(node);
   const auto out = node_outputs(node);
-  if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
   Plan p;
   p.core_node = node;
+  if ((t == "MatMulInteger" && d.empty() && in.size() >= 2) ||
+      (t == "MatMulIntegerToFloat" && d == kMsDomain && in.size() >= 4)) {
+    const bool to_float = t == "MatMulIntegerToFloat";
+    // A arrives quantized, one scale and zero point for the tensor (DynamicQuantizeLinear's, or
+    // fixed); XNNPACK's qd8-qc8w takes it as it is, so the product is ORT's own integer one.
+    if (!nbits_ok) return decline("8-bit weights need XNNPACK (kernels=xnnpack)");
+    const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
+    if (!a.known || (a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 && a.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8))
+      return decline("A is not uint8 or int8");
+    if (a.rank_known && a.dims.empty()) return decline("A is a scalar");
+    if (!is_constant(in[1]) || !b.known || b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 || b.dims.size() != 2 ||
+        b.dims[0] <= 0 || b.dims[1] <= 0)
+      return decline("B is not a constant 2-D int8 initializer " + dims_text(b) +
+                     (b.known && b.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 ? " (uint8 weights are not computed)" : ""));
+    p.k = b.dims[0];
+    p.n = b.dims[1];
+    if (a.rank_known && a.dims.back() >= 0 && a.dims.back() != p.k)
+      return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(p.k));
+    p.out_rank = a.rank_known ? a.dims.size() : 0;
+    const std::size_t rank_room = p.out_rank != 0 ? p.out_rank : 1;  // a per-tensor value adds no dimension
+    const auto one_value = [&](const OrtValueInfo* vi, ONNXTensorElementDataType type) {
+      const TensorInfo v = tensor_info(vi);
+      return v.known && v.type == type && v.rank_known && v.dims.size() <= rank_room && numel(v.dims) == 1;
+    };
+    const std::size_t a_zero_at = to_float ? 4 : 2, b_zero_at = to_float ? 5 : 3;
+    if (in.size() > a_zero_at && in[a_zero_at] != nullptr) {
+      if (!one_value(in[a_zero_at], a.type))
+        return decline("a_zero_point is not one value of A's type (per-row zero points are not computed)");
+      p.a_zero = in[a_zero_at];
+    }
+    if (in.size() > b_zero_at && in[b_zero_at] != nullptr) {
+      if (std::string z = nonzero_weight_zero_points(in[b_zero_at]); !z.empty()) return decline(z);
+    }
+    if (to_float) {
+      if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
+      if (!one_value(in[2], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) return decline("a_scale is not one float32 value");
+      if (!is_scale_row(in[3], p.n, rank_room)) return decline("b_scale is not a constant float32 of 1 or N values");
+      p.a_scale = in[2];
+      p.scale_vi = in[3];
+      if (in.size() > 6 && in[6] != nullptr) {
+        if (!is_row_bias(in[6], p.n) || tensor_info(in[6]).dims.size() > rank_room)
+          return decline("the bias is not a row of N values");
+        p.bias_vi = in[6];
+      }
+    } else {
+      // The int32 product scaled to float as onnxruntime's quantize_dynamic writes it:
+      // Cast(to float), then Mul by (a_scale x b_scale), each the only user of what it takes.
+      const char* pattern = "its int32 result is not scaled to float32 as quantize_dynamic writes it "
+                            "(Cast to float, then Mul by a Mul of A's scale and a constant b_scale, or by a "
+                            "constant of 1 or N values)";
+      const OrtNode* cast = out.size() == 1 ? sole_consumer(out[0]) : nullptr;
+      if (cast == nullptr || op_type(cast) != "Cast" || !domain(cast).empty() ||
+          int_attr(cast, "to").value_or(0) != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+        return decline(pattern);
+      const auto cast_out = node_outputs(cast);
+      const OrtNode* mul = cast_out.size() == 1 ? sole_consumer(cast_out[0]) : nullptr;
+      if (mul == nullptr || op_type(mul) != "Mul" || !domain(mul).empty()) return decline(pattern);
+      const auto mul_in = node_inputs(mul);
+      const auto mul_out = node_outputs(mul);
+      if (mul_in.size() != 2 || mul_out.size() != 1 || !is_f32(tensor_info(mul_out[0]))) return decline(pattern);
+      const OrtValueInfo* scale = mul_in[0] == cast_out[0] ? mul_in[1] : mul_in[1] == cast_out[0] ? mul_in[0] : nullptr;
+      if (scale != nullptr && is_constant(scale)) {
+        // A and the weights both scaled by constants (static quantization), which ORT folded into
+        // one: the weights' scale, with A's taken as 1.
+        if (!is_scale_row(scale, p.n, rank_room)) return decline(pattern);
+        p.scale_vi = scale;
+        p.chain = {cast, mul};
+        p.core = Core::qc8;
+        p.quantized_a = true;
+        p.weight_vi = in[1];
+        return p;
+      }
+      const OrtNode* scales_mul = scale != nullptr ? producer_of(scale) : nullptr;
+      if (scales_mul == nullptr || op_type(scales_mul) != "Mul" || !domain(scales_mul).empty() ||
+          sole_consumer(scale) != mul)
+        return decline(pattern);
+      const auto s_in = node_inputs(scales_mul);
+      if (s_in.size() != 2 || s_in[0] == nullptr || s_in[1] == nullptr) return decline(pattern);
+      // Which of the two is b_scale: the constant of 1 or N values whose partner is one value.
+      for (int i = 0; i < 2 && p.scale_vi == nullptr; ++i)
+        if (is_scale_row(s_in[i], p.n, rank_room) && one_value(s_in[1 - i], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) {
+          p.scale_vi = s_in[i];
+          p.a_scale = s_in[1 - i];
+        }
+      if (p.scale_vi == nullptr) return decline(pattern);
+      p.chain = {cast, scales_mul, mul};
+    }
+    p.core = Core::qc8;
+    p.quantized_a = true;
+    p.weight_vi = in[1];
+    return p;
+  }
+  if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
   if (t == "MatMul" && d.empty() && in.size() == 2) {
     const TensorInfo a = tensor_info(in[0]), b = tensor_info(in[1]);
     // A's rank and dimensions may be unknown here (exporters' Reshapes): K and the rank are
@@ -825,30 +964,28 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
     if (!is_constant(in[2]) || !is_f32(sc) || (numel(sc.dims) != 1 && numel(sc.dims) != p.n))
       return decline("b_scale is not a constant float32 of 1 or N values");
     if (in.size() > 3 && in[3] != nullptr) {
-      // XNNPACK's int8 weights are symmetric: a zero point other than 0 stays on the CPU provider.
-      const auto [zp, bytes] = is_constant(in[3]) ? constant_bytes(in[3]) : std::pair<const void*, std::size_t>{};
-      const TensorInfo zt = tensor_info(in[3]);
-      if (zp == nullptr || zt.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8) return decline("b_zero_point is not a constant int8");
-      const auto* z = static_cast<const std::int8_t*>(zp);
-      for (std::size_t i = 0; i < bytes; ++i)
-        if (z[i] != 0) return decline("b_zero_point is not 0 (only symmetric int8 weights are computed)");
+      if (std::string z = nonzero_weight_zero_points(in[3]); !z.empty()) return decline(z);
     }
     if (in.size() > 4 && in[4] != nullptr && !is_row_bias(in[4], p.n)) return decline("the bias is not a row of N values");
     if (a.rank_known && a.dims.back() >= 0 && a.dims.back() != p.k)
       return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(p.k));
     p.core = Core::qc8;
     p.out_rank = a.rank_known ? a.dims.size() : 0;
+    p.weight_vi = in[1];
+    p.scale_vi = in[2];
+    if (in.size() > 4 && in[4] != nullptr) p.bias_vi = in[4];
     return p;
   }
   if (t == "MatMulInteger" || t == "DynamicQuantizeMatMul" || t == "QLinearMatMul" || t == "MatMulIntegerToFloat" ||
       t == "QGemm")
-    return decline("of the 8-bit matrix products only com.microsoft.DynamicQuantizeMatMul is computed (not " + t + ")");
+    return decline("of the 8-bit matrix products only MatMulInteger (scaled to float), com.microsoft.DynamicQuantizeMatMul "
+                   "and com.microsoft.MatMulIntegerToFloat are computed (not " + t + ")");
   return decline("the operator " + (d.empty() ? std::string() : d + ".") + t + " is not computed by this provider");
 }
 
 // Extends a core plan with the bias Add and the activation that only it feeds.
 void fuse_epilogue(Plan& p) {
-  const OrtValueInfo* cur = node_outputs(p.core_node)[0];
+  const OrtValueInfo* cur = node_outputs(p.chain.empty() ? p.core_node : p.chain.back())[0];
   bool has_bias = false;
   if (p.core == Core::gemm) {
     const auto in = node_inputs(p.core_node);
@@ -857,8 +994,7 @@ void fuse_epilogue(Plan& p) {
     const auto in = node_inputs(p.core_node);
     has_bias = in.size() > 5 && in[5] != nullptr;
   } else if (p.core == Core::qc8) {
-    const auto in = node_inputs(p.core_node);
-    has_bias = in.size() > 4 && in[4] != nullptr;
+    has_bias = p.bias_vi != nullptr;
   } else if (p.core == Core::conv) {
     const auto in = node_inputs(p.core_node);
     has_bias = in.size() > 2 && in[2] != nullptr;
@@ -1052,6 +1188,27 @@ OrtStatus* ORT_API_CALL ci_create_state(OrtNodeComputeInfo* self, OrtNodeCompute
 
 void ORT_API_CALL ci_release_state(OrtNodeComputeInfo*, void*) noexcept {}
 
+// Reads input `index`, which must hold exactly one element of `type`, into `out`.
+void read_one_value(OrtKernelContext* ctx, std::size_t index, ONNXTensorElementDataType type, void* out, const char* what) {
+  const OrtValue* v = nullptr;
+  check(api().ort->KernelContext_GetInput(ctx, index, &v), what);
+  OrtTensorTypeAndShapeInfo* tsi = nullptr;
+  check(api().ort->GetTensorTypeAndShape(v, &tsi), what);
+  ONNXTensorElementDataType t = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::size_t count = 0;
+  OrtStatus* s = api().ort->GetTensorElementType(tsi, &t);
+  if (s == nullptr) s = api().ort->GetTensorShapeElementCount(tsi, &count);
+  api().ort->ReleaseTensorTypeAndShapeInfo(tsi);
+  check(s, what);
+  if (t != type || count != 1)
+    throw OrtError{ORT_INVALID_ARGUMENT, std::string(what) + " holds " + std::to_string(count) +
+                                             " values of element type " + std::to_string(static_cast<int>(t)) +
+                                             "; the layer takes one of type " + std::to_string(static_cast<int>(type))};
+  const void* data = nullptr;
+  check(api().ort->GetTensorData(v, &data), what);
+  std::memcpy(out, data, type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? sizeof(float) : 1);
+}
+
 OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelContext* ctx) noexcept {
   return boundary("Compute", [&]() -> OrtStatus* {
     auto* layer = static_cast<Layer*>(state);
@@ -1113,7 +1270,22 @@ OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelCo
     void* y = nullptr;
     check(api().ort->GetTensorData(input, &a), "input data");
     check(api().ort->GetTensorMutableData(output, &y), "output data");
-    if (m != 0) layer->linear->run(static_cast<const float*>(a), m, static_cast<float*>(y));
+    if (m == 0) return nullptr;
+    if (layer->quantized_a) {
+      float scale = layer->a_scale;
+      std::int32_t zero = layer->a_zero;
+      if (layer->a_scale_index) read_one_value(ctx, *layer->a_scale_index, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &scale, "a_scale");
+      if (layer->a_zero_index) {
+        std::uint8_t z = 0;
+        read_one_value(ctx, *layer->a_zero_index, layer->a_unsigned ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+                       &z, "a_zero_point");
+        zero = layer->a_unsigned ? static_cast<std::int32_t>(z) : static_cast<std::int32_t>(static_cast<std::int8_t>(z));
+      }
+      layer->linear->run_quantized(static_cast<const std::uint8_t*>(a), layer->a_unsigned, m, layer->k, zero, scale,
+                                   static_cast<float*>(y));
+      return nullptr;
+    }
+    layer->linear->run(static_cast<const float*>(a), m, static_cast<float*>(y));
     return nullptr;
   });
 }
@@ -1253,7 +1425,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       if ((plan = core_plan(node, options_.use_xnnpack, nullptr, conv_refusal(options_)))) break;
     if (!plan) throw OrtError{ORT_FAIL, "a fused partition holds no layer this provider computes"};
     for (const OrtNode* node : part.nodes) {
-      if (node == plan->core_node) continue;
+      if (node == plan->core_node || std::find(plan->chain.begin(), plan->chain.end(), node) != plan->chain.end()) continue;
       if (op_type(node) == "Add") plan->add_node = node;
       else if (auto act = activation_of(node)) {
         plan->act_node = node;
@@ -1285,6 +1457,11 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     CreateReport report;
     std::unique_ptr<Linear> linear;
     std::vector<float> column_scales;  // qc8: a scale per column
+    // qc8 on a quantized A: where its scale and zero point come from (kept in the Layer).
+    bool a_unsigned = false;
+    std::optional<std::size_t> a_scale_index, a_zero_index;
+    float a_scale = 1.0f;
+    std::int32_t a_zero = 0;
     ConvSpec conv_spec;  // a convolution's (plan->core == Core::conv)
     std::unique_ptr<Conv2d> conv;
   };
@@ -1311,13 +1488,14 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     } else if (plan->core == Core::qc8) {
       spec.kind = LinearSpec::Kind::qc8;
       spec.weights_kn = true;
-      job.scales = read_weight(in[2], dir);
+      job.scales = read_weight(plan->scale_vi, dir);
       const auto* sc = static_cast<const float*>(job.scales.source.data);
       const std::size_t count = job.scales.source.bytes / sizeof(float);
+      if (count != 1 && count != spec.n) throw OrtError{ORT_FAIL, "the int8 weights' scales are neither 1 nor N values"};
       job.column_scales.resize(spec.n);
       for (std::size_t i = 0; i < spec.n; ++i) job.column_scales[i] = count == 1 ? sc[0] : sc[i];
       spec.scales = job.column_scales.data();
-      if (in.size() > 4 && in[4] != nullptr) bias_vi = in[4];
+      bias_vi = plan->bias_vi;
     } else if (plan->core == Core::matmul) {
       spec.weights_kn = true;
     } else if (plan->core == Core::gemm) {
@@ -1334,7 +1512,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     }
     if (plan->add_node != nullptr) {
       const auto add_in = node_inputs(plan->add_node);
-      const std::string mm_name = value_name(node_outputs(plan->core_node)[0]);
+      const std::string mm_name = value_name(node_outputs(plan->chain.empty() ? plan->core_node : plan->chain.back())[0]);
       bias_vi = value_name(add_in[0]) == mm_name ? add_in[1] : add_in[0];
       job.beta = 1.0f;
     }
@@ -1352,6 +1530,33 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
         found = true;
       }
     if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
+    if (plan->quantized_a) {
+      // A's scale and zero point: inputs of the fused node (DynamicQuantizeLinear's outputs), or
+      // constants read now.
+      const auto input_or_value = [&](const OrtValueInfo* vi, std::optional<std::size_t>* index, void* value,
+                                      std::size_t size) {
+        if (is_constant(vi)) {
+          const auto [data, bytes] = constant_bytes(vi);
+          if (data == nullptr || bytes != size) throw OrtError{ORT_FAIL, "the constant '" + value_name(vi) + "' is unreadable"};
+          std::memcpy(value, data, size);
+          return;
+        }
+        const std::string name = value_name(vi);
+        for (std::size_t j = 0; j < fin.size(); ++j)
+          if (fin[j] != nullptr && value_name(fin[j]) == name) {
+            *index = j;
+            return;
+          }
+        throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + name + "'"};
+      };
+      job.a_unsigned = tensor_info(in[0]).type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      if (plan->a_scale != nullptr) input_or_value(plan->a_scale, &job.a_scale_index, &job.a_scale, sizeof(float));
+      if (plan->a_zero != nullptr) {
+        std::uint8_t z = 0;
+        input_or_value(plan->a_zero, &job.a_zero_index, &z, 1);
+        job.a_zero = job.a_unsigned ? static_cast<std::int32_t>(z) : static_cast<std::int32_t>(static_cast<std::int8_t>(z));
+      }
+    }
   }
   // Identities (a cold session hashes the weights here) and names.
   parallel_for(pool_, count, [&](std::size_t g) {
@@ -1495,6 +1700,12 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     layer->n = job.spec.n;
     layer->gemm = job.plan->core == Core::gemm;
     layer->input_index = job.input_index;
+    layer->quantized_a = job.plan->quantized_a;
+    layer->a_unsigned = job.a_unsigned;
+    layer->a_scale_index = job.a_scale_index;
+    layer->a_zero_index = job.a_zero_index;
+    layer->a_scale = job.a_scale;
+    layer->a_zero = job.a_zero;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
     ci->CreateState = ci_create_state;
