@@ -207,9 +207,10 @@ def main():
     ap.add_argument("--first-minute", action="store_true",
                     help="also the model written, then at once a cold and five warm sessions (default options)")
     ap.add_argument("--models", nargs="+", dest="model_names", default=["big_mlp", "big_nbits"],
-                    choices=["big_mlp", "big_nbits", "big_dq", "big_resnet"],
+                    choices=["big_mlp", "big_nbits", "big_dq", "big_mmi", "big_resnet"],
                     help="big_mlp (f32) and big_nbits (4-bit) by default; big_dq: the same MLP dynamically "
-                         "quantized to int8 (DynamicQuantizeMatMul); big_resnet: a ResNet-50-shaped f32 CNN "
+                         "quantized to int8 (DynamicQuantizeMatMul); big_mmi: the same as quantize_dynamic's "
+                         "default writes it (DynamicQuantizeLinear, MatMulInteger, Cast, Mul); big_resnet: a ResNet-50-shaped f32 CNN "
                          "(224x224, batch 1)")
     ap.add_argument("--plot", help="write a PNG chart here (needs gnuplot)")
     ap.add_argument("--replot", action="store_true", help="only draw --plot from <work>/ort-bench.json")
@@ -229,6 +230,7 @@ def main():
     report = {"dim": args.dim, "hidden": args.hidden, "layers": args.layers, "rounds": args.rounds,
               "threads": args.threads, "models": {}}
     names = {"big_mlp": "f32", "big_nbits": "4-bit MatMulNBits", "big_dq": "int8 DynamicQuantizeMatMul",
+             "big_mmi": "int8 MatMulInteger (DynamicQuantizeLinear, Cast, Mul)",
              "big_resnet": "ResNet-50-shaped f32 CNN"}
     order, labels = ORDER, LABELS
     for model in args.model_names:

@@ -45,9 +45,13 @@
  * ---------------------------------------------------------------------------------------------
  * What it runs, and what never breaks a session
  * ---------------------------------------------------------------------------------------------
- * The provider claims MatMul with a constant 2-D B, Gemm with a constant B (transA 0), the bias
- * Add and the Relu or Gelu that follow them, and com.microsoft MatMulNBits (4-bit, see
- * docs/INTEGRATION.md); everything else stays on ONNX Runtime's CPU provider. When the cache
+ * The provider claims MatMul with a constant 2-D B, Gemm with a constant B (transA 0),
+ * com.microsoft MatMulNBits (4-bit), the 8-bit products com.microsoft DynamicQuantizeMatMul,
+ * MatMulInteger scaled to float by Cast and Mul (what quantize_dynamic writes) and
+ * com.microsoft MatMulIntegerToFloat (int8 weights), f32 Conv (with conv=on; the default on all
+ * but x86-64), and the bias Add and the Relu or Gelu that follow them; docs/INTEGRATION.md says
+ * exactly which forms. Everything else stays on ONNX Runtime's CPU provider, and its verbose log
+ * names each weight-bearing node it left, with the reason. When the cache
  * cannot be opened, written or trusted (a path that cannot be created, a full disk, a corrupt or
  * foreign file, another process holding the writer lease), the session is still created and
  * computes the same outputs from heap memory; one warning through ONNX Runtime's logger says why.

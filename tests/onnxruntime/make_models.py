@@ -47,11 +47,12 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
-          "conv_add_bias", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale"]
+          "conv_add_bias", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale", "nonfinite", "mmi_zero_1x1",
+          "mmi_scale_underflow"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
-EXTRA_BIG_MODELS = ["big_dq", "big_resnet"]
+EXTRA_BIG_MODELS = ["big_dq", "big_mmi", "big_resnet"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +490,76 @@ def build_mmi_negative_scale(seed):
     return g
 
 
+def build_nonfinite(seed):
+    # NaN as a model that broke upstream makes it (Sqrt of the negative half of the inputs), and
+    # NaN or infinite constants: every output ONNX makes NaN must stay NaN (XNNPACK's quantized
+    # kernels clamp a NaN to -inf, and a Relu fused as the clamp made it 0), layers with
+    # non-finite constants stay on the CPU provider, and so does a layer whose A is a constant.
+    # Found by a hostile review.
+    rng, g = rng_for(seed, "nonfinite"), Graph("nonfinite")
+    d, h = 64, 32
+    x = g.input("X", ["batch", "seq", d])
+    r = g.node("Sqrt", [x])  # NaN where X < 0
+    # f32 MatMul + Relu on a NaN row (taken).
+    g.node("Relu", [g.node("MatMul", [r, g.init("W1", dense(rng, d, h))])], ["Y1"])
+    # DynamicQuantizeMatMul on a NaN row (taken): ORT quantizes A as one tensor.
+    q2, s2 = quantize_int8(rng, d, h, True)
+    g.node("DynamicQuantizeMatMul", [r, g.init("B2", q2), g.init("s2", s2)], ["Y2"], domain=MS_DOMAIN)
+    # MatMulNBits on a NaN row (taken).
+    b3, s3 = quantize_blocks(rng, d, h, 32)
+    g.node("MatMulNBits", [r, g.init("B3", b3), g.init("s3", s3)], ["Y3"], domain=MS_DOMAIN, K=d, N=h, bits=4,
+           block_size=32, accuracy_level=0)
+    # MatMulInteger whose A scale is NaN at run time (taken): NaN everywhere.
+    xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+    g.node("DynamicQuantizeLinear", [x], xq)
+    nan_scale = g.node("Mul", [xq[1], g.init("nan", np.asarray(np.nan, np.float32))])
+    q4, s4 = quantize_int8(rng, d, h, True)
+    t = g.node("Cast", [g.node("MatMulInteger", [xq[0], g.init("B4", q4), xq[2]])], to=TensorProto.FLOAT)
+    g.node("Relu", [g.node("Mul", [t, g.node("Mul", [nan_scale, g.init("s4", s4)])])], ["Y4"])
+    # MatMulInteger with a NaN column scale (left).
+    s5 = s4.copy()
+    s5[2] = np.nan
+    t = g.node("Cast", [g.node("MatMulInteger", [xq[0], g.init("B5", q4), xq[2]])], to=TensorProto.FLOAT)
+    g.node("Mul", [t, g.node("Mul", [xq[1], g.init("s5", s5)])], ["Y5"])
+    # DynamicQuantizeMatMul with an infinite bias (left).
+    b6 = vec(rng, h)
+    b6[1] = np.inf
+    g.node("DynamicQuantizeMatMul", [x, g.init("B6", q2), g.init("s6", s2), "", g.init("b6", b6)], ["Y6"],
+           domain=MS_DOMAIN)
+    # MatMulIntegerToFloat with a constant A (left).
+    a7 = np.asarray(rng.integers(0, 256, size=(3, d)), np.uint8)
+    g.node("MatMulIntegerToFloat", [g.init("A7", a7), g.init("B7", q4), g.init("a7s", np.asarray(0.01, np.float32)),
+                                    g.init("s7", s4)], ["Y7"], domain=MS_DOMAIN)
+    for name, shape in [("Y1", h), ("Y2", h), ("Y3", h), ("Y4", h), ("Y5", h), ("Y6", h)]:
+        g.output(name, ["batch", "seq", shape])
+    g.output("Y7", [3, h])
+    return g
+
+
+def build_mmi_unsupported_run(seed, name):
+    # Layers whose Run the CPU provider refuses or the provider cannot compute: a zero point of
+    # shape [1, 1] (ORT's kernel wants a scalar or a 1-D tensor of one: left to it, which fails the
+    # Run as it would without the provider), and an A scale whose product with the weights' leaves
+    # float's normal range (taken; the Run fails with an error instead of flushing to zero).
+    rng, g = rng_for(seed, name), Graph(name)
+    d, h = 32, 16
+    x = g.input("X", ["batch", "seq", d])
+    xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+    g.node("DynamicQuantizeLinear", [x], xq)
+    q, sc = quantize_int8(rng, d, h, True)
+    if name == "mmi_zero_1x1":
+        zero = g.node("Reshape", [xq[2], g.init("shape11", np.asarray([1, 1], np.int64))])
+        t = g.node("MatMulInteger", [xq[0], g.init("B", q), zero])
+        scale = g.node("Mul", [xq[1], g.init("s", sc)])
+    else:
+        tiny = g.node("Mul", [xq[1], g.init("tiny", np.asarray(1e-30, np.float32))])
+        t = g.node("MatMulInteger", [xq[0], g.init("B", q), xq[2]])
+        scale = g.node("Mul", [tiny, g.init("s", (sc * 1e-8).astype(np.float32))])
+    g.node("Mul", [g.node("Cast", [t], to=TensorProto.FLOAT), scale], ["Y"])
+    g.output("Y", ["batch", "seq", h])
+    return g
+
+
 def build_gemm_unknown_rank_1d(seed):
     # A computed Reshape at opset 9 (rank unknown to ORT) that flattens to 1-D before a Gemm: ONNX
     # wants A 2-D, ORT's CPU provider runs it as one row, [1, N] (a hostile review's finding).
@@ -574,6 +645,19 @@ def build_big(seed, name, dim, hidden, layers, stream):
                                                      stream(g, f"l{layer}.W{half + 1}_scales", sc), "",
                                                      stream(g, f"l{layer}.b{half + 1}", vec(rng, n))],
                            ["Y"] if layer == layers - 1 and half == 1 else None, domain=MS_DOMAIN)
+                if half == 0:
+                    x = g.node("Gelu", [x], domain=MS_DOMAIN)
+            continue
+        if name == "big_mmi":  # quantize_dynamic's default (QOperator): DynamicQuantizeLinear, MatMulInteger...
+            for half, (k, n) in enumerate([(dim, hidden), (hidden, dim)]):
+                q, sc = quantize_int8(rng, k, n, True)
+                xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+                g.node("DynamicQuantizeLinear", [x], xq)
+                t = g.node("MatMulInteger", [xq[0], stream(g, f"l{layer}.W{half + 1}_q8", q), xq[2]])
+                t = g.node("Cast", [t], to=TensorProto.FLOAT)
+                t = g.node("Mul", [t, g.node("Mul", [xq[1], stream(g, f"l{layer}.W{half + 1}_scales", sc)])])
+                last = layer == layers - 1 and half == 1
+                x = g.node("Add", [t, stream(g, f"l{layer}.b{half + 1}", vec(rng, n))], ["Y"] if last else None)
                 if half == 0:
                     x = g.node("Gelu", [x], domain=MS_DOMAIN)
             continue
@@ -717,7 +801,9 @@ def generate(args):
                 "dq_mlp": build_dq_mlp, "gemm_unknown_rank_1d": build_gemm_unknown_rank_1d,
                 "conv_empty_width": build_conv_empty_width, "conv_add_bias": build_conv_add_bias,
                 "mmi_mlp": build_mmi_mlp, "mmi_mlp_7bit": lambda s: build_mmi_mlp(s, "mmi_mlp_7bit"),
-                "mmi_negative_scale": build_mmi_negative_scale}
+                "mmi_negative_scale": build_mmi_negative_scale, "nonfinite": build_nonfinite,
+                "mmi_zero_1x1": lambda s: build_mmi_unsupported_run(s, "mmi_zero_1x1"),
+                "mmi_scale_underflow": lambda s: build_mmi_unsupported_run(s, "mmi_scale_underflow")}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:

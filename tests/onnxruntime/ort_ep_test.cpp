@@ -491,6 +491,82 @@ TEST_F(OrtEp, MatMulIntegerWithSevenBitWeightsMatchesTheCpuProvider) {
   EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
 }
 
+// NaN as a model that broke upstream makes it, and non-finite constants (a hostile review found
+// XNNPACK's quantized kernels clamping a NaN to -inf, and a Relu fused as the clamp making it 0):
+// every output ONNX Runtime makes NaN stays NaN; a DynamicQuantizeMatMul whose A holds a NaN gives
+// NaN (ORT's CPU kernel quantizes the NaN into finite numbers of no meaning); layers with a NaN or
+// infinite scale or bias, or a constant A, stay on the CPU provider and say why.
+TEST_F(OrtEp, NanStaysNanAndLayersWithNonFiniteConstantsStayOnTheCpuProvider) {
+  const std::string model = models("nonfinite.onnx"), cache = f("c.wcache");
+  const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
+  ASSERT_EQ(cpu.code, 0) << cpu.describe();
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), {"--log-level", "verbose"}));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_seen"), 7u) << cold.out;
+  EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 4u) << cold.out;
+  // MatMul + Relu, DynamicQuantizeMatMul, MatMulNBits, MatMulInteger + Cast + 2 Mul + Relu.
+  EXPECT_EQ(stat_of(cold.j, "nodes"), 9u) << cold.out;
+  const auto declined = declined_lines(cold.err);
+  ASSERT_EQ(declined.size(), 3u) << cold.err;
+  const std::string all = declined[0] + declined[1] + declined[2];
+  EXPECT_NE(all.find("its input A is a constant initializer"), std::string::npos) << all;
+  EXPECT_NE(all.find("the bias holds a NaN or an infinity"), std::string::npos) << all;
+  EXPECT_NE(all.find("b_scale holds a NaN"), std::string::npos) << all;
+  const auto c = floats(f("cpu.bin")), e = floats(f("cold.bin"));
+  const std::size_t rows = 6, n = 32;
+  ASSERT_EQ(c.size(), 6 * rows * n + 3 * n);
+  ASSERT_EQ(e.size(), c.size());
+  for (std::size_t out = 0; out < 7; ++out) {
+    SCOPED_TRACE("Y" + std::to_string(out + 1));
+    const std::size_t begin = out * rows * n, end = out == 6 ? c.size() : begin + rows * n;
+    std::size_t nans = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      nans += std::isnan(e[i]) ? 1 : 0;
+      if (out == 1) {  // DynamicQuantizeMatMul on NaN rows: NaN, whatever the CPU kernel made of them
+        EXPECT_TRUE(std::isnan(e[i])) << i << ": " << e[i];
+      } else if (std::isnan(c[i]) || std::isnan(e[i])) {
+        EXPECT_TRUE(std::isnan(c[i]) && std::isnan(e[i])) << i << ": provider " << e[i] << ", CPU " << c[i];
+      } else if (std::isinf(c[i]) || std::isinf(e[i])) {
+        EXPECT_EQ(e[i], c[i]) << i;
+      } else {
+        EXPECT_LE(std::fabs(c[i] - e[i]), 1e-4 * std::max(1.0f, std::fabs(c[i]))) << i;
+      }
+    }
+    if (out < 4) {
+      EXPECT_GT(nans, 0u) << "the model makes NaN here";
+    }
+  }
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+}
+
+// What neither provider computes fails the Run with an error, never with other numbers: a zero
+// point of shape [1, 1] is left to the CPU provider, whose kernel refuses it as without the
+// provider; an A scale whose product with the weights' scales is below float's normal range would
+// be flushed to zero by XNNPACK's kernel, so the provider's Run fails and says so.
+TEST_F(OrtEp, Int8RunsNeitherProviderComputesFailWithAnError) {
+  {
+    const std::string model = models("mmi_zero_1x1.onnx");
+    const HostRun cpu = cpu_reference(dir_, model, f("cpu1.bin"));
+    EXPECT_NE(cpu.code, 0) << "ONNX Runtime's kernel took a zero point of shape [1, 1]: " << cpu.describe();
+    const HostRun ep = host(dir_, ep_args(model, f("c1.wcache"), f("ep1.bin"), {"--log-level", "verbose"}));
+    EXPECT_NE(ep.code, 0) << ep.describe();
+    const auto declined = declined_lines(ep.err);
+    ASSERT_EQ(declined.size(), 1u) << ep.err;
+    EXPECT_NE(declined[0].find("a_zero_point is not one value"), std::string::npos) << declined[0];
+  }
+  {
+    const std::string model = models("mmi_scale_underflow.onnx");
+    const HostRun cpu = cpu_reference(dir_, model, f("cpu2.bin"));
+    ASSERT_EQ(cpu.code, 0) << cpu.describe();
+    const HostRun ep = host(dir_, ep_args(model, f("c2.wcache"), f("ep2.bin")));
+    EXPECT_NE(ep.code, 0) << ep.describe();
+    EXPECT_NE(ep.err.find("cannot be computed by this int8 layer"), std::string::npos) << ep.err;
+  }
+}
+
 class OrtEpNbits : public OrtEp, public ::testing::WithParamInterface<const char*> {};
 
 // 4-bit weights with activations quantized per row to int8 (XNNPACK's qd8) differ from ORT's CPU

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <cstdint>
@@ -25,7 +26,8 @@ void apply_epilogue(float* y, std::size_t count, float alpha, Activation activat
   if (alpha != 1.0f)
     for (std::size_t i = 0; i < count; ++i) y[i] *= alpha;
   if (activation == Activation::relu && !relu_done) {
-    for (std::size_t i = 0; i < count; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+    // A NaN stays NaN, as in ONNX Runtime's Relu.
+    for (std::size_t i = 0; i < count; ++i) y[i] = (y[i] > 0.0f || std::isnan(y[i])) ? y[i] : 0.0f;
   } else if (activation == Activation::gelu) {
     // The exact (erf) form, as ONNX's Gelu with approximate="none" and com.microsoft.Gelu.
     constexpr float kInvSqrt2 = 0.70710678118654752440f;
@@ -280,7 +282,14 @@ class XnnLinear final : public Linear {
  public:
   XnnLinear(const LinearSpec& s, pthreadpool_t pool, bool relu_fused)
       : k_(s.k), n_(s.n), alpha_(s.alpha), activation_(s.activation), relu_fused_(relu_fused),
-        quantized_(s.kind != LinearSpec::Kind::f32), qc8_(s.kind == LinearSpec::Kind::qc8), pool_(pool) {}
+        quantized_(s.kind != LinearSpec::Kind::f32), qc8_(s.kind == LinearSpec::Kind::qc8), pool_(pool) {
+    if (qc8_)
+      for (std::size_t i = 0; i < n_; ++i) {
+        const float v = std::fabs(s.scales[i]);
+        scale_max_ = std::max(scale_max_, v);
+        if (v != 0.0f) scale_min_ = std::min(scale_min_, v);
+      }
+  }
 
   XnnOp fc, convert;
   std::unique_ptr<ForwardingProvider> provider;  // the operator calls it at every reshape
@@ -288,6 +297,29 @@ class XnnLinear final : public Linear {
   void run_quantized(const std::uint8_t* a, bool a_unsigned, std::size_t m, std::size_t k, std::int32_t zero_point, float scale,
                      float* y) override {
     if (!qc8_) return Linear::run_quantized(a, a_unsigned, m, k, zero_point, scale, y);
+    // ONNX scales the integer sum by (A's scale x the weights'); XNNPACK by A's first, then the
+    // weights', clamping (a NaN becomes -inf) and flushing subnormal values to zero. So a NaN
+    // scale gives NaN everywhere, as in ONNX, and a scale whose products leave float's normal
+    // range fails the run instead of giving other numbers (the graph's constants were checked
+    // when the layer was created).
+    if (std::isnan(scale)) {
+      std::fill(y, y + m * n_, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
+    const double sum_max = std::min(static_cast<double>(k_) * 255.0 * 128.0, 2147483648.0);
+    const double mag = std::fabs(static_cast<double>(scale));
+    if (scale != 0.0f && (!std::isnormal(scale) || mag * sum_max * scale_max_ > std::numeric_limits<float>::max() ||
+                          mag * sum_max > std::numeric_limits<float>::max() ||
+                          (scale_min_ <= scale_max_ && mag * scale_min_ < std::numeric_limits<float>::min())))
+    {
+      char msg[400];
+      std::snprintf(msg, sizeof msg,
+                    "A's scale %g cannot be computed by this int8 layer: with the weights' scales (%g to %g) its "
+                    "products leave float's normal range in XNNPACK's kernel, which scales by A's first; ONNX "
+                    "Runtime's CPU provider computes such a layer (kernels=builtin leaves every int8 layer to it)",
+                    static_cast<double>(scale), static_cast<double>(scale_min_), static_cast<double>(scale_max_));
+      throw OrtError{ORT_INVALID_ARGUMENT, msg};
+    }
     std::lock_guard<std::mutex> lock(mu_);
     // XNNPACK's qd8 input is int8 with a zero point and scale per row: uint8 is shifted by 128
     // (a - zero_point unchanged), and every row gets the tensor's one scale and zero point.
@@ -317,6 +349,25 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
     } else {
       // Activations are quantized per row to int8 (XNNPACK's qd8), as its subgraph runtime does.
+      // A row with a NaN or an infinity would be quantized to nonsense (and the kernel's clamp turns
+      // a NaN into -inf): ONNX Runtime's DynamicQuantizeMatMul quantizes A as one tensor, so any
+      // such value makes all of its outputs NaN; a 4-bit layer dequantizes the weights instead,
+      // and such a row gives NaN (or an infinity) in its own outputs only. Those outputs are NaN.
+      bad_rows_.clear();
+      for (std::size_t row = 0; row < m; ++row) {
+        const float* r = a + row * k_;
+        std::uint32_t special = 0;  // all exponent bits set: a NaN or an infinity
+        for (std::size_t i = 0; i < k_; ++i) {
+          std::uint32_t bits;
+          std::memcpy(&bits, r + i, sizeof bits);
+          special |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+        }
+        if (special != 0) bad_rows_.push_back(row);
+      }
+      if (!bad_rows_.empty() && qc8_) {
+        std::fill(y, y + m * n_, std::numeric_limits<float>::quiet_NaN());
+        return;
+      }
       q_.resize(m * k_ + XNN_EXTRA_BYTES);
       params_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
       row_sum_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
@@ -338,6 +389,8 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
     }
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
+    for (std::size_t row : bad_rows_) std::fill(y + row * n_, y + (row + 1) * n_, std::numeric_limits<float>::quiet_NaN());
+    bad_rows_.clear();
   }
 
   static void check_xnn(xnn_status st, const char* what) {
@@ -357,6 +410,8 @@ class XnnLinear final : public Linear {
   std::vector<xnn_quantization_params> params_;
   std::vector<float> row_sum_;
   std::vector<std::uint64_t> workspace_;
+  std::vector<std::size_t> bad_rows_;  // rows of A with a NaN or an infinity (quantized layers)
+  float scale_min_ = std::numeric_limits<float>::max(), scale_max_ = 0.0f;  // qc8: |weights' scales| (nonzero min)
 };
 
 // Creates the fully-connected operator with or without the cache's provider.
@@ -551,7 +606,9 @@ std::unique_ptr<Linear> dequantized(const LinearSpec& s, const PackTarget& t, Cr
 
 std::unique_ptr<Linear> create_xnnpack(const LinearSpec& s, const PackTarget& t, CreateReport* report) {
   if (!xnn_ready()) throw OrtError{ORT_FAIL, "XNNPACK could not be initialized on this CPU"};
-  const bool relu_fused = s.activation == Activation::relu && s.alpha == 1.0f;
+  // A quantized layer's Relu is applied after the kernel, never as its clamp, which turns a NaN
+  // into 0 there (the f32 kernels keep it).
+  const bool relu_fused = s.activation == Activation::relu && s.alpha == 1.0f && s.kind == LinearSpec::Kind::f32;
   const float lo = relu_fused ? 0.0f : -std::numeric_limits<float>::infinity();
   const float hi = std::numeric_limits<float>::infinity();
   const bool nbits = s.kind == LinearSpec::Kind::nbits4;

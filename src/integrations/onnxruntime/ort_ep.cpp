@@ -665,6 +665,20 @@ bool bears_weight(const OrtNode* node) {
   return static_cast<std::size_t>(w) < in.size() && is_constant(in[static_cast<std::size_t>(w)]);
 }
 
+// Whether a constant float32 holds only finite values, and with `normal`, none subnormal either
+// (zero is fine). XNNPACK's quantized kernels clamp their output, which turns a NaN into -inf,
+// and flush subnormal values to zero: a layer with such a scale or bias stays on the CPU provider.
+bool finite_constant(const OrtValueInfo* vi, bool normal) {
+  const auto [data, bytes] = is_constant(vi) ? constant_bytes(vi) : std::pair<const void*, std::size_t>{};
+  if (data == nullptr || !is_f32(tensor_info(vi))) return false;
+  const auto* f = static_cast<const float*>(data);
+  for (std::size_t i = 0; i < bytes / sizeof(float); ++i) {
+    if (!std::isfinite(f[i])) return false;
+    if (normal && f[i] != 0.0f && !std::isnormal(f[i])) return false;
+  }
+  return true;
+}
+
 // Why the zero points of int8 weights cannot be computed ("" when they can: a constant int8 of 0s,
 // since XNNPACK's int8 weights are symmetric; any other stays on the CPU provider).
 std::string nonzero_weight_zero_points(const OrtValueInfo* vi) {
@@ -714,6 +728,10 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
   const auto out = node_outputs(node);
   Plan p;
   p.core_node = node;
+  // A fused layer takes its activation as an input; a constant one would be dropped from the
+  // fused node with the weights (ONNX Runtime folds such a node or runs it itself).
+  if (!in.empty() && in[0] != nullptr && is_constant(in[0]))
+    return decline("its input A is a constant initializer, not an activation");
   if ((t == "MatMulInteger" && d.empty() && in.size() >= 2) ||
       (t == "MatMulIntegerToFloat" && d == kMsDomain && in.size() >= 4)) {
     const bool to_float = t == "MatMulIntegerToFloat";
@@ -734,9 +752,13 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(p.k));
     p.out_rank = a.rank_known ? a.dims.size() : 0;
     const std::size_t rank_room = p.out_rank != 0 ? p.out_rank : 1;  // a per-tensor value adds no dimension
-    const auto one_value = [&](const OrtValueInfo* vi, ONNXTensorElementDataType type) {
+    // One value of `type`: a scalar or a 1-D tensor of one (what ONNX Runtime's kernels accept for
+    // a zero point and MatMulIntegerToFloat's a_scale); `any_rank`: of any rank that adds no
+    // dimension to the output (a value multiplied in by a Mul).
+    const auto one_value = [&](const OrtValueInfo* vi, ONNXTensorElementDataType type, bool any_rank = false) {
       const TensorInfo v = tensor_info(vi);
-      return v.known && v.type == type && v.rank_known && v.dims.size() <= rank_room && numel(v.dims) == 1;
+      return v.known && v.type == type && v.rank_known && v.dims.size() <= (any_rank ? rank_room : 1) &&
+             numel(v.dims) == 1;
     };
     const std::size_t a_zero_at = to_float ? 4 : 2, b_zero_at = to_float ? 5 : 3;
     if (in.size() > a_zero_at && in[a_zero_at] != nullptr) {
@@ -751,34 +773,43 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
       if (!one_value(in[2], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) return decline("a_scale is not one float32 value");
       if (!is_scale_row(in[3], p.n, rank_room)) return decline("b_scale is not a constant float32 of 1 or N values");
+      if (!finite_constant(in[3], true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
       p.a_scale = in[2];
       p.scale_vi = in[3];
       if (in.size() > 6 && in[6] != nullptr) {
         if (!is_row_bias(in[6], p.n) || tensor_info(in[6]).dims.size() > rank_room)
           return decline("the bias is not a row of N values");
+        if (!finite_constant(in[6], false)) return decline("the bias holds a NaN or an infinity");
         p.bias_vi = in[6];
       }
     } else {
       // The int32 product scaled to float as onnxruntime's quantize_dynamic writes it:
       // Cast(to float), then Mul by (a_scale x b_scale), each the only user of what it takes.
-      const char* pattern = "its int32 result is not scaled to float32 as quantize_dynamic writes it "
-                            "(Cast to float, then Mul by a Mul of A's scale and a constant b_scale, or by a "
-                            "constant of 1 or N values)";
-      const OrtNode* cast = out.size() == 1 ? sole_consumer(out[0]) : nullptr;
-      if (cast == nullptr || op_type(cast) != "Cast" || !domain(cast).empty() ||
-          int_attr(cast, "to").value_or(0) != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
-        return decline(pattern);
+      const auto unlike = [&](const std::string& what) {
+        return decline("its int32 result is not scaled to float32 as quantize_dynamic writes it (Cast to float, "
+                       "then Mul by a Mul of A's scale and a constant b_scale, or by a constant): " + what);
+      };
+      if (out.size() != 1 || out[0] == nullptr) return unlike("no single output");
+      const OrtNode* cast = sole_consumer(out[0]);
+      if (cast == nullptr) return unlike("the int32 product has several users, none, or is a graph output");
+      if (op_type(cast) != "Cast" || !domain(cast).empty()) return unlike("the int32 product goes to " + op_type(cast));
+      if (int_attr(cast, "to").value_or(0) != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)
+        return unlike("the Cast is not to float32");
       const auto cast_out = node_outputs(cast);
       const OrtNode* mul = cast_out.size() == 1 ? sole_consumer(cast_out[0]) : nullptr;
-      if (mul == nullptr || op_type(mul) != "Mul" || !domain(mul).empty()) return decline(pattern);
+      if (mul == nullptr) return unlike("the Cast's output has several users, none, or is a graph output");
+      if (op_type(mul) != "Mul" || !domain(mul).empty()) return unlike("the Cast's output goes to " + op_type(mul));
       const auto mul_in = node_inputs(mul);
       const auto mul_out = node_outputs(mul);
-      if (mul_in.size() != 2 || mul_out.size() != 1 || !is_f32(tensor_info(mul_out[0]))) return decline(pattern);
+      if (mul_in.size() != 2 || mul_out.size() != 1 || !is_f32(tensor_info(mul_out[0])))
+        return unlike("the Mul does not give one float32 tensor");
       const OrtValueInfo* scale = mul_in[0] == cast_out[0] ? mul_in[1] : mul_in[1] == cast_out[0] ? mul_in[0] : nullptr;
-      if (scale != nullptr && is_constant(scale)) {
+      if (scale == nullptr) return unlike("the Mul squares the product");
+      if (is_constant(scale)) {
         // A and the weights both scaled by constants (static quantization), which ORT folded into
         // one: the weights' scale, with A's taken as 1.
-        if (!is_scale_row(scale, p.n, rank_room)) return decline(pattern);
+        if (!is_scale_row(scale, p.n, rank_room)) return unlike("the constant scale is not 1 or N values of a rank that adds no dimension");
+        if (!finite_constant(scale, true)) return decline("the scale holds a NaN, an infinity or a subnormal value");
         p.scale_vi = scale;
         p.chain = {cast, mul};
         p.core = Core::qc8;
@@ -786,19 +817,23 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
         p.weight_vi = in[1];
         return p;
       }
-      const OrtNode* scales_mul = scale != nullptr ? producer_of(scale) : nullptr;
-      if (scales_mul == nullptr || op_type(scales_mul) != "Mul" || !domain(scales_mul).empty() ||
-          sole_consumer(scale) != mul)
-        return decline(pattern);
+      const OrtNode* scales_mul = producer_of(scale);
+      if (scales_mul == nullptr || op_type(scales_mul) != "Mul" || !domain(scales_mul).empty())
+        return unlike("the scale is not computed by a Mul");
+      if (sole_consumer(scale) != mul) return unlike("the scales' product has other users");
       const auto s_in = node_inputs(scales_mul);
-      if (s_in.size() != 2 || s_in[0] == nullptr || s_in[1] == nullptr) return decline(pattern);
+      if (s_in.size() != 2 || s_in[0] == nullptr || s_in[1] == nullptr) return unlike("the scales' Mul has no two inputs");
       // Which of the two is b_scale: the constant of 1 or N values whose partner is one value.
       for (int i = 0; i < 2 && p.scale_vi == nullptr; ++i)
-        if (is_scale_row(s_in[i], p.n, rank_room) && one_value(s_in[1 - i], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) {
+        if (is_scale_row(s_in[i], p.n, rank_room) &&
+            one_value(s_in[1 - i], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, /*any_rank=*/true)) {
           p.scale_vi = s_in[i];
           p.a_scale = s_in[1 - i];
         }
-      if (p.scale_vi == nullptr) return decline(pattern);
+      if (p.scale_vi == nullptr)
+        return unlike("the scales' Mul is not of one float32 value and a constant of 1 or N values, of ranks that add "
+                      "no dimension");
+      if (!finite_constant(p.scale_vi, true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
       p.chain = {cast, scales_mul, mul};
     }
     p.core = Core::qc8;
@@ -869,6 +904,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
     if (in.size() > 3 && in[3] != nullptr) return decline("zero points are not computed (only the default 8)");
     if (in.size() > 4 && in[4] != nullptr) return decline("g_idx is not computed");
     if (in.size() > 5 && in[5] != nullptr && !is_row_bias(in[5], *n)) return decline("the bias is not a row of N values");
+    if (in.size() > 5 && in[5] != nullptr && !finite_constant(in[5], false)) return decline("the bias holds a NaN or an infinity");
     p.core = Core::nbits;
     p.out_rank = a.rank_known ? a.dims.size() : 0;
     p.block_size = *block;
@@ -963,10 +999,12 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
     p.n = b.dims[1];
     if (!is_constant(in[2]) || !is_f32(sc) || (numel(sc.dims) != 1 && numel(sc.dims) != p.n))
       return decline("b_scale is not a constant float32 of 1 or N values");
+    if (!finite_constant(in[2], true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
     if (in.size() > 3 && in[3] != nullptr) {
       if (std::string z = nonzero_weight_zero_points(in[3]); !z.empty()) return decline(z);
     }
     if (in.size() > 4 && in[4] != nullptr && !is_row_bias(in[4], p.n)) return decline("the bias is not a row of N values");
+    if (in.size() > 4 && in[4] != nullptr && !finite_constant(in[4], false)) return decline("the bias holds a NaN or an infinity");
     if (a.rank_known && a.dims.back() >= 0 && a.dims.back() != p.k)
       return decline("A's last dimension " + std::to_string(a.dims.back()) + " is not B's K " + std::to_string(p.k));
     p.core = Core::qc8;
@@ -1032,7 +1070,10 @@ void fuse_epilogue(Plan& p) {
         // With A's rank unknown (out_rank 0), only a bias of rank 1 or less, which adds no
         // dimension to any output of rank 1 or more.
         const std::size_t rank_room = p.out_rank != 0 ? p.out_rank : 1;
-        if (other != nullptr && is_row_bias(other, p.n) && numel(bt.dims) == p.n && bt.dims.size() <= rank_room) {
+        // XNNPACK's quantized kernels clamp a NaN to -inf: such a bias stays an Add of its own.
+        const bool quantized = p.core == Core::qc8 || p.core == Core::nbits;
+        if (other != nullptr && is_row_bias(other, p.n) && numel(bt.dims) == p.n && bt.dims.size() <= rank_room &&
+            (!quantized || finite_constant(other, false))) {
           p.add_node = next;
           cur = out[0];
         }
