@@ -47,7 +47,7 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "matmulnbits", "bias_rank3", "gemm_tiny_alpha", "nbits_negative_scale", "reshape_opset9",
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
-          "conv_add_bias", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale", "nonfinite", "mmi_zero_1x1",
+          "conv_add_bias", "scan_body", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale", "nonfinite", "mmi_zero_1x1",
           "mmi_scale_underflow"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
@@ -345,6 +345,23 @@ def build_loop_body(seed):
     cond = g.init("cond", np.array(True))
     g.node("Loop", [trips, cond, x], ["Y"], body=body.graph())
     g.output("Y", ["batch", "seq", d])
+    return g
+
+
+def build_scan_body(seed):
+    # A Scan over the sequence axis whose body applies a layer (MatMul, bias Add, Relu) to each
+    # step's [batch, d] slice: ORT asks the provider about the body as about an If branch.
+    rng, g = rng_for(seed, "scan_body"), Graph("scan_body")
+    d, h = 24, 40
+    x = g.input("X", ["batch", "seq", d])
+    body = Graph("body")
+    body.inputs.append(helper.make_tensor_value_info("x_t", TensorProto.FLOAT, None))
+    t = body.node("MatMul", ["x_t", body.init("Ws", dense(rng, d, h))])
+    t = body.node("Add", [t, g.init("bs", vec(rng, h))])
+    body.node("Relu", [t], ["y_t"])
+    body.outputs.append(helper.make_tensor_value_info("y_t", TensorProto.FLOAT, None))
+    g.node("Scan", [x], ["Y"], body=body.graph(), num_scan_inputs=1, scan_input_axes=[1], scan_output_axes=[1])
+    g.output("Y", ["batch", "seq", h])
     return g
 
 
@@ -802,6 +819,7 @@ def generate(args):
                 "conv_empty_width": build_conv_empty_width, "conv_add_bias": build_conv_add_bias,
                 "mmi_mlp": build_mmi_mlp, "mmi_mlp_7bit": lambda s: build_mmi_mlp(s, "mmi_mlp_7bit"),
                 "mmi_negative_scale": build_mmi_negative_scale, "nonfinite": build_nonfinite,
+                "scan_body": build_scan_body,
                 "mmi_zero_1x1": lambda s: build_mmi_unsupported_run(s, "mmi_zero_1x1"),
                 "mmi_scale_underflow": lambda s: build_mmi_unsupported_run(s, "mmi_scale_underflow")}
     for name in names:

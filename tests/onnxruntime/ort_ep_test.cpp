@@ -238,6 +238,9 @@ const F32Case kF32[] = {
     {"vector_input.onnx", 1, 1, 1},
     // A Loop's body: a layer on the carried value (no shape in the body: rank unknown).
     {"loop_body.onnx", 3, 1, 1},
+    // A Scan's body: a layer on each step's 2-D slice (ORT's own fusion makes its MatMul and Add
+    // a Gemm before the provider is asked: Gemm + Relu).
+    {"scan_body.onnx", 2, 1, 1},
     // A Gemm whose A has no rank in the graph and is 1-D at run time: one row, [1, N].
     {"gemm_unknown_rank_1d.onnx", 1, 1, 1},
 };
