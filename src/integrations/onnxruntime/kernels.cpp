@@ -332,12 +332,7 @@ class XnnLinear final : public Linear {
       std::memcpy(q_.data(), a, count);
     }
     params_.assign(m + XNN_EXTRA_QUANTIZATION_PARAMS, xnn_quantization_params{zero_point, scale});
-    std::size_t workspace = 0;
-    check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qc8w(fc.op, m, &workspace, pool_), "fully-connected reshape");
-    workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
-    check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qc8w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
-              "fully-connected setup");
-    check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
+    run_qd8(m, y);
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
   }
 
@@ -374,19 +369,7 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "fully-connected reshape convert");
       check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "fully-connected setup convert");
       check_xnn(xnn_run_operator(convert.op, pool_), "fully-connected run convert");
-      std::size_t workspace = 0;
-      if (qc8_) {
-        check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qc8w(fc.op, m, &workspace, pool_), "fully-connected reshape");
-        workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
-        check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qc8w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
-                  "fully-connected setup");
-      } else {
-        check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "fully-connected reshape");
-        workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
-        check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
-                  "fully-connected setup");
-      }
-      check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
+      run_qd8(m, y);
     }
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
     for (std::size_t row : bad_rows_) std::fill(y + row * n_, y + (row + 1) * n_, std::numeric_limits<float>::quiet_NaN());
@@ -400,6 +383,23 @@ class XnnLinear final : public Linear {
   }
 
  private:
+  // The fully-connected operator on the int8 rows in q_ with their params_ (int8 or 4-bit weights).
+  void run_qd8(std::size_t m, float* y) {
+    std::size_t workspace = 0;
+    if (qc8_) {
+      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qc8w(fc.op, m, &workspace, pool_), "fully-connected reshape");
+      workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+      check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qc8w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+                "fully-connected setup");
+    } else {
+      check_xnn(xnn_reshape_fully_connected_nc_qd8_f32_qb4w(fc.op, m, &workspace, pool_), "fully-connected reshape");
+      workspace_.resize(workspace / sizeof(std::uint64_t) + 1);
+      check_xnn(xnn_setup_fully_connected_nc_qd8_f32_qb4w(fc.op, q_.data(), y, workspace_.data(), params_.data()),
+                "fully-connected setup");
+    }
+    check_xnn(xnn_run_operator(fc.op, pool_), "fully-connected run");
+  }
+
   std::size_t k_, n_;
   float alpha_;
   Activation activation_;
