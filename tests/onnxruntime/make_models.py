@@ -48,7 +48,7 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
           "conv_add_bias", "scan_body", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale", "nonfinite", "mmi_zero_1x1",
-          "mmi_scale_underflow"]
+          "mmi_scale_underflow", "quant_inf_row", "quant_tiny_rows"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
@@ -558,13 +558,32 @@ def build_mmi_unsupported_run(seed, name):
     # shape [1, 1] (ORT's kernel wants a scalar or a 1-D tensor of one: left to it, which fails the
     # Run as it would without the provider), and an A scale whose product with the weights' leaves
     # float's normal range (taken; the Run fails with an error instead of flushing to zero).
+    # quant_inf_row: a 4-bit layer on infinite activations (X / 0), whose outputs are infinities of
+    # signs only the weights know: the provider's Run fails. quant_tiny_rows: a
+    # DynamicQuantizeMatMul on activations of about 1e-37, which XNNPACK's quantization cannot scale.
     rng, g = rng_for(seed, name), Graph(name)
     d, h = 32, 16
     x = g.input("X", ["batch", "seq", d])
+    if name == "quant_inf_row":
+        b, sc4 = quantize_blocks(rng, d, h, 32)
+        inf = g.node("Div", [x, g.init("zeros", np.zeros(d, np.float32))])
+        g.node("MatMulNBits", [inf, g.init("B", b), g.init("s", sc4)], ["Y"], domain=MS_DOMAIN, K=d, N=h, bits=4,
+               block_size=32, accuracy_level=0)
+        g.output("Y", ["batch", "seq", h])
+        return g
+    q, sc = quantize_int8(rng, d, h, True)
+    if name == "quant_tiny_rows":
+        tiny = g.node("Mul", [x, g.init("tiny", np.asarray(1e-37, np.float32))])
+        g.node("DynamicQuantizeMatMul", [tiny, g.init("B", q), g.init("s", sc)], ["Y"], domain=MS_DOMAIN)
+        g.output("Y", ["batch", "seq", h])
+        return g
     xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
     g.node("DynamicQuantizeLinear", [x], xq)
-    q, sc = quantize_int8(rng, d, h, True)
     if name == "mmi_zero_1x1":
+        # And a DynamicQuantizeMatMul whose b_zero_point is [1, 1], which ORT's kernel refuses too.
+        g.node("DynamicQuantizeMatMul", [x, g.init("B0", q), g.init("s0", sc), g.init("z0", np.zeros((1, 1), np.int8))],
+               ["Y0"], domain=MS_DOMAIN)
+        g.output("Y0", ["batch", "seq", h])
         zero = g.node("Reshape", [xq[2], g.init("shape11", np.asarray([1, 1], np.int64))])
         t = g.node("MatMulInteger", [xq[0], g.init("B", q), zero])
         scale = g.node("Mul", [xq[1], g.init("s", sc)])
@@ -821,7 +840,9 @@ def generate(args):
                 "mmi_negative_scale": build_mmi_negative_scale, "nonfinite": build_nonfinite,
                 "scan_body": build_scan_body,
                 "mmi_zero_1x1": lambda s: build_mmi_unsupported_run(s, "mmi_zero_1x1"),
-                "mmi_scale_underflow": lambda s: build_mmi_unsupported_run(s, "mmi_scale_underflow")}
+                "mmi_scale_underflow": lambda s: build_mmi_unsupported_run(s, "mmi_scale_underflow"),
+                "quant_inf_row": lambda s: build_mmi_unsupported_run(s, "quant_inf_row"),
+                "quant_tiny_rows": lambda s: build_mmi_unsupported_run(s, "quant_tiny_rows")}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:

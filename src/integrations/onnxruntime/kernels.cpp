@@ -283,12 +283,14 @@ class XnnLinear final : public Linear {
   XnnLinear(const LinearSpec& s, pthreadpool_t pool, bool relu_fused)
       : k_(s.k), n_(s.n), alpha_(s.alpha), activation_(s.activation), relu_fused_(relu_fused),
         quantized_(s.kind != LinearSpec::Kind::f32), qc8_(s.kind == LinearSpec::Kind::qc8), pool_(pool) {
-    if (qc8_)
-      for (std::size_t i = 0; i < n_; ++i) {
-        const float v = std::fabs(s.scales[i]);
-        scale_max_ = std::max(scale_max_, v);
-        if (v != 0.0f) scale_min_ = std::min(scale_min_, v);
-      }
+    const std::size_t scales = qc8_ ? n_ : quantized_ && s.block_size != 0 ? n_ * (k_ / s.block_size) : 0;
+    for (std::size_t i = 0; i < scales; ++i) {
+      const float v = std::fabs(s.scales[i]);
+      if (!std::isfinite(v)) continue;  // 4-bit layers with such scales run on the dequantized fallback
+      scale_max_ = std::max(scale_max_, v);
+      if (v != 0.0f) scale_min_ = std::min(scale_min_, v);
+    }
+    sum_max_ = std::min(static_cast<double>(k_) * 255.0 * 128.0, 2147483648.0);
   }
 
   XnnOp fc, convert;
@@ -299,27 +301,14 @@ class XnnLinear final : public Linear {
     if (!qc8_) return Linear::run_quantized(a, a_unsigned, m, k, zero_point, scale, y);
     // ONNX scales the integer sum by (A's scale x the weights'); XNNPACK by A's first, then the
     // weights', clamping (a NaN becomes -inf) and flushing subnormal values to zero. So a NaN
-    // scale gives NaN everywhere, as in ONNX, and a scale whose products leave float's normal
-    // range fails the run instead of giving other numbers (the graph's constants were checked
-    // when the layer was created).
+    // scale gives NaN everywhere, as in ONNX, and a scale the kernel cannot carry fails the run
+    // instead of giving other numbers (the graph's constants were checked when the layer was
+    // created).
     if (std::isnan(scale)) {
       std::fill(y, y + m * n_, std::numeric_limits<float>::quiet_NaN());
       return;
     }
-    const double sum_max = std::min(static_cast<double>(k_) * 255.0 * 128.0, 2147483648.0);
-    const double mag = std::fabs(static_cast<double>(scale));
-    if (scale != 0.0f && (!std::isnormal(scale) || mag * sum_max * scale_max_ > std::numeric_limits<float>::max() ||
-                          mag * sum_max > std::numeric_limits<float>::max() ||
-                          (scale_min_ <= scale_max_ && mag * scale_min_ < std::numeric_limits<float>::min())))
-    {
-      char msg[400];
-      std::snprintf(msg, sizeof msg,
-                    "A's scale %g cannot be computed by this int8 layer: with the weights' scales (%g to %g) its "
-                    "products leave float's normal range in XNNPACK's kernel, which scales by A's first; ONNX "
-                    "Runtime's CPU provider computes such a layer (kernels=builtin leaves every int8 layer to it)",
-                    static_cast<double>(scale), static_cast<double>(scale_min_), static_cast<double>(scale_max_));
-      throw OrtError{ORT_INVALID_ARGUMENT, msg};
-    }
+    check_row_scale(scale, "A's scale");
     std::lock_guard<std::mutex> lock(mu_);
     // XNNPACK's qd8 input is int8 with a zero point and scale per row: uint8 is shifted by 128
     // (a - zero_point unchanged), and every row gets the tensor's one scale and zero point.
@@ -345,9 +334,10 @@ class XnnLinear final : public Linear {
     } else {
       // Activations are quantized per row to int8 (XNNPACK's qd8), as its subgraph runtime does.
       // A row with a NaN or an infinity would be quantized to nonsense (and the kernel's clamp turns
-      // a NaN into -inf): ONNX Runtime's DynamicQuantizeMatMul quantizes A as one tensor, so any
-      // such value makes all of its outputs NaN; a 4-bit layer dequantizes the weights instead,
-      // and such a row gives NaN (or an infinity) in its own outputs only. Those outputs are NaN.
+      // a NaN into -inf). A NaN makes every output of its row NaN in ONNX (a 4-bit layer's), and
+      // ONNX Runtime's DynamicQuantizeMatMul quantizes A as one tensor, so there a NaN makes all of
+      // the outputs meaningless: NaN here. An infinity without a NaN gives infinities of signs
+      // only the weights know: the run fails and says so.
       bad_rows_.clear();
       for (std::size_t row = 0; row < m; ++row) {
         const float* r = a + row * k_;
@@ -357,11 +347,26 @@ class XnnLinear final : public Linear {
           std::memcpy(&bits, r + i, sizeof bits);
           special |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
         }
-        if (special != 0) bad_rows_.push_back(row);
+        if (special == 0) continue;
+        bool nan = false;
+        for (std::size_t i = 0; i < k_ && !nan; ++i) nan = std::isnan(r[i]);
+        if (!nan)
+          throw OrtError{ORT_INVALID_ARGUMENT,
+                         "row " + std::to_string(row) + " of A holds an infinity, which this quantized layer cannot "
+                         "compute (its outputs are infinities whose signs depend on the weights); ONNX Runtime's "
+                         "CPU provider computes such a layer (kernels=builtin leaves every quantized layer to it)"};
+        bad_rows_.push_back(row);
       }
       if (!bad_rows_.empty() && qc8_) {
         std::fill(y, y + m * n_, std::numeric_limits<float>::quiet_NaN());
+        bad_rows_.clear();
         return;
+      }
+      if (!bad_rows_.empty()) {  // 4-bit: the other rows are computed; these become NaN after
+        clean_.assign(a, a + m * k_);
+        for (std::size_t row : bad_rows_) std::fill(clean_.begin() + static_cast<std::ptrdiff_t>(row * k_),
+                                                     clean_.begin() + static_cast<std::ptrdiff_t>((row + 1) * k_), 0.0f);
+        a = clean_.data();
       }
       q_.resize(m * k_ + XNN_EXTRA_BYTES);
       params_.resize(m + XNN_EXTRA_QUANTIZATION_PARAMS);
@@ -369,6 +374,13 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "fully-connected reshape convert");
       check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "fully-connected setup convert");
       check_xnn(xnn_run_operator(convert.op, pool_), "fully-connected run convert");
+      for (std::size_t row = 0; row < m; ++row) {
+        if (!bad_rows_.empty() && std::binary_search(bad_rows_.begin(), bad_rows_.end(), row)) continue;
+        // XNNPACK's quantization multiplier (255 / the row's range) overflows for a row of values
+        // all below about 1e-36, and the scale it gives back is then 0 (an all-zero row gets 1).
+        check_row_scale(params_[row].scale, ("the scale XNNPACK gave row " + std::to_string(row) + " of A").c_str(),
+                        /*zero_ok=*/false);
+      }
       run_qd8(m, y);
     }
     apply_epilogue(y, m * n_, alpha_, activation_, relu_fused_);
@@ -383,6 +395,33 @@ class XnnLinear final : public Linear {
   }
 
  private:
+  // Whether the kernel can carry a row of A with dequantization scale `scale`: it multiplies the
+  // integer sum by it, then by the weights' scale, and flushes subnormal values to zero. The sum
+  // is at most K x 255 x 128 in magnitude. Throws an error naming `what` when it cannot.
+  void check_row_scale(float scale, const char* what, bool zero_ok = true) const {
+    if (scale == 0.0f && zero_ok) return;
+    const double mag = std::fabs(static_cast<double>(scale));
+    const double big = std::numeric_limits<float>::max(), small = std::numeric_limits<float>::min();
+    const bool has_scales = scale_min_ <= scale_max_;
+    const char* why = nullptr;
+    if (scale == 0.0f) why = "is 0: the row's values are too small for the kernel's quantization";
+    else if (!std::isfinite(scale)) why = "is not finite";
+    else if (!std::isnormal(scale)) why = "is subnormal, which the kernel flushes to zero";
+    else if (mag * sum_max_ > big || (has_scales && mag * sum_max_ * scale_max_ > big))
+      why = "times the largest integer sum the layer can have (K x 255 x 128) may overflow float, which the kernel "
+            "computes before the weights' scale";
+    else if (has_scales && mag * scale_min_ < small)
+      why = "times the smallest weight scale is below float's normal range, which the kernel flushes to zero";
+    if (why == nullptr) return;
+    char msg[512];
+    std::snprintf(msg, sizeof msg,
+                  "%s %g %s (weights' scales %g to %g, K %zu): this quantized layer cannot compute it; ONNX Runtime's "
+                  "CPU provider computes such a layer (kernels=builtin leaves every quantized layer to it)",
+                  what, static_cast<double>(scale), why, has_scales ? static_cast<double>(scale_min_) : 0.0,
+                  static_cast<double>(scale_max_), k_);
+    throw OrtError{ORT_INVALID_ARGUMENT, msg};
+  }
+
   // The fully-connected operator on the int8 rows in q_ with their params_ (int8 or 4-bit weights).
   void run_qd8(std::size_t m, float* y) {
     std::size_t workspace = 0;
@@ -410,8 +449,10 @@ class XnnLinear final : public Linear {
   std::vector<xnn_quantization_params> params_;
   std::vector<float> row_sum_;
   std::vector<std::uint64_t> workspace_;
-  std::vector<std::size_t> bad_rows_;  // rows of A with a NaN or an infinity (quantized layers)
-  float scale_min_ = std::numeric_limits<float>::max(), scale_max_ = 0.0f;  // qc8: |weights' scales| (nonzero min)
+  std::vector<std::size_t> bad_rows_;  // rows of A with a NaN (quantized layers), ascending
+  std::vector<float> clean_;           // A with those rows zeroed (4-bit layers)
+  float scale_min_ = std::numeric_limits<float>::max(), scale_max_ = 0.0f;  // |weights' scales| (nonzero min)
+  double sum_max_ = 0;  // the largest integer sum a row can give
 };
 
 // Creates the fully-connected operator with or without the cache's provider.

@@ -681,9 +681,17 @@ bool finite_constant(const OrtValueInfo* vi, bool normal) {
 
 // Why the zero points of int8 weights cannot be computed ("" when they can: a constant int8 of 0s,
 // since XNNPACK's int8 weights are symmetric; any other stays on the CPU provider).
-std::string nonzero_weight_zero_points(const OrtValueInfo* vi) {
+std::string dims_text(const TensorInfo& t);
+
+// Its shape: one value (a scalar or [1]) or one per column ([N], [1, N]), as ONNX Runtime's kernels
+// accept; any other they refuse at run time, and so it is left to them.
+std::string nonzero_weight_zero_points(const OrtValueInfo* vi, std::int64_t n) {
   const auto [zp, bytes] = is_constant(vi) ? constant_bytes(vi) : std::pair<const void*, std::size_t>{};
-  if (zp == nullptr || tensor_info(vi).type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8) return "b_zero_point is not a constant int8";
+  const TensorInfo t = tensor_info(vi);
+  if (zp == nullptr || t.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8) return "b_zero_point is not a constant int8";
+  const bool one = t.rank_known && t.dims.size() <= 1 && numel(t.dims) == 1;
+  bool column = t.rank_known && !t.dims.empty() && t.dims.back() == n && numel(t.dims) == n;
+  if (!one && !column) return "b_zero_point is neither one value nor one per column " + dims_text(t);
   const auto* z = static_cast<const std::int8_t*>(zp);
   for (std::size_t i = 0; i < bytes; ++i)
     if (z[i] != 0) return "b_zero_point is not 0 (only symmetric int8 weights are computed)";
@@ -767,7 +775,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       p.a_zero = in[a_zero_at];
     }
     if (in.size() > b_zero_at && in[b_zero_at] != nullptr) {
-      if (std::string z = nonzero_weight_zero_points(in[b_zero_at]); !z.empty()) return decline(z);
+      if (std::string z = nonzero_weight_zero_points(in[b_zero_at], p.n); !z.empty()) return decline(z);
     }
     if (to_float) {
       if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
@@ -997,11 +1005,11 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       return decline("B is not a constant 2-D int8 initializer " + dims_text(b));
     p.k = b.dims[0];
     p.n = b.dims[1];
-    if (!is_constant(in[2]) || !is_f32(sc) || (numel(sc.dims) != 1 && numel(sc.dims) != p.n))
-      return decline("b_scale is not a constant float32 of 1 or N values");
+    if (!is_constant(in[2]) || !is_f32(sc) || !is_scale_row(in[2], p.n, a.rank_known ? std::max<std::size_t>(a.dims.size(), 1) : 1))
+      return decline("b_scale is not a constant float32 of one value or one per column " + dims_text(sc));
     if (!finite_constant(in[2], true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
     if (in.size() > 3 && in[3] != nullptr) {
-      if (std::string z = nonzero_weight_zero_points(in[3]); !z.empty()) return decline(z);
+      if (std::string z = nonzero_weight_zero_points(in[3], p.n); !z.empty()) return decline(z);
     }
     if (in.size() > 4 && in[4] != nullptr && !is_row_bias(in[4], p.n)) return decline("the bias is not a row of N values");
     if (in.size() > 4 && in[4] != nullptr && !finite_constant(in[4], false)) return decline("the bias holds a NaN or an infinity");
