@@ -48,7 +48,7 @@ MODELS = ["mlp", "gemm", "gemm_nobias", "gemm_relu", "shared_weight", "matmul_in
           "reshape_opset9_bad_k", "constant_weights", "if_branches", "declined", "vector_input",
           "loop_body", "cnn", "conv1d", "dq_mlp", "gemm_unknown_rank_1d", "conv_empty_width",
           "conv_add_bias", "scan_body", "mmi_mlp", "mmi_mlp_7bit", "mmi_negative_scale", "nonfinite", "mmi_zero_1x1",
-          "mmi_scale_underflow", "quant_inf_row", "quant_tiny_rows"]
+          "mmi_scale_underflow", "quant_inf_row", "quant_tiny_rows", "quant_rows"]
 BIG_MODELS = ["big_mlp", "big_nbits"]
 # More benchmark models, written only when named (--only): a dynamically quantized int8 MLP of
 # the same shape, and a ResNet-50-shaped CNN (--dim/--hidden/--layers do not apply to it).
@@ -649,6 +649,47 @@ def build_vector_input(seed):
     return g
 
 
+def build_quant_rows(seed):
+    # Rows the quantized kernels must get exactly (a hostile review's findings): a row of zeros
+    # through MatMulNBits and DynamicQuantizeMatMul gives exactly 0 or the bias, as in ONNX
+    # (XNNPACK's 4-bit kernel was off, up to 0.03 at K = 16384); and a 1-D A with b_scale [1, N]
+    # (taken: its shape is B's business).
+    rng, g = rng_for(seed, "quant_rows"), Graph("quant_rows")
+    d, h = 64, 48
+    # Six positions: mixed values, zeros, one nonzero value, a constant, all negative, a negative
+    # constant (the rows of XNNPACK's tiles then hold such rows side by side).
+    x = g.input("X", ["batch", 6, d])
+    mask = np.zeros((1, 6, d), np.float32)
+    add = np.zeros((1, 6, d), np.float32)
+    mask[0, 0] = 1
+    mask[0, 2, d // 3] = 1
+    add[0, 3] = 0.37
+    mask[0, 4] = -1
+    add[0, 5] = -0.81
+    t = g.node("Add", [g.node("Mul", [g.node("Abs", [x]), g.init("mask", mask)]), g.init("add", add)])
+    # 4-bit values over their whole range 0..15 (-8..7 about the zero point 8), as real exports
+    # have them, and block scales of 1e-3 to 1e-1: the zero row's error showed with these.
+    q4 = rng.integers(0, 16, size=(h, d // 32, 32), dtype=np.uint8)
+    b = (q4[:, :, 0::2] | (q4[:, :, 1::2] << 4)).astype(np.uint8)
+    sc = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), size=h * (d // 32))).astype(np.float32)
+    g.node("MatMulNBits", [t, g.init("B1", b), g.init("s1", sc)], ["Y1"],
+           domain=MS_DOMAIN, K=d, N=h, bits=4, block_size=32, accuracy_level=0)
+
+    def seven_bit(q, sc):  # reduce_range: ORT's u8s8 kernels without VNNI saturate on full-range int8
+        return np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8), (sc * 2).astype(np.float32)
+
+    q, s2 = seven_bit(*quantize_int8(rng, d, h, True))
+    g.node("DynamicQuantizeMatMul", [t, g.init("B2", q), g.init("s2", s2), "", g.init("b2", vec(rng, h))], ["Y2"],
+           domain=MS_DOMAIN)
+    v = g.input("V", [d])
+    q3, s3 = seven_bit(*quantize_int8(rng, d, h, True))
+    g.node("DynamicQuantizeMatMul", [v, g.init("B3", q3), g.init("s3", s3.reshape(1, h))], ["Y3"], domain=MS_DOMAIN)
+    g.output("Y1", ["batch", 6, h])
+    g.output("Y2", ["batch", 6, h])
+    g.output("Y3", [h])
+    return g
+
+
 def build_declined(seed):
     # Weight-bearing nodes the provider leaves to ONNX Runtime's CPU provider (a Gemm with A
     # transposed, a MatMul with a batched 3-D constant B) beside one it takes: its verbose log says
@@ -842,7 +883,8 @@ def generate(args):
                 "mmi_zero_1x1": lambda s: build_mmi_unsupported_run(s, "mmi_zero_1x1"),
                 "mmi_scale_underflow": lambda s: build_mmi_unsupported_run(s, "mmi_scale_underflow"),
                 "quant_inf_row": lambda s: build_mmi_unsupported_run(s, "quant_inf_row"),
-                "quant_tiny_rows": lambda s: build_mmi_unsupported_run(s, "quant_tiny_rows")}
+                "quant_tiny_rows": lambda s: build_mmi_unsupported_run(s, "quant_tiny_rows"),
+                "quant_rows": build_quant_rows}
     for name in names:
         if name in BIG_MODELS + EXTRA_BIG_MODELS:
             if not args.big:

@@ -338,15 +338,22 @@ class XnnLinear final : public Linear {
       // ONNX Runtime's DynamicQuantizeMatMul quantizes A as one tensor, so there a NaN makes all of
       // the outputs meaningless: NaN here. An infinity without a NaN gives infinities of signs
       // only the weights know: the run fails and says so.
+      // A row of zeros gets XNNPACK's scale 1 and a zero point of -128 or 127, whose correction the
+      // 4-bit kernel's rounded block sums do not cancel exactly (outputs up to 0.03 off where ONNX
+      // gives exactly the bias): such a row's scale is set to 0, which makes its outputs the bias.
       bad_rows_.clear();
+      zero_rows_.clear();
       for (std::size_t row = 0; row < m; ++row) {
         const float* r = a + row * k_;
         std::uint32_t special = 0;  // all exponent bits set: a NaN or an infinity
+        std::uint32_t any = 0;      // any bit but the sign: not a zero
         for (std::size_t i = 0; i < k_; ++i) {
           std::uint32_t bits;
           std::memcpy(&bits, r + i, sizeof bits);
           special |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+          any |= bits & 0x7FFFFFFFu;
         }
+        if (any == 0) zero_rows_.push_back(row);
         if (special == 0) continue;
         bool nan = false;
         for (std::size_t i = 0; i < k_ && !nan; ++i) nan = std::isnan(r[i]);
@@ -374,8 +381,10 @@ class XnnLinear final : public Linear {
       check_xnn(xnn_reshape_convert_nc_f32_qd8(convert.op, m, k_, k_, k_, pool_), "fully-connected reshape convert");
       check_xnn(xnn_setup_convert_nc_f32_qd8(convert.op, a, q_.data(), row_sum_.data(), params_.data()), "fully-connected setup convert");
       check_xnn(xnn_run_operator(convert.op, pool_), "fully-connected run convert");
+      for (std::size_t row : zero_rows_) params_[row].scale = 0.0f;
       for (std::size_t row = 0; row < m; ++row) {
         if (!bad_rows_.empty() && std::binary_search(bad_rows_.begin(), bad_rows_.end(), row)) continue;
+        if (!zero_rows_.empty() && std::binary_search(zero_rows_.begin(), zero_rows_.end(), row)) continue;
         // XNNPACK's quantization multiplier (255 / the row's range) overflows for a row of values
         // all below about 1e-36, and the scale it gives back is then 0 (an all-zero row gets 1).
         check_row_scale(params_[row].scale, ("the scale XNNPACK gave row " + std::to_string(row) + " of A").c_str(),
@@ -449,7 +458,8 @@ class XnnLinear final : public Linear {
   std::vector<xnn_quantization_params> params_;
   std::vector<float> row_sum_;
   std::vector<std::uint64_t> workspace_;
-  std::vector<std::size_t> bad_rows_;  // rows of A with a NaN (quantized layers), ascending
+  std::vector<std::size_t> bad_rows_;   // rows of A with a NaN (quantized layers), ascending
+  std::vector<std::size_t> zero_rows_;  // rows of A of zeros (quantized layers), ascending
   std::vector<float> clean_;           // A with those rows zeroed (4-bit layers)
   float scale_min_ = std::numeric_limits<float>::max(), scale_max_ = 0.0f;  // |weights' scales| (nonzero min)
   double sum_max_ = 0;  // the largest integer sum a row can give

@@ -780,7 +780,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
     if (to_float) {
       if (out.size() != 1 || !is_f32(tensor_info(out[0]))) return decline("its output is not one float32 tensor");
       if (!one_value(in[2], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) return decline("a_scale is not one float32 value");
-      if (!is_scale_row(in[3], p.n, rank_room)) return decline("b_scale is not a constant float32 of 1 or N values");
+      if (!is_scale_row(in[3], p.n, 2)) return decline("b_scale is not a constant float32 of 1 or N values");
       if (!finite_constant(in[3], true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
       p.a_scale = in[2];
       p.scale_vi = in[3];
@@ -1005,7 +1005,8 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       return decline("B is not a constant 2-D int8 initializer " + dims_text(b));
     p.k = b.dims[0];
     p.n = b.dims[1];
-    if (!is_constant(in[2]) || !is_f32(sc) || !is_scale_row(in[2], p.n, a.rank_known ? std::max<std::size_t>(a.dims.size(), 1) : 1))
+    // Its shape is B's business, not the output's (ORT takes [N] and [1, N] against a 2-D B).
+    if (!is_constant(in[2]) || !is_f32(sc) || !is_scale_row(in[2], p.n, 2))
       return decline("b_scale is not a constant float32 of one value or one per column " + dims_text(sc));
     if (!finite_constant(in[2], true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
     if (in.size() > 3 && in[3] != nullptr) {
