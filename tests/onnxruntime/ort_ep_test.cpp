@@ -205,6 +205,13 @@ class OrtEp : public ::testing::Test {
   }
   TempDir dir_{"wc-ort-ep"};
   std::string f(const std::string& name) const { return dir_.file(name); }
+  // A warm process on `cache` packs nothing and writes the cold run's bytes (f("cold.bin")).
+  void expect_warm_repeats_cold(const std::string& model, const std::string& cache) {
+    const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
+    ASSERT_EQ(warm.code, 0) << warm.describe();
+    EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
+    EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+  }
 };
 
 // ---- correct outputs -----------------------------------------------------------------------------
@@ -488,10 +495,7 @@ TEST_F(OrtEp, MatMulIntegerWithSevenBitWeightsMatchesTheCpuProvider) {
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 4u) << cold.out;
   EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
-  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
-  ASSERT_EQ(warm.code, 0) << warm.describe();
-  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
-  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+  expect_warm_repeats_cold(model, cache);
 }
 
 // NaN as a model that broke upstream makes it, and non-finite constants (a hostile review found
@@ -539,10 +543,7 @@ TEST_F(OrtEp, NanStaysNanAndLayersWithNonFiniteConstantsStayOnTheCpuProvider) {
       EXPECT_GT(nans, 0u) << "the model makes NaN here";
     }
   }
-  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
-  ASSERT_EQ(warm.code, 0) << warm.describe();
-  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
-  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+  expect_warm_repeats_cold(model, cache);
 }
 
 // Rows the quantized kernels must get exactly (a hostile review's findings): a row of zeros
@@ -572,10 +573,7 @@ TEST_F(OrtEp, QuantizedLayersGiveTheBiasForARowOfZerosAndTakeA1xNScale) {
     top = std::max(top, std::fabs(static_cast<double>(c[i])));
   }
   EXPECT_LE(err, 0.02 * top) << "max |ep - cpu| " << err << ", max |cpu| " << top;
-  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
-  ASSERT_EQ(warm.code, 0) << warm.describe();
-  EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
-  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("cold.bin")));
+  expect_warm_repeats_cold(model, cache);
 }
 
 // What neither provider computes fails the Run with an error, never with other numbers: zero
