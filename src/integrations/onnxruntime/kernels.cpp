@@ -308,7 +308,7 @@ class XnnLinear final : public Linear {
       std::fill(y, y + m * n_, std::numeric_limits<float>::quiet_NaN());
       return;
     }
-    check_row_scale(scale, "A's scale");
+    check_row_scale(scale, kGivenScale);
     std::lock_guard<std::mutex> lock(mu_);
     // XNNPACK's qd8 input is int8 with a zero point and scale per row: uint8 is shifted by 128
     // (a - zero_point unchanged), and every row gets the tensor's one scale and zero point.
@@ -346,18 +346,19 @@ class XnnLinear final : public Linear {
       for (std::size_t row = 0; row < m; ++row) {
         const float* r = a + row * k_;
         std::uint32_t special = 0;  // all exponent bits set: a NaN or an infinity
+        std::uint32_t nan = 0;      // and a mantissa too: a NaN
         std::uint32_t any = 0;      // any bit but the sign: not a zero
         for (std::size_t i = 0; i < k_; ++i) {
           std::uint32_t bits;
           std::memcpy(&bits, r + i, sizeof bits);
-          special |= static_cast<std::uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-          any |= bits & 0x7FFFFFFFu;
+          const std::uint32_t mag = bits & 0x7FFFFFFFu;
+          special |= static_cast<std::uint32_t>(mag >= 0x7F800000u);
+          nan |= static_cast<std::uint32_t>(mag > 0x7F800000u);
+          any |= mag;
         }
         if (any == 0) zero_rows_.push_back(row);
         if (special == 0) continue;
-        bool nan = false;
-        for (std::size_t i = 0; i < k_ && !nan; ++i) nan = std::isnan(r[i]);
-        if (!nan)
+        if (nan == 0)
           throw OrtError{ORT_INVALID_ARGUMENT,
                          "row " + std::to_string(row) + " of A holds an infinity, which this quantized layer cannot "
                          "compute (its outputs are infinities whose signs depend on the weights); ONNX Runtime's "
@@ -387,8 +388,7 @@ class XnnLinear final : public Linear {
         if (!zero_rows_.empty() && std::binary_search(zero_rows_.begin(), zero_rows_.end(), row)) continue;
         // XNNPACK's quantization multiplier (255 / the row's range) overflows for a row of values
         // all below about 1e-36, and the scale it gives back is then 0 (an all-zero row gets 1).
-        check_row_scale(params_[row].scale, ("the scale XNNPACK gave row " + std::to_string(row) + " of A").c_str(),
-                        /*zero_ok=*/false);
+        check_row_scale(params_[row].scale, row);
       }
       run_qd8(m, y);
     }
@@ -404,11 +404,15 @@ class XnnLinear final : public Linear {
   }
 
  private:
+  static constexpr std::size_t kGivenScale = SIZE_MAX;  // check_row_scale's row: A's given scale
+
   // Whether the kernel can carry a row of A with dequantization scale `scale`: it multiplies the
   // integer sum by it, then by the weights' scale, and flushes subnormal values to zero. The sum
-  // is at most K x 255 x 128 in magnitude. Throws an error naming `what` when it cannot.
-  void check_row_scale(float scale, const char* what, bool zero_ok = true) const {
-    if (scale == 0.0f && zero_ok) return;
+  // is at most K x 255 x 128 in magnitude. `row`: the row XNNPACK quantized (a scale of 0 then
+  // means it could not), or kGivenScale for A's one given scale (where 0 is a value like any).
+  // Throws an error that says why when it cannot.
+  void check_row_scale(float scale, std::size_t row) const {
+    if (scale == 0.0f && row == kGivenScale) return;
     const double mag = std::fabs(static_cast<double>(scale));
     const double big = std::numeric_limits<float>::max(), small = std::numeric_limits<float>::min();
     const bool has_scales = scale_min_ <= scale_max_;
@@ -422,11 +426,12 @@ class XnnLinear final : public Linear {
     else if (has_scales && mag * scale_min_ < small)
       why = "times the smallest weight scale is below float's normal range, which the kernel flushes to zero";
     if (why == nullptr) return;
+    const std::string what = row == kGivenScale ? "A's scale" : "the scale XNNPACK gave row " + std::to_string(row) + " of A";
     char msg[512];
     std::snprintf(msg, sizeof msg,
                   "%s %g %s (weights' scales %g to %g, K %zu): this quantized layer cannot compute it; ONNX Runtime's "
                   "CPU provider computes such a layer (kernels=builtin leaves every quantized layer to it)",
-                  what, static_cast<double>(scale), why, has_scales ? static_cast<double>(scale_min_) : 0.0,
+                  what.c_str(), static_cast<double>(scale), why, has_scales ? static_cast<double>(scale_min_) : 0.0,
                   static_cast<double>(scale_max_), k_);
     throw OrtError{ORT_INVALID_ARGUMENT, msg};
   }

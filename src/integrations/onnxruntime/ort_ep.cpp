@@ -231,6 +231,20 @@ class Factory;
 
 // ---- one fused layer ---------------------------------------------------------------------------
 
+// An 8-bit A with one scale and zero point (MatMulInteger, MatMulIntegerToFloat): each is an
+// input of the fused node (index) or a constant read at Compile.
+struct QuantizedInput {
+  bool on = false;
+  bool a_unsigned = false;  // uint8 (else int8)
+  std::optional<std::size_t> scale_index, zero_index;
+  float scale = 1.0f;
+  std::int32_t zero = 0;
+  // A zero point's byte as the value it is for A's type.
+  std::int32_t zero_of(std::uint8_t byte) const noexcept {
+    return a_unsigned ? static_cast<std::int32_t>(byte) : static_cast<std::int32_t>(static_cast<std::int8_t>(byte));
+  }
+};
+
 struct Layer {
   std::unique_ptr<Linear> linear;
   std::unique_ptr<Conv2d> conv;  // a convolution instead of a linear layer
@@ -239,13 +253,7 @@ struct Layer {
   std::size_t k = 0, n = 0;
   std::size_t input_index = 0;  // of the activation among the fused node's inputs
   bool gemm = false;            // A must be 2-D
-  // An 8-bit A with one scale and zero point (MatMulInteger, MatMulIntegerToFloat): each is an
-  // input of the fused node (index) or a constant read at Compile.
-  bool quantized_a = false;
-  bool a_unsigned = false;  // uint8 (else int8)
-  std::optional<std::size_t> a_scale_index, a_zero_index;
-  float a_scale = 1.0f;
-  std::int32_t a_zero = 0;
+  QuantizedInput quantized;  // an 8-bit A (MatMulInteger, MatMulIntegerToFloat)
   // A's rank may be unknown until the run (then checked there): a MatMul with a 1-D A gives an
   // output of rank 1 ([N]), any other A an output of A's rank with N last.
 };
@@ -618,6 +626,8 @@ struct Plan {
   const OrtValueInfo* a_scale = nullptr;
   const OrtValueInfo* a_zero = nullptr;
   std::vector<const OrtNode*> chain;
+  // The node whose output the bias Add and activation follow: the chain's last, else the core.
+  const OrtNode* last_node() const { return chain.empty() ? core_node : chain.back(); }
   std::vector<const OrtNode*> nodes() const {
     std::vector<const OrtNode*> v{core_node};
     v.insert(v.end(), chain.begin(), chain.end());
@@ -698,8 +708,9 @@ std::string nonzero_weight_zero_points(const OrtValueInfo* vi, std::int64_t n) {
   return {};
 }
 
-// A constant float32 scale of the weights: one value, or one per column ([N], [1, N] ...), of a
-// rank that adds no dimension to the layer's output.
+// A constant float32 of one value or one per column ([N], [1, N] ...): the weights' scale or a
+// bias, of at most `rank_room` dimensions (so that it adds none to the output it multiplies or
+// is added to).
 bool is_scale_row(const OrtValueInfo* vi, std::int64_t n, std::size_t rank_room) {
   return is_row_bias(vi, n) && tensor_info(vi).dims.size() <= rank_room;
 }
@@ -785,8 +796,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
       p.a_scale = in[2];
       p.scale_vi = in[3];
       if (in.size() > 6 && in[6] != nullptr) {
-        if (!is_row_bias(in[6], p.n) || tensor_info(in[6]).dims.size() > rank_room)
-          return decline("the bias is not a row of N values");
+        if (!is_scale_row(in[6], p.n, rank_room)) return decline("the bias is not a row of N values");
         if (!finite_constant(in[6], false)) return decline("the bias holds a NaN or an infinity");
         p.bias_vi = in[6];
       }
@@ -820,29 +830,26 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
         if (!finite_constant(scale, true)) return decline("the scale holds a NaN, an infinity or a subnormal value");
         p.scale_vi = scale;
         p.chain = {cast, mul};
-        p.core = Core::qc8;
-        p.quantized_a = true;
-        p.weight_vi = in[1];
-        return p;
+      } else {
+        const OrtNode* scales_mul = producer_of(scale);
+        if (scales_mul == nullptr || op_type(scales_mul) != "Mul" || !domain(scales_mul).empty())
+          return unlike("the scale is not computed by a Mul");
+        if (sole_consumer(scale) != mul) return unlike("the scales' product has other users");
+        const auto s_in = node_inputs(scales_mul);
+        if (s_in.size() != 2 || s_in[0] == nullptr || s_in[1] == nullptr) return unlike("the scales' Mul has no two inputs");
+        // Which of the two is b_scale: the constant of 1 or N values whose partner is one value.
+        for (int i = 0; i < 2 && p.scale_vi == nullptr; ++i)
+          if (is_scale_row(s_in[i], p.n, rank_room) &&
+              one_value(s_in[1 - i], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, /*any_rank=*/true)) {
+            p.scale_vi = s_in[i];
+            p.a_scale = s_in[1 - i];
+          }
+        if (p.scale_vi == nullptr)
+          return unlike("the scales' Mul is not of one float32 value and a constant of 1 or N values, of ranks that "
+                        "add no dimension");
+        if (!finite_constant(p.scale_vi, true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
+        p.chain = {cast, scales_mul, mul};
       }
-      const OrtNode* scales_mul = producer_of(scale);
-      if (scales_mul == nullptr || op_type(scales_mul) != "Mul" || !domain(scales_mul).empty())
-        return unlike("the scale is not computed by a Mul");
-      if (sole_consumer(scale) != mul) return unlike("the scales' product has other users");
-      const auto s_in = node_inputs(scales_mul);
-      if (s_in.size() != 2 || s_in[0] == nullptr || s_in[1] == nullptr) return unlike("the scales' Mul has no two inputs");
-      // Which of the two is b_scale: the constant of 1 or N values whose partner is one value.
-      for (int i = 0; i < 2 && p.scale_vi == nullptr; ++i)
-        if (is_scale_row(s_in[i], p.n, rank_room) &&
-            one_value(s_in[1 - i], ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, /*any_rank=*/true)) {
-          p.scale_vi = s_in[i];
-          p.a_scale = s_in[1 - i];
-        }
-      if (p.scale_vi == nullptr)
-        return unlike("the scales' Mul is not of one float32 value and a constant of 1 or N values, of ranks that add "
-                      "no dimension");
-      if (!finite_constant(p.scale_vi, true)) return decline("b_scale holds a NaN, an infinity or a subnormal value");
-      p.chain = {cast, scales_mul, mul};
     }
     p.core = Core::qc8;
     p.quantized_a = true;
@@ -1032,7 +1039,7 @@ std::optional<Plan> core_plan(const OrtNode* node, bool nbits_ok, std::string* w
 
 // Extends a core plan with the bias Add and the activation that only it feeds.
 void fuse_epilogue(Plan& p) {
-  const OrtValueInfo* cur = node_outputs(p.chain.empty() ? p.core_node : p.chain.back())[0];
+  const OrtValueInfo* cur = node_outputs(p.last_node())[0];
   bool has_bias = false;
   if (p.core == Core::gemm) {
     const auto in = node_inputs(p.core_node);
@@ -1321,17 +1328,17 @@ OrtStatus* ORT_API_CALL ci_compute(OrtNodeComputeInfo*, void* state, OrtKernelCo
     check(api().ort->GetTensorData(input, &a), "input data");
     check(api().ort->GetTensorMutableData(output, &y), "output data");
     if (m == 0) return nullptr;
-    if (layer->quantized_a) {
-      float scale = layer->a_scale;
-      std::int32_t zero = layer->a_zero;
-      if (layer->a_scale_index) read_one_value(ctx, *layer->a_scale_index, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &scale, "a_scale");
-      if (layer->a_zero_index) {
+    if (const QuantizedInput& q = layer->quantized; q.on) {
+      float scale = q.scale;
+      std::int32_t zero = q.zero;
+      if (q.scale_index) read_one_value(ctx, *q.scale_index, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, &scale, "a_scale");
+      if (q.zero_index) {
         std::uint8_t z = 0;
-        read_one_value(ctx, *layer->a_zero_index, layer->a_unsigned ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
+        read_one_value(ctx, *q.zero_index, q.a_unsigned ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8,
                        &z, "a_zero_point");
-        zero = layer->a_unsigned ? static_cast<std::int32_t>(z) : static_cast<std::int32_t>(static_cast<std::int8_t>(z));
+        zero = q.zero_of(z);
       }
-      layer->linear->run_quantized(static_cast<const std::uint8_t*>(a), layer->a_unsigned, m, layer->k, zero, scale,
+      layer->linear->run_quantized(static_cast<const std::uint8_t*>(a), q.a_unsigned, m, layer->k, zero, scale,
                                    static_cast<float*>(y));
       return nullptr;
     }
@@ -1507,11 +1514,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     CreateReport report;
     std::unique_ptr<Linear> linear;
     std::vector<float> column_scales;  // qc8: a scale per column
-    // qc8 on a quantized A: where its scale and zero point come from (kept in the Layer).
-    bool a_unsigned = false;
-    std::optional<std::size_t> a_scale_index, a_zero_index;
-    float a_scale = 1.0f;
-    std::int32_t a_zero = 0;
+    QuantizedInput quantized;  // qc8 on a quantized A: where its scale and zero point come from
     ConvSpec conv_spec;  // a convolution's (plan->core == Core::conv)
     std::unique_ptr<Conv2d> conv;
   };
@@ -1562,7 +1565,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     }
     if (plan->add_node != nullptr) {
       const auto add_in = node_inputs(plan->add_node);
-      const std::string mm_name = value_name(node_outputs(plan->chain.empty() ? plan->core_node : plan->chain.back())[0]);
+      const std::string mm_name = value_name(node_outputs(plan->last_node())[0]);
       bias_vi = value_name(add_in[0]) == mm_name ? add_in[1] : add_in[0];
       job.beta = 1.0f;
     }
@@ -1570,41 +1573,36 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
       job.bias = read_weight(bias_vi, dir);
       job.has_bias = true;
     }
-    // The activation is the fused node's one non-constant input (constants were dropped).
-    const std::string a_name = value_name(in[0]);
+    // The fused node's inputs are the layer's non-constant ones (constants were dropped).
     const auto fin = node_inputs(fused[g]);
-    bool found = false;
-    for (std::size_t j = 0; j < fin.size() && !found; ++j)
-      if (fin[j] != nullptr && value_name(fin[j]) == a_name) {
-        job.input_index = j;
-        found = true;
-      }
-    if (!found) throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + a_name + "'"};
+    const auto input_index = [&](const OrtValueInfo* vi) {
+      const std::string name = value_name(vi);
+      for (std::size_t j = 0; j < fin.size(); ++j)
+        if (fin[j] != nullptr && value_name(fin[j]) == name) return j;
+      throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + name + "'"};
+    };
+    job.input_index = input_index(in[0]);  // the activation
     if (plan->quantized_a) {
       // A's scale and zero point: inputs of the fused node (DynamicQuantizeLinear's outputs), or
       // constants read now.
       const auto input_or_value = [&](const OrtValueInfo* vi, std::optional<std::size_t>* index, void* value,
                                       std::size_t size) {
-        if (is_constant(vi)) {
-          const auto [data, bytes] = constant_bytes(vi);
-          if (data == nullptr || bytes != size) throw OrtError{ORT_FAIL, "the constant '" + value_name(vi) + "' is unreadable"};
-          std::memcpy(value, data, size);
+        if (!is_constant(vi)) {
+          *index = input_index(vi);
           return;
         }
-        const std::string name = value_name(vi);
-        for (std::size_t j = 0; j < fin.size(); ++j)
-          if (fin[j] != nullptr && value_name(fin[j]) == name) {
-            *index = j;
-            return;
-          }
-        throw OrtError{ORT_FAIL, "the fused node does not take the layer's input '" + name + "'"};
+        const auto [data, bytes] = constant_bytes(vi);
+        if (data == nullptr || bytes != size) throw OrtError{ORT_FAIL, "the constant '" + value_name(vi) + "' is unreadable"};
+        std::memcpy(value, data, size);
       };
-      job.a_unsigned = tensor_info(in[0]).type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-      if (plan->a_scale != nullptr) input_or_value(plan->a_scale, &job.a_scale_index, &job.a_scale, sizeof(float));
+      QuantizedInput& q = job.quantized;
+      q.on = true;
+      q.a_unsigned = tensor_info(in[0]).type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      if (plan->a_scale != nullptr) input_or_value(plan->a_scale, &q.scale_index, &q.scale, sizeof(float));
       if (plan->a_zero != nullptr) {
         std::uint8_t z = 0;
-        input_or_value(plan->a_zero, &job.a_zero_index, &z, 1);
-        job.a_zero = job.a_unsigned ? static_cast<std::int32_t>(z) : static_cast<std::int32_t>(static_cast<std::int8_t>(z));
+        input_or_value(plan->a_zero, &q.zero_index, &z, 1);
+        q.zero = q.zero_of(z);
       }
     }
   }
@@ -1750,12 +1748,7 @@ OrtStatus* Ep::compile(const OrtGraph** graphs, const OrtNode** fused, std::size
     layer->n = job.spec.n;
     layer->gemm = job.plan->core == Core::gemm;
     layer->input_index = job.input_index;
-    layer->quantized_a = job.plan->quantized_a;
-    layer->a_unsigned = job.a_unsigned;
-    layer->a_scale_index = job.a_scale_index;
-    layer->a_zero_index = job.a_zero_index;
-    layer->a_scale = job.a_scale;
-    layer->a_zero = job.a_zero;
+    layer->quantized = job.quantized;
     auto ci = std::make_unique<ComputeInfo>();
     ci->ort_version_supported = ORT_API_VERSION;
     ci->CreateState = ci_create_state;
