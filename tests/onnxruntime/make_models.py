@@ -149,6 +149,29 @@ def matmul_nbits(g, x, w_b, w_scales, k, n, block=32):
                   accuracy_level=0)
 
 
+def seven_bit(q, scale):
+    """int8 weights in 7 bits (quantize_dynamic's reduce_range), the scale doubled: ORT's u8s8
+    kernels without VNNI saturate a 16-bit sum of two products with full-range weights
+    (255 x 127 x 2 > 32767), so the models compared with its CPU provider use these."""
+    return np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8), (scale * 2).astype(np.float32)
+
+
+def dynamic_quantize(g, x):
+    """DynamicQuantizeLinear of x: [uint8 A, its scale, its zero point]."""
+    outs = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
+    g.node("DynamicQuantizeLinear", [x], outs)
+    return outs
+
+
+def matmul_integer(g, xq, b, b_scale, b_zero=None, out=None):
+    """A MatMul as quantize_dynamic writes it by default (QOperator): MatMulInteger of the quantized
+    A xq = [A, its scale, its zero point] and the int8 weights b, Cast to float, then Mul by
+    Mul(A's scale, b_scale)."""
+    t = g.node("MatMulInteger", [xq[0], b, xq[2]] + ([b_zero] if b_zero else []))
+    t = g.node("Cast", [t], to=TensorProto.FLOAT)
+    return g.node("Mul", [t, g.node("Mul", [xq[1], b_scale])], [out] if out else None)
+
+
 # ---------------------------------------------------------------------------------------------
 # The models (each returns a Graph; `ext` says whether an external-data copy is written too)
 # ---------------------------------------------------------------------------------------------
@@ -430,57 +453,40 @@ def build_mmi_mlp(seed, name="mmi_mlp"):
     # com.microsoft.MatMulIntegerToFloat, as ORT's own fusion saves it in an optimized model; the
     # fourth has asymmetric uint8 weights, which stay on the CPU provider; the fifth takes an A
     # quantized with a constant scale and zero point.
-    # mmi_mlp_7bit: the int8 weights in 7 bits (quantize_dynamic's reduce_range), which ORT's
-    # u8s8 kernels without VNNI need: with full-range weights they saturate a 16-bit sum of two
-    # products (255 x 127 x 2 > 32767), and its CPU provider is then less exact than the EP.
+    # mmi_mlp_7bit: the int8 weights in 7 bits (seven_bit), which ORT's u8s8 kernels without VNNI
+    # need: with full-range weights its CPU provider is less exact than the EP.
     rng, g = rng_for(seed, "mmi_mlp"), Graph(name)
-    seven = name == "mmi_mlp_7bit"
 
     def int8_weights(k, n, per_column):
         q, sc = quantize_int8(rng, k, n, per_column)
-        if seven:
-            q = np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8)
-            sc = (sc * 2).astype(np.float32)
-        return q, sc
+        return seven_bit(q, sc) if name == "mmi_mlp_7bit" else (q, sc)
     d, h = 64, 96
     x = g.input("X", ["batch", "seq", d])
-
-    def dql(t):
-        outs = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
-        g.node("DynamicQuantizeLinear", [t], outs)
-        return outs
-
-    def mmi(q, b, scale, zero, out=None):
-        inputs = [q[0], b, q[2]] + ([zero] if zero else [])
-        t = g.node("MatMulInteger", inputs)
-        t = g.node("Cast", [t], to=TensorProto.FLOAT)
-        s = g.node("Mul", [q[1], scale])
-        return g.node("Mul", [t, s], [out] if out else None)
-
-    xq = dql(x)
+    xq = dynamic_quantize(g, x)
     q1, s1 = int8_weights(d, h, False)
-    t = mmi(xq, g.init("B1", q1), g.init("s1", s1), None)
+    t = matmul_integer(g, xq, g.init("B1", q1), g.init("s1", s1))
     t = g.node("Relu", [g.node("Add", [t, g.init("b1", vec(rng, h))])])
     q2, s2 = int8_weights(d, h, True)
-    mmi(xq, g.init("B2", q2), g.init("s2", s2), g.init("z2", np.zeros(h, np.int8)), "Y2")
-    tq = dql(t)
+    matmul_integer(g, xq, g.init("B2", q2), g.init("s2", s2), g.init("z2", np.zeros(h, np.int8)), "Y2")
+    tq = dynamic_quantize(g, t)
     q3, s3 = int8_weights(h, d, True)
     t = g.node("MatMulIntegerToFloat", [tq[0], g.init("B3", q3), tq[1], g.init("s3", s3), tq[2], "",
                                         g.init("b3", vec(rng, d))], domain=MS_DOMAIN)
-    uq = dql(t)
+    uq = dynamic_quantize(g, t)
     w4 = dense(rng, d, d)
     lo, hi = float(w4.min()), float(w4.max())
     s4 = np.float32((hi - lo) / 255.0)
     z4 = np.uint8(np.clip(np.round(-lo / s4), 0, 255))
     q4 = np.clip(np.round(w4 / s4) + z4, 0, 255).astype(np.uint8)
-    mmi(uq, g.init("B4", q4), g.init("s4", np.asarray(s4, np.float32)), g.init("z4", np.asarray(z4, np.uint8)), "Y")
+    matmul_integer(g, uq, g.init("B4", q4), g.init("s4", np.asarray(s4, np.float32)),
+                   g.init("z4", np.asarray(z4, np.uint8)), "Y")
     # Static quantization: A quantized by QuantizeLinear with a constant scale and zero point; ORT
     # folds the Mul of the two constant scales into one before any provider sees the graph.
     a5 = np.float32(2.0 / 255.0)
     xq5 = g.node("QuantizeLinear", [x, g.init("a5_scale", np.asarray(a5, np.float32)),
                                     g.init("a5_zero", np.asarray(128, np.uint8))])
     q5, s5 = int8_weights(d, h, True)
-    mmi([xq5, "a5_scale", "a5_zero"], g.init("B5", q5), g.init("s5", s5), None, "Y3")
+    matmul_integer(g, [xq5, "a5_scale", "a5_zero"], g.init("B5", q5), g.init("s5", s5), out="Y3")
     g.output("Y", ["batch", "seq", d])
     g.output("Y2", ["batch", "seq", h])
     g.output("Y3", ["batch", "seq", h])
@@ -494,15 +500,10 @@ def build_mmi_negative_scale(seed):
     rng, g = rng_for(seed, "mmi_negative_scale"), Graph("mmi_negative_scale")
     d, h = 32, 48
     x = g.input("X", ["batch", "seq", d])
-    outs = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
-    g.node("DynamicQuantizeLinear", [x], outs)
-    q, sc = quantize_int8(rng, d, h, True)
-    q = np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8)
-    sc = (sc * 2).astype(np.float32)
+    xq = dynamic_quantize(g, x)
+    q, sc = seven_bit(*quantize_int8(rng, d, h, True))
     sc[3] = -sc[3]
-    t = g.node("MatMulInteger", [outs[0], g.init("B", q), outs[2]])
-    t = g.node("Cast", [t], to=TensorProto.FLOAT)
-    g.node("Mul", [t, g.node("Mul", [outs[1], g.init("s", sc)])], ["Y"])
+    matmul_integer(g, xq, g.init("B", q), g.init("s", sc), out="Y")
     g.output("Y", ["batch", "seq", h])
     return g
 
@@ -527,17 +528,14 @@ def build_nonfinite(seed):
     g.node("MatMulNBits", [r, g.init("B3", b3), g.init("s3", s3)], ["Y3"], domain=MS_DOMAIN, K=d, N=h, bits=4,
            block_size=32, accuracy_level=0)
     # MatMulInteger whose A scale is NaN at run time (taken): NaN everywhere.
-    xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
-    g.node("DynamicQuantizeLinear", [x], xq)
+    xq = dynamic_quantize(g, x)
     nan_scale = g.node("Mul", [xq[1], g.init("nan", np.asarray(np.nan, np.float32))])
     q4, s4 = quantize_int8(rng, d, h, True)
-    t = g.node("Cast", [g.node("MatMulInteger", [xq[0], g.init("B4", q4), xq[2]])], to=TensorProto.FLOAT)
-    g.node("Relu", [g.node("Mul", [t, g.node("Mul", [nan_scale, g.init("s4", s4)])])], ["Y4"])
+    g.node("Relu", [matmul_integer(g, [xq[0], nan_scale, xq[2]], g.init("B4", q4), g.init("s4", s4))], ["Y4"])
     # MatMulInteger with a NaN column scale (left).
     s5 = s4.copy()
     s5[2] = np.nan
-    t = g.node("Cast", [g.node("MatMulInteger", [xq[0], g.init("B5", q4), xq[2]])], to=TensorProto.FLOAT)
-    g.node("Mul", [t, g.node("Mul", [xq[1], g.init("s5", s5)])], ["Y5"])
+    matmul_integer(g, xq, g.init("B5", q4), g.init("s5", s5), out="Y5")
     # DynamicQuantizeMatMul with an infinite bias (left).
     b6 = vec(rng, h)
     b6[1] = np.inf
@@ -577,21 +575,17 @@ def build_mmi_unsupported_run(seed, name):
         g.node("DynamicQuantizeMatMul", [tiny, g.init("B", q), g.init("s", sc)], ["Y"], domain=MS_DOMAIN)
         g.output("Y", ["batch", "seq", h])
         return g
-    xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
-    g.node("DynamicQuantizeLinear", [x], xq)
+    xq = dynamic_quantize(g, x)
     if name == "mmi_zero_1x1":
         # And a DynamicQuantizeMatMul whose b_zero_point is [1, 1], which ORT's kernel refuses too.
         g.node("DynamicQuantizeMatMul", [x, g.init("B0", q), g.init("s0", sc), g.init("z0", np.zeros((1, 1), np.int8))],
                ["Y0"], domain=MS_DOMAIN)
         g.output("Y0", ["batch", "seq", h])
         zero = g.node("Reshape", [xq[2], g.init("shape11", np.asarray([1, 1], np.int64))])
-        t = g.node("MatMulInteger", [xq[0], g.init("B", q), zero])
-        scale = g.node("Mul", [xq[1], g.init("s", sc)])
+        matmul_integer(g, [xq[0], xq[1], zero], g.init("B", q), g.init("s", sc), out="Y")
     else:
         tiny = g.node("Mul", [xq[1], g.init("tiny", np.asarray(1e-30, np.float32))])
-        t = g.node("MatMulInteger", [xq[0], g.init("B", q), xq[2]])
-        scale = g.node("Mul", [tiny, g.init("s", (sc * 1e-8).astype(np.float32))])
-    g.node("Mul", [g.node("Cast", [t], to=TensorProto.FLOAT), scale], ["Y"])
+        matmul_integer(g, [xq[0], tiny, xq[2]], g.init("B", q), g.init("s", (sc * 1e-8).astype(np.float32)), out="Y")
     g.output("Y", ["batch", "seq", h])
     return g
 
@@ -675,9 +669,6 @@ def build_quant_rows(seed):
     g.node("MatMulNBits", [t, g.init("B1", b), g.init("s1", sc)], ["Y1"],
            domain=MS_DOMAIN, K=d, N=h, bits=4, block_size=32, accuracy_level=0)
 
-    def seven_bit(q, sc):  # reduce_range: ORT's u8s8 kernels without VNNI saturate on full-range int8
-        return np.clip(np.round(q.astype(np.float32) / 2), -64, 63).astype(np.int8), (sc * 2).astype(np.float32)
-
     q, s2 = seven_bit(*quantize_int8(rng, d, h, True))
     g.node("DynamicQuantizeMatMul", [t, g.init("B2", q), g.init("s2", s2), "", g.init("b2", vec(rng, h))], ["Y2"],
            domain=MS_DOMAIN)
@@ -728,11 +719,8 @@ def build_big(seed, name, dim, hidden, layers, stream):
         if name == "big_mmi":  # quantize_dynamic's default (QOperator): DynamicQuantizeLinear, MatMulInteger...
             for half, (k, n) in enumerate([(dim, hidden), (hidden, dim)]):
                 q, sc = quantize_int8(rng, k, n, True)
-                xq = [g.tmp("xq"), g.tmp("xscale"), g.tmp("xzero")]
-                g.node("DynamicQuantizeLinear", [x], xq)
-                t = g.node("MatMulInteger", [xq[0], stream(g, f"l{layer}.W{half + 1}_q8", q), xq[2]])
-                t = g.node("Cast", [t], to=TensorProto.FLOAT)
-                t = g.node("Mul", [t, g.node("Mul", [xq[1], stream(g, f"l{layer}.W{half + 1}_scales", sc)])])
+                t = matmul_integer(g, dynamic_quantize(g, x), stream(g, f"l{layer}.W{half + 1}_q8", q),
+                                   stream(g, f"l{layer}.W{half + 1}_scales", sc))
                 last = layer == layers - 1 and half == 1
                 x = g.node("Add", [t, stream(g, f"l{layer}.b{half + 1}", vec(rng, n))], ["Y"] if last else None)
                 if half == 0:
