@@ -137,6 +137,8 @@ class Core {
   std::uint64_t finalizes_started() const noexcept { return finalizes_started_.load(std::memory_order_acquire); }
   Result<void> refresh();
   Stats stats() const;
+  /// Bytes of the in-memory index's storage in mappings of its own (index_memory.hpp): for tests.
+  std::size_t index_mapped_bytes() const noexcept { return index_.mapped_bytes(); }
   std::size_t alignment() const noexcept { return align_; }
   /// The OS descriptor of a file-backed cache's file (wc_get_fd), or -1.
   int descriptor() const noexcept { return file_backed() && fd_.is_open() ? pf_.native_descriptor(fd_) : -1; }

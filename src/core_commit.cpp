@@ -24,6 +24,12 @@ void Core::merge_records_locked(std::vector<format::IndexRecord>& records, std::
   // An empty index (an open) knows none of the keys: no look-up per record, and the durable
   // bytes are the merged ones (the index holds no key twice: decode_trailer refuses that).
   const bool first = index_.live_count() == 0 && heap_bytes_ == 0 && mapped_bytes_ == 0;
+  if (first) {
+    // The index's storage made at once for what the file holds (entry_index.hpp, size_hint).
+    std::uint64_t key_bytes = 0;
+    for (const auto& r : records) key_bytes += r.key.size();
+    index_.size_hint(records.size(), key_bytes);
+  }
   {
     // write_mu_ is held: no other writer changes the index meanwhile.
     std::vector<Entry*> fresh;

@@ -14,39 +14,58 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <memory_resource>
+#include <new>
 #include <stdexcept>
 #include <string_view>
+#include <type_traits>
 #include <vector>
+
+#include "index_memory.hpp"
 
 namespace weightcache {
 
+// 64 bytes (one cache line; an open builds one per entry of the file): the 8-byte fields first,
+// then the small ones, with no padding between.
 struct Entry {
-  std::string_view key;      // bytes owned by the EntryIndex's key arena
+  std::string_view key;      // bytes owned by the EntryIndex's arena
   std::uint64_t offset = 0;  // file offset, or the Core's file_span_ + arena offset for heap entries
   std::uint64_t size = 0;
   std::uint64_t checksum = 0;
-  std::uint32_t number = 0;  // position in the EntryIndex's storage
   // The value Core::finalizes_started() reaches with the first finalize that starts after this insert;
   // 0 for entries that came committed (loaded or merged from an index). Under write_mu_ only.
   std::uint64_t awaits_finalize = 0;
+  std::atomic<Entry*> moved{nullptr};  // its bytes were moved from the heap into the file, as this entry
+  std::uint32_t number = 0;            // position in the EntryIndex's storage
   bool in_file = false;
   std::atomic<bool> durable{false};    // named by a committed index (read by stats without write_mu_)
   std::atomic<std::uint8_t> state{0};  // kUnverified, kGood, kBad (core.cpp)
   std::atomic<bool> replaced{false};   // a later entry took its key: no longer an entry's offset
-  std::atomic<Entry*> moved{nullptr};  // its bytes were moved from the heap into the file, as this entry
 };
+// The arena that holds entries never runs destructors.
+static_assert(std::is_trivially_destructible_v<Entry>);
 
 namespace index_detail {
 
 /// Entry number -> Entry, in blocks of 256, 512, 1024, ... entries, so that the directory has a
-/// fixed size (no reallocation under readers) and an entry's address never changes.
+/// fixed size (no reallocation under readers) and an entry's address never changes. A block is
+/// raw storage from the arena; an entry is constructed when it is added, so the pages of a
+/// block's unused tail are never touched.
 class EntryBlocks {
  public:
   static constexpr unsigned kFirstShift = 8;
   static constexpr unsigned kMaxBlocks = 40;
 
-  ~EntryBlocks() {
-    for (unsigned b = 0; b < kMaxBlocks; ++b) delete[] blocks_[b].load(std::memory_order_relaxed);
+  explicit EntryBlocks(std::pmr::memory_resource* arena) : arena_(arena) {}
+
+  /// Bytes of the blocks that hold entries [0, n).
+  static std::size_t bytes_for(std::uint64_t n) noexcept {
+    if (n == 0) return 0;
+    const std::uint64_t j = (n - 1) + (std::uint64_t{1} << kFirstShift);
+    const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
+    // Blocks 0..b hold 2^(b + 1 + kFirstShift) - 2^kFirstShift entries.
+    return static_cast<std::size_t>(((std::uint64_t{1} << (b + 1 + kFirstShift)) - (std::uint64_t{1} << kFirstShift)) *
+                                    sizeof(Entry));
   }
 
   Entry* at(std::uint64_t i) const noexcept {
@@ -60,45 +79,21 @@ class EntryBlocks {
     const std::uint64_t i = count_;
     const std::uint64_t j = i + (std::uint64_t{1} << kFirstShift);
     const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
-    if (blocks_[b].load(std::memory_order_relaxed) == nullptr)
-      blocks_[b].store(new Entry[std::size_t{1} << (b + kFirstShift)], std::memory_order_release);
+    if (blocks_[b].load(std::memory_order_relaxed) == nullptr) {
+      void* raw = arena_->allocate(sizeof(Entry) << (b + kFirstShift), alignof(Entry));
+      blocks_[b].store(static_cast<Entry*>(raw), std::memory_order_release);
+    }
+    Entry* e = ::new (static_cast<void*>(at(i))) Entry();
     ++count_;
-    return {at(i), i};
+    return {e, i};
   }
 
   std::uint64_t size() const noexcept { return count_; }
 
  private:
+  std::pmr::memory_resource* arena_;
   std::atomic<Entry*> blocks_[kMaxBlocks] = {};
   std::uint64_t count_ = 0;  // writer only
-};
-
-/// Key bytes, packed into 64 KiB blocks (a long key gets a block of its own).
-class KeyArena {
- public:
-  std::string_view copy(std::string_view key) {
-    constexpr std::size_t kBlock = 64 * 1024;
-    if (key.size() > kBlock / 4) {
-      blocks_.push_back(std::make_unique<char[]>(key.size()));
-      std::memcpy(blocks_.back().get(), key.data(), key.size());
-      return {blocks_.back().get(), key.size()};
-    }
-    if (blocks_.empty() || left_ < key.size()) {
-      blocks_.push_back(std::make_unique<char[]>(kBlock));
-      cur_ = blocks_.back().get();
-      left_ = kBlock;
-    }
-    char* p = cur_;
-    std::memcpy(p, key.data(), key.size());
-    cur_ += key.size();
-    left_ -= key.size();
-    return {p, key.size()};
-  }
-
- private:
-  std::vector<std::unique_ptr<char[]>> blocks_;
-  char* cur_ = nullptr;
-  std::size_t left_ = 0;
 };
 
 /// Open addressing with linear probing over 64-bit slots: the high 32 bits are a tag from the
@@ -106,8 +101,18 @@ class KeyArena {
 /// entry only when they match.
 class Table {
  public:
-  explicit Table(std::size_t capacity)
-      : mask_(capacity - 1), slots_(std::make_unique<std::atomic<std::uint64_t>[]>(capacity)) {}
+  /// A table of `capacity` (a power of two) empty slots in the arena. Throws std::bad_alloc.
+  static Table* make(std::pmr::memory_resource* arena, std::size_t capacity) {
+    void* raw = arena->allocate(capacity * sizeof(std::atomic<std::uint64_t>), 64);
+    auto* slots = static_cast<std::atomic<std::uint64_t>*>(raw);
+    for (std::size_t i = 0; i < capacity; ++i) ::new (static_cast<void*>(slots + i)) std::atomic<std::uint64_t>(0);
+    return ::new (arena->allocate(sizeof(Table), alignof(Table))) Table(capacity, slots);
+  }
+
+  /// Bytes of a table of `capacity` slots.
+  static std::size_t bytes_for(std::size_t capacity) noexcept {
+    return capacity * sizeof(std::atomic<std::uint64_t>) + sizeof(Table) + 64;
+  }
 
   std::size_t capacity() const noexcept { return mask_ + 1; }
   std::atomic<std::uint64_t>& slot(std::size_t i) const noexcept { return slots_[i & mask_]; }
@@ -121,9 +126,12 @@ class Table {
   static std::uint64_t entry_of(std::uint64_t slot) noexcept { return (slot & 0xffffffffull) - 1; }
 
  private:
+  Table(std::size_t capacity, std::atomic<std::uint64_t>* slots) : mask_(capacity - 1), slots_(slots) {}
+
   std::size_t mask_;
-  std::unique_ptr<std::atomic<std::uint64_t>[]> slots_;
+  std::atomic<std::uint64_t>* slots_;  // in the arena
 };
+static_assert(std::is_trivially_destructible_v<Table>);
 
 }  // namespace index_detail
 
@@ -134,6 +142,22 @@ class EntryIndex {
   static constexpr std::uint64_t kMaxEntries = 0xffffffffull;
 
   explicit EntryIndex(std::uint64_t seed) : seed_(seed) {}
+  EntryIndex(const EntryIndex&) = delete;
+  EntryIndex& operator=(const EntryIndex&) = delete;
+
+  /// Before the first make(): the index will hold about `entries` entries with `key_bytes` of keys
+  /// (an open, from the file's index), so its storage is made for them at once. Later: no effect.
+  void size_hint(std::uint64_t entries, std::uint64_t key_bytes) noexcept {
+    if (entries_.size() != 0 || entries > kMaxEntries || key_bytes > (std::uint64_t{1} << 40)) return;
+    std::size_t cap = kFirstCapacity;
+    while (cap / 2 < entries) cap *= 2;
+    arena_.size_hint(index_detail::EntryBlocks::bytes_for(entries) + 2 * index_detail::Table::bytes_for(cap) +
+                     static_cast<std::size_t>(entries) * sizeof(by_start_[0]) + static_cast<std::size_t>(key_bytes) +
+                     kHintSlack);
+  }
+
+  /// Bytes of the index's storage in mappings of its own (docs/DESIGN.md, "The index's memory").
+  std::size_t mapped_bytes() const noexcept { return arena_.upstream().mapped_bytes(); }
 
   // --- readers: any thread, no lock ---------------------------------------------------------
 
@@ -165,7 +189,9 @@ class EntryIndex {
   /// std::bad_alloc, or std::length_error past kMaxEntries.
   Entry* make(std::string_view key) {
     if (entries_.size() >= kMaxEntries) throw std::length_error("too many entries");
-    const std::string_view k = keys_.copy(key);
+    char* bytes = static_cast<char*>(arena_.allocate(key.size() == 0 ? 1 : key.size(), 1));
+    if (!key.empty()) std::memcpy(bytes, key.data(), key.size());
+    const std::string_view k(bytes, key.size());
     auto [e, no] = entries_.add();
     e->key = k;
     e->number = static_cast<std::uint32_t>(no);
@@ -214,7 +240,10 @@ class EntryIndex {
   /// whole or not at all. Throws std::bad_alloc, and then nothing changed that readers see.
   void reserve_publishes(std::uint64_t n) {
     reserve(live_.load(std::memory_order_relaxed) + n, offsets_ + n);
-    by_start_.reserve(by_start_.size() + static_cast<std::size_t>(n));
+    // Geometric: the arena never gets an outgrown buffer back, so growing by each batch's size
+    // (a refresh merges a few entries at a time) would leave a copy behind per batch.
+    const std::size_t want = by_start_.size() + static_cast<std::size_t>(n);
+    if (want > by_start_.capacity()) by_start_.reserve(std::max(want, 2 * by_start_.capacity()));
   }
 
   /// Room for `keys` live keys and `offsets` offsets without growing (growth copies a table).
@@ -273,9 +302,9 @@ class EntryIndex {
     index_detail::Table* t = cur.load(std::memory_order_relaxed);
     // Load factor at most 1/2: short probe sequences even for unlucky hashes.
     if (t != nullptr && need <= t->capacity() / 2) return;
-    std::size_t cap = t == nullptr ? 64 : t->capacity();
+    std::size_t cap = t == nullptr ? kFirstCapacity : t->capacity();
     while (cap / 2 < need) cap *= 2;
-    auto fresh = std::make_unique<index_detail::Table>(cap);
+    index_detail::Table* fresh = index_detail::Table::make(&arena_, cap);
     if (t != nullptr) {
       for (std::size_t i = 0; i < t->capacity(); ++i) {
         const std::uint64_t s = t->slot(i).load(std::memory_order_relaxed);
@@ -286,22 +315,24 @@ class EntryIndex {
         fresh->slot(j).store(s, std::memory_order_relaxed);
       }
     }
-    tables_.push_back(std::move(fresh));
-    // Readers still inside the old table finish there; it stays allocated until the index dies
+    // Readers still inside the old table finish there; it stays in the arena until the index dies
     // (all old tables together are smaller than the current one).
-    cur.store(tables_.back().get(), std::memory_order_release);
+    cur.store(fresh, std::memory_order_release);
   }
 
+  static constexpr std::size_t kFirstCapacity = 64;
+  // What the arena adds to a chunk, and the alignment of the tables and blocks inside it.
+  static constexpr std::size_t kHintSlack = 4096;
+
   std::uint64_t seed_;
-  index_detail::EntryBlocks entries_;
-  index_detail::KeyArena keys_;
-  std::vector<std::unique_ptr<index_detail::Table>> tables_;
+  IndexArena arena_;  // first: everything below lives in it, and it outlives them
+  index_detail::EntryBlocks entries_{&arena_};
   std::atomic<index_detail::Table*> by_key_{nullptr};
   std::atomic<index_detail::Table*> by_offset_{nullptr};
   std::atomic<std::uint64_t> live_{0};
   std::uint64_t offsets_ = 0;  // distinct offsets in by_offset_ (writer only)
   // (offset, number) of every published entry, for containing(); [0, sorted_) is sorted. Writer only.
-  std::vector<std::pair<std::uint64_t, std::uint32_t>> by_start_;
+  std::pmr::vector<std::pair<std::uint64_t, std::uint32_t>> by_start_{&arena_};
   std::size_t sorted_ = 0;
 };
 

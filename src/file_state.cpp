@@ -3,11 +3,13 @@
 #include <chrono>
 #include <thread>
 
+#include "index_memory.hpp"
 #include "log.hpp"
 #include "mobile.hpp"
 #include "platform/errors.hpp"
 
 #include <memory>
+#include <memory_resource>
 #include <new>
 #include <utility>
 
@@ -15,6 +17,7 @@ namespace weightcache {
 namespace {
 
 constexpr std::uint64_t kStreamCheckIndexBytes = 16u << 20;  // above this, checksum before allocating
+constexpr std::size_t kScratchMapBytes = 256u << 10;          // an index read this large is mapped
 constexpr std::size_t kStreamCheckChunk = 1u << 20;
 
 // A large index is checked against the slot's checksum in small pieces before anything is
@@ -245,7 +248,11 @@ Result<CommittedState> read_committed(platform::Platform& pf, const platform::Fi
         }
       }
       // At most max_bytes (checked above): no memory for it is not damage (std::bad_alloc, below).
-      std::vector<std::byte> t(s.index_size + format::kFooterSize);
+      // From a mapping of its own when large (index_memory.hpp): a new process's open otherwise
+      // takes a page fault per 4 KiB of it.
+      IndexMemory scratch(kScratchMapBytes);
+      scratch.populate_next();
+      std::pmr::vector<std::byte> t(s.index_size + format::kFooterSize, &scratch);
       if (auto r = pf.read_at(fd, t.data(), t.size(), s.index_offset); !r) return r.error();
       a.index_read = true;
       std::string why;
