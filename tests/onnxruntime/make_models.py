@@ -1008,6 +1008,7 @@ def check(args):
     rel = err / np.maximum(np.abs(ref), 1e-30)
     bad = int(np.count_nonzero(err > args.atol + args.rtol * np.abs(ref)))
     result = {"model": args.model, "elements": int(ref.size), "max_abs": float(err.max()),
+              "rms_abs": float(np.sqrt(np.mean(err * err))),
               "max_rel": float(rel[np.abs(ref) > args.atol].max(initial=0.0)), "max_ref": float(np.abs(ref).max()),
               "out_of_tolerance": bad, "rtol": args.rtol, "atol": args.atol}
     print(json.dumps(result))

@@ -397,7 +397,7 @@ TEST_F(OrtEp, TheBuiltInKernelsLeaveConvolutionsAndSaySo) {
   EXPECT_EQ(slurp(f("ep.bin")), slurp(f("cpu.bin")));  // all of it on the CPU provider
 }
 
-// make_models.py --check: `outputs` against the model's float64 reference; its JSON (max_abs,
+// make_models.py --check: `outputs` against the model's float64 reference; its JSON (max_abs, rms_abs,
 // max_ref, ...), or null when it could not run.
 json reference_check(const std::string& name, const std::string& outputs) {
   const std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --check '") +
@@ -415,8 +415,13 @@ json reference_check(const std::string& name, const std::string& outputs) {
 // Dynamically quantized int8 weights (onnxruntime's quantize_dynamic for CPUs): XNNPACK's
 // qd8-qc8w quantizes the activations per row, ORT's CPU kernel per tensor, so the two differ by
 // more than rounding. The tolerance: at least as close as the CPU provider to the exact product
-// of the dequantized weights (make_models.py --check), and within 2% of the output's scale of
-// the CPU provider; bit-identical to XNNPACK without weightcache, and warm to cold.
+// of the dequantized weights (make_models.py --check) in root mean square, and within 2% of the
+// output's scale of the CPU provider; bit-identical to XNNPACK without weightcache, and warm to
+// cold. Root mean square, not the largest error: a per-row scale is never coarser than the
+// tensor's, so the error it makes is smaller on average, but on a CPU whose int8 kernel is exact
+// (VNNI, AMX, arm64's dot product) one output of ORT's can land closer than the provider's
+// (measured on AVX-512 VNNI: largest 0.0067 against 0.0060, rms 0.0019 against 0.0021). Without
+// VNNI, ORT's u8s8 kernel saturates and is worse by either measure.
 TEST_F(OrtEp, DynamicallyQuantizedInt8WeightsAreAsExactAsTheCpuProviderAndWarmPacksNothing) {
   const std::string model = models("dq_mlp.onnx"), cache = f("c.wcache");
   const HostRun cpu = cpu_reference(dir_, model, f("cpu.bin"));
@@ -433,10 +438,12 @@ TEST_F(OrtEp, DynamicallyQuantizedInt8WeightsAreAsExactAsTheCpuProviderAndWarmPa
   EXPECT_EQ(slurp(f("cold.bin")), slurp(f("base.bin"))) << "packed through the cache != XNNPACK's own packing";
   const json ep_ref = reference_check("dq_mlp", f("cold.bin")), cpu_ref = reference_check("dq_mlp", f("cpu.bin"));
   ASSERT_TRUE(ep_ref.is_object() && cpu_ref.is_object()) << ep_ref << cpu_ref;
-  const double ep_err = ep_ref["max_abs"].get<double>(), cpu_err = cpu_ref["max_abs"].get<double>();
-  std::printf("  against the exact product: provider %.3g, CPU provider %.3g (max |ref| %.3g)\n", ep_err, cpu_err,
-              ep_ref["max_ref"].get<double>());
-  EXPECT_LE(ep_err, cpu_err) << "less exact than ONNX Runtime's own int8 kernel";
+  const double ep_err = ep_ref["rms_abs"].get<double>(), cpu_err = cpu_ref["rms_abs"].get<double>();
+  std::printf("  against the exact product, root mean square: provider %.3g, CPU provider %.3g (largest %.3g, %.3g; "
+              "max |ref| %.3g; %d outputs)\n",
+              ep_err, cpu_err, ep_ref["max_abs"].get<double>(), cpu_ref["max_abs"].get<double>(),
+              ep_ref["max_ref"].get<double>(), ep_ref["elements"].get<int>());
+  EXPECT_LE(ep_err, cpu_err) << "less exact on average than ONNX Runtime's own int8 kernel";
   EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), 0.02, 0.0);
   const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
   ASSERT_EQ(warm.code, 0) << warm.describe();
