@@ -29,9 +29,14 @@ endif()
 weightcache_ggml_version("${_wc_ggml_src}" WEIGHTCACHE_GGML_VERSION)
 weightcache_ggml_repack_id("${_wc_ggml_src}" WEIGHTCACHE_GGML_REPACK_ID)
 weightcache_ggml_amx_id("${_wc_ggml_src}" WEIGHTCACHE_GGML_AMX_ID)
+weightcache_ggml_kleidiai_id("${_wc_ggml_src}" "${WEIGHTCACHE_KLEIDIAI_SOURCE_DIR}" WEIGHTCACHE_GGML_KLEIDIAI_ID)
 set(WEIGHTCACHE_GGML_SOURCE "${_wc_ggml_src}")
 
-string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")
+if(WEIGHTCACHE_KLEIDIAI_SOURCE_DIR)  # a build of the same tree with KleidiAI is another build
+  string(SHA1 _wc_ggml_tag "${_wc_ggml_src}|${WEIGHTCACHE_KLEIDIAI_SOURCE_DIR}")
+else()
+  string(SHA1 _wc_ggml_tag "${_wc_ggml_src}")
+endif()
 string(SUBSTRING "${_wc_ggml_tag}" 0 8 _wc_ggml_tag)
 set(_wc_ggml_bin "${CMAKE_BINARY_DIR}/third_party/ggml-${_wc_ggml_tag}")
 set(WEIGHTCACHE_GGML_LIBDIR "${_wc_ggml_bin}/src")  # the static libraries, for the tests' consumer
@@ -56,10 +61,16 @@ if(WEIGHTCACHE_SANITIZE)
   list(APPEND _wc_ggml_args -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=-fsanitize=${_wc_ggml_san} -fno-omit-frame-pointer"
        "-DCMAKE_CXX_FLAGS=-fsanitize=${_wc_ggml_san} -fno-omit-frame-pointer")
   set(_wc_ggml_openmp OFF)
+elseif(WEIGHTCACHE_STATIC_EXECUTABLES)
+  # Static executables (the cross builds' tests, under qemu-user): the cross compilers have no
+  # static libgomp to link, so ggml's own threadpool.
+  list(APPEND _wc_ggml_args -DGGML_OPENMP=OFF)
+  set(_wc_ggml_openmp OFF)
 else()
   list(APPEND _wc_ggml_args -DGGML_OPENMP=ON)
   set(_wc_ggml_openmp ON)
 endif()
+weightcache_ggml_cpu_settings(_wc_ggml_args "${WEIGHTCACHE_KLEIDIAI_SOURCE_DIR}")
 weightcache_external_build_settings(_wc_ggml_args _wc_ggml_jobs)
 
 ExternalProject_Add(weightcache_ggml_build

@@ -59,6 +59,57 @@ function(weightcache_ggml_amx_id dir out)
   set(${out} "${_id}" PARENT_SCOPE)
 endfunction()
 
+# weightcache_ggml_kleidiai_id(<ggml tree> <KleidiAI tree or ""> <out var>): the same fingerprint for
+# the code that writes the KleidiAI buffer type's packed layout (src/ggml-cpu/kleidiai/*,
+# ggml-common.h, and src/ggml-cpu/CMakeLists.txt, which pins the KleidiAI release ggml builds), and
+# the KleidiAI tree's own CMakeLists.txt (its version) when one is given; "none" for a tree without it.
+function(weightcache_ggml_kleidiai_id dir kleidiai out)
+  file(GLOB _files "${dir}/src/ggml-cpu/kleidiai/*")
+  if(NOT _files)
+    set(${out} "none" PARENT_SCOPE)
+    return()
+  endif()
+  list(APPEND _files "${dir}/src/ggml-common.h" "${dir}/src/ggml-cpu/CMakeLists.txt")
+  if(kleidiai AND EXISTS "${kleidiai}/CMakeLists.txt")
+    # Hashed by content under a fixed name: the path of the unpacked tree must not change the key.
+    file(SHA256 "${kleidiai}/CMakeLists.txt" _kai)
+    set_property(DIRECTORY "${CMAKE_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${kleidiai}/CMakeLists.txt")
+  else()
+    set(_kai "pinned")
+  endif()
+  _weightcache_files_id(_id "${dir}" ${_files})
+  string(SHA256 _id "${_id}|kleidiai ${_kai}")
+  string(SUBSTRING "${_id}" 0 16 _id)
+  set(${out} "${_id}" PARENT_SCOPE)
+endfunction()
+
+# weightcache_ggml_cpu_settings(<args var> <KleidiAI tree or "">): the CPU a third-party ggml build
+# (ggml, llama.cpp) targets. Natively: GGML_NATIVE, the build machine's CPU. Cross-compiling
+# (cmake/toolchains): this build's toolchain file, no GGML_NATIVE, and for aarch64 the
+# architecture WEIGHTCACHE_GGML_CPU_ARM_ARCH names (default armv8.6-a with the dot-product and
+# i8mm extensions, which qemu's -cpu max has). With a KleidiAI tree (WEIGHTCACHE_KLEIDIAI_SOURCE_DIR,
+# aarch64 only): GGML_CPU_KLEIDIAI, built from that tree instead of ggml's download.
+function(weightcache_ggml_cpu_settings args_var kleidiai)
+  set(_args ${${args_var}})
+  if(CMAKE_CROSSCOMPILING)
+    list(REMOVE_ITEM _args -DGGML_NATIVE=ON)
+    list(APPEND _args -DGGML_NATIVE=OFF)
+    if(CMAKE_TOOLCHAIN_FILE)
+      list(APPEND _args -DCMAKE_TOOLCHAIN_FILE=${CMAKE_TOOLCHAIN_FILE})
+    endif()
+    if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$")
+      list(APPEND _args -DGGML_CPU_ARM_ARCH=${WEIGHTCACHE_GGML_CPU_ARM_ARCH})
+    endif()
+  endif()
+  if(kleidiai)
+    if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$")
+      message(FATAL_ERROR "weightcache: WEIGHTCACHE_KLEIDIAI_SOURCE_DIR is for arm64 builds (KleidiAI's kernels are Arm's)")
+    endif()
+    list(APPEND _args -DGGML_CPU_KLEIDIAI=ON -DFETCHCONTENT_SOURCE_DIR_KLEIDIAI_DOWNLOAD=${kleidiai})
+  endif()
+  set(${args_var} "${_args}" PARENT_SCOPE)
+endfunction()
+
 # weightcache_external_build_settings(<args var> <jobs var>): what an ExternalProject build of a
 # third-party tree (ggml, llama.cpp) takes from this build: the compiler launchers (ccache) appended
 # to <args var>, and the parallel jobs (WEIGHTCACHE_XNNPACK_BUILD_JOBS, else every core) in <jobs var>.

@@ -35,10 +35,17 @@ endif()
 weightcache_ggml_version("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_VERSION)
 weightcache_ggml_repack_id("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_REPACK_ID)
 weightcache_ggml_amx_id("${_wc_llama_src}/ggml" WEIGHTCACHE_LLAMA_GGML_AMX_ID)
+# The llama.cpp tree's ggml pins its own KleidiAI release: WEIGHTCACHE_LLAMA_KLEIDIAI_SOURCE_DIR.
+weightcache_ggml_kleidiai_id("${_wc_llama_src}/ggml" "${WEIGHTCACHE_LLAMA_KLEIDIAI_SOURCE_DIR}"
+                             WEIGHTCACHE_LLAMA_GGML_KLEIDIAI_ID)
 set(WEIGHTCACHE_LLAMA_GGML_SOURCE "${_wc_llama_src}/ggml")
 set(WEIGHTCACHE_LLAMA_SOURCE "${_wc_llama_src}")
 
-string(SHA1 _wc_llama_tag "${_wc_llama_src}")
+if(WEIGHTCACHE_LLAMA_KLEIDIAI_SOURCE_DIR)  # a build of the same tree with KleidiAI is another build
+  string(SHA1 _wc_llama_tag "${_wc_llama_src}|${WEIGHTCACHE_LLAMA_KLEIDIAI_SOURCE_DIR}")
+else()
+  string(SHA1 _wc_llama_tag "${_wc_llama_src}")
+endif()
 string(SUBSTRING "${_wc_llama_tag}" 0 8 _wc_llama_tag)
 set(_wc_llama_bin "${CMAKE_BINARY_DIR}/third_party/llama-${_wc_llama_tag}")
 set(WEIGHTCACHE_LLAMA_LIBDIRS "${_wc_llama_bin}/${_wc_llama_lib_subdir}" "${_wc_llama_bin}/ggml/src")
@@ -47,6 +54,12 @@ set(_wc_llama_libs
   "${_wc_llama_bin}/ggml/src/${CMAKE_STATIC_LIBRARY_PREFIX}ggml${CMAKE_STATIC_LIBRARY_SUFFIX}"
   "${_wc_llama_bin}/ggml/src/${CMAKE_STATIC_LIBRARY_PREFIX}ggml-cpu${CMAKE_STATIC_LIBRARY_SUFFIX}"
   "${_wc_llama_bin}/ggml/src/${CMAKE_STATIC_LIBRARY_PREFIX}ggml-base${CMAKE_STATIC_LIBRARY_SUFFIX}")
+# Static executables (cross builds): no static libgomp in the cross compilers, so ggml's threadpool.
+if(WEIGHTCACHE_STATIC_EXECUTABLES)
+  set(_wc_llama_openmp OFF)
+else()
+  set(_wc_llama_openmp ON)
+endif()
 set(_wc_llama_args
   -DCMAKE_BUILD_TYPE=Release
   -DCMAKE_C_COMPILER=${CMAKE_C_COMPILER}
@@ -55,7 +68,7 @@ set(_wc_llama_args
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON
   -DGGML_NATIVE=ON
   -DGGML_CPU_REPACK=ON
-  -DGGML_OPENMP=ON
+  -DGGML_OPENMP=${_wc_llama_openmp}
   -DGGML_BUILD_TESTS=OFF
   -DGGML_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_TESTS=OFF
@@ -64,6 +77,7 @@ set(_wc_llama_args
   -DLLAMA_BUILD_SERVER=OFF
   -DLLAMA_BUILD_COMMON=OFF
   -DLLAMA_CURL=OFF)
+weightcache_ggml_cpu_settings(_wc_llama_args "${WEIGHTCACHE_LLAMA_KLEIDIAI_SOURCE_DIR}")
 weightcache_external_build_settings(_wc_llama_args _wc_llama_jobs)
 
 ExternalProject_Add(weightcache_llama_build
@@ -86,8 +100,10 @@ target_include_directories(weightcache_llama_dep SYSTEM INTERFACE "${_wc_llama_s
   "${_wc_llama_src}/ggml/include" "${_wc_llama_src}/ggml/src")
 target_link_libraries(weightcache_llama_dep INTERFACE
   "-Wl,--start-group" ${_wc_llama_libs} "-Wl,--end-group" Threads::Threads m ${CMAKE_DL_LIBS})
-find_package(OpenMP REQUIRED COMPONENTS C CXX)
-target_link_libraries(weightcache_llama_dep INTERFACE OpenMP::OpenMP_CXX OpenMP::OpenMP_C)
+if(_wc_llama_openmp)
+  find_package(OpenMP REQUIRED COMPONENTS C CXX)
+  target_link_libraries(weightcache_llama_dep INTERFACE OpenMP::OpenMP_CXX OpenMP::OpenMP_C)
+endif()
 add_library(weightcache::llama ALIAS weightcache_llama_dep)
 message(STATUS "weightcache: llama.cpp (ggml ${WEIGHTCACHE_LLAMA_GGML_VERSION}) from ${_wc_llama_src} for the "
                "llama.cpp front, its tests, benchmarks and examples; built in ${_wc_llama_bin}")

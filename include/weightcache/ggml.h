@@ -6,7 +6,7 @@
  * types ("extra" buffer types), tried in its order: "AMX" on x86-64 CPUs with AMX (Intel Xeon 4th
  * generation and later: a tile layout for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS and F16 weights
  * whose rows are a multiple of 2048), "KleidiAI" on arm64 builds with it, "CPU_REPACK" everywhere
- * (interleaved layouts). This header gives, for each layout it serves (AMX and CPU_REPACK), a ggml
+ * (interleaved layouts). This header gives, for each layout it serves (AMX, KleidiAI and CPU_REPACK), a ggml
  * buffer type that does the same repacking once, into a weightcache file, and serves the repacked
  * bytes from that file's shared mapping to every later load, session and process. A weight gets
  * the layout ggml's CPU backend would give it on this CPU, so the kernels that compute from it are
@@ -22,9 +22,10 @@
  * that same tree. wc_ggml_check_abi() says whether the ggml the process runs is that one.
  *
  * Keys (docs/DESIGN.md, "ggml keys"): a repacked tensor is stored under its content (XXH3-128 of
- * the GGUF bytes, type and shape), the repacked layout (its name, AMX or CPU_REPACK, a fingerprint
- * of the code that writes it, ggml's version, the CPU features its choice of layout depends on) and
- * nothing else: a cache written under one layout is never served to a process that would use
+ * the GGUF bytes, type and shape), the repacked layout (its name, AMX, KleidiAI or CPU_REPACK, a
+ * fingerprint of the code that writes it, ggml's version, the CPU features its choice of layout
+ * depends on, and for KleidiAI the two environment settings its packing reads, GGML_KLEIDIAI_SME
+ * and GGML_TOTAL_THREADS) and nothing else: a cache written under one layout is never served to a process that would use
  * another. A warm load does not read the tensor's bytes
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
@@ -109,9 +110,9 @@ void wc_ggml_destroy(wc_ggml* g);
 
 /**
  * The buffer type for the layout ggml's CPU backend gives `tensor` on this CPU (that of
- * wc_ggml_stock_buffer_type), named "WEIGHTCACHE_AMX" or "WEIGHTCACHE_REPACK"; NULL when ggml
- * would not repack it, or repacks it into a layout this library does not serve (KleidiAI): keep
- * such a tensor where the program keeps it without the cache. Buffers of the returned type report
+ * wc_ggml_stock_buffer_type), named "WEIGHTCACHE_AMX", "WEIGHTCACHE_KLEIDIAI" or
+ * "WEIGHTCACHE_REPACK"; NULL when ggml would not repack it, or repacks it into a layout this
+ * library does not serve: keep such a tensor where the program keeps it without the cache. Buffers of the returned type report
  * ggml's own buffer type of that layout as theirs (ggml-cpu recognizes repacked weights, and picks
  * the kernels that read them, by that pointer). A tensor put in a buffer type other than the one
  * returned here for it is refused by ggml_backend_tensor_alloc's init step (GGML_STATUS_FAILED)

@@ -3,8 +3,8 @@
  * repacks (Q4_0, IQ4_NL, Q4_K, ...) served from a weightcache file instead of repacked into this
  * process's memory. No patch to llama.cpp: the front fills llama_model_params.tensor_buft_overrides
  * so that exactly the tensors llama.cpp would put in one of ggml's repacking buffer types that the
- * cache serves (AMX on CPUs with it, CPU_REPACK) go to the cache's buffer type for that layout
- * (weightcache/ggml.h) instead.
+ * cache serves (AMX on CPUs with it, KleidiAI on arm64 builds with it, CPU_REPACK) go to the
+ * cache's buffer type for that layout (weightcache/ggml.h) instead.
  *
  *   wc_cache* cache;                       // wc_open, as usual
  *   wc_llama* wl;
@@ -73,10 +73,10 @@ wc_status wc_llama_create(wc_cache* cache, const wc_ggml_options* options, wc_ll
  * go to the cache.
  *
  * Routes nothing (WC_OK, *routed 0; params keep the application's entries only) when llama.cpp
- * would put no CPU weight of this model in AMX or CPU_REPACK: params->use_extra_bufts false,
+ * would put no CPU weight of this model in AMX, KleidiAI or CPU_REPACK: params->use_extra_bufts false,
  * params->vocab_only, a GPU's host buffer type that takes CPU weights first (a GPU device with
  * no_host false), a GPU device with params->n_gpu_layers not 0 (the front serves CPU weights
- * only), an accelerator or a buffer type the cache does not serve (KleidiAI) taking every one of
+ * only), an accelerator or a buffer type the cache does not serve taking every one of
  * them, or no tensor of this model repacked on this CPU. The reason is logged once through ggml's
  * log, naming the buffer type: at info level for use_extra_bufts false and vocab_only (the
  * application turned repacking off), at warn level otherwise. When only some of the weights go to

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,15 +82,29 @@ void make_model(const std::string& out, ggml_type type, int seed, int layers = 2
 
 // ---- in this process: two models on two threads, one cache ---------------------------------------
 
+// The buffer type a load puts a weight in: the cache's for its layout (wc_ggml_buffer_type_for),
+// or stock ggml's (wc_ggml_stock_buffer_type). On x86-64 that is CPU_REPACK (or AMX); on arm64
+// with KleidiAI, KleidiAI's for what it takes.
+using Route = std::function<ggml_backend_buffer_type_t(const ggml_tensor*)>;
+Route cached(wc_ggml* g) {
+  return [g](const ggml_tensor* t) { return wc_ggml_buffer_type_for(g, t); };
+}
+Route stock_route() { return [](const ggml_tensor* t) { return wc_ggml_stock_buffer_type(t); }; }
+
 struct Loaded {
   ggml_context* ctx = nullptr;
-  ggml_backend_buffer_t buf = nullptr;
+  ggml_backend_buffer_t buf = nullptr;     // the buffer of a test that allocates one itself
+  std::vector<ggml_context*> ctxs;         // load_in_process: a context and a buffer per buffer type
+  std::vector<ggml_backend_buffer_t> bufs;
   std::vector<ggml_tensor*> tensors;
+  std::vector<std::size_t> sizes;          // each tensor's repacked size (its buffer type's alloc size)
   std::uint8_t* map = nullptr;  // MapHow::keep_mapped
   std::size_t map_size = 0, data_offset = 0;
   ~Loaded() {
     if (buf) ggml_backend_buffer_free(buf);
     if (ctx) ggml_free(ctx);
+    for (ggml_backend_buffer_t b : bufs) ggml_backend_buffer_free(b);
+    for (ggml_context* c : ctxs) ggml_free(c);
     if (map) ::munmap(map, map_size);
   }
 };
@@ -106,8 +121,9 @@ struct MapHow {
   std::function<void(std::size_t i)> after_set;
 };
 
-// Loads every tensor CPU_REPACK repacks from `model` into a buffer of `buft`, from a mapping.
-bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, Loaded* out, std::string* why,
+// Loads every tensor ggml repacks from `model` into buffers of the buffer types `route` gives, from
+// a mapping.
+bool load_in_process(const std::string& model, const Route& route, Loaded* out, std::string* why,
                      const MapHow& how = {}) {
   ggml_context* meta = nullptr;
   gguf_init_params p{};
@@ -131,18 +147,32 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   ggml_init_params ip{};
   ip.mem_size = ggml_tensor_overhead() * 256;
   ip.no_alloc = true;
-  out->ctx = ggml_init(ip);
+  std::vector<ggml_backend_buffer_type_t> types;  // out->ctxs[i] holds the tensors of types[i]
   std::vector<std::pair<ggml_tensor*, const std::uint8_t*>> src;
   for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
     ggml_tensor* t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
     if (!wc_ggml_would_repack(t)) continue;
-    ggml_tensor* d = ggml_dup_tensor(out->ctx, t);
+    ggml_backend_buffer_type_t buft = route(t);
+    if (buft == nullptr) return *why = std::string("no buffer type for ") + t->name, false;
+    std::size_t k = 0;
+    while (k < types.size() && types[k] != buft) ++k;
+    if (k == types.size()) {
+      types.push_back(buft);
+      out->ctxs.push_back(ggml_init(ip));
+    }
+    ggml_tensor* d = ggml_dup_tensor(out->ctxs[k], t);
     ggml_set_name(d, t->name);
     src.emplace_back(d, map + gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i));
     out->tensors.push_back(d);
+    out->sizes.push_back(ggml_backend_buft_get_alloc_size(buft, d));
   }
-  out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, buft);
-  if (out->buf == nullptr) return *why = "no buffer", false;
+  for (std::size_t k = 0; k < types.size(); ++k) {
+    out->bufs.push_back(ggml_backend_alloc_ctx_tensors_from_buft(out->ctxs[k], types[k]));
+    if (out->bufs.back() == nullptr) return *why = "no buffer", false;
+    // Zeros where a layout leaves bytes unwritten (KleidiAI's alignment padding, the header slots of
+    // kernels it has not), as in the cache's fresh space: stock's heap would hold garbage there.
+    ggml_backend_buffer_clear(out->bufs.back(), 0);
+  }
   for (std::size_t i = 0; i < src.size(); ++i) {
     ggml_backend_tensor_set(src[i].first, src[i].second, 0, ggml_nbytes(src[i].first));
     if (how.after_set) how.after_set(i);
@@ -162,12 +192,20 @@ bool load_in_process(const std::string& model, ggml_backend_buffer_type_t buft, 
   return true;
 }
 
-// Whether every repacked tensor of `mine` has the bytes of the same tensor in `stock`.
-::testing::AssertionResult same_repacked(const Loaded& mine, const Loaded& stock) {
-  if (mine.tensors.size() != stock.tensors.size()) return ::testing::AssertionFailure() << "tensor counts differ";
-  for (std::size_t i = 0; i < mine.tensors.size(); ++i)
-    if (std::memcmp(mine.tensors[i]->data, stock.tensors[i]->data, ggml_nbytes(mine.tensors[i])) != 0)
-      return ::testing::AssertionFailure() << mine.tensors[i]->name << ": repacked bytes differ from CPU_REPACK's";
+// Whether every repacked tensor of `mine` has the bytes of the tensor of its name in `stock` (all of
+// its repacked size, which is more than ggml_nbytes for KleidiAI's); with `all`, both hold the same tensors.
+::testing::AssertionResult same_repacked(const Loaded& mine, const Loaded& stock, bool all = true) {
+  if (mine.tensors.empty()) return ::testing::AssertionFailure() << "nothing loaded";
+  if (all && mine.tensors.size() != stock.tensors.size()) return ::testing::AssertionFailure() << "tensor counts differ";
+  for (std::size_t i = 0; i < mine.tensors.size(); ++i) {
+    std::size_t j = 0;
+    while (j < stock.tensors.size() && std::strcmp(stock.tensors[j]->name, mine.tensors[i]->name) != 0) ++j;
+    if (j == stock.tensors.size()) return ::testing::AssertionFailure() << mine.tensors[i]->name << ": not in stock's load";
+    if (mine.sizes[i] != stock.sizes[j])
+      return ::testing::AssertionFailure() << mine.tensors[i]->name << ": repacked sizes differ from stock's";
+    if (std::memcmp(mine.tensors[i]->data, stock.tensors[j]->data, mine.sizes[i]) != 0)
+      return ::testing::AssertionFailure() << mine.tensors[i]->name << ": repacked bytes differ from stock ggml's";
+  }
   return ::testing::AssertionSuccess();
 }
 
@@ -198,21 +236,17 @@ TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
       Loaded a, b, ra, rb;
       std::string wa, wb;
       bool oka = false, okb = false;
-      std::thread t1([&] { oka = load_in_process(m1, wc_ggml_buffer_type(g), &a, &wa); });
-      std::thread t2([&] { okb = load_in_process(m2, wc_ggml_buffer_type(g), &b, &wb); });
+      std::thread t1([&] { oka = load_in_process(m1, cached(g), &a, &wa); });
+      std::thread t2([&] { okb = load_in_process(m2, cached(g), &b, &wb); });
       t1.join();
       t2.join();
       ASSERT_TRUE(oka) << wa;
       ASSERT_TRUE(okb) << wb;
       std::string why;
-      ASSERT_TRUE(load_in_process(m1, cpu_repack(), &ra, &why)) << why;
-      ASSERT_TRUE(load_in_process(m2, cpu_repack(), &rb, &why)) << why;
-      for (auto [mine, stock] : {std::pair<Loaded*, Loaded*>{&a, &ra}, {&b, &rb}}) {
-        ASSERT_EQ(mine->tensors.size(), stock->tensors.size());
-        for (std::size_t i = 0; i < mine->tensors.size(); ++i)
-          EXPECT_EQ(std::memcmp(mine->tensors[i]->data, stock->tensors[i]->data, ggml_nbytes(mine->tensors[i])), 0)
-              << mine->tensors[i]->name << ": repacked bytes differ from CPU_REPACK's (round " << round << ")";
-      }
+      ASSERT_TRUE(load_in_process(m1, stock_route(), &ra, &why)) << why;
+      ASSERT_TRUE(load_in_process(m2, stock_route(), &rb, &why)) << why;
+      for (auto [mine, stock_load] : {std::pair<Loaded*, Loaded*>{&a, &ra}, {&b, &rb}})
+        EXPECT_TRUE(same_repacked(*mine, *stock_load)) << "round " << round;
     }
     wc_ggml_stats s;
     wc_ggml_stats_init(&s);
@@ -230,6 +264,64 @@ TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
   }
 }
 
+
+// Every weight gets the cache's buffer type of the layout stock ggml gives it on this CPU: AMX's on
+// x86-64 with AMX, KleidiAI's on arm64 builds with KleidiAI, CPU_REPACK's otherwise (the test says
+// which it saw). A warm load serves every one of them.
+TEST(GgmlBufferType, EachWeightGetsTheLayoutStockGivesItOnThisCpuAndWarmServesThemAll) {
+  TempDir dir("wc-ggml-layouts");
+  const std::string cache = dir.file("c.wcache");
+  std::vector<std::string> models;
+  int seed = 30;
+  for (ggml_type type : {GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL}) {
+    models.push_back(dir.file(std::string(ggml_type_name(type)) + ".gguf"));
+    make_model(models.back(), type, seed++);
+  }
+  std::map<std::string, int> seen;  // stock layout -> weights
+  for (int round = 0; round < 2; ++round) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = cache.c_str();
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml* g = nullptr;
+    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    std::size_t weights = 0;
+    for (const std::string& m : models) {
+      Loaded mine, stock;
+      std::string why;
+      ASSERT_TRUE(load_in_process(m, cached(g), &mine, &why)) << why;
+      ASSERT_TRUE(load_in_process(m, stock_route(), &stock, &why)) << why;
+      // A type no layout on this CPU takes (Q8_0 on x86-64 without AMX): nothing to compare.
+      if (stock.tensors.empty()) EXPECT_TRUE(mine.tensors.empty()) << m;
+      else EXPECT_TRUE(same_repacked(mine, stock)) << m << ", round " << round;
+      for (ggml_tensor* t : mine.tensors) {
+        const char* stock_name = ggml_backend_buft_name(wc_ggml_stock_buffer_type(t));
+        const char* mine_name = ggml_backend_buft_name(wc_ggml_buffer_type_for(g, t));
+        const std::string want = std::strcmp(stock_name, "CPU_REPACK") == 0     ? "WEIGHTCACHE_REPACK"
+                                 : std::strcmp(stock_name, "CPU_KLEIDIAI") == 0 ? "WEIGHTCACHE_KLEIDIAI"
+                                                                                : std::string("WEIGHTCACHE_") + stock_name;
+        EXPECT_EQ(mine_name, want) << t->name;
+        if (round == 0) ++seen[stock_name];
+      }
+      weights += mine.tensors.size();
+    }
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    ASSERT_EQ(wc_ggml_get_stats(g, &s), WC_OK);
+    EXPECT_EQ(s.tensors, weights);
+    EXPECT_EQ(round == 0 ? s.repacked : s.served_from_cache, weights) << "round " << round;
+    EXPECT_EQ(s.heap_fallbacks, 0u);
+    wc_ggml_destroy(g);
+    wc_close(c);
+  }
+  std::string which;
+  for (const auto& [name, n] : seen) which += " " + name + "=" + std::to_string(n);
+  std::printf("  layouts stock ggml gives these weights on this CPU:%s (served: %s)\n", which.c_str(), wc_ggml_layouts());
+#if defined(__aarch64__) && defined(WEIGHTCACHE_TEST_KLEIDIAI)
+  EXPECT_GT(seen["CPU_KLEIDIAI"], 0) << "a build with KleidiAI put no weight in it";
+#endif
+}
 
 // The caches these tests open trust a GGUF's identity 2 s after its last change.
 struct TrustingCache {
@@ -272,7 +364,7 @@ TEST(GgmlBufferType, AGgufChangedInPlaceDuringAWarmLoadEndsWithItsNewBytes) {
   {
     TrustingCache cache(path);
     Loaded cold;
-    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &cold, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, cached(cache.g), &cold, &why)) << why;
     ASSERT_EQ(wc_ggml_finish(cache.g), WC_OK);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // another timestamp tick
@@ -292,9 +384,9 @@ TEST(GgmlBufferType, AGgufChangedInPlaceDuringAWarmLoadEndsWithItsNewBytes) {
     ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
     ::close(fd);
   };
-  ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &warm, &why, how)) << why;
+  ASSERT_TRUE(load_in_process(model, cached(cache.g), &warm, &why, how)) << why;
   Loaded stock;
-  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+  ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
   EXPECT_TRUE(same_repacked(warm, stock)) << "a tensor kept the repack of the file's earlier bytes";
   const wc_ggml_stats s = cache.stats();
   EXPECT_EQ(s.tensors, warm.tensors.size());
@@ -323,17 +415,22 @@ TEST(GgmlBufferType, ALoaderMappingEachTensorApartSeesAChangeBetweenTwoTensors) 
     ip.mem_size = ggml_tensor_overhead() * 256;
     ip.no_alloc = true;
     out->ctx = ggml_init(ip);
+    // The tensors of one layout (the first tensor's): one buffer.
     std::vector<std::pair<ggml_tensor*, std::size_t>> src;
+    ggml_backend_buffer_type_t layout = nullptr;
     for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
       ggml_tensor* t = ggml_get_tensor(meta, gguf_get_tensor_name(g, i));
-      if (wc_ggml_buffer_type_for(cache.g, t) != wc_ggml_buffer_type(cache.g)) continue;
+      ggml_backend_buffer_type_t bt = wc_ggml_buffer_type_for(cache.g, t);
+      if (bt == nullptr || (layout != nullptr && bt != layout)) continue;
+      layout = bt;
       ggml_tensor* d = ggml_dup_tensor(out->ctx, t);
       ggml_set_name(d, t->name);
       src.emplace_back(d, gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i));
       out->tensors.push_back(d);
+      out->sizes.push_back(ggml_backend_buft_get_alloc_size(bt, d));
     }
     ASSERT_GE(src.size(), 2u);
-    out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, wc_ggml_buffer_type(cache.g));
+    out->buf = ggml_backend_alloc_ctx_tensors_from_buft(out->ctx, layout);
     ASSERT_NE(out->buf, nullptr);
     const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const int fd = ::open(model.c_str(), O_RDWR);
@@ -368,8 +465,9 @@ TEST(GgmlBufferType, ALoaderMappingEachTensorApartSeesAChangeBetweenTwoTensors) 
   Loaded warm;
   load_windows(cache, true, &warm);
   Loaded stock;
-  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
-  EXPECT_TRUE(same_repacked(warm, stock)) << "a window mapped after the change was served the earlier bytes' repack";
+  ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
+  EXPECT_TRUE(same_repacked(warm, stock, /*all=*/false))
+      << "a window mapped after the change was served the earlier bytes' repack";
   EXPECT_GE(cache.stats().repacked, 1u);
 }
 
@@ -390,16 +488,16 @@ TEST(GgmlBufferType, AnotherFileMappedAtTheSameAddressIsNeverTakenForTheFirst) {
     Loaded mine, stock;
     MapHow how;
     how.at = at;
-    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &mine, &why, how)) << why;
-    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, cached(cache.g), &mine, &why, how)) << why;
+    ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
     EXPECT_TRUE(same_repacked(mine, stock)) << model;
   }
   // And a new process's view (a fresh buffer type over the same file) agrees.
   for (const std::string& model : {m1, m2}) {
     TrustingCache again(dir.file("c.wcache"));
     Loaded mine, stock;
-    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(again.g), &mine, &why)) << why;
-    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, cached(again.g), &mine, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
     EXPECT_TRUE(same_repacked(mine, stock)) << model;
   }
   ::munmap(at, 64 << 20);
@@ -422,7 +520,7 @@ TEST(GgmlBufferType, APatchedPrivateMappingIsNeitherTheFileNorDropped) {
     how.shared = false;
     how.patch_at = 4096 + 100;  // inside the first tensor, off its first page
     how.keep_mapped = true;
-    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &patched, &why, how)) << why;
+    ASSERT_TRUE(load_in_process(model, cached(cache.g), &patched, &why, how)) << why;
     // The patch is still in the loader's copy.
     std::uint8_t file_byte = 0;
     const int fd = ::open(model.c_str(), O_RDONLY);
@@ -431,14 +529,14 @@ TEST(GgmlBufferType, APatchedPrivateMappingIsNeitherTheFileNorDropped) {
     EXPECT_EQ(patched.map[patched.data_offset + how.patch_at], static_cast<std::uint8_t>(file_byte ^ 0x77))
         << "the patched private page was dropped";
     how.keep_mapped = false;
-    ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock_patched, &why, how)) << why;
+    ASSERT_TRUE(load_in_process(model, stock_route(), &stock_patched, &why, how)) << why;
     EXPECT_TRUE(same_repacked(patched, stock_patched)) << "the patched load was not served its own bytes";
   }
   // The file itself, through a shared mapping in a new buffer type: the file's weights.
   TrustingCache cache(path);
   Loaded mine, stock;
-  ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &mine, &why)) << why;
-  ASSERT_TRUE(load_in_process(model, cpu_repack(), &stock, &why)) << why;
+  ASSERT_TRUE(load_in_process(model, cached(cache.g), &mine, &why)) << why;
+  ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
   EXPECT_TRUE(same_repacked(mine, stock)) << "the patched bytes were served as the file's";
 }
 
@@ -475,18 +573,18 @@ TEST(GgmlBufferType, AGgufChangedThroughASharedMappingWhileLoadingNeverPoisonsTh
   for (int i = 0; i < 12; ++i) {
     TrustingCache cache(dir.file("c" + std::to_string(i) + ".wcache"));
     Loaded l;
-    ASSERT_TRUE(load_in_process(model, wc_ggml_buffer_type(cache.g), &l, &why)) << why;
+    ASSERT_TRUE(load_in_process(model, cached(cache.g), &l, &why)) << why;
   }
   stop = true;
   toggler.join();
   w[byte] = original;
   ::munmap(const_cast<std::uint8_t*>(w), st.st_size);
   Loaded stock;
-  ASSERT_TRUE(load_in_process(pristine, cpu_repack(), &stock, &why)) << why;
+  ASSERT_TRUE(load_in_process(pristine, stock_route(), &stock, &why)) << why;
   for (int i = 0; i < 12; ++i) {
     TrustingCache cache(dir.file("c" + std::to_string(i) + ".wcache"));
     Loaded mine;
-    ASSERT_TRUE(load_in_process(pristine, wc_ggml_buffer_type(cache.g), &mine, &why)) << why;
+    ASSERT_TRUE(load_in_process(pristine, cached(cache.g), &mine, &why)) << why;
     EXPECT_TRUE(same_repacked(mine, stock)) << "cache " << i << " serves a repack stored under another state's key";
   }
 }
@@ -517,7 +615,12 @@ TEST(GgmlBufferType, RefusesBadArgumentsAndTensorsItCannotRepack) {
   ggml_tensor* f32 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 64, 64);
   ggml_tensor* odd = ggml_new_tensor_2d(ctx, GGML_TYPE_Q4_0, 64, 7);
   EXPECT_EQ(wc_ggml_would_repack(f32), 0);
-  EXPECT_EQ(wc_ggml_would_repack(odd), 0);
+  // CPU_REPACK interleaves rows in groups (of 4 or 8); KleidiAI packs any row count.
+  ggml_backend_buffer_type_t odd_stock = wc_ggml_stock_buffer_type(odd);
+  if (odd_stock != nullptr && std::strcmp(ggml_backend_buft_name(odd_stock), "CPU_KLEIDIAI") == 0)
+    EXPECT_EQ(wc_ggml_would_repack(odd), 1);
+  else
+    EXPECT_EQ(wc_ggml_would_repack(odd), 0);
   EXPECT_EQ(wc_ggml_would_repack(nullptr), 0);
   // Shapes and types ggml's own stand-in operations would assert on (a hostile review's finding:
   // a zero-width Q4_0 matrix aborted the process): no layout, never an abort.

@@ -28,6 +28,7 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -47,8 +48,9 @@
 // messages go wherever the application pointed ggml's log (ggml_log_set, llama_log_set).
 extern "C" void ggml_log_internal(enum ggml_log_level level, const char* format, ...);
 
-#if !defined(WEIGHTCACHE_GGML_VERSION) || !defined(WEIGHTCACHE_GGML_REPACK_ID) || !defined(WEIGHTCACHE_GGML_AMX_ID)
-#error "WEIGHTCACHE_GGML_VERSION, WEIGHTCACHE_GGML_REPACK_ID and WEIGHTCACHE_GGML_AMX_ID (the ggml tree's) must be defined by the build"
+#if !defined(WEIGHTCACHE_GGML_VERSION) || !defined(WEIGHTCACHE_GGML_REPACK_ID) || !defined(WEIGHTCACHE_GGML_AMX_ID) || \
+    !defined(WEIGHTCACHE_GGML_KLEIDIAI_ID)
+#error "WEIGHTCACHE_GGML_VERSION and the layouts' fingerprints WEIGHTCACHE_GGML_REPACK_ID, WEIGHTCACHE_GGML_AMX_ID and WEIGHTCACHE_GGML_KLEIDIAI_ID (the ggml tree's) must be defined by the build"
 #endif
 
 using weightcache::source::content_identity;
@@ -91,8 +93,32 @@ struct KnownLayout {
 };
 constexpr KnownLayout kKnown[] = {
     {"AMX", "amx", WEIGHTCACHE_GGML_AMX_ID},
+    {"CPU_KLEIDIAI", "kleidiai", WEIGHTCACHE_GGML_KLEIDIAI_ID},
     {"CPU_REPACK", "repack", WEIGHTCACHE_GGML_REPACK_ID},
 };
+
+// What decides a layout's bytes besides its code and the CPU features. KleidiAI's packing reads
+// two settings from the environment, once per process (ggml-cpu/kleidiai/kleidiai.cpp,
+// init_kleidiai_context): GGML_KLEIDIAI_SME picks SME kernels or not, and GGML_TOTAL_THREADS
+// decides whether the packings of its fallback kernels are stored beside the first (a packed
+// weight holds one slot per kernel). Both go into its keys, verbatim (with their lengths, so that
+// no value can read as another's).
+std::string layout_settings(const KnownLayout& k) {
+  if (std::strcmp(k.buft_name, "CPU_KLEIDIAI") != 0) return "";
+  std::string s = "|env";
+  for (const char* name : {"GGML_KLEIDIAI_SME", "GGML_TOTAL_THREADS"}) {
+    const char* v = std::getenv(name);
+    s += std::string(" ") + name + (v == nullptr ? "" : "=" + std::to_string(std::strlen(v)) + ":" + v);
+  }
+  return s;
+}
+
+// "ggml-repack/1|ggml V <word> <fingerprint> apiN|cpu FEATURES[|env ...]|": the start of every key
+// of one layout on this CPU.
+std::string key_prefix_for(const KnownLayout& k, const std::string& features) {
+  return std::string("ggml-repack/1|ggml ") + WEIGHTCACHE_GGML_VERSION + " " + k.key_word + " " + k.fingerprint +
+         " api" + std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + features + layout_settings(k) + "|";
+}
 
 }  // namespace
 
@@ -147,7 +173,7 @@ const Cpu& cpu() {
       const KnownLayout* known = nullptr;
       for (const KnownLayout& k : kKnown)
         if (std::strcmp(name, k.buft_name) == 0) known = &k;
-      if (known == nullptr) continue;  // KleidiAI and others: llama.cpp repacks those itself
+      if (known == nullptr) continue;  // others: llama.cpp repacks those itself
       // Its buffers' functions: allocate a small one and keep its init_tensor and set_tensor.
       ggml_backend_buffer_t probe = ggml_backend_buft_alloc_buffer(b, 256);
       if (probe == nullptr) {
@@ -165,9 +191,7 @@ const Cpu& cpu() {
         unusable += std::string(unusable.empty() ? "" : "; ") + name + "'s buffers have no init_tensor or set_tensor";
         continue;
       }
-      l.key_prefix = std::string("ggml-repack/1|ggml ") + WEIGHTCACHE_GGML_VERSION + " " + known->key_word + " " +
-                     known->fingerprint + " api" + std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + x->features +
-                     "|";
+      l.key_prefix = key_prefix_for(*known, x->features);
       x->layouts.push_back(std::move(l));
     }
     if (x->layouts.empty())
@@ -472,7 +496,12 @@ struct Buffer {
   // are the file's bytes: a private one may hold copies the process changed (even if it is
   // read-only now). Each answer is checked against /proc/self/map_files (the file mapped at that
   // very range now), so a mapping replaced since the snapshot is never taken for the old one.
-  bool mapping_of(const void* p, std::size_t n, Mapping* out) {
+  // Where /proc/self/map_files cannot say (a sandbox that hides it, or qemu-user, whose
+  // /proc/self/maps is the guest's view and map_files the host's), a range the snapshot shows as
+  // a shared file mapping is not taken for the file, and *unverified_shared says its bytes may
+  // change under the load all the same (the caller then works from a private copy).
+  bool mapping_of(const void* p, std::size_t n, Mapping* out, bool* unverified_shared) {
+    *unverified_shared = false;
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     std::lock_guard<std::mutex> lock(maps_mu);
     bool fresh = false;
@@ -487,12 +516,17 @@ struct Buffer {
         std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
                       static_cast<unsigned long>(m.end));
         struct stat st {};
-        if (::stat(link, &st) == 0 && st.st_dev == m.dev && st.st_ino == m.ino) {
-          if (!m.shared) return false;
-          *out = m;
-          return true;
+        if (::stat(link, &st) == 0) {
+          if (st.st_dev == m.dev && st.st_ino == m.ino) {
+            if (!m.shared) return false;
+            *out = m;
+            return true;
+          }
+          break;  // the snapshot is stale here
         }
-        break;  // the snapshot is stale here
+        if (!fresh) break;  // read the snapshot again first: the range may have been unmapped
+        *unverified_shared = m.shared;
+        return false;
       }
       if (fresh) return false;
       maps = read_maps();
@@ -702,7 +736,8 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   src.element_type = static_cast<int>(t->type);
   for (int i = 0; i < GGML_MAX_DIMS; ++i) src.dims.push_back(t->ne[i]);
   Mapping m;
-  const bool from_file = buf->mapping_of(data, size, &m);
+  bool unverified_shared = false;
+  const bool from_file = buf->mapping_of(data, size, &m, &unverified_shared);
   std::string fid;
   if (from_file) {
     // The file's identity as of this tensor: one stat of the path, which must still name the
@@ -752,7 +787,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   // heap or private mapping, is the caller's to keep still while it sets the tensor.)
   std::unique_ptr<std::uint8_t[]> copy;
   const void* bytes = data;
-  if (from_file && !settled) {
+  if ((from_file && !settled) || unverified_shared) {
     copy.reset(new (std::nothrow) std::uint8_t[size]);
     if (!copy) return repack_here(b, t, own, data, size, "no memory for a private copy of the source");
     std::memcpy(copy.get(), data, size);
@@ -919,9 +954,7 @@ bool weightcache::ggml_detail::is_served_layout(ggml_backend_buffer_type_t stock
 
 std::string weightcache::ggml_detail::key_prefix_of(const char* buft_name) {
   for (const KnownLayout& k : kKnown)
-    if (std::strcmp(k.buft_name, buft_name) == 0)
-      return std::string("ggml-repack/1|ggml ") + WEIGHTCACHE_GGML_VERSION + " " + k.key_word + " " + k.fingerprint +
-             " api" + std::to_string(GGML_BACKEND_API_VERSION) + "|cpu " + cpu().features + "|";
+    if (std::strcmp(k.buft_name, buft_name) == 0) return key_prefix_for(k, cpu().features);
   return "";
 }
 
@@ -982,8 +1015,9 @@ wc_status wc_ggml_create(wc_cache* cache, const wc_ggml_options* options, wc_ggm
       auto sv = std::make_unique<Served>();
       sv->g = g.get();
       sv->layout = &l;
-      sv->name = std::strcmp(l.known->buft_name, "CPU_REPACK") == 0 ? "WEIGHTCACHE_REPACK"
-                                                                     : std::string("WEIGHTCACHE_") + l.known->buft_name;
+      sv->name = std::strcmp(l.known->buft_name, "CPU_REPACK") == 0     ? std::string("WEIGHTCACHE_REPACK")
+                 : std::strcmp(l.known->buft_name, "CPU_KLEIDIAI") == 0 ? std::string("WEIGHTCACHE_KLEIDIAI")
+                                                                        : std::string("WEIGHTCACHE_") + l.known->buft_name;
       sv->buft.iface.get_name = bt_name;
       sv->buft.iface.alloc_buffer = bt_alloc;
       sv->buft.iface.get_alignment = bt_alignment;
