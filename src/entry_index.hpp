@@ -47,10 +47,11 @@ static_assert(std::is_trivially_destructible_v<Entry>);
 
 namespace index_detail {
 
-/// Entry number -> Entry, in blocks of 256, 512, 1024, ... entries, so that the directory has a
-/// fixed size (no reallocation under readers) and an entry's address never changes. A block is
-/// raw storage from the arena; an entry is constructed when it is added, so the pages of a
-/// block's unused tail are never touched.
+/// Entry number -> Entry. An open makes one block of exactly the entries the file holds
+/// (plan_first); entries after those go in blocks of 256, 512, 1024, ..., so that the directory has
+/// a fixed size (no reallocation under readers) and an entry's address never changes. A block is
+/// raw storage from the arena; an entry is constructed when it is added, so the pages of a block's
+/// unused tail are never touched (and the open's block has no tail).
 class EntryBlocks {
  public:
   static constexpr unsigned kFirstShift = 8;
@@ -58,18 +59,14 @@ class EntryBlocks {
 
   explicit EntryBlocks(std::pmr::memory_resource* arena) : arena_(arena) {}
 
-  /// Bytes of the blocks that hold entries [0, n).
-  static std::size_t bytes_for(std::uint64_t n) noexcept {
-    if (n == 0) return 0;
-    const std::uint64_t j = (n - 1) + (std::uint64_t{1} << kFirstShift);
-    const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
-    // Blocks 0..b hold 2^(b + 1 + kFirstShift) - 2^kFirstShift entries.
-    return static_cast<std::size_t>(((std::uint64_t{1} << (b + 1 + kFirstShift)) - (std::uint64_t{1} << kFirstShift)) *
-                                    sizeof(Entry));
+  /// Before the first add(): entries [0, n) go in one block of n. Later: no effect.
+  void plan_first(std::uint64_t n) noexcept {
+    if (count_ == 0) first_n_ = n;
   }
 
   Entry* at(std::uint64_t i) const noexcept {
-    const std::uint64_t j = i + (std::uint64_t{1} << kFirstShift);
+    if (i < first_n_) return first_ + i;  // first_n_ and first_ are set before any entry exists
+    const std::uint64_t j = (i - first_n_) + (std::uint64_t{1} << kFirstShift);
     const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
     return blocks_[b].load(std::memory_order_acquire) + (j - (std::uint64_t{1} << (b + kFirstShift)));
   }
@@ -77,11 +74,15 @@ class EntryBlocks {
   /// A fresh entry and its number. Throws std::bad_alloc.
   std::pair<Entry*, std::uint64_t> add() {
     const std::uint64_t i = count_;
-    const std::uint64_t j = i + (std::uint64_t{1} << kFirstShift);
-    const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
-    if (blocks_[b].load(std::memory_order_relaxed) == nullptr) {
-      void* raw = arena_->allocate(sizeof(Entry) << (b + kFirstShift), alignof(Entry));
-      blocks_[b].store(static_cast<Entry*>(raw), std::memory_order_release);
+    if (i < first_n_) {
+      if (first_ == nullptr) first_ = static_cast<Entry*>(arena_->allocate(sizeof(Entry) * first_n_, alignof(Entry)));
+    } else {
+      const std::uint64_t j = (i - first_n_) + (std::uint64_t{1} << kFirstShift);
+      const unsigned b = static_cast<unsigned>(std::bit_width(j)) - 1 - kFirstShift;
+      if (blocks_[b].load(std::memory_order_relaxed) == nullptr) {
+        void* raw = arena_->allocate(sizeof(Entry) << (b + kFirstShift), alignof(Entry));
+        blocks_[b].store(static_cast<Entry*>(raw), std::memory_order_release);
+      }
     }
     Entry* e = ::new (static_cast<void*>(at(i))) Entry();
     ++count_;
@@ -92,6 +93,8 @@ class EntryBlocks {
 
  private:
   std::pmr::memory_resource* arena_;
+  std::uint64_t first_n_ = 0;
+  Entry* first_ = nullptr;
   std::atomic<Entry*> blocks_[kMaxBlocks] = {};
   std::uint64_t count_ = 0;  // writer only
 };
@@ -109,10 +112,6 @@ class Table {
     return ::new (arena->allocate(sizeof(Table), alignof(Table))) Table(capacity, slots);
   }
 
-  /// Bytes of a table of `capacity` slots.
-  static std::size_t bytes_for(std::size_t capacity) noexcept {
-    return capacity * sizeof(std::atomic<std::uint64_t>) + sizeof(Table) + 64;
-  }
 
   std::size_t capacity() const noexcept { return mask_ + 1; }
   std::atomic<std::uint64_t>& slot(std::size_t i) const noexcept { return slots_[i & mask_]; }
@@ -148,16 +147,22 @@ class EntryIndex {
   /// Before the first make(): the index will hold about `entries` entries with `key_bytes` of keys
   /// (an open, from the file's index), so its storage is made for them at once. Later: no effect.
   void size_hint(std::uint64_t entries, std::uint64_t key_bytes) noexcept {
-    if (entries_.size() != 0 || entries > kMaxEntries || key_bytes > (std::uint64_t{1} << 40)) return;
-    std::size_t cap = kFirstCapacity;
+    if (entries_.size() != 0 || entries == 0 || entries > kMaxEntries || key_bytes > (std::uint64_t{1} << 40)) return;
+    std::uint64_t cap = kFirstCapacity;
     while (cap / 2 < entries) cap *= 2;
-    arena_.size_hint(index_detail::EntryBlocks::bytes_for(entries) + 2 * index_detail::Table::bytes_for(cap) +
-                     static_cast<std::size_t>(entries) * sizeof(by_start_[0]) + static_cast<std::size_t>(key_bytes) +
-                     kHintSlack);
+    // In 64 bits: on a 32-bit system a hint past the address space is no hint (the open then fails
+    // where it allocates, as it would have).
+    const std::uint64_t bytes = entries * sizeof(Entry) + 2 * (cap * 8 + sizeof(index_detail::Table) + 64) +
+                                entries * sizeof(by_start_[0]) + key_bytes + kHintSlack;
+    if (bytes > SIZE_MAX / 2) return;
+    entries_.plan_first(entries);
+    arena_.size_hint(static_cast<std::size_t>(bytes));
   }
 
   /// Bytes of the index's storage in mappings of its own (docs/DESIGN.md, "The index's memory").
   std::size_t mapped_bytes() const noexcept { return arena_.upstream().mapped_bytes(); }
+  /// Bytes of the index's storage in all (mapped or heap).
+  std::size_t storage_bytes() const noexcept { return arena_.chunk_bytes(); }
 
   // --- readers: any thread, no lock ---------------------------------------------------------
 

@@ -80,16 +80,40 @@ void IndexMemory::do_deallocate(void* p, std::size_t bytes, std::size_t align) {
   mapped_.erase(it);
 }
 
+IndexArena::~IndexArena() {
+  for (const Chunk& c : chunks_) upstream_.deallocate(c.base, c.len, kChunkAlign);
+}
+
 void* IndexArena::do_allocate(std::size_t bytes, std::size_t align) {
-  if (!arena_) {
-    // Without a hint (a cache that starts empty and grows), the arena starts small and grows
-    // geometrically; its chunks reach kMapBytes after about ten steps.
-    constexpr std::size_t kFirstChunk = 16 * 1024;
-    std::size_t first = std::max(hint_, kFirstChunk);
-    if (hint_ >= IndexMemory::kMapBytes) upstream_.populate_next();
-    arena_.emplace(first, &upstream_);
+  if (align > kChunkAlign) throw std::bad_alloc();  // nothing in the index asks for more
+  if (cur_ != nullptr) {
+    const auto c = reinterpret_cast<std::uintptr_t>(cur_);
+    const std::uintptr_t at = (c + align - 1) & ~(static_cast<std::uintptr_t>(align) - 1);
+    if (at >= c && at - c <= static_cast<std::size_t>(end_ - cur_) &&
+        bytes <= static_cast<std::size_t>(end_ - cur_) - (at - c)) {
+      cur_ = reinterpret_cast<char*>(at + bytes);
+      return reinterpret_cast<void*>(at);
+    }
   }
-  return arena_->allocate(bytes, align);
+  if (bytes > SIZE_MAX - kChunkAlign) throw std::bad_alloc();
+  std::size_t len;
+  if (hint_ != 0) {
+    // The open's chunk: made for the whole index the file holds, and filled at once.
+    len = std::max(hint_, bytes);
+    if (len >= IndexMemory::kMapBytes) upstream_.populate_next();
+    hint_ = 0;
+  } else {
+    len = std::max(next_, bytes);
+    next_ = std::min(next_ * 2, kMaxGrowth);
+  }
+  chunks_.reserve(chunks_.size() + 1);  // may throw: before the chunk, so nothing leaks
+  void* c = upstream_.allocate(len, kChunkAlign);
+  chunks_.push_back(Chunk{c, len});
+  chunk_bytes_ += len;
+  // A chunk is aligned to kChunkAlign, so the allocation fits at its start.
+  cur_ = static_cast<char*>(c) + bytes;
+  end_ = static_cast<char*>(c) + len;
+  return c;
 }
 
 }  // namespace weightcache

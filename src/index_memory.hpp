@@ -16,7 +16,6 @@
 
 #include <cstddef>
 #include <memory_resource>
-#include <optional>
 #include <vector>
 
 namespace weightcache {
@@ -56,29 +55,47 @@ class IndexMemory final : public std::pmr::memory_resource {
   bool populate_next_ = false;
 };
 
-/// A monotonic arena over an IndexMemory, made at its first allocation so that its first chunk
-/// can be sized by the open (size_hint) rather than grown to size in many steps.
+/// A monotonic arena over an IndexMemory: bump allocation in chunks, all freed when it dies. The
+/// first chunk can be sized by the open (size_hint) and is pre-faulted; chunks after it start at
+/// 16 KiB and double up to 8 MiB (or the allocation's size), whatever the first chunk's size:
+/// std::pmr::monotonic_buffer_resource grows each chunk from the last, so the first insert after
+/// opening a large index would have mapped half as much again as the whole index.
 class IndexArena final : public std::pmr::memory_resource {
  public:
+  static constexpr std::size_t kFirstChunk = 16 * 1024;
+  static constexpr std::size_t kMaxGrowth = std::size_t{8} << 20;
+  static constexpr std::size_t kChunkAlign = 64;  // the most any of the index's allocations asks
+
   IndexArena() = default;
   IndexArena(const IndexArena&) = delete;
   IndexArena& operator=(const IndexArena&) = delete;
+  ~IndexArena() override;
 
   /// Before the first allocation: the first chunk holds `bytes` and is pre-faulted. Later: no effect.
   void size_hint(std::size_t bytes) noexcept {
-    if (!arena_) hint_ = bytes;
+    if (chunks_.empty()) hint_ = bytes;
   }
 
   const IndexMemory& upstream() const noexcept { return upstream_; }
+  /// Bytes of all chunks (mapped or not).
+  std::size_t chunk_bytes() const noexcept { return chunk_bytes_; }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t align) override;
-  void do_deallocate(void*, std::size_t, std::size_t) override {}  // monotonic: freed at death
+  void do_deallocate(void*, std::size_t, std::size_t) override {}  // freed when the arena dies
   bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
 
-  IndexMemory upstream_;  // declared first: outlives the arena that returns its chunks
-  std::optional<std::pmr::monotonic_buffer_resource> arena_;
+  struct Chunk {
+    void* base;
+    std::size_t len;
+  };
+  IndexMemory upstream_;  // declared first: outlives the chunks it gave
+  std::vector<Chunk> chunks_;
+  char* cur_ = nullptr;
+  char* end_ = nullptr;
   std::size_t hint_ = 0;
+  std::size_t next_ = kFirstChunk;
+  std::size_t chunk_bytes_ = 0;
 };
 
 }  // namespace weightcache

@@ -81,11 +81,39 @@ TEST(IndexMemory, AnIndexThatGrowsOneEntryAtATimeKeepsItsStorageNearItsNeed) {
   expect_finds_all(index, kEntries, 64);
 #ifdef __linux__
   // Need: 64 B per entry in blocks of up to 2x, 2 tables of 262,144 slots, the keys, 16 B offsets.
-  const std::size_t need = index_detail::EntryBlocks::bytes_for(kEntries) + 2 * (std::size_t{262144} * 8) +
-                           kEntries * (24 + 16);
+  // (entries in blocks of up to twice what they hold).
+  const std::size_t need = 2 * kEntries * sizeof(Entry) + 2 * (std::size_t{262144} * 8) + kEntries * (24 + 16);
   EXPECT_GT(index.mapped_bytes(), 0u) << "a 100,000-entry index never used a mapped chunk";
   EXPECT_LE(index.mapped_bytes(), 3 * need) << "the arena kept far more than the index needs";
 #endif
+}
+
+TEST(IndexMemory, TheFirstInsertAfterALargeOpenAddsLittleStorage) {
+  // A hostile review's finding: the arena grew each chunk from the last, so the first insert after
+  // opening a 100,000-entry index added a chunk half again the size of the whole index (22 MB).
+  constexpr std::uint64_t kEntries = 100000;
+  EntryIndex index(3);
+  std::uint64_t key_bytes = 0;
+  for (std::uint64_t i = 0; i < kEntries; ++i) key_bytes += key_of(i).size();
+  index.size_hint(kEntries, key_bytes);
+  std::vector<Entry*> made;
+  for (std::uint64_t i = 0; i < kEntries; ++i) {
+    Entry* e = index.make(key_of(i));
+    e->offset = i * 64;
+    e->size = 64;
+    made.push_back(e);
+  }
+  index.reserve_publishes(kEntries);
+  for (Entry* e : made) ASSERT_EQ(index.publish(e), nullptr);
+  const std::size_t opened = index.storage_bytes();
+  // The open's storage is one chunk made for exactly this index (no block tail, no second chunk).
+  EXPECT_LE(opened, kEntries * (sizeof(Entry) + 16 + 24) + 2 * (std::size_t{262144} * 8) + 8192);
+  add(index, kEntries, kEntries + 1, 64);
+  expect_finds_all(index, kEntries + 1, 64);
+  // What one more entry may cost: the offset list grown to twice (16 bytes per entry) and a small
+  // chunk for the entry and its key.
+  EXPECT_LE(index.storage_bytes() - opened, 2 * kEntries * 16 + 64 * 1024)
+      << "one insert after the open took " << (index.storage_bytes() - opened) << " bytes";
 }
 
 TEST(IndexMemory, ManySmallMergesDoNotLeaveACopyOfTheOffsetListEach) {
