@@ -45,22 +45,27 @@ void add(EntryIndex& index, std::uint64_t from, std::uint64_t to, std::uint64_t 
   }
 }
 
+// As an open does: the index sized for `n` entries, every entry made, then room for all, then all
+// published.
+void open_like(EntryIndex& index, std::uint64_t n, std::uint64_t stride) {
+  std::uint64_t key_bytes = 0;
+  for (std::uint64_t i = 0; i < n; ++i) key_bytes += key_of(i).size();
+  index.size_hint(n, key_bytes);
+  std::vector<Entry*> made;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    Entry* e = index.make(key_of(i));
+    e->offset = i * stride;
+    e->size = stride;
+    made.push_back(e);
+  }
+  index.reserve_publishes(n);
+  for (Entry* e : made) ASSERT_EQ(index.publish(e), nullptr);
+}
+
 TEST(IndexMemory, AnIndexSizedByItsOpenTakesOneMappedChunkAndFindsEveryEntry) {
   constexpr std::uint64_t kEntries = 10000;
   EntryIndex index(0x1234);
-  std::uint64_t key_bytes = 0;
-  for (std::uint64_t i = 0; i < kEntries; ++i) key_bytes += key_of(i).size();
-  index.size_hint(kEntries, key_bytes);
-  // As an open does: every entry made, then room for all, then all published.
-  std::vector<Entry*> made;
-  for (std::uint64_t i = 0; i < kEntries; ++i) {
-    Entry* e = index.make(key_of(i));
-    e->offset = i * 4096;
-    e->size = 4096;
-    made.push_back(e);
-  }
-  index.reserve_publishes(kEntries);
-  for (Entry* e : made) ASSERT_EQ(index.publish(e), nullptr);
+  open_like(index, kEntries, 4096);
   expect_finds_all(index, kEntries, 4096);
 #ifdef __linux__
   // 10,000 entries of 64 bytes in blocks, two tables of 32,768 slots, the keys and the offset
@@ -93,18 +98,7 @@ TEST(IndexMemory, TheFirstInsertAfterALargeOpenAddsLittleStorage) {
   // opening a 100,000-entry index added a chunk half again the size of the whole index (22 MB).
   constexpr std::uint64_t kEntries = 100000;
   EntryIndex index(3);
-  std::uint64_t key_bytes = 0;
-  for (std::uint64_t i = 0; i < kEntries; ++i) key_bytes += key_of(i).size();
-  index.size_hint(kEntries, key_bytes);
-  std::vector<Entry*> made;
-  for (std::uint64_t i = 0; i < kEntries; ++i) {
-    Entry* e = index.make(key_of(i));
-    e->offset = i * 64;
-    e->size = 64;
-    made.push_back(e);
-  }
-  index.reserve_publishes(kEntries);
-  for (Entry* e : made) ASSERT_EQ(index.publish(e), nullptr);
+  open_like(index, kEntries, 64);
   const std::size_t opened = index.storage_bytes();
   // The open's storage is one chunk made for exactly this index (no block tail, no second chunk).
   EXPECT_LE(opened, kEntries * (sizeof(Entry) + 16 + 24) + 2 * (std::size_t{262144} * 8) + 8192);
