@@ -68,10 +68,10 @@ void* IndexMemory::do_allocate(std::size_t bytes, std::size_t align) {
   return ::operator new(bytes, std::align_val_t{align});
 }
 
-void IndexMemory::do_deallocate(void* p, std::size_t bytes, std::size_t align) {
+void IndexMemory::do_deallocate(void* p, std::size_t /*bytes*/, std::size_t align) {
   const auto it = std::find_if(mapped_.begin(), mapped_.end(), [p](const Chunk& c) { return c.base == p; });
   if (it == mapped_.end()) {
-    ::operator delete(p, bytes, std::align_val_t{align});
+    ::operator delete(p, std::align_val_t{align});  // unsized: clang before 19 has no sized deallocation by default
     return;
   }
 #ifdef __linux__
