@@ -323,6 +323,119 @@ TEST(GgmlBufferType, EachWeightGetsTheLayoutStockGivesItOnThisCpuAndWarmServesTh
 #endif
 }
 
+// ---- a cache written on another architecture ------------------------------------------------------
+
+// The output of `cmd` (stdout), or "" when it could not run.
+std::string run_output(const std::string& cmd) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return "";
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+  ::pclose(p);
+  return out;
+}
+
+// The value of "key": in one line of JSON (a number or a string), or "" when it has none.
+std::string json_field(const std::string& j, const std::string& key) {
+  const std::string tag = "\"" + key + "\":";
+  std::size_t at = j.find(tag);
+  if (at == std::string::npos) return "";
+  at += tag.size();
+  if (j[at] == '"') {
+    const std::size_t end = j.find('"', at + 1);
+    return end == std::string::npos ? "" : j.substr(at + 1, end - at - 1);
+  }
+  std::size_t end = at;
+  while (end < j.size() && j[end] != ',' && j[end] != '}') ++end;
+  return j.substr(at, end - at);
+}
+
+// One cache file used by processes of two architectures (issue 33): an arm64 process (this test,
+// under qemu) and an x86-64 one (the main build's weightcache-ggml, which the host runs natively)
+// each repack every weight the other wrote and serve only their own, with their stock bytes and
+// outputs. Runs in the arm64 run of scripts/test, where WEIGHTCACHE_TEST_FOREIGN_GGML_TOOL names
+// the x86-64 tool; skipped elsewhere, saying so.
+TEST(GgmlCrossArchitecture, ACacheWrittenOnAnotherArchitectureIsNeverServedToThisOne) {
+#ifndef WEIGHTCACHE_TEST_FOREIGN_GGML_TOOL
+  GTEST_SKIP() << "no weightcache-ggml of another architecture in this build (the arm64 run of scripts/test "
+                  "passes the main build's x86-64 one)";
+#else
+  const std::string tool = WEIGHTCACHE_TEST_FOREIGN_GGML_TOOL;
+  if (::access(tool.c_str(), X_OK) != 0) GTEST_SKIP() << tool << " is not there (build the main configuration first)";
+  // Q4_0: KleidiAI's on arm64 with it, CPU_REPACK's 8x8 on x86-64 with AVX2. IQ4_NL: CPU_REPACK's on
+  // both, 4x8 on arm64 and 8x8 on x86-64, under keys that differ by the CPU features alone.
+  for (const char* type : {"q4_0", "iq4_nl"}) {
+  SCOPED_TRACE(type);
+  TempDir dir("wc-ggml-cross");
+  const std::string model = dir.file("m.gguf"), ours = dir.file("ours.wcache"), theirs = dir.file("theirs.wcache"),
+                    theirs_fresh = dir.file("fresh.wcache");
+  // The other architecture's generator writes the model (a GGUF is the same on both), so that its
+  // tool finds everything a llama-shaped model has.
+  const std::string gen = tool.substr(0, tool.rfind('/') + 1) + "weightcache-gguf-gen";
+  if (::access(gen.c_str(), X_OK) != 0) GTEST_SKIP() << gen << " is not there";
+  ASSERT_NE(run_output("'" + gen + "' --out '" + model + "' --layers 2 --dim 256 --ffn 512 --type " + type + " 2>&1"), "");
+  Loaded stock;
+  std::string why;
+  ASSERT_TRUE(load_in_process(model, stock_route(), &stock, &why)) << why;
+  ASSERT_FALSE(stock.tensors.empty());
+  // A load in this process from `cache`: its stats, its bytes checked against stock's.
+  auto load_here = [&](const std::string& cache, wc_ggml_stats* st) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = cache.c_str();
+    wc_cache* c = nullptr;
+    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml* g = nullptr;
+    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    {
+      Loaded mine;
+      std::string w;
+      EXPECT_TRUE(load_in_process(model, cached(g), &mine, &w)) << w;
+      EXPECT_TRUE(same_repacked(mine, stock)) << cache;
+      wc_ggml_stats_init(st);
+      EXPECT_EQ(wc_ggml_get_stats(g, st), WC_OK);
+      EXPECT_EQ(wc_ggml_finish(g), WC_OK);
+    }
+    wc_ggml_destroy(g);
+    wc_close(c);
+  };
+  // This architecture writes `ours`.
+  {
+    wc_ggml_stats st;
+    load_here(ours, &st);
+    EXPECT_EQ(st.repacked, stock.tensors.size());
+  }
+  // The other architecture: a cold load of its own, then a load from `ours`, which must serve it
+  // nothing and compute what its cold load computed. `theirs` it writes alone.
+  const std::string run = "'" + tool + "' --model '" + model + "' --steps 1 --json --cache ";
+  const std::string cold = run_output(run + "'" + theirs_fresh + "' 2>/dev/null");
+  ASSERT_NE(json_field(cold, "checksum"), "") << "the other architecture's tool did not run: " << cold;
+  std::printf("  the other architecture's process: cpu %s\n", json_field(cold, "cpu").c_str());
+  const std::string on_ours = run_output(run + "'" + ours + "' 2>/dev/null");
+  EXPECT_EQ(json_field(on_ours, "served_from_cache"), "0") << "served a repack written on this architecture: " << on_ours;
+  EXPECT_EQ(json_field(on_ours, "repacked"), json_field(cold, "repacked")) << on_ours;
+  EXPECT_EQ(json_field(on_ours, "checksum"), json_field(cold, "checksum")) << on_ours;
+  const std::string writes = run_output(run + "'" + theirs + "' 2>/dev/null");
+  ASSERT_NE(json_field(writes, "checksum"), "") << writes;
+  // This architecture on `theirs` (only the other one's entries): repacks all, serves nothing.
+  {
+    wc_ggml_stats st;
+    load_here(theirs, &st);
+    EXPECT_EQ(st.served_from_cache, 0u) << "served a repack written on the other architecture";
+    EXPECT_EQ(st.repacked, stock.tensors.size());
+  }
+  // And on `ours`, which now holds both: its own entries, every one served.
+  {
+    wc_ggml_stats st;
+    load_here(ours, &st);
+    EXPECT_EQ(st.served_from_cache, stock.tensors.size());
+    EXPECT_EQ(st.repacked, 0u);
+  }
+  }
+#endif
+}
+
 // The caches these tests open trust a GGUF's identity 2 s after its last change.
 struct TrustingCache {
   wc_cache* c = nullptr;
