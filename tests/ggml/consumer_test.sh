@@ -2,9 +2,11 @@
 # An application against the installed ggml buffer type: C, through pkg-config (weightcache-ggml.pc,
 # which brings weightcache.pc), with its own ggml (this build's static ggml and its headers). It
 # creates the buffer type over a :memory: cache and asks whether a Q4_0 weight would be repacked.
-#   consumer_test.sh PREFIX CC GGML_SOURCE GGML_LIBDIR
+#   consumer_test.sh PREFIX CC GGML_SOURCE GGML_LIBDIR [EMULATOR]
+# With EMULATOR (a cross build: qemu-aarch64), the program is linked statically, as that build's
+# own executables are (its ggml has no OpenMP), and run through the emulator.
 set -euo pipefail
-prefix=$1 cc=$2 ggml_src=$3 ggml_lib=$4
+prefix=$1 cc=$2 ggml_src=$3 ggml_lib=$4 emulator=${5:-}
 work=$(mktemp -d "${TMPDIR:-/tmp}/wc-ggml-consumer.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 pc=$(dirname "$(find "$prefix" -name weightcache-ggml.pc | head -1)")
@@ -39,12 +41,20 @@ int main(void) {
 }
 C
 flags=$(PKG_CONFIG_PATH=$pc pkg-config --cflags --libs weightcache-ggml)
+link=(-fopenmp)
+run=()
+if [[ -n $emulator ]]; then
+  link=(-static)
+  run=("$emulator")
+fi
 # shellcheck disable=SC2086
 "$cc" "$work/app.c" -o "$work/app" -I"$ggml_src/include" $flags -Wl,-rpath,"$(PKG_CONFIG_PATH=$pc pkg-config --variable=libdir weightcache)" \
   -Wl,--start-group "$ggml_lib"/libggml.a "$ggml_lib"/libggml-cpu.a "$ggml_lib"/libggml-base.a -Wl,--end-group \
-  -fopenmp -lstdc++ -lm -lpthread -ldl
-out=$("$work/app")
+  "${link[@]}" -lstdc++ -lm -lpthread -ldl
+out=$("${run[@]}" "$work/app")
 echo "consumer_test: $out"
+# On arm64 with KleidiAI the Q4_0 matrix is KleidiAI's.
 [[ $out == "WEIGHTCACHE_REPACK q4_0=1 f32=0 for_q4_0=WEIGHTCACHE_REPACK for_f32=none stock=CPU_REPACK layouts="*CPU_REPACK ||
+   $out == "WEIGHTCACHE_REPACK q4_0=1 f32=0 for_q4_0=WEIGHTCACHE_KLEIDIAI for_f32=none stock=CPU_KLEIDIAI layouts=CPU_KLEIDIAI,CPU_REPACK" ||
    $out == "WEIGHTCACHE_REPACK q4_0=0 f32=0 for_q4_0=none for_f32=none stock=none layouts="* ]] ||
   { echo "consumer_test: unexpected output '$out'" >&2; exit 1; }

@@ -9,6 +9,7 @@
 #include "times_track_stores.hpp"
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,11 +38,20 @@ const RuntimeProgram kGgml{
         [](const ToolRun& stock, const ToolRun& cold, const ToolRun& warm) {
           // The stock row is ggml's own order on this CPU: the cache takes what it repacks, all of it.
           const std::string bufts = stock.j["stock_buffer_types"].get<std::string>();
-          EXPECT_TRUE(bufts.find("CPU_REPACK=") != std::string::npos || bufts.find("AMX=") != std::string::npos)
+          EXPECT_TRUE(bufts.find("CPU_REPACK=") != std::string::npos || bufts.find("AMX=") != std::string::npos ||
+                      bufts.find("CPU_KLEIDIAI=") != std::string::npos)
               << bufts;
           EXPECT_EQ(cold.u64("repacked"), stock.u64("repacked")) << cold.out;
           EXPECT_EQ(cold.u64("not_served"), 0u) << "a layout the cache does not serve took weights here: " << cold.out;
-          EXPECT_LT(warm.u64("rss_anon_load_bytes"), 5u << 20) << warm.out;
+          // Natively a warm load adds under 5 MiB of anonymous memory. Under qemu-user RssAnon
+          // also counts the emulator's bookkeeping of every guest page the cache reserves address
+          // space for (about 50 MB for the 8 GiB it gets there), in cold and warm loads alike:
+          // there the warm load may add no more than the cold one, which repacks straight into
+          // the cache and keeps no copy.
+          if (std::getenv("WEIGHTCACHE_EMULATED") != nullptr)
+            EXPECT_LE(warm.u64("rss_anon_load_bytes"), cold.u64("rss_anon_load_bytes") + (1u << 20)) << warm.out;
+          else
+            EXPECT_LT(warm.u64("rss_anon_load_bytes"), 5u << 20) << warm.out;
         },
 };
 
@@ -59,6 +69,9 @@ TEST_F(Ggml, AWarmLoadLeavesTheRepackedTensorsSourcePagesUnread) {
   if (!times_track_stores(dir_.path().string()))
     GTEST_SKIP() << "the temporary directory's file system is not one whose times follow every store (ext4, xfs, "
                     "btrfs, f2fs): every load hashes there";
+  if (!weightcache::test::mappings_verifiable())
+    GTEST_SKIP() << "this process cannot verify its file mappings (/proc/self/map_files: qemu-user shows the host's): "
+                    "every load hashes here";
   ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "512", "1024", "2"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   const std::vector<std::string> window{"--identity-window-ms", "2000"};

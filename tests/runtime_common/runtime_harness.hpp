@@ -56,7 +56,7 @@ struct ModelShape {
   std::string type = "q4_0", seed = "1", dim = "256", ffn = "512", layers = "2";
 };
 
-// The weights stock ggml puts in a layout the cache serves (AMX, CPU_REPACK), from a report's
+// The weights stock ggml puts in a layout the cache serves (AMX, KleidiAI, CPU_REPACK), from a report's
 // stock_buffer_types ("AMX=7,CPU_REPACK=9").
 std::uint64_t served_layouts(const std::string& buffer_types);
 

@@ -3,9 +3,15 @@
 // Elsewhere every load hashes, so tests expect hashing there. Linux only.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 namespace weightcache::test {
 
@@ -15,5 +21,35 @@ inline bool times_track_stores(const std::string& path) {
   const auto t = static_cast<unsigned long>(s.f_type);
   return t == 0xEF53UL || t == 0x58465342UL || t == 0x9123683EUL || t == 0xF2F52010UL;
 }
+
+// Whether this process can verify its own file mappings through /proc/self/map_files, which the
+// ggml and llama.cpp integrations require before a mapped GGUF's identity may stand for its bytes.
+// Not under qemu-user (its /proc/self/maps shows the guest's addresses, map_files the host's), nor
+// in a sandbox that hides map_files: there every load hashes.
+inline bool mappings_verifiable() {
+  char path[] = "/tmp/wc-map-files-XXXXXX";
+  const int fd = ::mkstemp(path);
+  if (fd < 0) return false;
+  ::unlink(path);
+  bool ok = false;
+  if (::ftruncate(fd, 4096) == 0) {
+    void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+      char link[96];
+      std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", reinterpret_cast<unsigned long>(p),
+                    reinterpret_cast<unsigned long>(p) + 4096);
+      struct stat mapped {}, file {};
+      ok = ::stat(link, &mapped) == 0 && ::fstat(fd, &file) == 0 && mapped.st_ino == file.st_ino &&
+           mapped.st_dev == file.st_dev;
+      ::munmap(p, 4096);
+    }
+  }
+  ::close(fd);
+  return ok;
+}
+
+// Whether a load of a GGUF at `path` can find it by its identity: its file system's times follow
+// every store, and this process can verify its mappings.
+inline bool gguf_identity_usable(const std::string& path) { return times_track_stores(path) && mappings_verifiable(); }
 
 }  // namespace weightcache::test
