@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include "runtime_harness.hpp"
+#include "times_track_stores.hpp"
 
 #include <cstdint>
 #include <filesystem>
 #include <set>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -34,8 +36,11 @@ const RuntimeProgram kLlama{
     .to_cache = "routed",
     .more_stock_cold_warm =
         [](const ToolRun& stock, const ToolRun& cold, const ToolRun&) {
-          // Stock llama.cpp repacks them: its private memory holds them, the cache's does not.
-          EXPECT_GT(stock.u64("rss_anon_bytes"), cold.u64("rss_anon_bytes")) << stock.out << "\n" << cold.out;
+          // Stock llama.cpp repacks them: its private memory holds them, the cache's does not. (Not
+          // under qemu-user, whose bookkeeping of the cache's reserved address space, about 50 MB,
+          // is counted in the cache runs' RssAnon.)
+          if (std::getenv("WEIGHTCACHE_EMULATED") == nullptr)
+            EXPECT_GT(stock.u64("rss_anon_bytes"), cold.u64("rss_anon_bytes")) << stock.out << "\n" << cold.out;
         },
 };
 
@@ -103,7 +108,11 @@ TEST_F(Llama, ACacheWrittenByAnotherGgmlIsNeverServed) {
   std::set<std::string> builds;
   for (std::size_t at = ls.out.find("ggml-repack/1|"); at != std::string::npos; at = ls.out.find("ggml-repack/1|", at + 1)) {
     const std::string line = ls.out.substr(at, ls.out.find('\n', at) - at);
-    EXPECT_NE(line.find(" repack "), std::string::npos) << line;
+    // The layout word: CPU_REPACK's, or another layout each ggml serves on this CPU (KleidiAI's
+    // for the standalone ggml on arm64, AMX's on a CPU with AMX).
+    EXPECT_TRUE(line.find(" repack ") != std::string::npos || line.find(" kleidiai ") != std::string::npos ||
+                line.find(" amx ") != std::string::npos)
+        << line;
     EXPECT_NE(line.find("|cpu "), std::string::npos) << line;
     builds.insert(line.substr(0, line.find("|xxh3|")));
     ++repack_keys;
@@ -135,6 +144,10 @@ TEST_F(Llama, NothingCacheableIsSaidAndTheRunStillSucceeds) {
 // copy of the repacked weights (RssAnon) and not their GGUF source pages (RssFile), after the load
 // and after decoding (when the repacked weights' pages in the cache file are mapped instead).
 TEST_F(Llama, AWarmLoadHoldsWhatNoRepackingHolds) {
+  if (std::getenv("WEIGHTCACHE_EMULATED") != nullptr || !weightcache::test::mappings_verifiable())
+    GTEST_SKIP() << "under qemu-user RssAnon counts the emulator's bookkeeping of the cache's reserved address "
+                    "space, and no GGUF identity can be verified there (every warm load hashes the GGUF, so its "
+                    "pages are resident): measured natively";
   const std::string model = f("m.gguf"), cache = f("c.wcache");
   ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "1024", "2816", "4"}));  // 29 MiB repacked
   ASSERT_EQ(load(model, cache).code, 0);
