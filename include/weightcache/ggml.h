@@ -29,8 +29,11 @@
  * another. A warm load does not read the tensor's bytes
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
- * handed to set_tensor are that file's own pages at that offset, on a file system whose times
- * follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its
+ * handed to set_tensor are that file's own pages at that offset (which the process checks through
+ * /proc/self/map_files: Linux lets it follow those links only with CAP_SYS_ADMIN or
+ * CAP_CHECKPOINT_RESTORE, as root has; without, and under qemu-user, every load hashes, and a
+ * shared mapping's bytes are copied before they are hashed and repacked), on a file system whose
+ * times follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its
  * file system's change window (10 ms where change times have nanoseconds, else 2 s) and than
  * identity_window_ms. The load that hashes a tensor records that entry at once where the file is
  * that old and no process has it open for writing (a read lease says so; without one, as for a
