@@ -47,8 +47,8 @@ LABELS = {"repack": "stock ggml (repacks)", "no_repack": "no repacking (--no-rep
 
 
 def run(args, extra, hold=False, model=None, window_ms=WINDOW_MS, steps=None):
-    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", model or args.model, "--json", "--steps",
-           str(steps or args.steps), "--threads", str(args.threads)] + extra
+    cmd = args.emulator + [os.path.join(args.bin, "weightcache-ggml"), "--model", model or args.model, "--json",
+                           "--steps", str(steps or args.steps), "--threads", str(args.threads)] + extra
     if window_ms is not None:
         cmd += ["--identity-window-ms", str(window_ms)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,8 +88,8 @@ def first_minute(args):
 
 
 def four_at_once(args, extra):
-    cmd = [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", "1", "--threads", "1",
-           "--identity-window-ms", str(WINDOW_MS), "--hold-ms", "3000"] + extra
+    cmd = args.emulator + [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", "1",
+                           "--threads", "1", "--identity-window-ms", str(WINDOW_MS), "--hold-ms", "3000"] + extra
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     res = []
     for p in procs:
@@ -120,13 +120,17 @@ def main():
     ap.add_argument("--first-minute", action="store_true",
                     help="also the GGUF written, then at once a cold and five warm loads (default options)")
     ap.add_argument("--plot")
+    ap.add_argument("--emulator", default="",
+                    help="run the programs through this command (qemu-aarch64 for an arm64 build's --bin): "
+                         "emulated times compare only as ratios within one run")
     args = ap.parse_args()
+    args.emulator = args.emulator.split() if args.emulator else []
     if args.small:
         args.layers, args.dim, args.ffn, args.rounds = 2, 512, 1024, 1
     os.makedirs(args.work, exist_ok=True)
     args.model = os.path.join(args.work, f"llama-{args.type}-{args.layers}x{args.dim}x{args.ffn}.gguf")
     if not os.path.exists(args.model):
-        subprocess.run([os.path.join(args.bin, "weightcache-gguf-gen"), "--out", args.model, "--type", args.type,
+        subprocess.run(args.emulator + [os.path.join(args.bin, "weightcache-gguf-gen"), "--out", args.model, "--type", args.type,
                         "--layers", str(args.layers), "--dim", str(args.dim), "--ffn", str(args.ffn)], check=True,
                        stdout=subprocess.DEVNULL)
         time.sleep(WINDOW_MS / 1000 + 0.2)  # the GGUF's identity is trusted once it is older than the window
