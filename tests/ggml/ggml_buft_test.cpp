@@ -218,6 +218,40 @@ ggml_backend_buffer_type_t cpu_repack() {
   return nullptr;
 }
 
+// A cache file opened with a ggml buffer type over it, both closed when it goes (every tensor
+// loaded into it must be freed first). identity_window_ms < 0: the defaults.
+struct GgmlCache {
+  wc_cache* c = nullptr;
+  wc_ggml* g = nullptr;
+  explicit GgmlCache(const std::string& path, std::int64_t identity_window_ms = -1) {
+    wc_options o;
+    wc_options_init(&o);
+    o.path = path.c_str();
+    EXPECT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+    wc_ggml_options go;
+    wc_ggml_options_init(&go);
+    if (identity_window_ms >= 0) go.identity_window_ms = identity_window_ms;
+    EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_OK) << wc_ggml_last_error();
+  }
+  GgmlCache(const GgmlCache&) = delete;
+  GgmlCache& operator=(const GgmlCache&) = delete;
+  ~GgmlCache() {
+    wc_ggml_destroy(g);
+    wc_close(c);
+  }
+  wc_ggml_stats stats() const {
+    wc_ggml_stats s;
+    wc_ggml_stats_init(&s);
+    (void)wc_ggml_get_stats(g, &s);
+    return s;
+  }
+};
+
+// The caches of the identity tests trust a GGUF's identity 2 s after its last change.
+struct TrustingCache : GgmlCache {
+  explicit TrustingCache(const std::string& path) : GgmlCache(path, 2000) {}
+};
+
 TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
   TempDir dir("wc-ggml-threads");
   const std::string m1 = dir.file("a.gguf"), m2 = dir.file("b.gguf"), cache = dir.file("c.wcache");
@@ -225,13 +259,9 @@ TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
   make_model(m2, GGML_TYPE_IQ4_NL, 4);
   ASSERT_NE(cpu_repack(), nullptr);
   for (int round = 0; round < 2; ++round) {  // cold, then warm
-    wc_options o;
-    wc_options_init(&o);
-    o.path = cache.c_str();
-    wc_cache* c = nullptr;
-    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
-    wc_ggml* g = nullptr;
-    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    GgmlCache opened(cache);
+    wc_ggml* g = opened.g;
+    ASSERT_NE(g, nullptr);
     {
       Loaded a, b, ra, rb;
       std::string wa, wb;
@@ -259,8 +289,6 @@ TEST(GgmlBufferType, TwoThreadsLoadTwoModelsIntoOneCacheAtOnce) {
       EXPECT_EQ(s.served_from_cache, 28u);
     }
     EXPECT_EQ(s.heap_fallbacks, 0u);
-    wc_ggml_destroy(g);
-    wc_close(c);
   }
 }
 
@@ -279,13 +307,9 @@ TEST(GgmlBufferType, EachWeightGetsTheLayoutStockGivesItOnThisCpuAndWarmServesTh
   }
   std::map<std::string, int> seen;  // stock layout -> weights
   for (int round = 0; round < 2; ++round) {
-    wc_options o;
-    wc_options_init(&o);
-    o.path = cache.c_str();
-    wc_cache* c = nullptr;
-    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
-    wc_ggml* g = nullptr;
-    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
+    GgmlCache opened(cache);
+    wc_ggml* g = opened.g;
+    ASSERT_NE(g, nullptr);
     std::size_t weights = 0;
     for (const std::string& m : models) {
       Loaded mine, stock;
@@ -312,8 +336,6 @@ TEST(GgmlBufferType, EachWeightGetsTheLayoutStockGivesItOnThisCpuAndWarmServesTh
     EXPECT_EQ(s.tensors, weights);
     EXPECT_EQ(round == 0 ? s.repacked : s.served_from_cache, weights) << "round " << round;
     EXPECT_EQ(s.heap_fallbacks, 0u);
-    wc_ggml_destroy(g);
-    wc_close(c);
   }
   std::string which;
   for (const auto& [name, n] : seen) which += " " + name + "=" + std::to_string(n);
@@ -381,24 +403,15 @@ TEST(GgmlCrossArchitecture, ACacheWrittenOnAnotherArchitectureIsNeverServedToThi
   ASSERT_FALSE(stock.tensors.empty());
   // A load in this process from `cache`: its stats, its bytes checked against stock's.
   auto load_here = [&](const std::string& cache, wc_ggml_stats* st) {
-    wc_options o;
-    wc_options_init(&o);
-    o.path = cache.c_str();
-    wc_cache* c = nullptr;
-    ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
-    wc_ggml* g = nullptr;
-    ASSERT_EQ(wc_ggml_create(c, nullptr, &g), WC_OK) << wc_ggml_last_error();
-    {
-      Loaded mine;
-      std::string w;
-      EXPECT_TRUE(load_in_process(model, cached(g), &mine, &w)) << w;
-      EXPECT_TRUE(same_repacked(mine, stock)) << cache;
-      wc_ggml_stats_init(st);
-      EXPECT_EQ(wc_ggml_get_stats(g, st), WC_OK);
-      EXPECT_EQ(wc_ggml_finish(g), WC_OK);
-    }
-    wc_ggml_destroy(g);
-    wc_close(c);
+    GgmlCache opened(cache);
+    ASSERT_NE(opened.g, nullptr);
+    Loaded mine;
+    std::string w;
+    EXPECT_TRUE(load_in_process(model, cached(opened.g), &mine, &w)) << w;
+    EXPECT_TRUE(same_repacked(mine, stock)) << cache;
+    wc_ggml_stats_init(st);
+    EXPECT_EQ(wc_ggml_get_stats(opened.g, st), WC_OK);
+    EXPECT_EQ(wc_ggml_finish(opened.g), WC_OK);
   };
   // This architecture writes `ours`.
   {
@@ -436,31 +449,6 @@ TEST(GgmlCrossArchitecture, ACacheWrittenOnAnotherArchitectureIsNeverServedToThi
 #endif
 }
 
-// The caches these tests open trust a GGUF's identity 2 s after its last change.
-struct TrustingCache {
-  wc_cache* c = nullptr;
-  wc_ggml* g = nullptr;
-  explicit TrustingCache(const std::string& path) {
-    wc_options o;
-    wc_options_init(&o);
-    o.path = path.c_str();
-    EXPECT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
-    wc_ggml_options go;
-    wc_ggml_options_init(&go);
-    go.identity_window_ms = 2000;
-    EXPECT_EQ(wc_ggml_create(c, &go, &g), WC_OK) << wc_ggml_last_error();
-  }
-  ~TrustingCache() {
-    wc_ggml_destroy(g);
-    wc_close(c);
-  }
-  wc_ggml_stats stats() const {
-    wc_ggml_stats s;
-    wc_ggml_stats_init(&s);
-    (void)wc_ggml_get_stats(g, &s);
-    return s;
-  }
-};
 
 // A GGUF changed in place in the middle of a warm load (a pwrite into a later tensor's bytes after
 // the first tensor is set): the tensors set after the change are keyed by the file as it is then,
