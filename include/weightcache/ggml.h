@@ -29,10 +29,12 @@
  * another. A warm load does not read the tensor's bytes
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
- * handed to set_tensor are that file's own pages at that offset (which the process checks through
- * /proc/self/map_files: Linux lets it follow those links only with CAP_SYS_ADMIN or
- * CAP_CHECKPOINT_RESTORE, as root has; without, and under qemu-user, every load hashes, and a
- * shared mapping's bytes are copied before they are hashed and repacked), on a file system whose
+ * handed to set_tensor are that file's own pages at that offset, checked per tensor as they are
+ * now (the kernel's PROCMAP_QUERY on Linux 6.11+, which needs no privilege; before 6.11
+ * /proc/self/map_files for a privileged process, else a fresh read of /proc/self/maps; under
+ * qemu-user as root nothing can be checked and every load hashes; bytes that are not the
+ * process's own and cannot be checked, such as a private file mapping's, are copied before they
+ * are hashed and repacked), on a file system whose
  * times follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its
  * file system's change window (10 ms where change times have nanoseconds, else 2 s) and than
  * identity_window_ms. The load that hashes a tensor records that entry at once where the file is

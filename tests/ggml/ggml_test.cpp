@@ -98,4 +98,41 @@ TEST_F(Ggml, AWarmLoadLeavesTheRepackedTensorsSourcePagesUnread) {
   EXPECT_EQ(stock.u64("source_pages_resident"), stock.u64("source_pages")) << stock.out;
 }
 
+// ---- an unprivileged user ---------------------------------------------------------------------
+
+// A process without privilege (nobody: it may not follow /proc/self/map_files) still verifies
+// that the bytes it is handed are the GGUF's own pages, so its warm load trusts the GGUF's identity
+// and hashes nothing (before, every such load hashed every tensor).
+TEST_F(Ggml, AnUnprivilegedWarmLoadTrustsTheGgufIdentity) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the loads as another user";
+  if (!times_track_stores(dir_.path().string()))
+    GTEST_SKIP() << "the temporary directory's file system is not one whose times follow every store (ext4, xfs, "
+                    "btrfs, f2fs): every load hashes there";
+  if (!weightcache::test::mappings_verifiable())
+    GTEST_SKIP() << "this process cannot verify its file mappings (qemu-user as root): every load hashes here";
+  if (::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/setpriv (util-linux) to change user";
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "256", "512", "2"}));
+  // nobody owns the GGUF (so it may take the read lease that says no one writes it) and the
+  // directory (so it may create the cache).
+  ASSERT_EQ(::chown(model.c_str(), 65534, 65534), 0);
+  ASSERT_EQ(::chown(dir_.path().c_str(), 65534, 65534), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // past the file system's change window
+  const auto as_nobody = [&](const std::string& how) {
+    std::vector<std::string> a{"--reuid=65534", "--regid=65534", "--clear-groups", installed(kGgml.program),
+                               "--model", model};
+    a.insert(a.end(), kGgml.load_args.begin(), kGgml.load_args.end());
+    a.insert(a.end(), {"--cache", how});
+    return weightcache::test::run_tool(dir_, "/usr/bin/setpriv", a);
+  };
+  const ToolRun cold = as_nobody(cache);
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  ASSERT_GT(cold.u64("repacked"), 0u) << cold.out;
+  const ToolRun warm = as_nobody(cache);
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(warm.u64("repacked"), 0u) << warm.out;
+  EXPECT_EQ(warm.u64("source_bytes_hashed"), 0u) << "an unprivileged warm load hashed its tensors: " << warm.out;
+  expect_same_outputs(cold, warm, "an unprivileged cold and warm load");
+}
+
 }  // namespace

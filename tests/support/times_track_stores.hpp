@@ -3,6 +3,8 @@
 // Elsewhere every load hashes, so tests expect hashing there. Linux only.
 #pragma once
 
+#include "integrations/common/file_mappings.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -22,29 +24,29 @@ inline bool times_track_stores(const std::string& path) {
   return t == 0xEF53UL || t == 0x58465342UL || t == 0x9123683EUL || t == 0xF2F52010UL;
 }
 
-// Whether this process can verify its own file mappings through /proc/self/map_files, which the
-// ggml and llama.cpp integrations require before a mapped GGUF's identity may stand for its bytes.
-// Not under qemu-user (its /proc/self/maps shows the guest's addresses, map_files the host's), nor
-// in a sandbox that hides map_files: there every load hashes.
+// Whether this process can verify its own file mappings (src/integrations/common/file_mappings.hpp),
+// which the ggml and llama.cpp integrations require before a mapped GGUF's identity may stand for
+// its bytes: by the kernel's PROCMAP_QUERY (Linux 6.11+), /proc/self/map_files (privileged) or a
+// fresh read of /proc/self/maps. Not under qemu-user as root (its /proc/self/maps shows the guest's
+// addresses, map_files the host's), nor in a sandbox that hides /proc: there every load hashes.
 inline bool mappings_verifiable() {
   char path[] = "/tmp/wc-map-files-XXXXXX";
   const int fd = ::mkstemp(path);
   if (fd < 0) return false;
-  ::unlink(path);
   bool ok = false;
   if (::ftruncate(fd, 4096) == 0) {
     void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) {
-      char link[96];
-      std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", reinterpret_cast<unsigned long>(p),
-                    reinterpret_cast<unsigned long>(p) + 4096);
-      struct stat mapped {}, file {};
-      ok = ::stat(link, &mapped) == 0 && ::fstat(fd, &file) == 0 && mapped.st_ino == file.st_ino &&
-           mapped.st_dev == file.st_dev;
+      weightcache::source::MappingProbe probe;
+      weightcache::source::Mapping m;
+      struct stat file {};
+      ok = probe.find(p, 4096, &m) == weightcache::source::MappingProbe::Kind::file && ::fstat(fd, &file) == 0 &&
+           m.ino == file.st_ino && m.dev == file.st_dev;
       ::munmap(p, 4096);
     }
   }
   ::close(fd);
+  ::unlink(path);  // after the question: an unlinked file's mapping is never taken for a file
   return ok;
 }
 

@@ -13,6 +13,7 @@
 // - when the last tensor given to a buffer is set, the cache is finalized (durable).
 #include <weightcache/ggml.h>
 
+#include "../common/file_mappings.hpp"
 #include "../common/source_identity.hpp"
 #include "ggml_detail.hpp"
 
@@ -300,46 +301,9 @@ ggml_backend_buffer_type_t stock_choice(const struct ggml_tensor* t) {
 
 // ---- where the bytes handed to set_tensor come from ---------------------------------------------
 
-// One line of /proc/self/maps that maps a file.
-struct Mapping {
-  std::uintptr_t start = 0, end = 0;
-  std::uint64_t offset = 0;
-  dev_t dev = 0;
-  ino_t ino = 0;
-  bool shared = false, writable = false;
-  std::string path;
-};
-
-std::vector<Mapping> read_maps() {
-  std::vector<Mapping> v;
-  FILE* f = std::fopen("/proc/self/maps", "re");
-  if (f == nullptr) return v;
-  char line[4096 + 256];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    unsigned long long start = 0, end = 0, offset = 0, inode = 0;
-    unsigned major = 0, minor = 0;
-    char perms[8] = {};
-    int path_at = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu %n", &start, &end, perms, &offset, &major, &minor, &inode,
-                    &path_at) < 7 ||
-        inode == 0 || path_at <= 0)
-      continue;
-    Mapping m;
-    m.start = static_cast<std::uintptr_t>(start);
-    m.end = static_cast<std::uintptr_t>(end);
-    m.offset = offset;
-    m.dev = makedev(major, minor);
-    m.ino = static_cast<ino_t>(inode);
-    m.shared = perms[3] == 's';
-    m.writable = perms[1] == 'w';
-    m.path = line + path_at;
-    while (!m.path.empty() && (m.path.back() == '\n' || m.path.back() == ' ')) m.path.pop_back();
-    if (m.path.empty() || m.path[0] != '/' || m.path.find(" (deleted)") != std::string::npos) continue;
-    v.push_back(std::move(m));
-  }
-  std::fclose(f);
-  return v;
-}
+using weightcache::source::Mapping;
+using weightcache::source::MappingProbe;
+using weightcache::source::read_maps;
 
 }  // namespace
 
@@ -474,11 +438,9 @@ struct Buffer {
     std::size_t covered = 0;  // bytes set so far (ggml loaders never overlap pieces)
   };
   std::map<const struct ggml_tensor*, Partial> partial;  // tensors being set piecewise
-  // This buffer's snapshot of the process's file mappings (one load: read at its first tensor,
-  // and again when an address is in none of it or its mapping no longer is that file).
+  // Where each tensor's source bytes are (file_mappings.hpp); under maps_mu.
   std::mutex maps_mu;
-  std::vector<Mapping> maps;
-  bool maps_read = false;
+  MappingProbe probe;
   // Source bytes of served tensors whose pages to give back (drop_source_pages), given back
   // together when the buffer's last tensor is set: tensors next to each other in the file in one
   // madvise (each call costs the process a TLB shootdown; one per tensor cost more than the
@@ -492,46 +454,17 @@ struct Buffer {
   // file system per load, not per tensor; file_identity's rule).
   std::vector<std::pair<dev_t, bool>> tracks;  // under maps_mu
 
-  // The shared file mapping that holds [p, p + n), if one does. Only a MAP_SHARED mapping's pages
-  // are the file's bytes: a private one may hold copies the process changed (even if it is
-  // read-only now). Each answer is checked against /proc/self/map_files (the file mapped at that
-  // very range now), so a mapping replaced since the snapshot is never taken for the old one.
-  // Where /proc/self/map_files cannot say (a sandbox that hides it, or qemu-user, whose
-  // /proc/self/maps is the guest's view and map_files the host's), a range the snapshot shows as
-  // a shared file mapping is not taken for the file, and *unverified_shared says its bytes may
-  // change under the load all the same (the caller then works from a private copy).
-  bool mapping_of(const void* p, std::size_t n, Mapping* out, bool* unverified_shared) {
-    *unverified_shared = false;
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
+  // The shared file mapping that holds [p, p + n), if one does, checked now (MappingProbe: so a
+  // mapping replaced since an earlier look is never taken for the old one). Only a MAP_SHARED
+  // mapping's pages are the file's bytes: a private one may hold copies the process changed (even
+  // if it is read-only now). *may_change says the bytes are not the process's own and might change
+  // under the load all the same (a private or unnamed file mapping, a range the check cannot
+  // vouch for): the caller then works from a private copy.
+  bool mapping_of(const void* p, std::size_t n, Mapping* out, bool* may_change) {
     std::lock_guard<std::mutex> lock(maps_mu);
-    bool fresh = false;
-    if (!maps_read) {
-      maps = read_maps();
-      maps_read = fresh = true;
-    }
-    for (;;) {
-      for (const Mapping& m : maps) {
-        if (!(a >= m.start && a + n <= m.end && a + n >= a)) continue;
-        char link[96];
-        std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
-                      static_cast<unsigned long>(m.end));
-        struct stat st {};
-        if (::stat(link, &st) == 0) {
-          if (st.st_dev == m.dev && st.st_ino == m.ino) {
-            if (!m.shared) return false;
-            *out = m;
-            return true;
-          }
-          break;  // the snapshot is stale here
-        }
-        if (!fresh) break;  // read the snapshot again first: the range may have been unmapped
-        *unverified_shared = m.shared;
-        return false;
-      }
-      if (fresh) return false;
-      maps = read_maps();
-      fresh = true;
-    }
+    const MappingProbe::Kind kind = probe.find(p, n, out);
+    *may_change = kind == MappingProbe::Kind::changeable;
+    return kind == MappingProbe::Kind::file;
   }
 };
 
@@ -736,8 +669,8 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   src.element_type = static_cast<int>(t->type);
   for (int i = 0; i < GGML_MAX_DIMS; ++i) src.dims.push_back(t->ne[i]);
   Mapping m;
-  bool unverified_shared = false;
-  const bool from_file = buf->mapping_of(data, size, &m, &unverified_shared);
+  bool may_change = false;
+  const bool from_file = buf->mapping_of(data, size, &m, &may_change);
   std::string fid;
   if (from_file) {
     // The file's identity as of this tensor: one stat of the path, which must still name the
@@ -787,7 +720,7 @@ void set_whole(ggml_backend_buffer_t b, struct ggml_tensor* t, const void* data,
   // heap or private mapping, is the caller's to keep still while it sets the tensor.)
   std::unique_ptr<std::uint8_t[]> copy;
   const void* bytes = data;
-  if ((from_file && !settled) || unverified_shared) {
+  if ((from_file && !settled) || may_change) {
     copy.reset(new (std::nothrow) std::uint8_t[size]);
     if (!copy) return repack_here(b, t, own, data, size, "no memory for a private copy of the source");
     std::memcpy(copy.get(), data, size);

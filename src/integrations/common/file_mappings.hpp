@@ -1,0 +1,81 @@
+// What memory a runtime hands over: is [p, p + n) a shared mapping of a named file (so that the
+// file's identity may stand for the bytes), memory the process owns, or memory that may change
+// under the load? The ggml buffer type asks this of every tensor's source bytes (Linux only).
+//
+// The answer must hold *now*, not when some snapshot of the address space was taken: another GGUF
+// may since have been mapped where the first one was. Three ways to ask, in order:
+// - the PROCMAP_QUERY ioctl on /proc/self/maps (Linux 6.11 and later): the kernel looks up the
+//   mapping at that address under the address-space lock and gives its file's device, inode,
+//   offset and path. No privilege is needed;
+// - /proc/self/map_files/<range> (older kernels): the file mapped at that very range now. Linux
+//   lets a process follow those links only with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE;
+// - without either, a read of /proc/self/maps made for this question (each of its lines is taken
+//   under the address-space lock as it is read).
+// A range the answer cannot vouch for is `changeable`: the caller works from a private copy.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weightcache::source {
+
+/// One line of /proc/self/maps.
+struct Mapping {
+  std::uintptr_t start = 0, end = 0;
+  std::uint64_t offset = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;  // 0: anonymous memory
+  bool shared = false, writable = false;
+  std::string path;  // the file's path, or the kernel's name for the mapping ("[heap]", "/memfd:x (deleted)")
+  /// A mapping of a file a path names now ("/..." and not deleted).
+  bool named_file() const;
+};
+
+/// The process's mappings, as /proc/self/maps lists them now (anonymous ones too when `all`);
+/// `ok` says whether it could be read.
+std::vector<Mapping> read_maps(bool all = false, bool* ok = nullptr);
+
+/// How MappingProbe asks. `automatic` is the product's; tests force the others to cover kernels
+/// and privileges the machine running them does not have.
+enum class MappingCheck { automatic, procmap_query, map_files, maps_read };
+
+class MappingProbe {
+ public:
+  enum class Kind {
+    file,        // inside one shared mapping of a named file, checked now (*out says which)
+    own,         // anonymous private memory: the process's own, for the caller to keep still
+    changeable,  // anything else: a private or unnamed file mapping, a range over several, unknown
+  };
+
+  explicit MappingProbe(MappingCheck how = MappingCheck::automatic) : how_(how) {}
+  ~MappingProbe();
+  MappingProbe(const MappingProbe&) = delete;
+  MappingProbe& operator=(const MappingProbe&) = delete;
+
+  /// What holds [p, p + n) now. Not thread-safe (one probe per caller, or a lock around it).
+  Kind find(const void* p, std::size_t n, Mapping* out);
+
+  /// The way the last find was answered (for tests): procmap_query, map_files or maps_read.
+  MappingCheck answered_by() const { return answered_by_; }
+
+ private:
+  enum class Answer { file, own, changeable, unknown };  // unknown: ask another way
+  Answer by_query(std::uintptr_t a, std::size_t n, Mapping* out);
+  Answer by_maps(std::uintptr_t a, std::size_t n, Mapping* out, bool map_files);
+  static Answer classify(const std::vector<Mapping>& maps, std::uintptr_t a, std::size_t n, std::size_t* first);
+
+  MappingCheck how_;
+  MappingCheck answered_by_ = MappingCheck::automatic;
+  int fd_ = -1;        // /proc/self/maps of the process that opened it
+  pid_t fd_pid_ = -1;  // which one (a child after fork must not ask its parent's)
+  bool query_unsupported_ = false;
+  bool map_files_denied_ = false;  // map_files said EPERM once: it will again
+  std::vector<Mapping> snapshot_;
+  bool snapshot_read_ = false;
+};
+
+}  // namespace weightcache::source
