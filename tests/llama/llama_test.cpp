@@ -146,8 +146,8 @@ TEST_F(Llama, NothingCacheableIsSaidAndTheRunStillSucceeds) {
 TEST_F(Llama, AWarmLoadHoldsWhatNoRepackingHolds) {
   if (std::getenv("WEIGHTCACHE_EMULATED") != nullptr || !weightcache::test::mappings_verifiable())
     GTEST_SKIP() << "under qemu-user RssAnon counts the emulator's bookkeeping of the cache's reserved address "
-                    "space, and no GGUF identity can be verified there (every warm load hashes the GGUF, so its "
-                    "pages are resident): measured natively";
+                    "space (measured natively), or this process cannot verify its file mappings (every warm load "
+                    "hashes the GGUF, so its pages are resident)";
   const std::string model = f("m.gguf"), cache = f("c.wcache");
   ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "1024", "2816", "4"}));  // 29 MiB repacked
   ASSERT_EQ(load(model, cache).code, 0);

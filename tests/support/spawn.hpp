@@ -16,9 +16,11 @@
 #else
 #include <fcntl.h>
 #include <signal.h>
+#include <grp.h>
 #include <spawn.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char** environ;
 #endif
@@ -146,6 +148,30 @@ inline Process spawn_to_files(const std::string& exe, const std::vector<std::str
   const int rc = ::posix_spawn(&pid, storage.front().c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : kNoProcess;
+}
+
+/// spawn_to_files, the program run as user `uid` and group `gid` with no supplementary groups
+/// (a root test's way to run a program unprivileged); kNoProcess on failure, exit 127 when the
+/// child could not change user or start the program.
+inline Process spawn_to_files_as(uid_t uid, gid_t gid, const std::string& exe, const std::vector<std::string>& args,
+                                 const std::string& out, const std::string& err) {
+  std::vector<std::string> storage;
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);
+#endif
+  storage.push_back(exe);
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = ::fork();  // only async-signal-safe calls in the child
+  if (pid != 0) return pid > 0 ? pid : kNoProcess;
+  const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(127);
+  if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0) ::_exit(127);
+  ::execve(argv[0], argv.data(), environ);
+  ::_exit(127);
 }
 #endif
 

@@ -27,8 +27,8 @@ inline bool times_track_stores(const std::string& path) {
 // Whether this process can verify its own file mappings (src/integrations/common/file_mappings.hpp),
 // which the ggml and llama.cpp integrations require before a mapped GGUF's identity may stand for
 // its bytes: by the kernel's PROCMAP_QUERY (Linux 6.11+), /proc/self/map_files (privileged) or a
-// fresh read of /proc/self/maps. Not under qemu-user as root (its /proc/self/maps shows the guest's
-// addresses, map_files the host's), nor in a sandbox that hides /proc: there every load hashes.
+// fresh read of /proc/self/maps (also under qemu-user, which emulates it). Not in a sandbox that
+// hides /proc: there every load hashes.
 inline bool mappings_verifiable() {
   char path[] = "/tmp/wc-map-files-XXXXXX";
   const int fd = ::mkstemp(path);

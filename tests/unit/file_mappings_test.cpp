@@ -8,6 +8,7 @@
 #include "temp_dir.hpp"
 
 #include <cstring>
+#include <ostream>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -17,6 +18,11 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+namespace weightcache::source {
+// GoogleTest's name for a parameter in messages.
+void PrintTo(MappingCheck how, std::ostream* os);
+}  // namespace weightcache::source
 
 namespace {
 
@@ -35,6 +41,12 @@ const char* name_of(MappingCheck how) {
   }
   return "?";
 }
+
+}  // namespace
+
+void weightcache::source::PrintTo(MappingCheck how, std::ostream* os) { *os << name_of(how); }
+
+namespace {
 
 std::size_t page() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 
@@ -157,6 +169,9 @@ MappingCheck expected_answer(MappingCheck how, const std::string& file, std::str
   if (p != MAP_FAILED) ::munmap(p, page());
   if (how == MappingCheck::procmap_query && k != Kind::file)
     *skip = "this kernel has no PROCMAP_QUERY ioctl on /proc/self/maps (Linux 6.11 and later have it)";
+  else if (k != Kind::file)
+    *skip = std::string("this process cannot check its mappings ") + name_of(how) +
+            " (qemu-user: no PROCMAP_QUERY, and map_files shows the host's mappings)";
   if (how == MappingCheck::map_files && by != MappingCheck::map_files)
     return MappingCheck::maps_read;  // map_files cannot be followed here: a fresh read decides
   return how == MappingCheck::automatic ? by : how;

@@ -196,7 +196,7 @@ MappingProbe::Answer MappingProbe::by_maps(std::uintptr_t a, std::size_t n, Mapp
   for (;;) {
     std::size_t i = 0;
     const Answer ans = ok ? classify(snapshot_, a, n, &i) : Answer::unknown;
-    if (ans == Answer::file && map_files && !map_files_denied_) {
+    if (ans == Answer::file && map_files && map_files_usable_) {
       // The file mapped at that very range now.
       const Mapping& m = snapshot_[i];
       char link[96];
@@ -209,13 +209,12 @@ MappingProbe::Answer MappingProbe::by_maps(std::uintptr_t a, std::size_t n, Mapp
           answered_by_ = MappingCheck::map_files;
           return Answer::file;
         }
-        if (fresh) return Answer::changeable;  // the list and map_files disagree: something moves
-      } else if (errno == EPERM || errno == EACCES) {
-        map_files_denied_ = true;  // no privilege to follow the links: a fresh list decides
-      } else if (fresh) {
-        // map_files cannot find a range the list shows (qemu-user, whose /proc/self/maps is the
-        // guest's and map_files the host's; a sandbox that hides it): no way to check.
-        return Answer::changeable;
+        if (fresh) return Answer::changeable;  // a list read just now and map_files disagree: something moves
+      } else if (errno == EPERM || errno == EACCES || fresh) {
+        // No privilege to follow the links, or no link for a range a list read just now shows
+        // (qemu-user, whose /proc/self/maps is the guest's and map_files the host's; a sandbox
+        // that hides map_files): map_files cannot vouch here, and fresh lists decide from now on.
+        map_files_usable_ = false;
       }
     }
     if (fresh) {

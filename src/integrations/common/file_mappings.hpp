@@ -9,8 +9,9 @@
 //   offset and path. No privilege is needed;
 // - /proc/self/map_files/<range> (older kernels): the file mapped at that very range now. Linux
 //   lets a process follow those links only with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE;
-// - without either, a read of /proc/self/maps made for this question (each of its lines is taken
-//   under the address-space lock as it is read).
+// - without either (no privilege; qemu-user, whose map_files is the host's view), a read of
+//   /proc/self/maps made for this question (each of its lines is taken under the address-space
+//   lock as it is read; qemu-user emulates the file for the guest).
 // A range the answer cannot vouch for is `changeable`: the caller works from a private copy.
 #pragma once
 
@@ -73,7 +74,7 @@ class MappingProbe {
   int fd_ = -1;        // /proc/self/maps of the process that opened it
   pid_t fd_pid_ = -1;  // which one (a child after fork must not ask its parent's)
   bool query_unsupported_ = false;
-  bool map_files_denied_ = false;  // map_files said EPERM once: it will again
+  bool map_files_usable_ = true;  // false once map_files could not vouch for a range (no privilege, qemu-user)
   std::vector<Mapping> snapshot_;
   bool snapshot_read_ = false;
 };
