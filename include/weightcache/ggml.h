@@ -30,9 +30,9 @@
  * to find that key again: a second, small entry maps the GGUF file's identity (device, inode,
  * size, mtime, ctime, the tensor's name and offset) to it, and is trusted only when the bytes
  * handed to set_tensor are that file's own pages at that offset, checked per tensor as they are
- * now (the kernel's PROCMAP_QUERY on Linux 6.11+, which needs no privilege; before 6.11
- * /proc/self/map_files for a privileged process, else a fresh read of /proc/self/maps, as under
- * qemu-user; where none answers, every load hashes; bytes that are not the
+ * now (the kernel's PROCMAP_QUERY on Linux 6.11+, which needs no privilege; before 6.11 and
+ * under qemu-user, a read of /proc/self/maps per tensor; where neither answers, every load
+ * hashes; bytes that are not the
  * process's own and cannot be checked, such as a private file mapping's, are copied before they
  * are hashed and repacked), on a file system whose
  * times follow every store (ext4, xfs, btrfs, f2fs), and when the file's last change is older than its

@@ -39,8 +39,9 @@ const RuntimeProgram kLlama{
           // Stock llama.cpp repacks them: its private memory holds them, the cache's does not. (Not
           // under qemu-user, whose bookkeeping of the cache's reserved address space, about 50 MB,
           // is counted in the cache runs' RssAnon.)
-          if (std::getenv("WEIGHTCACHE_EMULATED") == nullptr)
+          if (std::getenv("WEIGHTCACHE_EMULATED") == nullptr) {
             EXPECT_GT(stock.u64("rss_anon_bytes"), cold.u64("rss_anon_bytes")) << stock.out << "\n" << cold.out;
+          }
         },
 };
 

@@ -1,7 +1,6 @@
 // MappingProbe (src/integrations/common/file_mappings.hpp): what holds a runtime's source bytes,
-// checked now, by each of its three ways of asking (the kernel's PROCMAP_QUERY, map_files, a fresh
-// read of /proc/self/maps), as root and as an unprivileged user (who may not follow map_files), and
-// in a child after fork. The ggml buffer type trusts a GGUF's identity only for a `file` answer.
+// checked now, by each of its ways of asking (the kernel's PROCMAP_QUERY; a read of /proc/self/maps
+// made for the question), as root and as an unprivileged user, and in a child after fork. The ggml buffer type trusts a GGUF's identity only for a `file` answer.
 #include <gtest/gtest.h>
 
 #include "../../src/integrations/common/file_mappings.hpp"
@@ -36,7 +35,6 @@ const char* name_of(MappingCheck how) {
   switch (how) {
     case MappingCheck::automatic: return "automatic";
     case MappingCheck::procmap_query: return "procmap_query";
-    case MappingCheck::map_files: return "map_files";
     case MappingCheck::maps_read: return "maps_read";
   }
   return "?";
@@ -104,8 +102,18 @@ std::string check_all(MappingCheck how, const TempDir& dir, MappingCheck expect_
     if (probe.answered_by() != expect_answered_by)
       fail(std::string("answered by ") + name_of(probe.answered_by()) + ", not " + name_of(expect_answered_by));
   }
+  // The same file mapped again over the same range from another offset: that offset (an answer
+  // from an earlier look, checked only for the file, gave the old one: a hostile review served
+  // wrong bytes through it).
+  if (map_file(a, 0, 4, MAP_SHARED, p) != p) return failed + "cannot map a.bin again";
+  if (probe.find(at, 1000, &m) != Kind::file || m.ino != ino_of(a).ino ||
+      m.offset + (reinterpret_cast<std::uintptr_t>(at) - m.start) != pg + 100)
+    fail("the same file mapped again from another offset was taken at the old offset");
+  // ... and privately, at the first offset: changeable, not the shared mapping it replaced.
+  if (map_file(a, 2, 4, MAP_PRIVATE, p) != p) return failed + "cannot map a.bin privately";
+  if (probe.find(at, 1000, &m) != Kind::changeable) fail("the same file mapped again privately was taken as shared");
   // The same range after another file was mapped over it: the new file, never the old one's
-  // identity (an answer from an earlier look at the address space would give a.bin).
+  // identity.
   if (map_file(b, 0, 4, MAP_SHARED, p) != p) return failed + "cannot map b.bin over a.bin";
   if (probe.find(at, 1000, &m) != Kind::file || m.ino != ino_of(b).ino || m.path != b)
     fail("a mapping replaced since the last question was taken for the old one");
@@ -158,23 +166,19 @@ std::string check_all(MappingCheck how, const TempDir& dir, MappingCheck expect_
 }
 
 // How each way answers here, or why it cannot be tested: the kernel may lack PROCMAP_QUERY (before
-// 6.11), and only a privileged process may follow map_files.
+// 6.11; qemu-user does not emulate it).
 MappingCheck expected_answer(MappingCheck how, const std::string& file, std::string* skip) {
   if (how == MappingCheck::maps_read) return MappingCheck::maps_read;
   void* p = map_file(file, 0, 1);
   MappingProbe probe(how);
   Mapping m;
   const Kind k = p == MAP_FAILED ? Kind::changeable : probe.find(p, 1, &m);
-  const MappingCheck by = probe.answered_by();
   if (p != MAP_FAILED) ::munmap(p, page());
-  if (how == MappingCheck::procmap_query && k != Kind::file)
-    *skip = "this kernel has no PROCMAP_QUERY ioctl on /proc/self/maps (Linux 6.11 and later have it)";
-  else if (k != Kind::file)
-    *skip = std::string("this process cannot check its mappings ") + name_of(how) +
-            " (qemu-user: no PROCMAP_QUERY, and map_files shows the host's mappings)";
-  if (how == MappingCheck::map_files && by != MappingCheck::map_files)
-    return MappingCheck::maps_read;  // map_files cannot be followed here: a fresh read decides
-  return how == MappingCheck::automatic ? by : how;
+  if (k != Kind::file)
+    *skip = how == MappingCheck::procmap_query
+                ? "this kernel has no PROCMAP_QUERY ioctl on /proc/self/maps (Linux 6.11 and later have it)"
+                : "this process cannot check its mappings (no /proc/self/maps?)";
+  return how == MappingCheck::automatic ? probe.answered_by() : how;
 }
 
 class FileMappings : public ::testing::TestWithParam<MappingCheck> {};
@@ -191,8 +195,8 @@ TEST_P(FileMappings, EachAnswerHoldsNowForThisProcess) {
   EXPECT_EQ(check_all(GetParam(), dir, by), "");
 }
 
-// As nobody, who may not follow /proc/self/map_files: the automatic way still answers every
-// question right (PROCMAP_QUERY where the kernel has it, else a fresh read), never by map_files.
+// As nobody (who may not follow /proc/self/map_files, which the check used before): every way
+// still answers every question right.
 TEST_P(FileMappings, EachAnswerHoldsForAnUnprivilegedProcess) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
   TempDir dir("wc-mappings");
@@ -213,8 +217,7 @@ TEST_P(FileMappings, EachAnswerHoldsForAnUnprivilegedProcess) {
     } else {
       std::string ignored;
       const MappingCheck by = expected_answer(GetParam(), dir.file("a.bin"), &ignored);
-      if (by == MappingCheck::map_files) out = "an unprivileged process followed map_files: nothing tested here";
-      else out = check_all(GetParam(), dir, by);
+      out = check_all(GetParam(), dir, by);
     }
     (void)!::write(fds[1], out.data(), out.size());
     ::_exit(0);
@@ -231,8 +234,8 @@ TEST_P(FileMappings, EachAnswerHoldsForAnUnprivilegedProcess) {
 }
 
 // A probe made before fork answers in the child for the child: the child mapped another file where
-// the parent's is, and must not be told the parent's (a descriptor of the parent's /proc/self/maps
-// would).
+// the parent's is, and must not be told the parent's (a descriptor of /proc/self/maps opened in the
+// parent would answer for it).
 TEST_P(FileMappings, AProbeFromBeforeForkAnswersForTheChild) {
   TempDir dir("wc-mappings");
   const std::string a = make_file(dir, "a.bin", 2, 'a'), b = make_file(dir, "b.bin", 2, 'b');
@@ -265,8 +268,7 @@ TEST_P(FileMappings, AProbeFromBeforeForkAnswersForTheChild) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ways, FileMappings,
-                         ::testing::Values(MappingCheck::automatic, MappingCheck::procmap_query, MappingCheck::map_files,
-                                           MappingCheck::maps_read),
+                         ::testing::Values(MappingCheck::automatic, MappingCheck::procmap_query, MappingCheck::maps_read),
                          [](const ::testing::TestParamInfo<MappingCheck>& info) { return name_of(info.param); });
 
 }  // namespace

@@ -90,10 +90,6 @@ std::vector<Mapping> read_maps(bool all, bool* ok) {
   return v;
 }
 
-MappingProbe::~MappingProbe() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 MappingProbe::Kind MappingProbe::find(const void* p, std::size_t n, Mapping* out) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   if (n == 0) n = 1;
@@ -104,7 +100,7 @@ MappingProbe::Kind MappingProbe::find(const void* p, std::size_t n, Mapping* out
     if (ans != Answer::unknown) answered_by_ = MappingCheck::procmap_query;
     if (how_ == MappingCheck::procmap_query && ans == Answer::unknown) return Kind::changeable;
   }
-  if (ans == Answer::unknown) ans = by_maps(a, n, out, how_ != MappingCheck::maps_read);
+  if (ans == Answer::unknown) ans = by_maps(a, n, out);
   switch (ans) {
     case Answer::file: return Kind::file;
     case Answer::own: return Kind::own;
@@ -113,13 +109,17 @@ MappingProbe::Kind MappingProbe::find(const void* p, std::size_t n, Mapping* out
 }
 
 MappingProbe::Answer MappingProbe::by_query(std::uintptr_t a, std::size_t n, Mapping* out) {
-  const pid_t pid = ::getpid();
-  if (fd_ < 0 || fd_pid_ != pid) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    fd_pid_ = pid;
-    if (fd_ < 0) return Answer::unknown;
-  }
+  // Opened per question (a few microseconds): a descriptor kept across questions would answer for
+  // the parent in a child after fork, and for whatever process's maps file reused its number if
+  // the host closed it.
+  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Answer::unknown;
+  const Answer ans = query(fd, a, n, out);
+  ::close(fd);
+  return ans;
+}
+
+MappingProbe::Answer MappingProbe::query(int fd, std::uintptr_t a, std::size_t n, Mapping* out) {
   const std::uintptr_t end = a + n;
   std::uintptr_t at = a;
   // A range may lie across several mappings; it is the process's own only if each of them is.
@@ -130,7 +130,7 @@ MappingProbe::Answer MappingProbe::by_query(std::uintptr_t a, std::size_t n, Map
     q.query_addr = at;
     q.vma_name_addr = reinterpret_cast<std::uintptr_t>(name);
     q.vma_name_size = sizeof name;
-    if (::ioctl(fd_, kProcmapQuery, &q) != 0) {
+    if (::ioctl(fd, kProcmapQuery, &q) != 0) {
       const int e = errno;
       if (e == ENOTTY || e == EINVAL || e == ENOSYS || e == EOPNOTSUPP) {
         query_unsupported_ = true;  // a kernel before 6.11, or an emulator's /proc
@@ -187,44 +187,18 @@ MappingProbe::Answer MappingProbe::classify(const std::vector<Mapping>& maps, st
   return Answer::own;
 }
 
-MappingProbe::Answer MappingProbe::by_maps(std::uintptr_t a, std::size_t n, Mapping* out, bool map_files) {
-  bool fresh = false, ok = true;
-  if (!snapshot_read_) {
-    snapshot_ = read_maps(true, &ok);
-    snapshot_read_ = fresh = true;
-  }
-  for (;;) {
-    std::size_t i = 0;
-    const Answer ans = ok ? classify(snapshot_, a, n, &i) : Answer::unknown;
-    if (ans == Answer::file && map_files && map_files_usable_) {
-      // The file mapped at that very range now.
-      const Mapping& m = snapshot_[i];
-      char link[96];
-      std::snprintf(link, sizeof link, "/proc/self/map_files/%lx-%lx", static_cast<unsigned long>(m.start),
-                    static_cast<unsigned long>(m.end));
-      struct stat st {};
-      if (::stat(link, &st) == 0) {
-        if (st.st_dev == m.dev && st.st_ino == m.ino) {
-          *out = m;
-          answered_by_ = MappingCheck::map_files;
-          return Answer::file;
-        }
-        if (fresh) return Answer::changeable;  // a list read just now and map_files disagree: something moves
-      } else if (errno == EPERM || errno == EACCES || fresh) {
-        // No privilege to follow the links, or no link for a range a list read just now shows
-        // (qemu-user, whose /proc/self/maps is the guest's and map_files the host's; a sandbox
-        // that hides map_files): map_files cannot vouch here, and fresh lists decide from now on.
-        map_files_usable_ = false;
-      }
-    }
-    if (fresh) {
-      answered_by_ = MappingCheck::maps_read;
-      if (ans == Answer::file) *out = snapshot_[i];
-      return ans == Answer::unknown ? Answer::changeable : ans;
-    }
-    snapshot_ = read_maps(true, &ok);  // an earlier question's list: read it again for this one
-    fresh = true;
-  }
+MappingProbe::Answer MappingProbe::by_maps(std::uintptr_t a, std::size_t n, Mapping* out) {
+  // Read for this question: a list read for an earlier one may show a mapping since replaced by
+  // one of the same file, privately or at another offset (which /proc/self/map_files, giving only
+  // the file, would not tell apart: a hostile review served wrong bytes through that).
+  bool ok = false;
+  const std::vector<Mapping> maps = read_maps(true, &ok);
+  if (!ok) return Answer::changeable;
+  answered_by_ = MappingCheck::maps_read;
+  std::size_t i = 0;
+  const Answer ans = classify(maps, a, n, &i);
+  if (ans == Answer::file) *out = maps[i];
+  return ans == Answer::unknown ? Answer::changeable : ans;
 }
 
 }  // namespace weightcache::source

@@ -2,16 +2,17 @@
 // file's identity may stand for the bytes), memory the process owns, or memory that may change
 // under the load? The ggml buffer type asks this of every tensor's source bytes (Linux only).
 //
-// The answer must hold *now*, not when some snapshot of the address space was taken: another GGUF
-// may since have been mapped where the first one was. Three ways to ask, in order:
+// The answer must hold *now*, not when some earlier look at the address space was taken: another
+// GGUF, or the same one privately or at another offset, may since have been mapped where the first
+// one was. Two ways to ask, in order:
 // - the PROCMAP_QUERY ioctl on /proc/self/maps (Linux 6.11 and later): the kernel looks up the
-//   mapping at that address under the address-space lock and gives its file's device, inode,
-//   offset and path. No privilege is needed;
-// - /proc/self/map_files/<range> (older kernels): the file mapped at that very range now. Linux
-//   lets a process follow those links only with CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE;
-// - without either (no privilege; qemu-user, whose map_files is the host's view), a read of
-//   /proc/self/maps made for this question (each of its lines is taken under the address-space
-//   lock as it is read; qemu-user emulates the file for the guest).
+//   mapping at that address under the address-space lock and gives its bounds, flags, file
+//   offset, device, inode and path. No privilege is needed;
+// - else (older kernels; qemu-user, which does not emulate the ioctl but emulates the file for
+//   the guest) a read of /proc/self/maps made for this question: each of its lines is produced
+//   under the address-space lock.
+// (/proc/self/map_files, used before, needs CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE and names only
+// the file, not the offset or whether the mapping is shared.)
 // A range the answer cannot vouch for is `changeable`: the caller works from a private copy.
 #pragma once
 
@@ -42,7 +43,7 @@ std::vector<Mapping> read_maps(bool all = false, bool* ok = nullptr);
 
 /// How MappingProbe asks. `automatic` is the product's; tests force the others to cover kernels
 /// and privileges the machine running them does not have.
-enum class MappingCheck { automatic, procmap_query, map_files, maps_read };
+enum class MappingCheck { automatic, procmap_query, maps_read };
 
 class MappingProbe {
  public:
@@ -53,30 +54,23 @@ class MappingProbe {
   };
 
   explicit MappingProbe(MappingCheck how = MappingCheck::automatic) : how_(how) {}
-  ~MappingProbe();
-  MappingProbe(const MappingProbe&) = delete;
-  MappingProbe& operator=(const MappingProbe&) = delete;
 
   /// What holds [p, p + n) now. Not thread-safe (one probe per caller, or a lock around it).
   Kind find(const void* p, std::size_t n, Mapping* out);
 
-  /// The way the last find was answered (for tests): procmap_query, map_files or maps_read.
+  /// The way the last find was answered (for tests): procmap_query or maps_read.
   MappingCheck answered_by() const { return answered_by_; }
 
  private:
   enum class Answer { file, own, changeable, unknown };  // unknown: ask another way
   Answer by_query(std::uintptr_t a, std::size_t n, Mapping* out);
-  Answer by_maps(std::uintptr_t a, std::size_t n, Mapping* out, bool map_files);
+  Answer query(int fd, std::uintptr_t a, std::size_t n, Mapping* out);
+  Answer by_maps(std::uintptr_t a, std::size_t n, Mapping* out);
   static Answer classify(const std::vector<Mapping>& maps, std::uintptr_t a, std::size_t n, std::size_t* first);
 
   MappingCheck how_;
   MappingCheck answered_by_ = MappingCheck::automatic;
-  int fd_ = -1;        // /proc/self/maps of the process that opened it
-  pid_t fd_pid_ = -1;  // which one (a child after fork must not ask its parent's)
   bool query_unsupported_ = false;
-  bool map_files_usable_ = true;  // false once map_files could not vouch for a range (no privilege, qemu-user)
-  std::vector<Mapping> snapshot_;
-  bool snapshot_read_ = false;
 };
 
 }  // namespace weightcache::source
