@@ -46,9 +46,15 @@ LABELS = {"repack": "stock ggml (repacks)", "no_repack": "no repacking (--no-rep
           "warm1": "weightcache, warm, verifies", "warm": "weightcache, warm, every later"}
 
 
+def cache_cap(args, extra):
+    """--max-file-mib for runs through a cache, when asked for."""
+    return ["--max-file-mib", str(args.max_file_mib)] if args.max_file_mib and "--cache" in extra else []
+
+
 def run(args, extra, hold=False, model=None, window_ms=WINDOW_MS, steps=None):
     cmd = args.emulator + [os.path.join(args.bin, "weightcache-ggml"), "--model", model or args.model, "--json",
                            "--steps", str(steps or args.steps), "--threads", str(args.threads)] + extra
+    cmd += cache_cap(args, extra)
     if window_ms is not None:
         cmd += ["--identity-window-ms", str(window_ms)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -90,6 +96,7 @@ def first_minute(args):
 def four_at_once(args, extra):
     cmd = args.emulator + [os.path.join(args.bin, "weightcache-ggml"), "--model", args.model, "--json", "--steps", "1",
                            "--threads", "1", "--identity-window-ms", str(WINDOW_MS), "--hold-ms", "3000"] + extra
+    cmd += cache_cap(args, extra)
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     res = []
     for p in procs:
@@ -123,6 +130,9 @@ def main():
     ap.add_argument("--emulator", default="",
                     help="run the programs through this command (qemu-aarch64 for an arm64 build's --bin): "
                          "emulated times compare only as ratios within one run")
+    ap.add_argument("--max-file-mib", type=int, default=0,
+                    help="cap the cache file (wc_options::max_file_bytes): under qemu-user a smaller reservation "
+                         "costs the emulator less bookkeeping (its default there is 8 GiB)")
     args = ap.parse_args()
     args.emulator = args.emulator.split() if args.emulator else []
     if args.small:

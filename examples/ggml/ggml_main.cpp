@@ -10,7 +10,7 @@
 // residual) and prints the load time, memory, throughput and a checksum of every output.
 //
 //   weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N]
-//                    [--json] [--identity-window-ms MS] [--durability none|async|full]
+//                    [--json] [--identity-window-ms MS] [--durability none|async|full] [--max-file-mib N]
 //                    [--early-write-back] [--finalize-sync] [--hold-ms MS]
 //
 // With --cache the load ends when every tensor is served, and the cache file becomes durable on
@@ -62,7 +62,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
     "usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] [--json]\n"
-    "  [--identity-window-ms MS] [--durability none|async|full] [--early-write-back] [--finalize-sync]\n"
+    "  [--identity-window-ms MS] [--durability none|async|full] [--max-file-mib N] [--early-write-back] [--finalize-sync]\n"
     "  [--hold-ms MS]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -195,9 +195,8 @@ int main(int argc, char** argv) {
   if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    o.path = repack.cache_path.c_str();
+    repack.apply(&o);
     o.compat_key = "weightcache-ggml";
-    o.durability = repack.durability;
     // The buffer type finalizes on a background thread once loading ends: a load that starts
     // write-back at every insert would only wait on the disk sooner (--early-write-back shows it).
     o.write_back_early = early_write_back ? 1 : 0;

@@ -4,7 +4,7 @@
 //
 //   weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N]
 //                     [--prompt TEXT] [--n-predict N] [--json] [--identity-window-ms MS]
-//                     [--durability none|async|full] [--hold-ms MS] [--no-mmap] [--keep-source-pages]
+//                     [--durability none|async|full] [--max-file-mib N] [--hold-ms MS] [--no-mmap] [--keep-source-pages]
 //
 // --cache PATH: the weightcache front (weightcache/llama.h) over the cache file PATH; without it,
 // stock llama.cpp (CPU_REPACK); --no-repack: llama_model_params.use_extra_bufts = false.
@@ -42,7 +42,7 @@ using weightcache::example::status_kib;
 
 constexpr const char* kUsage =
     "usage: weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--prompt TEXT]\n"
-    "  [--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--hold-ms MS]\n"
+    "  [--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--max-file-mib N] [--hold-ms MS]\n"
     "  [--no-mmap] [--keep-source-pages]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -118,9 +118,8 @@ int main(int argc, char** argv) {
   if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    o.path = repack.cache_path.c_str();
+    repack.apply(&o);
     o.compat_key = "weightcache-llama";
-    o.durability = repack.durability;
     o.write_back_early = 0;  // the buffer type finalizes on its background thread once loaded
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
     open_ms = ms_since(t0);

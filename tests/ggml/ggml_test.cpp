@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,6 +97,32 @@ TEST_F(Ggml, AWarmLoadLeavesTheRepackedTensorsSourcePagesUnread) {
   ::close(fd2);
   const ToolRun stock = load(model, kStock);
   EXPECT_EQ(stock.u64("source_pages_resident"), stock.u64("source_pages")) << stock.out;
+}
+
+// ---- options ---------------------------------------------------------------------------------
+
+// --max-file-mib caps the cache file (wc_options::max_file_bytes, rounded up to 2 MiB; the emulated
+// benchmarks ask for a small reservation with it). The weights that fit are kept and served warm,
+// the rest are repacked into the process's memory at every load, and the outputs stay stock's.
+TEST_F(Ggml, MaxFileMibCapsTheCacheAndKeepsWhatFits) {
+  const std::string model = f("m.gguf"), cache = f("c.wcache");
+  ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "512", "1024", "2"}));  // 2.8 MiB repacked
+  const ToolRun stock = load(model, kStock);
+  ASSERT_EQ(stock.code, 0) << stock.describe();
+  const ToolRun cold = load(model, cache, {"--max-file-mib", "1"});
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  expect_same_outputs(stock, cold, "stock and a cold load through a 2 MiB cache");
+  EXPECT_EQ(cold.j["finish_status"], "no space") << cold.out;  // not all of it could be kept, and it says so
+  std::error_code ec;
+  EXPECT_LE(std::filesystem::file_size(cache, ec), 2u << 20);
+  const ToolRun warm = load(model, cache, {"--max-file-mib", "1"});
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  expect_same_outputs(stock, warm, "stock and a warm load through a 2 MiB cache");
+  EXPECT_GT(warm.u64("served_from_cache"), 0u) << "nothing was kept: " << warm.out;
+  EXPECT_GT(warm.u64("repacked"), 0u) << "more than the cap was kept: " << warm.out;
+  const ToolRun roomy = load(model, f("d.wcache"), {"--max-file-mib", "64"});
+  ASSERT_EQ(roomy.code, 0) << roomy.describe();
+  EXPECT_EQ(roomy.j["finish_status"], "ok") << roomy.out;
 }
 
 // ---- an unprivileged user ---------------------------------------------------------------------
