@@ -228,14 +228,28 @@ class Core {
   void release_lease_if_safe_locked() WC_REQUIRES(write_mu_);
   Result<void> refresh_locked() WC_REQUIRES(write_mu_);
   Result<void> ensure_mapped_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
-  Result<void> grow_file_locked(std::uint64_t end) WC_REQUIRES(write_mu_);
+  /// Grows the file to at least `end`, keeping `room` more bytes of the span free after it (for
+  /// the index a finalize writes there: index_room_locked). no_space past the span.
+  Result<void> grow_file_locked(std::uint64_t end, std::uint64_t room = 0) WC_REQUIRES(write_mu_);
+  /// The span to keep free after the data for the next committed index: the file's live entries,
+  /// `more` records with `more_key_bytes` of keys, and every outstanding file reservation at
+  /// kReservedKeyBytes of key (their keys are not known yet).
+  std::uint64_t index_room_locked(std::uint64_t more, std::uint64_t more_key_bytes) const WC_REQUIRES(write_mu_);
   /// Space for `size` bytes: in the file (grown as needed) under the lease, else in heap memory.
   /// `for_stores`: a reservation the caller fills through the mapping (see prepare_for_stores).
   /// prepare_for_stores over what of a reservation at `off` is not yet prepared, and ahead of it.
   Result<void> prepare_locked(std::uint64_t off, std::uint64_t size) WC_REQUIRES(write_mu_);
-  Result<Region> allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back, MutexLock& lk) WC_REQUIRES(write_mu_);
+  /// `key_bytes`: the entry's key size when known (an insert), else kUnknownKey (a reservation).
+  Result<Region> allocate_locked(std::uint64_t size, bool for_stores, std::uint64_t key_bytes, bool* fell_back,
+                                 MutexLock& lk) WC_REQUIRES(write_mu_);
+  static constexpr std::uint64_t kUnknownKey = UINT64_MAX;
+  /// The key size a reservation's room in the index assumes; a longer key is checked at commit.
+  static constexpr std::uint64_t kReservedKeyBytes = 256;
   Result<std::uint64_t> allocate_heap_locked(std::uint64_t size) WC_REQUIRES(write_mu_);
   void release_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
+  /// reservations_ changed only through these, which keep file_reservations_.
+  void add_reservation_locked(std::uint64_t offset, const Reservation& r) WC_REQUIRES(write_mu_);
+  void erase_reservation_locked(std::map<std::uint64_t, Reservation>::iterator it) WC_REQUIRES(write_mu_);
   /// Publishes what `records` add to the index. With `placed`: the entry that holds each record
   /// after it (nullptr where this process's own uncommitted entry kept the key).
   void merge_records_locked(std::vector<format::IndexRecord>& records, std::vector<Entry*>* placed = nullptr)
@@ -371,6 +385,7 @@ class Core {
   // write-back finalize has started before it returns (start_write_back_behind); 0: none.
   std::uint64_t write_back_owed_ WC_GUARDED_BY(write_mu_) = 0;
   std::map<std::uint64_t, Reservation> reservations_ WC_GUARDED_BY(write_mu_);
+  std::uint64_t file_reservations_ WC_GUARDED_BY(write_mu_) = 0;  // of them, in the file (index room)
   std::vector<Entry*> pending_ WC_GUARDED_BY(write_mu_);     // file entries not yet in a committed index
   bool warned_fallback_ WC_GUARDED_BY(write_mu_) = false;
   // Live heap entries of a cache meant to persist (a fallback): what finalize still owes.

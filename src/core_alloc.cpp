@@ -176,8 +176,31 @@ Result<void> Core::ensure_mapped_locked(std::uint64_t end) {
   return {};
 }
 
-Result<void> Core::grow_file_locked(std::uint64_t end) {
-  if (end > file_span_) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
+std::uint64_t Core::index_room_locked(std::uint64_t more, std::uint64_t more_key_bytes) const {
+  const std::uint64_t reserved = file_reservations_;
+  const std::uint64_t index = format::kIndexHeaderSize +
+                              (index_.file_entries() + more + reserved) * format::kRecordFixedSize +
+                              index_.file_key_bytes() + more_key_bytes + reserved * kReservedKeyBytes;
+  // An index past the format's cap is never written: no room for it anywhere.
+  if (index > format::kMaxIndexSize) return UINT64_MAX;
+  return 8 + index + format::kFooterSize;
+}
+
+void Core::add_reservation_locked(std::uint64_t offset, const Reservation& r) {
+  reservations_.emplace(offset, r);  // may throw, and then nothing changed
+  if (!r.heap) ++file_reservations_;
+}
+
+void Core::erase_reservation_locked(std::map<std::uint64_t, Reservation>::iterator it) {
+  if (!it->second.heap) --file_reservations_;
+  reservations_.erase(it);
+}
+
+Result<void> Core::grow_file_locked(std::uint64_t end, std::uint64_t room) {
+  // The span must also hold the index after the data: a file filled to the end of its span could
+  // never be committed again, and every later session would pack everything anew.
+  if (end > file_span_ || file_span_ - end < room)
+    return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
   if (const std::uint64_t inside = std::min(end, file_size_); inside > allocated_end_) {
     // Inside the file, past what this lease allocated: a tail another writer grew, or one made
     // sparse since (a crash, then a sparse copy). A store through the mapping into a hole the
@@ -229,15 +252,15 @@ Result<std::uint64_t> Core::allocate_heap_locked(std::uint64_t size) {
   return file_span_ + r.value();
 }
 
-Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool for_stores, bool* fell_back,
-                                           MutexLock& lk) {
+Result<Core::Region> Core::allocate_locked(std::uint64_t size, bool for_stores, std::uint64_t key_bytes,
+                                           bool* fell_back, MutexLock& lk) {
   *fell_back = false;
   Error why{Errc::ok, 0, {}};
   if (file_backed_ && !file_disabled_ && !opts_.read_only) {
     auto lease = acquire_lease_locked(&lk);
     if (lease) {
       const std::uint64_t off = align_up(cursor_, offset_align());
-      auto r = grow_file_locked(off + size);
+      auto r = grow_file_locked(off + size, index_room_locked(1, key_bytes == kUnknownKey ? kReservedKeyBytes : key_bytes));
       // Not for a copy: its source may be a released reservation that this very space reuses.
       if (r && for_stores) r = prepare_locked(off, size);
       if (r) {
@@ -284,12 +307,12 @@ void* Core::reserve(std::size_t size) {
     MutexLock lock(write_mu_);
     const std::uint64_t cap = round_size(size);
     bool fell_back = false;
-    auto region = allocate_locked(cap, /*for_stores=*/true, &fell_back, lock);
+    auto region = allocate_locked(cap, /*for_stores=*/true, kUnknownKey, &fell_back, lock);
     if (!region) {
       set_last_error(region.error());
       return nullptr;
     }
-    reservations_[region->offset] = Reservation{cap, region->heap};
+    add_reservation_locked(region->offset, Reservation{cap, region->heap});
     return addr(region->offset);
   } catch (...) {
     set_last_error(Errc::no_memory, 0, "out of memory while reserving space in", opts_.path.c_str());
@@ -307,7 +330,7 @@ Result<void> Core::release(void* ptr) {
   if (it == reservations_.end())
     return fail({Errc::invalid_argument, 0, "release: pointer is not an outstanding reservation's start"});
   const auto [offset, r] = *it;
-  reservations_.erase(it);
+  erase_reservation_locked(it);
   release_reservation_locked(offset, r);
   return {};
 }

@@ -115,7 +115,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       auto it = reservations_.find(at);
       if (it != reservations_.end() && size <= it->second.capacity) {
         res.emplace(it->first, it->second);
-        reservations_.erase(it);
+        erase_reservation_locked(it);
       }
     }
     // The key already holds exactly these bytes: keep that entry.
@@ -138,12 +138,39 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       return static_cast<std::size_t>(old->offset);
     }
     Region region;
-    if (res) {
+    bool placed = false;
+    if (res && !res->second.heap &&
+        (cursor_ > file_span_ || file_span_ - cursor_ < index_room_locked(1, key.size()))) {
+      // The span cannot index it: its room assumed a key of at most kReservedKeyBytes, or a
+      // finalize since it was reserved wrote an index into that room (the next index goes after
+      // that one).
+      if (opts_.backing == Backing::file) {
+        add_reservation_locked(res->first, res->second);  // still the caller's, to release
+        set_last_error({Errc::no_space, 0,
+                        "max_file_bytes reached: no room left in the file for the index record of a " +
+                            std::to_string(key.size()) + "-byte key; raise max_file_bytes"});
+        return kNotFound;
+      }
+      // As for a reservation the file cannot take: heap memory (the write mutex is held
+      // throughout, so nobody reuses the reservation's bytes before they are copied).
+      auto h = allocate_heap_locked(round_size(size));
+      if (!h) {
+        add_reservation_locked(res->first, res->second);
+        set_last_error(h.error());
+        return kNotFound;
+      }
+      std::memcpy(addr(h.value()), ptr, size);
+      release_reservation_locked(res->first, res->second);
+      heap_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      region = Region{h.value(), true};
+      placed = true;
+    }
+    if (!placed && res) {
       region = Region{res->first, res->second.heap};
-    } else {
+    } else if (!placed) {
       bool fell_back = false;
       const std::uint64_t cap = round_size(size);
-      auto r = allocate_locked(cap, /*for_stores=*/false, &fell_back, lock);
+      auto r = allocate_locked(cap, /*for_stores=*/false, key.size(), &fell_back, lock);
       if (!r) {
         set_last_error(r.error());
         return kNotFound;
@@ -218,7 +245,8 @@ Result<void> Core::migrate_heap_entries_locked() {
     pending_.reserve(pending_.size() + heap.size());
     for (Entry* e : heap) {
       const std::uint64_t off = align_up(cursor_, offset_align());
-      if (auto r = grow_file_locked(off + round_size(e->size)); !r) return r.error();
+      if (auto r = grow_file_locked(off + round_size(e->size), index_room_locked(1, e->key.size())); !r)
+        return r.error();  // the rest stay in memory; what moved is committed
       cursor_ = off + round_size(e->size);
       std::memcpy(addr(off), addr(e->offset), e->size);
       Entry* raw = index_.make(e->key);

@@ -217,8 +217,21 @@ class EntryIndex {
                      [&](const Entry& x) { return x.key == e->key; });
     if (old == nullptr) live_.fetch_add(1, std::memory_order_release);
     else old->replaced.store(true, std::memory_order_release);
+    if (e->in_file) {
+      ++file_entries_;
+      file_key_bytes_ += e->key.size();
+    }
+    if (old != nullptr && old->in_file) {
+      --file_entries_;
+      file_key_bytes_ -= old->key.size();
+    }
     return old;
   }
+
+  /// How many live entries are in the file, and their keys' bytes: what the next committed index
+  /// holds (Core keeps room for it in the file span). Writer only.
+  std::uint64_t file_entries() const noexcept { return file_entries_; }
+  std::uint64_t file_key_bytes() const noexcept { return file_key_bytes_; }
 
   /// The published entry, live or replaced, whose bytes [offset, offset + size) hold `offset`, or
   /// nullptr. Writer only: it may sort its list (entries arrive mostly in offset order, so that
@@ -336,6 +349,7 @@ class EntryIndex {
   std::atomic<index_detail::Table*> by_offset_{nullptr};
   std::atomic<std::uint64_t> live_{0};
   std::uint64_t offsets_ = 0;  // distinct offsets in by_offset_ (writer only)
+  std::uint64_t file_entries_ = 0, file_key_bytes_ = 0;  // live entries with in_file; writer only
   // (offset, number) of every published entry, for containing(); [0, sorted_) is sorted. Writer only.
   std::pmr::vector<std::pair<std::uint64_t, std::uint32_t>> by_start_{&arena_};
   std::size_t sorted_ = 0;

@@ -270,8 +270,10 @@ typedef struct wc_options {
                                  committed since the last refresh (cheap when none) */
   uint64_t max_file_bytes;    /* address space reserved for the file; 0 (default) = 1/512 of
                                  what the process may reserve (1/8 in a 32-bit process;
-                                 RLIMIT_AS, pointer width), 1 MiB to 256 GiB; heap memory is
-                                 reserved as it is used */
+                                 RLIMIT_AS, pointer width), 1 MiB to 256 GiB, rounded up to
+                                 2 MiB; heap memory is reserved as it is used. Entries are
+                                 placed so that the index always fits after them: a full file
+                                 still commits what it holds */
   int verify_ahead;           /* default 1: with WC_VERIFY_FIRST_USE or _SHARED and a file of 16 MiB or
                                  more, a background thread checksums entries before their first
                                  look-up (two cores for a warm load); 0 = look-ups only */
@@ -499,8 +501,11 @@ WC_API wc_status wc_release_space(wc_cache* cache, void* ptr);
  * Returns WC_NOT_FOUND and sets wc_last_error only on invalid arguments (also: NULL cache, NULL
  * key with a nonzero size, a key empty or over WC_MAX_KEY_SIZE), when no memory at all can be
  * had (NO_MEMORY), or, with WC_BACKING_FILE and bytes copied from the caller's memory, when the
- * file cannot take them (BUSY, NO_SPACE, IO, as wc_reserve_space). Nothing is inserted then; a
- * reservation passed in stays outstanding after INVALID_ARGUMENT.
+ * file cannot take them (BUSY, NO_SPACE, IO, as wc_reserve_space), or, with WC_BACKING_FILE, when
+ * a key over 256 bytes commits a reservation and the file's span (max_file_bytes) has no room
+ * left to index it (NO_SPACE; with automatic backing the entry goes to heap memory instead).
+ * Nothing is inserted then; a reservation passed in stays outstanding after INVALID_ARGUMENT and
+ * NO_SPACE (the caller releases it).
  * Not durable until wc_finalize. A key raced by two threads ends with one entry.
  */
 WC_API size_t wc_look_up_or_insert(wc_cache* cache, const void* key, size_t key_size, void* ptr,

@@ -4,8 +4,10 @@
 
 #include "format/format.hpp"
 
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <vector>
 
 namespace weightcache::test {
 namespace {
@@ -298,6 +300,161 @@ TEST(Footer, FileEndsWithFooterAfterFinalize) {
   }
   ASSERT_NO_FATAL_FAILURE(expect_footer_describes(path, live));
   EXPECT_EQ(live.size(), 13u);
+}
+
+// A file filled to the end of its span (max_file_bytes) still commits what it holds: the span
+// keeps room for the index after the data. Before, a reservation could take the span's last bytes,
+// every finalize then failed for want of room for the index, and nothing was ever kept (each
+// later session packed everything again). Entry sizes around 64 KiB put the data's end at every
+// distance from the span's end.
+TEST(Finalize, ASpanFilledWithEntriesStillHasRoomForItsIndex) {
+  TempDir dir;
+  int sizes = 0;
+  for (std::size_t size = 60 * 1024; size <= 68 * 1024; size += 40) {
+    const std::string path = dir.file("span-" + std::to_string(size) + ".wcache");
+    Options o = file_options(path);
+    o.max_file_bytes = 1u << 20;  // the span: 2 MiB (rounded up to the reservation's alignment)
+    std::vector<std::string> kept;
+    {
+      WeightCache cache = open_or_fail(o);
+      ASSERT_TRUE(cache);
+      for (int i = 0; i < 64; ++i) {
+        void* p = cache.reserve(size);
+        if (p == nullptr) break;  // the span is full
+        std::memset(p, i + 1, size);
+        const std::string key = "entry-" + std::to_string(i);
+        ASSERT_NE(cache.look_up_or_insert(key, p, size), kNotFound) << size << ": " << last_error().message;
+        kept.push_back(key);
+      }
+      ASSERT_GT(kept.size(), 10u) << size;
+      const auto fin = cache.finalize();
+      ASSERT_TRUE(fin.ok()) << "entries of " << size << " bytes: " << last_error().message;
+    }
+    WeightCache again = open_or_fail(o);
+    ASSERT_TRUE(again);
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      const std::size_t off = again.look_up(kept[i]);
+      ASSERT_NE(off, kNotFound) << size << ": " << kept[i];
+      const auto* b = static_cast<const unsigned char*>(again.offset_to_addr(off));
+      ASSERT_EQ(b[0], static_cast<unsigned char>(i + 1));
+      ASSERT_EQ(b[size - 1], static_cast<unsigned char>(i + 1));
+    }
+    ++sizes;
+  }
+  EXPECT_EQ(sizes, 205);
+}
+
+// The room a reservation keeps for its index record assumes a key of up to 256 bytes. A commit
+// under a longer key that the span cannot index: with WC_BACKING_FILE it says so (no space) and
+// leaves the reservation to the caller; with automatic backing the entry goes to heap memory, as
+// a reservation the file cannot take does. Either way the file still commits what it holds.
+void long_keys(Backing backing) {
+  TempDir dir;
+  const std::string path = dir.file("long-keys.wcache");
+  Options o = file_options(path);
+  o.backing = backing;
+  o.max_file_bytes = 1u << 20;
+  const std::size_t size = 63400;  // fills the 2 MiB span to within the index's room
+  std::vector<std::string> inserted;
+  int refused = 0;
+  std::uint64_t in_memory = 0;
+  {
+    WeightCache cache = open_or_fail(o);
+    ASSERT_TRUE(cache);
+    for (int i = 0; i < 40; ++i) {
+      void* p = cache.reserve(size);
+      if (p == nullptr) break;
+      std::memset(p, i + 1, size);
+      const std::string key = std::to_string(i) + std::string(kMaxKeySize - 8, 'k');
+      if (cache.look_up_or_insert(key, p, size) == kNotFound) {
+        EXPECT_EQ(backing, Backing::file) << "an automatic cache refused an insert: " << last_error().message;
+        EXPECT_EQ(last_error().code, Errc::no_space) << last_error().message;
+        ASSERT_TRUE(cache.release(p).ok()) << "the refused reservation is not the caller's to release";
+        ++refused;
+        continue;
+      }
+      inserted.push_back(key);
+    }
+    ASSERT_GT(inserted.size(), 10u);
+    const auto st = cache.stats();
+    in_memory = st.unpersisted_entries;
+    if (backing == Backing::file) EXPECT_GT(refused, 0) << "every long key fitted: the test proves nothing";
+    else EXPECT_GT(st.heap_fallbacks, 0u) << "every long key fitted: the test proves nothing";
+    const auto fin = cache.finalize();
+    if (in_memory == 0) ASSERT_TRUE(fin.ok()) << last_error().message;
+    else EXPECT_EQ(last_error().code, Errc::no_space) << "entries kept in memory, and finalize said " << last_error().message;
+  }
+  WeightCache again = open_or_fail(o);
+  ASSERT_TRUE(again);
+  std::uint64_t found = 0;
+  for (const std::string& key : inserted) found += again.look_up(key) != kNotFound;
+  EXPECT_EQ(found + in_memory, inserted.size());
+  EXPECT_GT(found, 10u);
+}
+
+TEST(Finalize, ALongKeyThatTheSpanCannotIndexIsRefusedAtCommitWithFileBacking) { long_keys(Backing::file); }
+TEST(Finalize, ALongKeyThatTheSpanCannotIndexGoesToTheHeapWithAutomaticBacking) { long_keys(Backing::automatic); }
+
+// A reservation held across a finalize: that finalize wrote its index into the room the
+// reservation kept, so its commit checks the span again. Under WC_BACKING_FILE it is refused (no
+// space) and stays the caller's; under automatic backing it goes to heap memory. Either way the
+// next finalize still commits (a hostile review found every later finalize failing: the commit
+// was taken, and no index could follow it).
+void reservation_across_finalize(Backing backing) {
+  TempDir dir;
+  const std::string path = dir.file("across.wcache");
+  Options o = file_options(path);
+  o.backing = backing;
+  o.max_file_bytes = 1u << 20;
+  std::vector<std::string> kept;
+  {
+    WeightCache cache = open_or_fail(o);
+    ASSERT_TRUE(cache);
+    void* held = cache.reserve(4096);
+    ASSERT_NE(held, nullptr);
+    std::memset(held, 0x5a, 4096);
+    // Fill the span as tightly as it allows: entries of 63,400 bytes, then ever smaller ones.
+    int i = 0;
+    for (std::size_t size = 63400; size >= 64; size /= 2) {
+      for (;;) {
+        const auto before = cache.stats().heap_fallbacks;
+        void* p = cache.reserve(size);
+        if (p == nullptr || cache.stats().heap_fallbacks != before) {
+          if (p != nullptr) ASSERT_TRUE(cache.release(p).ok());
+          break;
+        }
+        std::memset(p, 1 + i % 250, size);
+        const std::string key = "fill-" + std::to_string(i++);
+        ASSERT_NE(cache.look_up_or_insert(key, p, size), kNotFound) << last_error().message;
+        kept.push_back(key);
+      }
+    }
+    ASSERT_GT(kept.size(), 20u);
+    ASSERT_TRUE(cache.finalize().ok()) << last_error().message;
+    const std::size_t late = cache.look_up_or_insert("late", held, 4096);
+    if (backing == Backing::file) {
+      EXPECT_EQ(late, kNotFound);
+      EXPECT_EQ(last_error().code, Errc::no_space) << last_error().message;
+      EXPECT_TRUE(cache.release(held).ok()) << "the refused reservation is not the caller's to release";
+      EXPECT_TRUE(cache.finalize().ok()) << "a finalize after the refused commit: " << last_error().message;
+    } else {
+      ASSERT_NE(late, kNotFound) << last_error().message;
+      EXPECT_EQ(static_cast<const unsigned char*>(cache.offset_to_addr(late))[4095], 0x5a);
+      EXPECT_EQ(cache.stats().unpersisted_entries, 1u) << "the late entry is not in memory, waiting";
+      EXPECT_FALSE(cache.finalize().ok());  // it cannot be kept, and finalize says so
+      EXPECT_EQ(last_error().code, Errc::no_space) << last_error().message;
+    }
+  }
+  WeightCache again = open_or_fail(o);
+  ASSERT_TRUE(again);
+  for (const std::string& key : kept) EXPECT_NE(again.look_up(key), kNotFound) << key;
+}
+
+TEST(Finalize, AReservationHeldAcrossAFinalizeIsRefusedWhenTheSpanCannotIndexItWithFileBacking) {
+  reservation_across_finalize(Backing::file);
+}
+TEST(Finalize, AReservationHeldAcrossAFinalizeGoesToTheHeapWhenTheSpanCannotIndexItWithAutomaticBacking) {
+  reservation_across_finalize(Backing::automatic);
 }
 
 }  // namespace
