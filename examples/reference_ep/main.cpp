@@ -3,6 +3,7 @@
 // GEMM), its weights packed through weightcache's XNNPACK-shaped provider (or its C ABI, or, as
 // the baseline, without weightcache at all). Run it twice: the first run packs into the cache
 // file, the second maps the packed weights. See --help, and docs/INTEGRATION.md.
+#include "../common/self_exe.hpp"
 #include "proc_smaps.hpp"
 #include "ep.hpp"
 #include "model.hpp"
@@ -553,6 +554,7 @@ int run_processes(int argc, char** argv, const Args& args) {
                        "," + std::to_string(leave[0]));
 
   std::vector<pid_t> pids;
+  const std::string self = weightcache::examples::self_exe();
   for (std::size_t i = 0; i < args.processes; ++i) {
     std::vector<std::string> storage = {"weightcache-ref-ep"};
     storage.insert(storage.end(), child_args.begin(), child_args.end());
@@ -560,7 +562,7 @@ int run_processes(int argc, char** argv, const Args& args) {
     for (auto& s : storage) cargv.push_back(s.data());
     cargv.push_back(nullptr);
     pid_t pid = -1;
-    const int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargv.data(), environ);
+    const int rc = ::posix_spawn(&pid, self.c_str(), nullptr, nullptr, cargv.data(), environ);
     if (rc != 0) {
       std::fprintf(stderr, "weightcache-ref-ep: cannot start process %zu: %s\n", i + 1, std::strerror(rc));
       break;

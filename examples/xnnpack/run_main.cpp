@@ -5,6 +5,7 @@
 //           memory), run it once, print one line of key=value figures;
 //   demo    for f32 and qc4w: a launch without weightcache, a cold one and a warm one, each in a
 //           new process, side by side (scripts/demo runs it).
+#include "../common/self_exe.hpp"
 #include "proc_smaps.hpp"
 #include "xnn_mlp.hpp"
 
@@ -295,7 +296,7 @@ bool child(const std::vector<std::string>& args, std::map<std::string, std::stri
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
   std::vector<char*> argv;
-  std::string self = "/proc/self/exe";
+  std::string self = weightcache::examples::self_exe();
   argv.push_back(self.data());
   std::vector<std::string> copy = args;
   for (auto& s : copy) argv.push_back(s.data());

@@ -39,6 +39,10 @@
  *               last change must be before its file identity stands in for hashing its bytes; 0
  *               leaves the file system's own change window (10 ms where change times have
  *               nanoseconds, 2 s where whole seconds; docs/DESIGN.md, "ONNX Runtime keys")
+ *   max_file_mb  1 to 262144: the most address space the cache file may take, in MiB
+ *               (wc_options::max_file_bytes; default: the library's, 1/512 of what the process may
+ *               reserve); weights past it are packed into heap memory. Sessions sharing a
+ *               cache_path share one cache: the first to open it sets this
  * An unknown key or value fails session creation with a message that names it and lists the
  * accepted values (ORT reports ORT_FAIL around the provider's INVALID_ARGUMENT).
  *

@@ -977,6 +977,8 @@ def evaluate(model, feeds):
             r = i[0].astype(np.float64)
         elif n.op_type == "Mul":
             r = i[0] * i[1]
+        elif n.op_type == "Abs":
+            r = np.abs(i[0])
         elif n.op_type == "MatMulNBits":
             assert a["bits"] == 4 and len(i) == 3, "only 4-bit without zero points"
             w = dequantize_nbits(i[1], i[2].astype(np.float32), a["K"], a["N"], a["block_size"])
@@ -1012,6 +1014,8 @@ def check(args):
               "max_rel": float(rel[np.abs(ref) > args.atol].max(initial=0.0)), "max_ref": float(np.abs(ref).max()),
               "out_of_tolerance": bad, "rtol": args.rtol, "atol": args.atol}
     print(json.dumps(result))
+    if args.write_ref:
+        ref.astype(np.float32).tofile(args.write_ref)
     return 3 if bad else 0
 
 
@@ -1027,6 +1031,7 @@ def main():
     p.add_argument("--check", metavar="DIR", help="compare weightcache-ort-host --out with numpy for a model in DIR")
     p.add_argument("--model", help="--check: the model's name (NAME.onnx, else NAME.ext.onnx)")
     p.add_argument("--outputs", help="--check: the host's --out file")
+    p.add_argument("--write-ref", help="--check: also write the reference, as float32, to this file")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--seq", type=int, default=DEFAULT_SEQ)
     p.add_argument("--input-seed", type=int, default=1, help="--check: the host's --seed (default 1)")

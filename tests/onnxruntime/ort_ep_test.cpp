@@ -121,6 +121,10 @@ std::vector<std::string> ep_args(const std::string& model, const std::string& ca
                                  const std::vector<std::string>& extra = {}) {
   std::vector<std::string> a{"--model", model, "--ep", "weightcache", "--ep-library", ep_library(), "--option",
                              "cache_path=" + cache, "--cache-file", cache, "--json", "--out", out};
+  // Under qemu-user a cache's default reservation is cut to the emulated address space (a warning
+  // the failure tests would count) and costs the emulator bookkeeping that RssAnon counts (the
+  // sharing test bounds it): there every session asks for 1 GiB, which the largest model fits.
+  if (std::getenv("WEIGHTCACHE_EMULATED") != nullptr) a.insert(a.end(), {"--option", "max_file_mb=1024"});
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -399,10 +403,11 @@ TEST_F(OrtEp, TheBuiltInKernelsLeaveConvolutionsAndSaySo) {
 
 // make_models.py --check: `outputs` against the model's float64 reference; its JSON (max_abs, rms_abs,
 // max_ref, ...), or null when it could not run.
-json reference_check(const std::string& name, const std::string& outputs) {
-  const std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --check '") +
-                          WEIGHTCACHE_ORT_MODELS + "' --model " + name + " --outputs '" + outputs +
-                          "' --rtol 1 --atol 1 2>&1";
+json reference_check(const std::string& name, const std::string& outputs, const std::string& write_ref = "") {
+  std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --check '") +
+                    WEIGHTCACHE_ORT_MODELS + "' --model " + name + " --outputs '" + outputs + "' --rtol 1 --atol 1";
+  if (!write_ref.empty()) cmd += " --write-ref '" + write_ref + "'";
+  cmd += " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return nullptr;
   std::string out;
@@ -410,6 +415,27 @@ json reference_check(const std::string& name, const std::string& outputs) {
   while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
   ::pclose(p);
   return json::parse(out, nullptr, /*allow_exceptions=*/false);
+}
+
+// Whether ONNX Runtime's own int8 kernels compute garbage here. Under qemu-user 7.2 with the arm64
+// build (MLAS) they do: root mean square 0.37 against the exact product of dq_mlp, whose outputs
+// reach 1.7, where the provider's is 0.0019. There the quantized tests hold the provider to the
+// exact product (make_models.py --check) instead of to the CPU provider, and say so. Asked only
+// under emulation (WEIGHTCACHE_EMULATED): natively the CPU provider is always the reference.
+bool cpu_int8_wrong_here(const TempDir& dir) {
+  if (std::getenv("WEIGHTCACHE_EMULATED") == nullptr) return false;
+  static int known = -1;
+  if (known < 0) {
+    const std::string out = dir.file("cpu-int8-probe.bin");
+    const HostRun cpu = cpu_reference(dir, models("dq_mlp.onnx"), out);
+    const json r = cpu.code == 0 ? reference_check("dq_mlp", out) : json();
+    known = r.is_object() && r["rms_abs"].get<double>() > 0.05 * r["max_ref"].get<double>() ? 1 : 0;
+    if (known == 1)
+      std::printf("  ONNX Runtime's CPU int8 kernels are wrong under this emulator (rms %.3g against the exact "
+                  "product, max |ref| %.3g): quantized outputs are compared with the exact product instead\n",
+                  r["rms_abs"].get<double>(), r["max_ref"].get<double>());
+  }
+  return known == 1;
 }
 
 // Dynamically quantized int8 weights (onnxruntime's quantize_dynamic for CPUs): XNNPACK's
@@ -444,7 +470,10 @@ TEST_F(OrtEp, DynamicallyQuantizedInt8WeightsAreAsExactAsTheCpuProviderAndWarmPa
               ep_err, cpu_err, ep_ref["max_abs"].get<double>(), cpu_ref["max_abs"].get<double>(),
               ep_ref["max_ref"].get<double>(), ep_ref["elements"].get<int>());
   EXPECT_LE(ep_err, cpu_err) << "less exact on average than ONNX Runtime's own int8 kernel";
-  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), 0.02, 0.0);
+  if (cpu_int8_wrong_here(dir_))
+    EXPECT_LE(ep_ref["max_abs"].get<double>(), 0.02 * ep_ref["max_ref"].get<double>()) << ep_ref;
+  else
+    EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), 0.02, 0.0);
   const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin")));
   ASSERT_EQ(warm.code, 0) << warm.describe();
   EXPECT_EQ(stat_of(warm.j, "packed"), 0u) << warm.out;
@@ -501,7 +530,13 @@ TEST_F(OrtEp, MatMulIntegerWithSevenBitWeightsMatchesTheCpuProvider) {
   const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin")));
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 4u) << cold.out;
-  EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+  if (cpu_int8_wrong_here(dir_)) {
+    const json r = reference_check("mmi_mlp_7bit", f("cold.bin"));
+    ASSERT_TRUE(r.is_object()) << r;
+    EXPECT_LE(r["max_abs"].get<double>(), kRel * r["max_ref"].get<double>() + kAbs) << r;
+  } else {
+    EXPECT_CLOSE_TO_CPU(f("cold.bin"), f("cpu.bin"), kRel, kAbs);
+  }
   expect_warm_repeats_cold(model, cache);
 }
 
@@ -564,6 +599,8 @@ TEST_F(OrtEp, QuantizedLayersGiveTheBiasForARowOfZerosAndTakeA1xNScale) {
   const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), {"--log-level", "verbose"}));
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 3u) << cold.out << declined_lines(cold.err).size();
+  if (cpu_int8_wrong_here(dir_))  // the exact product instead (its zero rows are the bias exactly)
+    ASSERT_TRUE(reference_check("quant_rows", f("cold.bin"), f("cpu.bin")).is_object());
   const auto c = floats(f("cpu.bin")), e = floats(f("cold.bin"));
   const std::size_t n = 48, rows = 12;  // batch 2 x 6 positions
   ASSERT_EQ(c.size(), 2 * rows * n + n);
@@ -1033,6 +1070,30 @@ TEST_F(OrtEp, ChangedWeightIsSeenThroughAnIdentityRecordedInTheFileSystemsWindow
 
 // ---- memory: four processes share one copy ---------------------------------------------------------
 
+// max_file_mb caps the cache file (wc_options::max_file_bytes, rounded up to 2 MiB): the weights
+// that fit are kept and served warm, the rest are packed into heap memory at every session, and
+// the outputs are those of an uncapped session.
+TEST_F(OrtEp, MaxFileMbCapsTheCacheAndPacksTheRestIntoHeapMemory) {
+  const std::string mdir = f("m4");
+  const std::string cmd = std::string("/usr/bin/python3 '" WEIGHTCACHE_ORT_MAKE_MODELS "' --out '") + mdir +
+                          "' --big --only big_mlp --dim 256 --hidden 1024 --layers 2 >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string model = mdir + "/big_mlp.ext.onnx", cache = f("c.wcache");
+  const HostRun full = host(dir_, ep_args(model, f("full.wcache"), f("full.bin")));
+  ASSERT_EQ(full.code, 0) << full.describe();
+  ASSERT_GT(stat_of(full.j, "packed_bytes"), 3u << 20) << full.out;  // more than the capped span
+  EXPECT_EQ(stat_of(full.j, "heap_weights"), 0u) << full.out;
+  const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), {"--option", "max_file_mb=1"}));
+  ASSERT_EQ(cold.code, 0) << cold.describe();
+  EXPECT_GT(stat_of(cold.j, "heap_weights"), 0u) << "the cap did not reach the cache: " << cold.out;
+  EXPECT_EQ(slurp(f("cold.bin")), slurp(f("full.bin")));
+  EXPECT_LE(fs::file_size(cache), 2u << 20);
+  const HostRun warm = host(dir_, ep_args(model, cache, f("warm.bin"), {"--option", "max_file_mb=1"}));
+  ASSERT_EQ(warm.code, 0) << warm.describe();
+  EXPECT_EQ(slurp(f("warm.bin")), slurp(f("full.bin")));
+  EXPECT_LT(stat_of(warm.j, "packed"), stat_of(cold.j, "packed")) << "nothing was kept: " << warm.out;
+}
+
 TEST_F(OrtEp, FourProcessesShareOneCopyOfThePackedWeights) {
   const bool full = std::getenv("WEIGHTCACHE_FULL") != nullptr;
   const std::string mdir = f("big");
@@ -1249,7 +1310,7 @@ TEST_F(OrtEp, BadOptionFailsSessionCreationListingTheAcceptedValues) {
   EXPECT_NE(r.err.find("first_use"), std::string::npos) << r.err;
   // Numbers: digits only, within their range; the identity window never below 2 s.
   for (const char* opt : {"threads=0", "threads= 4", "threads=257", "identity_window_ms=-1", "identity_window_ms=86400001", "lease_timeout_ms=-1",
-                          "no_such_option=1"}) {
+                          "max_file_mb=0", "max_file_mb=262145", "no_such_option=1"}) {
     const HostRun bad = host(dir_, ep_args(models("mlp.onnx"), f("c.wcache"), f("o.bin"), {"--option", opt}));
     EXPECT_EQ(bad.code, 1) << opt << ": " << bad.describe();
     EXPECT_NE(bad.err.find("WeightCache EP:"), std::string::npos) << opt << ": " << bad.err;

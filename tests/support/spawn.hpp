@@ -73,6 +73,25 @@ inline std::string helper_exe(const std::string& configured) {
 #endif
 }
 
+/// Whether a program of this build can start another program of this build itself (an example
+/// that runs copies of itself). Not in a cross build run under qemu-user without binfmt_misc: the
+/// emulator runs only the program it was given, and the kernel cannot start a foreign one. Tests
+/// that need it skip there, saying so.
+inline bool programs_start_programs() {
+#if defined(WEIGHTCACHE_TEST_EMULATOR) && !defined(_WIN32)
+  FILE* f = std::fopen("/proc/sys/fs/binfmt_misc/status", "re");
+  if (f == nullptr) return false;
+  char state[16] = {};
+  const bool on = std::fgets(state, sizeof state, f) != nullptr && std::strncmp(state, "enabled", 7) == 0;
+  std::fclose(f);
+  return on;  // a registered handler for this architecture is then assumed (qemu-user-binfmt)
+#else
+  return true;
+#endif
+}
+inline constexpr const char* kNoSelfStart =
+    "the program starts copies of itself, which qemu-user cannot run without binfmt_misc";
+
 /// Starts `exe` with `args` (argv[0] is `exe`) and the current environment; kNoProcess on
 /// failure with errno (GetLastError() on Windows) in *spawn_errno. A POSIX child inherits every
 /// descriptor without FD_CLOEXEC; a Windows child inherits the handles marked inheritable only

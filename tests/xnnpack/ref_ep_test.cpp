@@ -157,6 +157,7 @@ TEST_F(RefEpTest, TheCAbiPathComputesTheSameOutputColdAndWarm) {
 }
 
 TEST_F(RefEpTest, ProcessesShareOneCacheColdAndWarm) {
+  if (!weightcache::test::programs_start_programs()) GTEST_SKIP() << weightcache::test::kNoSelfStart;
   std::vector<Line> s, sum;
   ASSERT_EQ(run({"--no-cache"}, &s), 0);
   ASSERT_EQ(s.size(), 1u);

@@ -4,6 +4,7 @@
 // (XNNPACK packing into private memory), the outputs must be bit-identical, the warm process
 // must pack nothing, and every run must say that XNNPACK computed it.
 #include "ep_report.hpp"
+#include "spawn.hpp"
 #include "temp_dir.hpp"
 
 #include <gtest/gtest.h>
@@ -41,6 +42,9 @@ class RefEpXnnpackTest : public ::testing::Test {
  protected:
   EpRun run(const std::vector<std::string>& extra) {
     std::string cmd = quote(WEIGHTCACHE_REF_EP);
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+    cmd = quote(WEIGHTCACHE_TEST_EMULATOR) + " " + cmd;  // qemu-user without binfmt_misc (spawn.hpp)
+#endif
     std::vector<std::string> args = kModel;
     args.insert(args.end(), extra.begin(), extra.end());
     args.push_back("--report");
@@ -131,6 +135,7 @@ TEST_F(RefEpXnnpackTest, ColdWarmAndUncachedXnnpackRunsAgreeAndTheWarmOnePacksNo
 }
 
 TEST_F(RefEpXnnpackTest, ProcessesShareTheXnnpackPackedWeights) {
+  if (!weightcache::test::programs_start_programs()) GTEST_SKIP() << weightcache::test::kNoSelfStart;
   EpRun bare = run({"--no-cache"});
   ASSERT_EQ(bare.code, 0) << bare.out;
   ASSERT_EQ(bare.sessions.size(), 1u);

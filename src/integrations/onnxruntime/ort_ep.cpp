@@ -96,13 +96,14 @@ struct Options {
   std::size_t threads = 1;
   std::uint32_t lease_timeout_ms = 1000;
   std::int64_t identity_window_ms = kDefaultIdentityWindowMs;
+  std::uint64_t max_file_mb = 0;  // wc_options::max_file_bytes in MiB; 0: the library's default
 };
 
 constexpr const char* kOptionList =
     "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
     "(none|async|full), kernels (xnnpack|builtin), conv (auto|on|off), threads (1-256), weights_cache (on|off), "
     "lease_timeout_ms, "
-    "identity_window_ms (0 or more)";
+    "identity_window_ms (0 or more), max_file_mb (1-262144)";
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -168,6 +169,8 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
     o.lease_timeout_ms = static_cast<std::uint32_t>(number(key, value, 0, 600000));
   } else if (key == "identity_window_ms") {
     o.identity_window_ms = static_cast<std::int64_t>(number(key, value, 0, kMaxIdentityWindowMs));
+  } else if (key == "max_file_mb") {
+    o.max_file_mb = number(key, value, 1, 262144);
   } else {
     throw OrtError{ORT_INVALID_ARGUMENT, "unknown option '" + key + "'; the options are: " + kOptionList};
   }
@@ -313,6 +316,7 @@ std::shared_ptr<SharedCache> Factory::acquire(const Options& o, const std::strin
   wo.verify = o.verify;
   wo.durability = o.durability;
   wo.lease_timeout_ms = o.lease_timeout_ms;
+  wo.max_file_bytes = o.max_file_mb << 20;  // 0: the library's default
   wo.refresh_on_miss = 1;  // a long-lived process sees what other processes committed since
   wo.alignment = 128;      // the largest XNN_ALLOCATION_ALIGNMENT
   wc_status st = WC_ERR_INVALID_ARGUMENT;
