@@ -22,7 +22,6 @@ namespace {
 
 using weightcache::test::kStock;
 using weightcache::test::RuntimeProgram;
-using weightcache::test::times_track_stores;
 using weightcache::test::ToolRun;
 
 const RuntimeProgram kGgml{
@@ -61,12 +60,8 @@ class Ggml : public weightcache::test::RuntimeTest {
 
 TEST_F(Ggml, AWarmLoadLeavesTheRepackedTensorsSourcePagesUnread) {
   const std::string model = f("m.gguf"), cache = f("c.wcache");
-  if (!times_track_stores(dir_.path().string()))
-    GTEST_SKIP() << "the temporary directory's file system is not one whose times follow every store (ext4, xfs, "
-                    "btrfs, f2fs): every load hashes there";
-  if (!weightcache::test::mappings_verifiable())
-    GTEST_SKIP() << "this process cannot verify its file mappings (no PROCMAP_QUERY, map_files or /proc/self/maps): "
-                    "every load hashes here";
+  if (const std::string why = weightcache::test::gguf_identity_unusable_because(dir_.path().string()); !why.empty())
+    GTEST_SKIP() << why;
   ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "512", "1024", "2"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   const std::vector<std::string> window{"--identity-window-ms", "2000"};
@@ -126,12 +121,8 @@ TEST_F(Ggml, MaxFileMibCapsTheCacheAndKeepsWhatFits) {
 // and hashes nothing (before, every such load hashed every tensor).
 TEST_F(Ggml, AnUnprivilegedWarmLoadTrustsTheGgufIdentity) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the loads as another user";
-  if (!times_track_stores(dir_.path().string()))
-    GTEST_SKIP() << "the temporary directory's file system is not one whose times follow every store (ext4, xfs, "
-                    "btrfs, f2fs): every load hashes there";
-  if (!weightcache::test::mappings_verifiable())
-    GTEST_SKIP() << "this process cannot verify its file mappings (no PROCMAP_QUERY, map_files or /proc/self/maps): "
-                    "every load hashes here";
+  if (const std::string why = weightcache::test::gguf_identity_unusable_because(dir_.path().string()); !why.empty())
+    GTEST_SKIP() << why;
   const std::string model = f("m.gguf"), cache = f("c.wcache");
   ASSERT_NO_FATAL_FAILURE(make_model(model, {"q4_0", "1", "256", "512", "2"}));
   // nobody owns the GGUF (so it may take the read lease that says no one writes it) and the

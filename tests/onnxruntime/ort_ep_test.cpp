@@ -599,8 +599,9 @@ TEST_F(OrtEp, QuantizedLayersGiveTheBiasForARowOfZerosAndTakeA1xNScale) {
   const HostRun cold = host(dir_, ep_args(model, cache, f("cold.bin"), {"--log-level", "verbose"}));
   ASSERT_EQ(cold.code, 0) << cold.describe();
   EXPECT_EQ(stat_of(cold.j, "weight_nodes_taken"), 3u) << cold.out << declined_lines(cold.err).size();
-  if (cpu_int8_wrong_here(dir_))  // the exact product instead (its zero rows are the bias exactly)
+  if (cpu_int8_wrong_here(dir_)) {  // the exact product instead (its zero rows are the bias exactly)
     ASSERT_TRUE(reference_check("quant_rows", f("cold.bin"), f("cpu.bin")).is_object());
+  }
   const auto c = floats(f("cpu.bin")), e = floats(f("cold.bin"));
   const std::size_t n = 48, rows = 12;  // batch 2 x 6 positions
   ASSERT_EQ(c.size(), 2 * rows * n + n);

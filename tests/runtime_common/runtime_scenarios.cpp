@@ -233,7 +233,7 @@ TEST_P(RuntimeSuite, AGgufWritten50msBeforeTheColdLoadIsTrustedFromTheNextLoadOn
   if (!times_track_stores(model) || st.st_ctim.tv_nsec == 0)
     GTEST_SKIP() << "the temporary directory is not on ext4, xfs, btrfs or f2fs with nanosecond change times";
   if (!mappings_verifiable())
-    GTEST_SKIP() << "this process cannot verify its file mappings (no PROCMAP_QUERY, map_files or /proc/self/maps): "
+    GTEST_SKIP() << "this process cannot verify its file mappings (no PROCMAP_QUERY and no /proc/self/maps): "
                     "no GGUF identity is trusted here, every load hashes";
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const ToolRun cold = load(model, cache);

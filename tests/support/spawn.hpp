@@ -92,6 +92,29 @@ inline bool programs_start_programs() {
 inline constexpr const char* kNoSelfStart =
     "the program starts copies of itself, which qemu-user cannot run without binfmt_misc";
 
+#ifndef _WIN32
+/// The command line that starts `exe` with `args`: through the emulator in a cross build run under
+/// qemu-user without binfmt_misc (the kernel cannot start the helper itself; the child is then the
+/// emulator running it, so its pid is the one to signal and reap).
+inline std::vector<std::string> command_line(const std::string& exe, const std::vector<std::string>& args) {
+  std::vector<std::string> storage;
+  storage.reserve(args.size() + 2);
+#ifdef WEIGHTCACHE_TEST_EMULATOR
+  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);
+#endif
+  storage.push_back(exe);
+  storage.insert(storage.end(), args.begin(), args.end());
+  return storage;
+}
+/// execve's argv for a command line (pointers into it: keep it alive).
+inline std::vector<char*> argv_of(std::vector<std::string>& storage) {
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  return argv;
+}
+#endif
+
 /// Starts `exe` with `args` (argv[0] is `exe`) and the current environment; kNoProcess on
 /// failure with errno (GetLastError() on Windows) in *spawn_errno. A POSIX child inherits every
 /// descriptor without FD_CLOEXEC; a Windows child inherits the handles marked inheritable only
@@ -125,18 +148,8 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
   if (spawn_errno != nullptr) *spawn_errno = static_cast<int>(error);
   return kNoProcess;
 #else
-  std::vector<std::string> storage;
-  storage.reserve(args.size() + 2);
-#ifdef WEIGHTCACHE_TEST_EMULATOR
-  // A cross build run under qemu-user without binfmt_misc: the kernel cannot start the helper
-  // itself. The child is the emulator running it (so its pid is the one to signal and reap).
-  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);
-#endif
-  storage.push_back(exe);
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> storage = command_line(exe, args);
+  std::vector<char*> argv = argv_of(storage);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, storage.front().c_str(), nullptr, nullptr, argv.data(), environ);
   if (spawn_errno != nullptr) *spawn_errno = rc;
@@ -150,15 +163,8 @@ inline Process spawn_process(const std::string& exe, const std::vector<std::stri
 /// run installed programs and parse what they print.
 inline Process spawn_to_files(const std::string& exe, const std::vector<std::string>& args, const std::string& out,
                               const std::string& err) {
-  std::vector<std::string> storage;
-#ifdef WEIGHTCACHE_TEST_EMULATOR
-  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);  // as spawn_process: qemu-user without binfmt_misc
-#endif
-  storage.push_back(exe);
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> storage = command_line(exe, args);
+  std::vector<char*> argv = argv_of(storage);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -174,15 +180,8 @@ inline Process spawn_to_files(const std::string& exe, const std::vector<std::str
 /// child could not change user or start the program.
 inline Process spawn_to_files_as(uid_t uid, gid_t gid, const std::string& exe, const std::vector<std::string>& args,
                                  const std::string& out, const std::string& err) {
-  std::vector<std::string> storage;
-#ifdef WEIGHTCACHE_TEST_EMULATOR
-  storage.push_back(WEIGHTCACHE_TEST_EMULATOR);
-#endif
-  storage.push_back(exe);
-  storage.insert(storage.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : storage) argv.push_back(s.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> storage = command_line(exe, args);
+  std::vector<char*> argv = argv_of(storage);
   const pid_t pid = ::fork();  // only async-signal-safe calls in the child
   if (pid != 0) return pid > 0 ? pid : kNoProcess;
   const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

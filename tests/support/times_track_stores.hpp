@@ -26,8 +26,8 @@ inline bool times_track_stores(const std::string& path) {
 
 // Whether this process can verify its own file mappings (src/integrations/common/file_mappings.hpp),
 // which the ggml and llama.cpp integrations require before a mapped GGUF's identity may stand for
-// its bytes: by the kernel's PROCMAP_QUERY (Linux 6.11+), /proc/self/map_files (privileged) or a
-// fresh read of /proc/self/maps (also under qemu-user, which emulates it). Not in a sandbox that
+// its bytes: by the kernel's PROCMAP_QUERY (Linux 6.11+) or a fresh read of /proc/self/maps (also
+// under qemu-user, which emulates it). Not in a sandbox that
 // hides /proc: there every load hashes.
 inline bool mappings_verifiable() {
   char path[] = "/tmp/wc-map-files-XXXXXX";
@@ -53,5 +53,17 @@ inline bool mappings_verifiable() {
 // Whether a load of a GGUF at `path` can find it by its identity: its file system's times follow
 // every store, and this process can verify its mappings.
 inline bool gguf_identity_usable(const std::string& path) { return times_track_stores(path) && mappings_verifiable(); }
+
+// Why a load of a GGUF at `path` cannot find it by its identity (a test's reason to skip), or ""
+// when it can.
+inline std::string gguf_identity_unusable_because(const std::string& path) {
+  if (!times_track_stores(path))
+    return "the file system there is not one whose times follow every store (ext4, xfs, btrfs, f2fs): every load "
+           "hashes there";
+  if (!mappings_verifiable())
+    return "this process cannot verify its file mappings (no PROCMAP_QUERY and no /proc/self/maps): every load "
+           "hashes here";
+  return "";
+}
 
 }  // namespace weightcache::test

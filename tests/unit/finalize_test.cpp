@@ -378,11 +378,17 @@ void long_keys(Backing backing) {
     ASSERT_GT(inserted.size(), 10u);
     const auto st = cache.stats();
     in_memory = st.unpersisted_entries;
-    if (backing == Backing::file) EXPECT_GT(refused, 0) << "every long key fitted: the test proves nothing";
-    else EXPECT_GT(st.heap_fallbacks, 0u) << "every long key fitted: the test proves nothing";
+    if (backing == Backing::file) {
+      EXPECT_GT(refused, 0) << "every long key fitted: the test proves nothing";
+    } else {
+      EXPECT_GT(st.heap_fallbacks, 0u) << "every long key fitted: the test proves nothing";
+    }
     const auto fin = cache.finalize();
-    if (in_memory == 0) ASSERT_TRUE(fin.ok()) << last_error().message;
-    else EXPECT_EQ(last_error().code, Errc::no_space) << "entries kept in memory, and finalize said " << last_error().message;
+    if (in_memory == 0) {
+      ASSERT_TRUE(fin.ok()) << last_error().message;
+    } else {
+      EXPECT_EQ(last_error().code, Errc::no_space) << "entries kept in memory, and finalize said " << last_error().message;
+    }
   }
   WeightCache again = open_or_fail(o);
   ASSERT_TRUE(again);
@@ -420,7 +426,9 @@ void reservation_across_finalize(Backing backing) {
         const auto before = cache.stats().heap_fallbacks;
         void* p = cache.reserve(size);
         if (p == nullptr || cache.stats().heap_fallbacks != before) {
-          if (p != nullptr) ASSERT_TRUE(cache.release(p).ok());
+          if (p != nullptr) {
+            ASSERT_TRUE(cache.release(p).ok());
+          }
           break;
         }
         std::memset(p, 1 + i % 250, size);
