@@ -235,6 +235,8 @@ class Core {
   /// `more` records with `more_key_bytes` of keys, and every outstanding file reservation at
   /// kReservedKeyBytes of key (their keys are not known yet).
   std::uint64_t index_room_locked(std::uint64_t more, std::uint64_t more_key_bytes) const WC_REQUIRES(write_mu_);
+  /// Whether the span holds data up to `end` with `room` more bytes free after it.
+  bool span_fits(std::uint64_t end, std::uint64_t room) const { return end <= file_span_ && file_span_ - end >= room; }
   /// Space for `size` bytes: in the file (grown as needed) under the lease, else in heap memory.
   /// `for_stores`: a reservation the caller fills through the mapping (see prepare_for_stores).
   /// prepare_for_stores over what of a reservation at `off` is not yet prepared, and ahead of it.

@@ -199,8 +199,7 @@ void Core::erase_reservation_locked(std::map<std::uint64_t, Reservation>::iterat
 Result<void> Core::grow_file_locked(std::uint64_t end, std::uint64_t room) {
   // The span must also hold the index after the data: a file filled to the end of its span could
   // never be committed again, and every later session would pack everything anew.
-  if (end > file_span_ || file_span_ - end < room)
-    return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
+  if (!span_fits(end, room)) return Error{Errc::no_space, 0, "max_file_bytes reached; raise it or compact the cache"};
   if (const std::uint64_t inside = std::min(end, file_size_); inside > allocated_end_) {
     // Inside the file, past what this lease allocated: a tail another writer grew, or one made
     // sparse since (a crash, then a sparse copy). A store through the mapping into a hole the

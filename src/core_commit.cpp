@@ -138,9 +138,7 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       return static_cast<std::size_t>(old->offset);
     }
     Region region;
-    bool placed = false;
-    if (res && !res->second.heap &&
-        (cursor_ > file_span_ || file_span_ - cursor_ < index_room_locked(1, key.size()))) {
+    if (res && !res->second.heap && !span_fits(cursor_, index_room_locked(1, key.size()))) {
       // The span cannot index it: its room assumed a key of at most kReservedKeyBytes, or a
       // finalize since it was reserved wrote an index into that room (the next index goes after
       // that one).
@@ -163,11 +161,9 @@ std::size_t Core::look_up_or_insert(std::string_view key, void* ptr, std::size_t
       release_reservation_locked(res->first, res->second);
       heap_fallbacks_.fetch_add(1, std::memory_order_relaxed);
       region = Region{h.value(), true};
-      placed = true;
-    }
-    if (!placed && res) {
+    } else if (res) {
       region = Region{res->first, res->second.heap};
-    } else if (!placed) {
+    } else {
       bool fell_back = false;
       const std::uint64_t cap = round_size(size);
       auto r = allocate_locked(cap, /*for_stores=*/false, key.size(), &fell_back, lock);
