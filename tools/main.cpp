@@ -1,4 +1,5 @@
 // weightcache: inspect and maintain weightcache files (docs/CLI.md).
+#include "artifact.hpp"
 #include "output.hpp"
 #include "rewrite.hpp"
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -32,10 +34,13 @@ constexpr const char* kExitCodesHelp =
     "exit codes:\n"
     "  0  success\n"
     "  1  problems found (verify); no such entry or it fails its checksum (cat);\n"
-    "     damaged entries or a damaged input (compact, convert)\n"
-    "  2  usage error, or a command that does not apply to the file's format\n"
+    "     damaged entries or a damaged input (compact, convert); artifact: CACHE is not a sound\n"
+    "     weightcache file (pack), the artifact fails a check (unpack, show; nothing written)\n"
+    "  2  usage error, or a command that does not apply to the file's format; artifact: an\n"
+    "     existing OCI_DIR without --force, a --compat-key CACHE was not written for, a --tag\n"
+    "     the layout does not have\n"
     "  3  cannot open or read the file, or it is not a usable cache file; convert: IN changed\n"
-    "     while it was being converted (nothing written)\n"
+    "     while it was being converted (nothing written); artifact: OCI_DIR is not a layout\n"
     "  4  busy: a writer holds the lease on FILE.lock (compact, convert), or FILE is in use\n"
     "     (compact); gc: files in use were kept and the directory is still over the budget\n"
     "  5  other I/O failure (creating, writing, syncing or renaming the new file; gc: files\n"
@@ -56,6 +61,12 @@ constexpr const char* kMainHelp =
     "  convert IN OUT   turn an ExecuTorch XPWC file into a weightcache file\n"
     "  gc DIR --max-size SIZE\n"
     "                   remove the least recently used unused caches of DIR down to SIZE\n"
+    "  artifact pack CACHE OCI_DIR\n"
+    "                   write CACHE's canonical form as an OCI image layout (for skopeo)\n"
+    "  artifact unpack OCI_DIR SET_DIR\n"
+    "                   check an OCI artifact and write its cache file into SET_DIR\n"
+    "  artifact show OCI_DIR\n"
+    "                   an OCI artifact's manifest digest and annotations\n"
     "\n"
     "Run 'weightcache COMMAND --help' for a command's options.\n"
     "\n";
@@ -145,6 +156,44 @@ const std::vector<Command>& commands() {
        "\n"
        "  --max-size SIZE  the budget: bytes, or a number with K, M or G (1024-based), e.g. 20G\n"
        "  --json           one JSON object instead of text\n"},
+      {"artifact pack", 2, {"--force", "--json"},
+       {"--tag", "--name", "--compat-key", "--runtime", "--cpu-profile", "--model-file", "--arch"},
+       "usage: weightcache artifact pack [OPTIONS] CACHE OCI_DIR\n"
+       "\n"
+       "Writes CACHE as an OCI image layout at OCI_DIR (oci-layout, index.json, blobs/sha256/), to be\n"
+       "published with 'skopeo copy --preserve-digests oci:OCI_DIR:TAG docker://HOST/REPO:TAG'.\n"
+       "CACHE must pass 'weightcache verify'. The layer is an uncompressed tar of one file: CACHE's\n"
+       "canonical form ('compact --canonical', made on a copy), so caches holding the same entries\n"
+       "give the same digests whatever order they were filled in. Nothing records a time.\n"
+       "\n"
+       "  --tag TAG           the tag, org.opencontainers.image.ref.name (default latest)\n"
+       "  --name NAME         the file's name in the layer (default <compat key hash>.wcache)\n"
+       "  --compat-key KEY    CACHE must have been written for KEY (exit 2); recorded readably\n"
+       "  --runtime TEXT      recorded as the annotation org.weightcache.runtime\n"
+       "  --cpu-profile TEXT  recorded as the annotation org.weightcache.cpu-profile\n"
+       "  --model-file PATH   the source model: its SHA-256 and base name are recorded\n"
+       "  --arch ARCH         the image config's architecture (default: this build's)\n"
+       "  --force             replace OCI_DIR if it exists (an image layout or an empty directory)\n"
+       "  --json              one JSON object instead of text\n"},
+      {"artifact unpack", 2, {"--json"}, {"--tag"},
+       "usage: weightcache artifact unpack [--tag TAG] [--json] OCI_DIR SET_DIR\n"
+       "\n"
+       "Reads the artifact TAG names in the OCI image layout OCI_DIR (without --tag: its only one),\n"
+       "checks every blob against its digest and size, the layer's tar (one regular file with a plain\n"
+       "name ending in .wcache), the file's SHA-256 and compatibility key hash against the manifest,\n"
+       "and the file as 'verify' does; then writes it read-only (0444) as SET_DIR/NAME (SET_DIR is\n"
+       "created if missing). On any mismatch it exits 1 and writes nothing.\n"
+       "\n"
+       "  --tag TAG  the manifest to read (its org.opencontainers.image.ref.name)\n"
+       "  --json     one JSON object instead of text\n"},
+      {"artifact show", 1, {"--json"}, {"--tag"},
+       "usage: weightcache artifact show [--tag TAG] [--json] OCI_DIR\n"
+       "\n"
+       "Prints the digest of the manifest TAG names in OCI_DIR (without --tag: its only one), after\n"
+       "checking the manifest against it, and the manifest's annotations.\n"
+       "\n"
+       "  --tag TAG  the manifest to read (its org.opencontainers.image.ref.name)\n"
+       "  --json     one JSON object instead of text\n"},
   };
   return kCommands;
 }
@@ -153,7 +202,21 @@ struct Args {
   std::set<std::string> flags;
   std::map<std::string, std::string> values;
   std::vector<std::string> positional;
+
+  std::optional<std::string> value(const char* name) const {
+    const auto it = values.find(name);
+    return it == values.end() ? std::nullopt : std::optional(it->second);
+  }
+  bool flag(const char* name) const { return flags.count(name) != 0; }
 };
+
+constexpr const char* kArtifactHelp =
+    "usage: weightcache artifact pack [OPTIONS] CACHE OCI_DIR\n"
+    "       weightcache artifact unpack [--tag TAG] [--json] OCI_DIR SET_DIR\n"
+    "       weightcache artifact show [--tag TAG] [--json] OCI_DIR\n"
+    "\n"
+    "A cache file as an OCI image-layout artifact, for registries (through skopeo) and Kubernetes\n"
+    "image volumes. Run 'weightcache artifact SUBCOMMAND --help' for a subcommand's options.\n";
 
 int usage_error(const std::string& msg, const char* cmd) {
   std::fprintf(stderr, "weightcache: %s\n", msg.c_str());
@@ -546,6 +609,33 @@ int cmd_gc(const std::string& dir, const std::string& size_arg, bool json) {
   return code;
 }
 
+int run_artifact(const std::string& c, const Args& args) {
+#if !defined(WEIGHTCACHE_CLI_ARTIFACT)
+  (void)args;
+  say_error("this build has no '" + c + "': it was built without OpenSSL's libcrypto (SHA-256)");
+  return kExitUsage;
+#else
+  const auto& p = args.positional;
+  if (c == "artifact pack") {
+    PackOptions o;
+    if (auto tag = args.value("--tag")) o.tag = *tag;
+    o.name = args.value("--name");
+    o.compat_key = args.value("--compat-key");
+    o.runtime = args.value("--runtime");
+    o.cpu_profile = args.value("--cpu-profile");
+    o.model_file = args.value("--model-file");
+    o.arch = args.value("--arch");
+    o.force = args.flag("--force");
+    o.json = args.flag("--json");
+    return run_artifact_pack(p[0], p[1], o);
+  }
+  UnpackOptions o;
+  o.tag = args.value("--tag");
+  o.json = args.flag("--json");
+  return c == "artifact unpack" ? run_artifact_unpack(p[0], p[1], o) : run_artifact_show(p[0], o);
+#endif
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) {
@@ -562,14 +652,26 @@ int run(int argc, char** argv) {
     std::printf("weightcache %s\n", wc_version());
     return kExitOk;
   }
+  // `artifact` groups subcommands: "artifact pack" and so on are commands of their own.
+  std::string name = a[0];
+  std::size_t first = 1;
+  if (name == "artifact") {
+    if (a.size() < 2) return usage_error("artifact needs a subcommand: pack, unpack or show", "artifact");
+    if (a[1] == "--help" || a[1] == "-h") {
+      std::fputs(kArtifactHelp, stdout);
+      return kExitOk;
+    }
+    name += " " + a[1];
+    first = 2;
+  }
   const Command* cmd = nullptr;
   for (const auto& c : commands())
-    if (a[0] == c.name) cmd = &c;
-  if (cmd == nullptr) return usage_error("unknown command '" + a[0] + "'", nullptr);
+    if (name == c.name) cmd = &c;
+  if (cmd == nullptr) return usage_error("unknown command '" + name + "'", nullptr);
 
   Args args;
   bool options_done = false;
-  for (std::size_t i = 1; i < a.size(); ++i) {
+  for (std::size_t i = first; i < a.size(); ++i) {
     const std::string& s = a[i];
     if (options_done || s.size() < 2 || s[0] != '-') {
       args.positional.push_back(s);
@@ -623,6 +725,7 @@ int run(int argc, char** argv) {
     if (it == args.values.end()) return usage_error("gc needs --max-size SIZE", "gc");
     return cmd_gc(p[0], it->second, json);
   }
+  if (c.rfind("artifact ", 0) == 0) return run_artifact(c, args);
   if (c == "compact") {
     CompactOptions o;
     if (auto it = args.values.find("--compat-key"); it != args.values.end()) o.compat_key = it->second;
