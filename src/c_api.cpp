@@ -120,6 +120,8 @@ wc_status options_from(const wc_options* o, const char* call, Options* out) {
   if (has_field(o, &wc_options::fd)) opt.fd = o->fd;
   if (has_field(o, &wc_options::handle)) opt.handle = o->handle;
   if (has_field(o, &wc_options::write_back_early)) opt.write_back_early = o->write_back_early != 0;
+  if (has_field(o, &wc_options::prebuilt_dir) && o->prebuilt_dir != nullptr) opt.prebuilt_dir = o->prebuilt_dir;
+  if (has_field(o, &wc_options::record_dir) && o->record_dir != nullptr) opt.record_dir = o->record_dir;
   return WC_OK;
 }
 
@@ -279,11 +281,28 @@ wc_status wc_get_stats(wc_cache* c, wc_stats* out) {
   WC_COPY_STAT(entries) WC_COPY_STAT(file_bytes) WC_COPY_STAT(mapped_bytes) WC_COPY_STAT(heap_bytes)
   WC_COPY_STAT(mappings) WC_COPY_STAT(hits) WC_COPY_STAT(misses) WC_COPY_STAT(dead_bytes)
   WC_COPY_STAT(verify_failures) WC_COPY_STAT(heap_fallbacks) WC_COPY_STAT(commits) WC_COPY_STAT(alignment)
-  WC_COPY_STAT(verified_ahead) WC_COPY_STAT(trusted_entries) WC_COPY_STAT(lease_timeouts) WC_COPY_STAT(unpersisted_entries)
+  WC_COPY_STAT(verified_ahead) WC_COPY_STAT(trusted_entries) WC_COPY_STAT(prebuilt) WC_COPY_STAT(lease_timeouts) WC_COPY_STAT(unpersisted_entries)
   WC_COPY_STAT(unpersisted_bytes) WC_COPY_STAT(compactions)
 #undef WC_COPY_STAT
   std::memcpy(out, &full, std::min(out->struct_size, sizeof(full)));
   return WC_OK;
+}
+
+size_t wc_get_path(wc_cache* c, char* out, size_t out_capacity) {
+  if (c == nullptr) return 0;
+  std::string path;
+  try {
+    path = c->core->path();
+  } catch (...) {
+    (void)wc_set_last_error(WC_ERR_NO_MEMORY, "wc_get_path: out of memory");
+    return 0;
+  }
+  if (out != nullptr && out_capacity > 0) {
+    const size_t n = std::min(path.size(), out_capacity - 1);
+    std::memcpy(out, path.data(), n);
+    out[n] = '\0';
+  }
+  return path.size();
 }
 
 const char* wc_status_string(wc_status s) { return errc_text(static_cast<Errc>(s)); }

@@ -479,6 +479,7 @@ Stats Core::stats() const {
   s.alignment = align_;
   s.verified_ahead = verified_ahead_.load(std::memory_order_relaxed);
   s.trusted_entries = trusted_entries_.load(std::memory_order_relaxed);
+  s.prebuilt = prebuilt_.load(std::memory_order_relaxed) ? 1 : 0;
   s.lease_timeouts = lease_timeouts_.load(std::memory_order_relaxed);
   s.unpersisted_entries = unpersisted_entries_.load(std::memory_order_relaxed);
   s.unpersisted_bytes = unpersisted_bytes_.load(std::memory_order_relaxed);

@@ -146,6 +146,10 @@ class Core {
   void* os_handle() const noexcept { return file_backed() && fd_.is_open() ? pf_.native_os_handle(fd_) : nullptr; }
 
   bool file_backed() const noexcept { return file_backed_.load(std::memory_order_acquire); }
+  /// The file's path (or a descriptor's label); empty for a heap-only cache.
+  std::string path() const { return file_backed() ? opts_.path : std::string(); }
+  /// Marks a cache opened from Options::prebuilt_dir (wc_stats.prebuilt).
+  void mark_prebuilt() noexcept { prebuilt_.store(true, std::memory_order_relaxed); }
   /// Opened before this process was forked from its opener: the registry hands it to no new
   /// open, and its writer lease is the parent's, never this process's.
   bool inherited_across_fork() const noexcept { return in_forked_child(); }
@@ -297,6 +301,9 @@ class Core {
   /// `placed`: merge_records_locked's answer for st.records, if it has one.
   void adopt_verification(const CommittedState& st, const std::vector<Entry*>* placed) WC_REQUIRES(write_mu_);
   void adopt_verification_or_throw(const CommittedState& st, const std::vector<Entry*>* placed) WC_REQUIRES(write_mu_);
+  /// A read-only opener of a file on a read-only mount: opens (creating it) the record of this
+  /// file in the record directory (Options::record_dir) into t.own_record. false: none usable.
+  bool open_node_record(Trust& t, const platform::FileInfo& file);
   /// A kTrusted entry claimed (kVerifying) by this thread: kGood if the file is still in the
   /// state its record was made for, else hashed (finish_verify).
   bool confirm_trusted(Entry* e);
@@ -413,7 +420,10 @@ class Core {
     StateStamp stamp;
     std::vector<Entry*> entries;  // the stamp's commit in index order (null: not this process's)
     const platform::File* record = nullptr;  // the lock file (lock_fd_) of a writable opener
-    platform::File own_record;    // opened for the record alone (a read-only opener; closed after adopt)
+    platform::File own_record;    // opened for the record alone (a read-only opener; closed after adopt,
+                                  // unless it is a node record, which it writes)
+    std::string record_path;      // the record file's one name: lock_path_, or a node record's
+    bool node_record = false;     // in the record directory (a read-only mount), not beside the file
     bool writable = false;        // this process may write the record
     bool publishable = false;     // a change after the stamp would show in the change time
     // One fstat per interval, not per trusted entry (confirm_trusted): an fstat that found the
@@ -426,6 +436,7 @@ class Core {
   };
   std::unique_ptr<Trust> trust_;
   std::atomic<std::uint64_t> trusted_entries_{0};
+  std::atomic<bool> prebuilt_{false};
   std::atomic<std::uint64_t> lease_timeouts_{0};
   // What look-ups waiting for another thread's verdict, and close waiting for the verify-ahead
   // thread, wait on. The thread says it is done, under `mu`, as its last act, and close then

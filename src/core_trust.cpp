@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <new>
 #include <optional>
 #include <thread>
@@ -29,15 +30,24 @@ bool record_as_trusted_as_file(const platform::FileInfo& lock, const platform::F
   return (lock.mode & 022u & ~(file.mode & 022u)) == 0;
 }
 
+// A node record (a file on a read-only mount, whose record lives in the record directory) is
+// written by whoever opened that file first in this boot: it must be this user or root, and
+// nobody else may write it. Nobody can write the cache file through a read-only mount, so there
+// is no writer of the file to compare with.
+bool node_record_trusted(const platform::FileInfo& record, std::optional<std::uint32_t> user) noexcept {
+  return user && (record.owner == *user || record.owner == 0) && (record.mode & 022u) == 0;
+}
+
 enum class LockFile { untrusted, other_content, ours };
 
 // Whether the lock file open at `lock` may hold a record for the cache file `cache`, and be
 // written with one. Asked at open and again just before every write: the lock file may have
-// been given another name, a link or other content meanwhile.
+// been given another name, a link or other content meanwhile. `node`: a node record (above).
 LockFile examine_lock_file(platform::Platform& pf, const std::string& lock_path, const platform::File& lock,
-                           const platform::FileInfo& cache) {
+                           const platform::FileInfo& cache, bool node = false) {
   auto info = pf.stat_file(lock);
-  if (!info || !info->regular || !record_as_trusted_as_file(info.value(), cache) || pf.has_access_list(lock))
+  if (!info || !info->regular || pf.has_access_list(lock)) return LockFile::untrusted;
+  if (node ? !node_record_trusted(info.value(), pf.effective_user()) : !record_as_trusted_as_file(info.value(), cache))
     return LockFile::untrusted;
   // The cache's own: one name, the one beside the cache, not a symlink. A record is written into
   // it, and a hard or symbolic link planted at "<path>.lock" would have the library overwrite
@@ -105,8 +115,13 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   // A first use may rely on a check made less than this long before it (confirm_trusted).
   t->recheck_ns = std::min(window, platform::kFineChangeWindowNs);
 
+  t->record_path = lock_path_;
   if (lock_fd_.is_open() && !leases_own_file_) {
     t->record = &lock_fd_;
+    t->writable = true;
+  } else if (opts_.read_only && pf_.mount_of(fd_).read_only && open_node_record(*t, info.value())) {
+    // Nothing can be written beside a file on a read-only mount: its record is the node's.
+    t->record = &t->own_record;
     t->writable = true;
   } else if (!lock_path_.empty()) {
     // A read-only opener reads the record but never writes it (read_only changes nothing).
@@ -117,7 +132,7 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   } else {
     return;
   }
-  const LockFile lock = examine_lock_file(pf_, lock_path_, *t->record, info.value());
+  const LockFile lock = examine_lock_file(pf_, t->record_path, *t->record, info.value(), t->node_record);
   if (lock == LockFile::untrusted) {
     log::debug("'{}': its lock file may be written by others than the cache file's writers, or has other names; "
                "verifying per process",
@@ -130,13 +145,20 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   }
 
   auto rec = read_record(pf_, *t->record, st.records.size());
+  // A record of this state that vouches for every entry leaves nothing to add: no write-back.
+  if (rec && rec->stamp == s && std::find(rec->verified.begin(), rec->verified.end(), false) == rec->verified.end())
+    t->publishable = false;
   // A store through a shared mapping to a page that is already dirty moves no change time; only
   // the fault a clean page takes does. So before this process hashes anything it may record,
   // every page of the committed bytes is written back (clean in every process's mapping): any
-  // store after this faults and moves the change time past the stamp's.
-  if (t->writable && t->publishable && !pf_.write_back(fd_, 0, s.committed_size)) {
-    log::debug("'{}': cannot write back its pages; its verification is not recorded", opts_.path);
-    t->publishable = false;
+  // store after this faults and moves the change time past the stamp's. A stacked file's pages
+  // are its lower file's, which only a write-back of everything reaches.
+  if (t->writable && t->publishable) {
+    const bool stacked = pf_.mount_of(fd_).stacked;
+    if (!(stacked ? pf_.write_back_everything() : pf_.write_back(fd_, 0, s.committed_size))) {
+      log::debug("'{}': cannot write back its pages; its verification is not recorded", opts_.path);
+      t->publishable = false;
+    }
   }
   // A read-only opener is done with the lock file: it never writes the record.
   if (!t->writable) {
@@ -159,6 +181,42 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   if (vouched != 0)
     log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again "
                "while the file stays in it", opts_.path, vouched, st.records.size());
+}
+
+bool Core::open_node_record(Trust& t, const platform::FileInfo& file) {
+  std::string dir = opts_.record_dir;
+  const auto user = pf_.effective_user();
+  if (dir.empty() && user) {
+    if (*user == 0) {
+      dir = "/run/weightcache";
+    } else if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run != nullptr && run[0] == '/') {
+      dir = std::string(run) + "/weightcache";
+    }
+  }
+  if (dir.empty()) return false;
+  (void)pf_.make_directory(dir, 0755);
+  // Whoever may add or replace a file in it could vouch for bytes: this user or root only.
+  auto d = pf_.stat_path(dir, /*follow=*/false);
+  if (!d || d->symlink || d->regular || !node_record_trusted(d.value(), user)) {
+    log::debug("'{}': the record directory '{}' is missing or may be written by other users; verifying per process",
+               opts_.path, dir);
+    return false;
+  }
+  auto hex16 = [](std::uint64_t v) {
+    std::string h(16, '0');
+    for (int i = 15; i >= 0; --i, v >>= 4) h[static_cast<std::size_t>(i)] = "0123456789abcdef"[v & 15u];
+    return h;
+  };
+  const std::string path = dir + "/" + hex16(file.device) + "-" + hex16(file.inode) + ".wcvr";
+  auto f = pf_.open_file(path, platform::OpenMode::lock_file, 0644, /*follow=*/false);
+  if (!f) {
+    log::debug("'{}': cannot open its record '{}' ({}); verifying per process", opts_.path, path, f.error().message);
+    return false;
+  }
+  t.own_record = std::move(f).value();
+  t.record_path = path;
+  t.node_record = true;
+  return true;
 }
 
 bool Core::trust_confirmed_now() const noexcept {
@@ -258,7 +316,7 @@ void Core::write_record(Trust& t, std::vector<bool> verified) {
     if (!news) return;  // nothing new: leave the lock file alone
   }
   // Still the cache's own lock file, with nothing but a record in it (see examine_lock_file).
-  if (examine_lock_file(pf_, lock_path_, *t.record, now.value()) != LockFile::ours) {
+  if (examine_lock_file(pf_, t.record_path, *t.record, now.value(), t.node_record) != LockFile::ours) {
     log::debug("'{}': its lock file changed since open (another name, a link or other content); its verification "
                "is not recorded",
                opts_.path);
@@ -320,6 +378,7 @@ void Core::record_own_commits_locked() noexcept {
     if (!slot || slot->committed_size > mapped) return;
     describe_state(*t, slot.value(), records, info.value());
     t->record = &lock_fd_;
+    t->record_path = lock_path_;
     t->writable = true;
     if (examine_lock_file(pf_, lock_path_, lock_fd_, info.value()) != LockFile::ours) return;
     if (!pf_.write_back(fd_, 0, slot->committed_size)) return;

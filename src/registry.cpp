@@ -1,8 +1,10 @@
 #include "registry.hpp"
 
 #include "fork_guard.hpp"
+#include "format/format.hpp"
 #include "log.hpp"
 #include "platform/errors.hpp"
+#include "prebuilt.hpp"
 
 #include <filesystem>
 #include <map>
@@ -167,10 +169,53 @@ Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
   return core;
 }
 
+// Options::prebuilt_dir: the first prebuilt file that suits this open, opened read-only (and
+// shared like any other open of it); null when none suits or none can be opened, and the open
+// goes on with the path.
+std::shared_ptr<Core> open_prebuilt(const Options& options) {
+  const auto found = prebuilt::scan(platform::os(), options.prebuilt_dir, format::hash_bytes(options.compat_key),
+                                    options.alignment);
+  const std::string local = options.path.empty() ? std::string("a heap cache") : "'" + options.path + "'";
+  if (!found.unreadable.empty()) {
+    log::info("prebuilt caches: cannot read '{}' ({}); using {}", options.prebuilt_dir, found.unreadable, local);
+    return nullptr;
+  }
+  Options o = options;
+  o.prebuilt_dir.clear();
+  o.read_only = true;  // never written: it is somebody else's build, usually on a read-only mount
+  o.backing = Backing::file;
+  o.allow_symlink = false;
+  o.compact_dead_percent = 0;
+  for (const auto& path : found.suitable) {
+    o.path = path;
+    auto core = open(o);
+    if (core) {
+      core.value()->mark_prebuilt();
+      log::info("serving the prebuilt cache '{}' instead of {}: its compatibility key is this process's", path, local);
+      return std::move(core).value();
+    }
+    log::warn("the prebuilt cache '{}' was written for this process's compatibility key but cannot be used ({}); "
+              "trying the next",
+              path, core.error().message);
+  }
+  log::info("no prebuilt cache in '{}' was written for this process's compatibility key ({} cache files looked at); "
+            "using {}, where what is missing is packed once",
+            options.prebuilt_dir, found.looked_at, local);
+  return nullptr;
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Core>> open(const Options& options) {
   fork_guard::install();
+  if (!options.prebuilt_dir.empty() && options.fd < 0 && options.handle == nullptr &&
+      options.backing != Backing::heap && !options.private_cache && options.path != kMemoryPath) {
+    try {
+      if (auto core = open_prebuilt(options)) return core;
+    } catch (const std::bad_alloc&) {
+      return fail(platform::no_memory_error("out of memory while looking for a prebuilt cache", options.prebuilt_dir));
+    }
+  }
   // A descriptor or ":memory:" cache has no path to share by: each open is a cache of its own.
   const bool own_backing = options.backing != Backing::heap && !options.private_cache;
   const bool file_candidate = !options.path.empty() && options.fd < 0 && options.handle == nullptr &&

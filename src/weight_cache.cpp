@@ -94,6 +94,7 @@ Stats WeightCache::stats() const noexcept {
   if (!core_) return Stats{};
   return guard("WeightCache::stats", Stats{}, [&] { return core_->stats(); });
 }
+std::string WeightCache::path() const { return core_ ? core_->path() : std::string(); }
 std::size_t WeightCache::alignment() const noexcept { return core_ ? core_->alignment() : 0; }
 
 int WeightCache::descriptor() const noexcept { return core_ ? core_->descriptor() : -1; }

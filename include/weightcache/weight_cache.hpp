@@ -183,6 +183,12 @@ struct Options {
   /// Windows: an open HANDLE of the cache file to use instead of opening `path` (see
   /// wc_options.handle); nullptr: open `path`.
   void* handle = nullptr;
+  /// A directory of read-only prebuilt caches to serve from when one suits this open (see
+  /// wc_options.prebuilt_dir); empty: none.
+  std::string prebuilt_dir;
+  /// Where a read-only opener of a file on a read-only mount keeps its verification record (see
+  /// wc_options.record_dir); empty: the default.
+  std::string record_dir;
 };
 
 /// The path that names an anonymous, shareable cache (see wc_options.path).
@@ -216,6 +222,7 @@ struct Stats {
   /// Entries served on an earlier process's verification of this same state of the file,
   /// without hashing them (Verify::shared).
   std::uint64_t trusted_entries = 0;
+  std::uint64_t prebuilt = 0;
 };
 
 class Core;
@@ -286,6 +293,9 @@ class WC_API WeightCache {
   Result<void> refresh() noexcept;
   /// A snapshot of the counters and where the entries live; see wc_get_stats.
   Stats stats() const noexcept;
+  /// The file in use: Options::path, the prebuilt file chosen from prebuilt_dir, or a
+  /// descriptor's label; empty for a heap-only cache or a moved-from one (see wc_get_path).
+  std::string path() const;
   /// Effective alignment of region start addresses.
   std::size_t alignment() const noexcept;
   /// The descriptor of a file-backed cache's file, or -1; owned by the cache, see wc_get_fd.

@@ -332,6 +332,27 @@ typedef struct wc_options {
                            the finalize, for a host that must not wait on the disk while it
                            inserts (starting write-back can block on a busy device) and finalizes
                            on another thread. The first opener of a shared cache decides. */
+  const char* prebuilt_dir; /* default NULL. A directory of prebuilt caches, read-only (a
+                               read-only mount, a Kubernetes image volume, an unpacked artifact,
+                               see docs/DEPLOY.md): wc_open looks at every "*.wcache" file in it
+                               and in its immediate subdirectories, in name order, and opens the
+                               first whose compatibility key (its hash in the header) and
+                               alignment suit this open, read-only (read_only is implied; entries
+                               it lacks go to the heap and are never written to it). If none
+                               suits or none can be opened, it opens path as without this field
+                               and logs why at info level. wc_stats.prebuilt says which happened;
+                               wc_get_path names the file in use. Ignored with fd, handle,
+                               private_cache, WC_BACKING_HEAP and ":memory:". */
+  const char* record_dir; /* default NULL: "/run/weightcache" for root, else
+                             "$XDG_RUNTIME_DIR/weightcache" when that is set, else none. Where a
+                             read-only opener of a file on a read-only mount (a read-only bind
+                             mount, a read-only overlayfs such as an image volume) keeps the
+                             record of what it verified (WC_VERIFY_SHARED), since nothing can be
+                             written beside the file: one file per cache file, named by its
+                             device and inode. The directory is created (0755) if missing; it
+                             must belong to this user or root and give no write permission to
+                             group or others, or no record is read or written there (verification
+                             per process). See docs/DESIGN.md, "Read-only mounts". */
 } wc_options;
 
 /**
@@ -368,6 +389,8 @@ typedef struct wc_stats {
   uint64_t compactions;         /* compactions this cache made of its file when it was opened */
   uint64_t trusted_entries;     /* entries served on an earlier process's verification of this
                                    same state of the file, without hashing (WC_VERIFY_SHARED) */
+  uint64_t prebuilt;            /* 1: the cache is a prebuilt file chosen from
+                                   wc_options.prebuilt_dir; 0: it is path (or heap) */
 } wc_stats;
 
 typedef enum wc_log_level {
@@ -721,6 +744,26 @@ WC_API wc_status wc_gc(const char* dir, uint64_t max_bytes, wc_gc_report* report
  * Statuses: WC_OK, WC_ERR_INVALID_ARGUMENT (NULL cache or out, struct_size not set: *out is left
  * untouched). */
 WC_API wc_status wc_get_stats(wc_cache* cache, wc_stats* out);
+
+/**
+ * The path of the file the cache uses, as snprintf does it: up to out_capacity - 1 bytes and a
+ * NUL are written to `out` (NULL with out_capacity 0: nothing written), and the full length is
+ * returned. It is wc_options.path, or the prebuilt file wc_open chose from prebuilt_dir, or
+ * the label of a descriptor cache; "" for a heap-only cache. cache NULL: 0, nothing written.
+ */
+WC_API size_t wc_get_path(wc_cache* cache, char* out, size_t out_capacity);
+
+/**
+ * The instruction-set features of this process's CPU that packed layouts follow, as text for a
+ * compatibility key (wc_options.compat_key): "x86_64:" and the features among sse4.1, avx, avx2,
+ * fma, f16c, avx512f, avx512bw, avx512vl, avx512dq and avx512vnni it has, comma-separated
+ * ("i386:" likewise); "aarch64:hwcap=H,H2" (the auxiliary vector's HWCAP and HWCAP2 in hex) on
+ * Linux arm64; "other" elsewhere. The same in every process on one CPU; caches built for a fleet
+ * (wc_options.prebuilt_dir, docs/DEPLOY.md) are told apart by it. As snprintf does it: up to
+ * out_capacity - 1 bytes and a NUL are written to `out` (NULL with 0: nothing), and the full
+ * length is returned.
+ */
+WC_API size_t wc_cpu_features(char* out, size_t out_capacity);
 
 /** Static English name of a status ("unknown status" for a value that is none). Never NULL. */
 WC_API const char* wc_status_string(wc_status status);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,23 @@ class Platform {
   /// Starts writing back the dirty pages of [offset, offset + size) of the file, without waiting
   /// (advisory: the finalize that follows then has less to wait for). Errors are ignored.
   virtual void start_write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept {}
+  /// Where a file is mounted, as far as verification records care: a read-only mount (nothing
+  /// can write the file through it), a stacked file system (overlayfs: its pages are a lower
+  /// file's, out of reach of write_back through this descriptor).
+  struct Mount {
+    bool read_only = false;
+    bool stacked = false;
+  };
+  virtual Mount mount_of(const File& /*f*/) noexcept { return {}; }
+  /// Writes back every dirty page of every file system and waits (sync(2)): the one write-back
+  /// that reaches a stacked file's lower pages. false where there is none.
+  virtual bool write_back_everything() noexcept { return false; }
+  /// Creates a directory (mode under the umask); an existing one is not an error.
+  virtual Result<void> make_directory(const std::string& path, unsigned /*mode*/) {
+    return Error{Errc::unsupported, 0, "no directories made here: " + path};
+  }
+  /// This process's effective user; nullopt where there is none to compare owners with.
+  virtual std::optional<std::uint32_t> effective_user() noexcept { return std::nullopt; }
   /// Whether the file's access may go beyond its owner, group and mode bits (a POSIX access
   /// control list); true when it cannot tell.
   virtual bool has_access_list(const File& /*f*/) noexcept { return true; }

@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -681,9 +682,47 @@ class PosixPlatform final : public Platform {
     return errno != ENODATA && errno != ENOTSUP;  // absent, or a file system without ACLs
   }
 
+  Mount mount_of(const File& f) noexcept override {
+    Mount m;
+#if defined(__linux__)
+    struct statfs fs {};
+    if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return m;
+    m.read_only = (fs.f_flags & ST_RDONLY) != 0;
+    m.stacked = is_stacked(fs);
+#else
+    (void)f;
+#endif
+    return m;
+  }
+
+  bool write_back_everything() noexcept override {
+#if defined(__linux__)
+    return sys().sync_all() == 0;
+#else
+    return false;
+#endif
+  }
+
+  Result<void> make_directory(const std::string& path, unsigned mode) override {
+    if (sys().mkdir(path.c_str(), static_cast<mode_t>(mode)) != 0 && errno != EEXIST)
+      return os_error(errno, "cannot create the directory", path);
+    return {};
+  }
+
+  std::optional<std::uint32_t> effective_user() noexcept override { return static_cast<std::uint32_t>(sys().geteuid()); }
+
   std::int64_t change_window_ns(const File& f, const FileInfo& info) noexcept override {
     struct statfs fs {};
     if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return 0;
+#if defined(__linux__)
+    // A read-only overlay (an image volume, an overlay of lower layers only): nothing writes the
+    // file through it, a write to a lower file through another mount moves the change time this
+    // stat reports (the lower inode's), and write_back_everything reaches the lower pages. Its
+    // lower file system is unknown from here, so its granularity is: the flat window.
+    if (is_stacked(fs) && (fs.f_flags & ST_RDONLY) != 0 &&
+        (static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu) == kOverlayMagic)
+      return kCoarseChangeWindowNs;
+#endif
     switch (static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu) {
       // File systems whose change times another machine or a user-space server may not keep, or
       // that this process may see late (attribute caches), or that a store through a shared
@@ -732,6 +771,13 @@ class PosixPlatform final : public Platform {
   }
 
  private:
+  static constexpr std::uint64_t kOverlayMagic = 0x794c7630;
+  // Stacked file systems: a file's pages are a lower file's.
+  static bool is_stacked(const struct statfs& fs) noexcept {
+    const std::uint64_t type = static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu;
+    return type == kOverlayMagic || type == 0x61756673 /* aufs */ || type == 0xf15f /* eCryptfs */;
+  }
+
   static bool parse_uuid(const char* text, std::uint8_t (&out)[16]) noexcept {
     int nibbles = 0;
     for (const char* c = text; *c != '\0' && nibbles < 32; ++c) {

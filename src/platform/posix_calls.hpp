@@ -79,6 +79,10 @@ inline ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t off) {
   return ::pwritev(fd, iov, count, off);
 #endif
 }
+inline int sync_all() {
+  ::sync();  // cannot fail
+  return 0;
+}
 inline int getrlimit(int resource, struct rlimit* rl) {
   return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
 }
@@ -136,7 +140,12 @@ inline int getrlimit(int resource, struct rlimit* rl) {
   /* Linux; ENOSYS elsewhere: clean pages before a verification is recorded */                         \
   X(sync_file_range, posix_default::sync_file_range, int, (int fd, off_t off, off_t n, unsigned flags)) \
   /* Linux; ENOTSUP elsewhere: does a lock file carry an access control list? */                        \
-  X(fgetxattr, posix_default::fgetxattr, ssize_t, (int fd, const char* name, void* value, size_t size))
+  X(fgetxattr, posix_default::fgetxattr, ssize_t, (int fd, const char* name, void* value, size_t size))    \
+  /* verification records of files on read-only mounts: their directory, whose it is, and the */       \
+  /* only write-back that reaches a stacked file's lower pages */                                        \
+  X(mkdir, ::mkdir, int, (const char* path, mode_t mode))                                               \
+  X(geteuid, ::geteuid, uid_t, ())                                                                      \
+  X(sync_all, posix_default::sync_all, int, ())
 
 namespace weightcache::platform {
 

@@ -90,7 +90,8 @@ std::map<std::string, std::uint64_t> stats_results(const Stats& s) {
           {"hits", s.hits},
           {"misses", s.misses},
           {"verify_failures", s.verify_failures},
-          {"trusted_entries", s.trusted_entries}};
+          {"trusted_entries", s.trusted_entries},
+          {"prebuilt", s.prebuilt}};
 }
 
 // Packs one key the way XNNPACK does; "" on success.
@@ -204,12 +205,19 @@ int run_verify(const KeyValues& kv) {
              : mode == "none"     ? Verify::none
                                   : Verify::shared;
   o.read_only = num(kv, "read_only", 0) != 0;
+  // Prebuilt caches (optional): the key to open with, the set, where records go, the file that
+  // must be the one served ("" for path itself).
+  if (const std::string compat = str(kv, "compat"); !compat.empty()) o.compat_key = compat;
+  o.prebuilt_dir = str(kv, "prebuilt_dir");
+  o.record_dir = str(kv, "record_dir");
   auto opened = WeightCache::open(o);
   if (!opened) return fail(kChildCacheError, "open: " + opened.error().message);
   WeightCache& cache = opened.value();
+  if (!str(kv, "expect_path").empty() && cache.path() != str(kv, "expect_path"))
+    return fail(kChildMismatch, "serves '" + cache.path() + "', not '" + str(kv, "expect_path") + "'");
   for (std::size_t j = 0; j < count; ++j) {
     const std::string key = own_key(tag, j);
-    if (std::to_string(j) == missing) {
+    if (std::to_string(j) == missing || missing == "all") {
       if (cache.look_up(key) != kNotFound) return fail(kChildMismatch, "'" + key + "' was served; it must miss");
       continue;
     }

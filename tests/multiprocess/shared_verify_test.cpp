@@ -23,6 +23,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <time.h>
@@ -49,6 +50,7 @@ struct Run {
   std::string mode = "shared";
   bool read_only = false;
   std::string missing = "none";  // the entry that must miss
+  std::string record_dir;        // Options::record_dir ("": the default)
 };
 
 // One fresh process that opens the cache, checks every entry's bytes and reports its stats.
@@ -58,7 +60,7 @@ std::map<std::string, std::uint64_t> verify_in_child(TempDir& dir, const std::st
   Children kids;
   kids.start("verify", {arg("path", path), arg("tag", "v"), arg("count", kCount), arg("size", kSize),
                         arg("results", results), arg("mode", run.mode), arg("read_only", run.read_only ? 1 : 0),
-                        arg("missing", run.missing)});
+                        arg("missing", run.missing), arg("record_dir", run.record_dir)});
   EXPECT_TRUE(kids.all_succeed());
   return read_results(results);
 }
@@ -794,6 +796,137 @@ TEST(SharedVerifyOverlayfs, VerificationStaysPerProcessOnOverlayfs) {
     const auto lock_size = std::filesystem::file_size(path + ".lock", ec);
     EXPECT_TRUE(ec || lock_size == 0u) << "a verification record was written on overlayfs (" << lock_size << " bytes)";
   }
+}
+
+// ---- read-only mounts (issue 34): the record lives in the record directory ----
+
+// A prebuilt cache on a read-only mount: nothing can be written beside it, so its record is
+// kept in the record directory. Five read-only processes one after the other: the first
+// hashes, the next four trust its record. Then the file is changed through another, writable
+// mount of it (the mtime put back): the next process trusts nothing and serves no changed byte.
+void five_processes_then_a_change(TempDir& results, const std::string& path, const std::string& writable_path,
+                                  const std::string& records) {
+  let_change_time_settle(path);
+  for (int i = 0; i < 5; ++i) {
+    auto r = verify_in_child(results, path, {.read_only = true, .record_dir = records});
+    EXPECT_EQ(r["hits"], kCount) << "process " << i;
+    EXPECT_EQ(r["verify_failures"], 0u) << "process " << i;
+    EXPECT_EQ(r["trusted_entries"], i == 0 ? 0u : kCount) << "process " << i << (i == 0 ? " trusted a record nobody wrote" : " hashed again");
+  }
+  {
+    KeepMtime keep(writable_path);
+    write_bytes_at(writable_path, offset_of_key(writable_path, own_key("v", 3)) + 100, "changed");
+  }
+  auto r = verify_in_child(results, path, {.read_only = true, .missing = "3", .record_dir = records});
+  EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record after the file changed through another mount";
+  EXPECT_EQ(r["verify_failures"], 1u);
+}
+
+bool mount_read_only(const std::string& path) {
+  struct statfs fs {};
+  return ::statfs(path.c_str(), &fs) == 0 && (fs.f_flags & ST_RDONLY) != 0;
+}
+
+struct ReadOnlyBind : ::testing::Test {
+  void SetUp() override {
+    for (const std::string& d : {src, mnt, records}) ASSERT_TRUE(std::filesystem::create_directory(d));
+    std::filesystem::permissions(records, std::filesystem::perms(0755));
+    write_entries(src + "/c.wcache");
+    if (on_tmpfs(src)) GTEST_SKIP() << "the temporary directory is on tmpfs, where verification stays per process";
+    if (::mount(src.c_str(), mnt.c_str(), nullptr, MS_BIND, nullptr) != 0)
+      GTEST_SKIP() << "cannot bind-mount here (" << std::strerror(errno) << "): needs root and a container that allows it";
+    mounted = true;
+    ASSERT_EQ(::mount(nullptr, mnt.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr), 0) << std::strerror(errno);
+    ASSERT_TRUE(mount_read_only(mnt));
+  }
+  void TearDown() override {
+    if (mounted) ::umount2(mnt.c_str(), MNT_DETACH);
+  }
+  TempDir base{"wc-verify-robind"};
+  const std::string src = base.file("src"), mnt = base.file("mnt"), records = base.file("records");
+  const std::string path = mnt + "/c.wcache";
+  bool mounted = false;
+};
+
+TEST_F(ReadOnlyBind, TheFirstProcessHashesTheNextFourTrustItAndAChangeElsewhereIsSeen) {
+  five_processes_then_a_change(base, path, src + "/c.wcache", records);
+}
+
+// Whoever may add or replace a file in the record directory could vouch for bytes: a directory
+// others may write is not used, and every process hashes.
+TEST_F(ReadOnlyBind, ARecordDirectoryOthersMayWriteIsNotUsed) {
+  std::filesystem::permissions(records, std::filesystem::perms(0777));
+  let_change_time_settle(path);
+  for (int i = 0; i < 2; ++i) {
+    auto r = verify_in_child(base, path, {.read_only = true, .record_dir = records});
+    EXPECT_EQ(r["hits"], kCount);
+    EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record in a directory anyone may write";
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(records));
+}
+
+// Without record_dir: root's default, /run/weightcache (another user's: $XDG_RUNTIME_DIR/weightcache).
+TEST_F(ReadOnlyBind, TheDefaultRecordDirectoryServesTheNode) {
+  if (::geteuid() != 0 && std::getenv("XDG_RUNTIME_DIR") == nullptr)
+    GTEST_SKIP() << "neither root nor XDG_RUNTIME_DIR: no default record directory";
+  let_change_time_settle(path);
+  EXPECT_EQ(verify_in_child(base, path, {.read_only = true})["hits"], kCount);
+  EXPECT_EQ(verify_in_child(base, path, {.read_only = true})["trusted_entries"], kCount);
+}
+
+// An overlayfs of lower layers only, read-only, as a container runtime mounts an image volume.
+// Its lower file system is unknown from the overlay, so the window is the flat 2 s.
+struct ReadOnlyOverlay : ::testing::Test {
+  void SetUp() override {
+    for (const std::string& d : {lower, lower2, merged, records}) ASSERT_TRUE(std::filesystem::create_directory(d));
+    std::filesystem::permissions(records, std::filesystem::perms(0755));
+    write_entries(lower + "/c.wcache");
+    if (on_tmpfs(lower)) GTEST_SKIP() << "the temporary directory is on tmpfs, where verification stays per process";
+    const std::string opts = "lowerdir=" + lower + ":" + lower2;
+    if (::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0)
+      GTEST_SKIP() << "cannot mount an overlayfs here (" << std::strerror(errno)
+                   << "): needs root and a kernel and container that allow it";
+    mounted = true;
+    ASSERT_TRUE(mount_read_only(merged));
+    ASSERT_EQ(window_of(path), platform::kCoarseChangeWindowNs);
+  }
+  void TearDown() override {
+    if (mounted) ::umount2(merged.c_str(), MNT_DETACH);
+  }
+  TempDir base{"wc-verify-roovl"};
+  const std::string lower = base.file("lower"), lower2 = base.file("lower2"), merged = base.file("merged"),
+                    records = base.file("records");
+  const std::string path = merged + "/c.wcache";
+  bool mounted = false;
+};
+
+TEST_F(ReadOnlyOverlay, TheFirstProcessHashesTheNextFourTrustItAndAChangeInTheLowerLayerIsSeen) {
+  five_processes_then_a_change(base, path, lower + "/c.wcache", records);
+}
+
+// The lower file's pages are out of reach of a write-back through the overlay's descriptor: a
+// foreign mapping of the lower file keeps a page of entry 7 dirty from before the first
+// process, which records; a store through that page afterwards must still be seen.
+TEST_F(ReadOnlyOverlay, AStoreThroughAPageOfTheLowerFileKeptDirtyIsNeverTrusted) {
+  const std::string low = lower + "/c.wcache";
+  const std::uint64_t at = offset_of_key(low, own_key("v", 7)) + 500;
+  const int fd = ::open(low.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const auto size = static_cast<std::size_t>(std::filesystem::file_size(low));
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* byte = static_cast<volatile unsigned char*>(m) + at;
+  *byte = *byte;  // dirty, unchanged
+  let_change_time_settle(path);
+  auto first = verify_in_child(base, path, {.read_only = true, .record_dir = records});
+  EXPECT_EQ(first["verify_failures"], 0u);
+  EXPECT_EQ(verify_in_child(base, path, {.read_only = true, .record_dir = records})["trusted_entries"], kCount)
+      << "the first process left no record";
+  *byte = static_cast<unsigned char>(*byte ^ 0x5a);
+  auto next = verify_in_child(base, path, {.read_only = true, .missing = "7", .record_dir = records});
+  EXPECT_EQ(next["verify_failures"], 1u) << "a byte changed through a dirty lower page was served on a record";
+  ::munmap(m, size);
 }
 
 // ---- a page kept dirty through a shared mapping ----

@@ -1,5 +1,7 @@
 #include "source_identity.hpp"
 
+#include <weightcache/weightcache.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -274,45 +276,9 @@ std::string default_cache_path(const std::string& model_path, const char* kind) 
 }
 
 std::string cpu_features() {
-#if defined(__x86_64__) || defined(__i386__)
-  std::string s =
-#if defined(__x86_64__)
-      "x86_64:";
-#else
-      "i386:";
-#endif
-  __builtin_cpu_init();
-  struct Feature {
-    const char* name;
-    int on;
-  };
-  const Feature features[] = {
-      {"sse4.1", __builtin_cpu_supports("sse4.1")},   {"avx", __builtin_cpu_supports("avx")},
-      {"avx2", __builtin_cpu_supports("avx2")},       {"fma", __builtin_cpu_supports("fma")},
-#if defined(__clang__) && __clang_major__ < 16
-      {"f16c", 0},  // older clang does not know the name (the provider is built with GCC; only this key's text differs)
-#else
-      {"f16c", __builtin_cpu_supports("f16c")},
-#endif
-      {"avx512f", __builtin_cpu_supports("avx512f")},
-      {"avx512bw", __builtin_cpu_supports("avx512bw")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
-      {"avx512dq", __builtin_cpu_supports("avx512dq")}, {"avx512vnni", __builtin_cpu_supports("avx512vnni")},
-  };
-  bool first = true;
-  for (const Feature& f : features) {
-    if (!f.on) continue;
-    s += (first ? "" : ",");
-    s += f.name;
-    first = false;
-  }
+  std::string s(wc_cpu_features(nullptr, 0), '\0');
+  (void)wc_cpu_features(s.data(), s.size() + 1);
   return s;
-#elif defined(__aarch64__) && defined(__linux__)
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "aarch64:hwcap=%lx,%lx", ::getauxval(AT_HWCAP), ::getauxval(AT_HWCAP2));
-  return buf;
-#else
-  return "other";
-#endif
 }
 
 }  // namespace weightcache::source
