@@ -195,8 +195,7 @@ int main(int argc, char** argv) {
   if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    repack.apply(&o);
-    o.compat_key = "weightcache-ggml";
+    repack.apply(&o, wc_ggml_compat_key());
     // The buffer type finalizes on a background thread once loading ends: a load that starts
     // write-back at every insert would only wait on the disk sooner (--early-write-back shows it).
     o.write_back_early = early_write_back ? 1 : 0;
@@ -349,7 +348,8 @@ int main(int argc, char** argv) {
   const double durable_ms = ms_since(t0);
   XXH3_freeState(hs);
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-  const Usage cu = file_usage(repack.cache_path), mu = file_usage(model_path);
+  const std::string cache_file = weightcache::example::served_path(cache);  // a prebuilt file chosen from --prebuilt-dir, or --cache
+  const Usage cu = file_usage(cache_file), mu = file_usage(model_path);
   // --hold-ms: also after measuring, so processes started together all measure while all are mapped.
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
   wc_ggml_stats gs;
@@ -365,7 +365,8 @@ int main(int argc, char** argv) {
                 "\"source_bytes_dropped\":%llu,\"repack_tensors\":%zu,\"source_pages\":%llu,\"source_pages_resident\":%llu,"
                 "\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,"
                 "\"model_rss_bytes\":%llu,\"model_pss_bytes\":%llu,\"tok_s_batch64\":%.2f,\"tok_s_batch1\":%.2f,"
-                "\"checksum\":\"%s\",\"stock_buffer_types\":\"%s\",\"not_served\":%llu,\"cpu\":\"%s\"}\n",
+                "\"checksum\":\"%s\",\"stock_buffer_types\":\"%s\",\"not_served\":%llu,\"cpu\":\"%s\","
+                "\"prebuilt\":%d,\"cache_file\":\"%s\"}\n",
                 mode, model_path.c_str(), m.layers, m.dim, threads, steps, load_ms, durable_ms,
                 wc_status_string(finished),
                 static_cast<unsigned long long>(status_kib("RssAnon:")) * 1024,
@@ -378,7 +379,8 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(cu.rss) * 1024, static_cast<unsigned long long>(cu.pss) * 1024,
                 static_cast<unsigned long long>(cu.private_dirty) * 1024, static_cast<unsigned long long>(mu.rss) * 1024,
                 static_cast<unsigned long long>(mu.pss) * 1024, tok_s[0], tok_s[1], sum, stock_bufts.c_str(),
-                static_cast<unsigned long long>(not_served), weightcache::example::cpu_name().c_str());
+                static_cast<unsigned long long>(not_served), weightcache::example::cpu_name().c_str(),
+                weightcache::example::is_prebuilt(cache) ? 1 : 0, weightcache::example::json_escape(cache_file).c_str());
   } else {
     std::printf("weightcache-ggml (%s): %s, %" PRId64 " layers of %" PRId64 "\n", mode, model_path.c_str(), m.layers, m.dim);
     std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB; repacked %llu tensors, %llu from the cache\n", load_ms,

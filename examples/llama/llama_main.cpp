@@ -58,20 +58,6 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -118,8 +104,7 @@ int main(int argc, char** argv) {
   if (repack.cached()) {
     wc_options o;
     wc_options_init(&o);
-    repack.apply(&o);
-    o.compat_key = "weightcache-llama";
+    repack.apply(&o, wc_ggml_compat_key());
     o.write_back_early = 0;  // the buffer type finalizes on its background thread once loaded
     if (wc_open(&o, &cache) != WC_OK) die(std::string("cannot open the cache: ") + wc_last_error());
     open_ms = ms_since(t0);
@@ -203,7 +188,8 @@ int main(int argc, char** argv) {
     (void)wc_ggml_get_stats(wc_llama_ggml(wl), &gs);
   }
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
-  const auto cu = file_usage(repack.cache_path), mu = file_usage(model_path);
+  const std::string cache_file = weightcache::example::served_path(cache);  // a prebuilt file chosen from --prebuilt-dir, or --cache
+  const auto cu = file_usage(cache_file), mu = file_usage(model_path);
   const std::uint64_t anon_end = status_kib("RssAnon:"), file_end = status_kib("RssFile:");
   if (hold_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(hold_ms));
   const char* mode = repack.mode();
@@ -220,8 +206,9 @@ int main(int argc, char** argv) {
         "\"finish_status\":\"%s\",\"cache_rss_bytes\":%llu,\"cache_pss_bytes\":%llu,\"cache_private_dirty_bytes\":%llu,\"model_rss_bytes\":%llu,"
         "\"model_pss_bytes\":%llu,\"prompt_tok_s\":%.2f,\"gen_tok_s\":%.2f,\"tokens\":[%s],\"checksum\":\"%s\","
         "\"checksum_all\":\"%s\",\"cache_trusted_entries\":%llu,\"cache_verified_ahead\":%llu,"
-        "\"stock_repacked\":%zu,\"stock_buffer_types\":\"%s\",\"why_none\":\"%s\",\"cpu\":\"%s\"}\n",
-        mode, json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, create_ms, params_ms,
+        "\"stock_repacked\":%zu,\"stock_buffer_types\":\"%s\",\"why_none\":\"%s\",\"cpu\":\"%s\","
+        "\"prebuilt\":%d,\"cache_file\":\"%s\"}\n",
+        mode, weightcache::example::json_escape(model_path).c_str(), threads, toks.size(), n_predict, load_ms, open_ms, create_ms, params_ms,
         static_cast<unsigned long long>(anon_load) * 1024, static_cast<unsigned long long>(file_load) * 1024,
         static_cast<unsigned long long>(anon_load > anon_before ? anon_load - anon_before : 0) * 1024,
         static_cast<unsigned long long>(anon_end) * 1024, static_cast<unsigned long long>(file_end) * 1024, routed,
@@ -232,8 +219,9 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(cu.private_dirty) * 1024, static_cast<unsigned long long>(mu.rss) * 1024, static_cast<unsigned long long>(mu.pss) * 1024, pp, tg,
         ids.c_str(), hex(first).c_str(), hex(checksum_all).c_str(), static_cast<unsigned long long>(cs.trusted_entries),
         static_cast<unsigned long long>(cs.verified_ahead), routing.stock_repacked,
-        json_escape(routing.stock_buffer_types).c_str(), json_escape(routing.why_none).c_str(),
-        json_escape(weightcache::example::cpu_name()).c_str());
+        weightcache::example::json_escape(routing.stock_buffer_types).c_str(), weightcache::example::json_escape(routing.why_none).c_str(),
+        weightcache::example::json_escape(weightcache::example::cpu_name()).c_str(), weightcache::example::is_prebuilt(cache) ? 1 : 0,
+        weightcache::example::json_escape(cache_file).c_str());
   } else {
     std::printf("weightcache-llama (%s): %s\n", mode, model_path.c_str());
     std::printf("  load %.1f ms; private memory (RssAnon) %.1f MiB, file pages (RssFile) %.1f MiB after the load\n",

@@ -5,6 +5,7 @@
 //           memory), run it once, print one line of key=value figures;
 //   demo    for f32 and qc4w: a launch without weightcache, a cold one and a warm one, each in a
 //           new process, side by side (scripts/demo runs it).
+#include "../common/cache_info.hpp"
 #include "../common/self_exe.hpp"
 #include "proc_smaps.hpp"
 #include "xnn_mlp.hpp"
@@ -49,6 +50,7 @@ const char kUsage[] =
     "               is written first when it is missing or of another shape\n"
     "\n"
     "launch: one launch of an XNNPACK runtime over the model (its weights mapped from the model file):\n"
+    "  --prebuilt-dir DIR  serve a prebuilt cache from DIR written for this key, else --cache\n"
     "  --cache FILE   pack through weightcache's XNNPACK adapter into FILE (finalized after the first\n"
     "                 runtime); a warm launch maps the packed weights instead of packing\n"
     "  --no-cache     XNNPACK packs into private memory (the baseline)\n"
@@ -67,7 +69,7 @@ enum class CacheMode { weightcache, none, xnn };
 
 struct Args {
   std::string command;
-  std::string model, cache, dir;
+  std::string model, cache, dir, prebuilt_dir;
   xnnmlp::DType dtype = xnnmlp::DType::f32;
   xnnmlp::Shape shape;
   std::uint64_t seed = 1;
@@ -108,6 +110,7 @@ int parse(int argc, char** argv, Args* a) {
     if (o == "--model" && v) a->model = argv[++i];
     else if (o == "--cache" && v) a->cache = argv[++i], a->mode = CacheMode::weightcache;
     else if (o == "--dir" && v) a->dir = argv[++i];
+    else if (o == "--prebuilt-dir" && v) a->prebuilt_dir = argv[++i];
     else if (o == "--no-cache") a->mode = CacheMode::none;
     else if (o == "--xnn-cache") a->mode = CacheMode::xnn;
     else if (o == "--fresh") a->fresh = true;
@@ -197,6 +200,7 @@ int launch(const Args& a) {
     o.compat_key = key.data();
     o.compat_key_size = key.size();
     o.verify = a.verify;
+    if (!a.prebuilt_dir.empty()) o.prebuilt_dir = a.prebuilt_dir.c_str();
     if (wc_open(&o, &cache) != WC_OK) return die(std::string("wc_open: ") + wc_last_error());
     if (wc_xnn_adapter_create(cache, &adapter) != WC_OK || !model.name_buffers(adapter))
       return die(std::string("adapter: ") + wc_last_error());
@@ -214,7 +218,9 @@ int launch(const Args& a) {
     create_ms.push_back(ms_since(t0) + (r == 0 ? open_ms : 0));
     if (r == 0) {
       const auto t_fin = Clock::now();
-      if (a.mode == CacheMode::weightcache && !wc_is_finalized(cache) && wc_finalize(cache) != WC_OK)
+      // A prebuilt cache is read-only: what it lacked stays in heap memory, nothing to finalize.
+      if (a.mode == CacheMode::weightcache && !wc_is_finalized(cache) && !weightcache::example::is_prebuilt(cache) &&
+          wc_finalize(cache) != WC_OK)
         return die(std::string("wc_finalize: ") + wc_last_error());
       if (a.mode == CacheMode::xnn &&
           xnn_finalize_weights_cache(xnn_cache, xnn_weights_cache_finalization_kind_soft) != xnn_status_success)
@@ -248,6 +254,7 @@ int launch(const Args& a) {
       line << " look_ups=" << as.look_ups << " hits=" << as.hits << " reservations=" << as.reservations
            << " unnamed_inserts=" << as.unnamed_inserts << " cache_bytes=" << cs.mapped_bytes
            << " trusted_entries=" << cs.trusted_entries << " verify_failures=" << cs.verify_failures
+           << " prebuilt=" << cs.prebuilt
            << " backing=" << (cs.backing == WC_BACKING_FILE ? "file" : "heap");
   }
   auto memory = [&] {

@@ -252,7 +252,10 @@ bool ModelFile::name_buffers(wc_xnn_adapter* adapter) const {
 std::vector<unsigned char> compat_key(const ModelFile& model) {
   const void* id = xnn_experimental_get_build_identifier_data();
   const std::size_t id_size = xnn_experimental_get_build_identifier_size();
-  const std::string options = std::string("xnnmlp dtype=") + dtype_name(model.dtype()) + " xnn_flags=0";
+  // XNNPACK picks its micro-kernels, and so its packed layouts, by the CPU's features.
+  std::string cpu(wc_cpu_features(nullptr, 0), '\0');
+  (void)wc_cpu_features(cpu.data(), cpu.size() + 1);
+  const std::string options = std::string("xnnmlp dtype=") + dtype_name(model.dtype()) + " xnn_flags=0 cpu=" + cpu;
   const std::string& digest = model.digest();
   std::vector<unsigned char> key(WC_XNN_COMPAT_KEY_MAX_SIZE);
   std::size_t size = 0;

@@ -149,6 +149,16 @@ int wc_ggml_would_repack(const struct ggml_tensor* tensor);
 const char* wc_ggml_layouts(void);
 
 /**
+ * What every repacked byte this process writes depends on besides its tensor: for each layout
+ * served on this CPU, in ggml's order, ggml's version, the layout's name and code fingerprint,
+ * its backend API and the CPU features ggml-cpu reports. Use it in wc_options.compat_key (with
+ * the host's own parts) where caches are built for one CPU and used on another: a fleet's
+ * prebuilt caches, one per CPU profile (wc_options.prebuilt_dir, docs/DEPLOY.md), are told apart
+ * by it. "" when no layout is served. Valid for the life of the process.
+ */
+const char* wc_ggml_compat_key(void);
+
+/**
  * Ends loading: makes every tensor repacked into the cache so far durable (wc_finalize), waiting
  * for a background finalize in progress first. Returns WC_OK when everything repacked is durable
  * (nothing to do included), else wc_finalize's status (wc_ggml_last_error says why; the tensors

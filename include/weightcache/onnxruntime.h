@@ -43,6 +43,10 @@
  *               (wc_options::max_file_bytes; default: the library's, 1/512 of what the process may
  *               reserve); weights past it are packed into heap memory. Sessions sharing a
  *               cache_path share one cache: the first to open it sets this
+ *   prebuilt_dir  a read-only directory of caches built elsewhere, one per CPU profile
+ *               (wc_options.prebuilt_dir; docs/DEPLOY.md): a file there written for this session's
+ *               compatibility key is served read-only instead of cache_path, which is then never
+ *               opened; with none, cache_path as without it. Default: none
  * An unknown key or value fails session creation with a message that names it and lists the
  * accepted values (ORT reports ORT_FAIL around the provider's INVALID_ARGUMENT).
  *

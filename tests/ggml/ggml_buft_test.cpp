@@ -340,6 +340,14 @@ TEST(GgmlBufferType, EachWeightGetsTheLayoutStockGivesItOnThisCpuAndWarmServesTh
   std::string which;
   for (const auto& [name, n] : seen) which += " " + name + "=" + std::to_string(n);
   std::printf("  layouts stock ggml gives these weights on this CPU:%s (served: %s)\n", which.c_str(), wc_ggml_layouts());
+  // The compatibility key a fleet tells CPU profiles apart by names each served layout and the
+  // CPU's features, as every entry key of that layout does.
+  const std::string key = wc_ggml_compat_key();
+  EXPECT_EQ(key.empty(), std::string(wc_ggml_layouts()).empty()) << key;
+  if (!key.empty()) {
+    EXPECT_NE(key.find("|cpu "), std::string::npos) << key;
+    EXPECT_EQ(key.rfind("ggml-repack/1|ggml ", 0), 0u) << key;
+  }
 #if defined(__aarch64__) && defined(WEIGHTCACHE_TEST_KLEIDIAI)
   EXPECT_GT(seen["CPU_KLEIDIAI"], 0) << "a build with KleidiAI put no weight in it";
 #endif

@@ -1095,6 +1095,30 @@ TEST_F(OrtEp, MaxFileMbCapsTheCacheAndPacksTheRestIntoHeapMemory) {
   EXPECT_LT(stat_of(warm.j, "packed"), stat_of(cold.j, "packed")) << "nothing was kept: " << warm.out;
 }
 
+// prebuilt_dir (wc_options::prebuilt_dir): a cache built elsewhere for this process's key (the
+// same model, ONNX Runtime build, provider options and CPU) is served from the set, packing
+// nothing, and the local cache_path is never created; under another key (compat_key) nothing
+// in the set suits, and the process packs into its own cache.
+TEST_F(OrtEp, PrebuiltDirServesACacheBuiltElsewhereAndOtherwiseTheLocalOne) {
+  const std::string model = models("mlp.onnx"), set = f("set"), local = f("node.wcache");
+  const HostRun bake = host(dir_, ep_args(model, f("bake.wcache"), f("cold.bin")));
+  ASSERT_EQ(bake.code, 0) << bake.describe();
+  ASSERT_GT(stat_of(bake.j, "packed"), 0u) << bake.out;
+  fs::create_directory(set);
+  fs::copy_file(f("bake.wcache"), set + "/this-cpu.wcache");
+  const HostRun node = host(dir_, ep_args(model, local, f("node.bin"), {"--option", "prebuilt_dir=" + set}));
+  ASSERT_EQ(node.code, 0) << node.describe();
+  EXPECT_EQ(stat_of(node.j, "packed"), 0u) << node.out;
+  EXPECT_EQ(slurp(f("node.bin")), slurp(f("cold.bin")));
+  EXPECT_FALSE(fs::exists(local)) << "the local cache was opened although the set had this process's cache";
+  const HostRun other = host(dir_, ep_args(model, local, f("other.bin"),
+                                           {"--option", "prebuilt_dir=" + set, "--option", "compat_key=another-build"}));
+  ASSERT_EQ(other.code, 0) << other.describe();
+  EXPECT_GT(stat_of(other.j, "packed"), 0u) << "served a prebuilt cache of another key: " << other.out;
+  EXPECT_TRUE(fs::exists(local));
+  EXPECT_EQ(slurp(f("other.bin")), slurp(f("cold.bin")));
+}
+
 TEST_F(OrtEp, FourProcessesShareOneCopyOfThePackedWeights) {
   const bool full = std::getenv("WEIGHTCACHE_FULL") != nullptr;
   const std::string mdir = f("big");

@@ -74,6 +74,43 @@ TEST(CApi, RoundTrip) {
   wc_close(c);
 }
 
+// wc_get_path and wc_cpu_features write as snprintf does: never past the capacity, always a
+// NUL, and the full length returned whatever the capacity.
+TEST(CApi, PathAndCpuFeaturesAreCutAsSnprintfCutsThem) {
+  TempDir dir;
+  const std::string path = dir.file("cache.wcache");
+  const wc_options o = c_options(path);
+  wc_cache* c = nullptr;
+  ASSERT_EQ(wc_open(&o, &c), WC_OK) << wc_last_error();
+  EXPECT_EQ(wc_get_path(c, nullptr, 0), path.size());
+  char small[6];
+  std::memset(small, 'x', sizeof small);
+  EXPECT_EQ(wc_get_path(c, small, 4), path.size());
+  EXPECT_EQ(std::string(small, 4), path.substr(0, 3) + '\0');
+  EXPECT_EQ(small[4], 'x') << "written past the capacity";
+  std::string full(path.size() + 1, 'x');
+  EXPECT_EQ(wc_get_path(c, full.data(), full.size()), path.size());
+  EXPECT_EQ(full, path + '\0');
+  wc_stats s;
+  wc_stats_init(&s);
+  ASSERT_EQ(wc_get_stats(c, &s), WC_OK);
+  EXPECT_EQ(s.prebuilt, 0u);
+  wc_close(c);
+  EXPECT_EQ(wc_get_path(nullptr, small, sizeof small), 0u);
+
+  const std::size_t n = wc_cpu_features(nullptr, 0);
+  ASSERT_GT(n, 0u);
+  std::string features(n + 1, 'x');
+  EXPECT_EQ(wc_cpu_features(features.data(), features.size()), n);
+  features.pop_back();
+#if defined(__x86_64__)
+  EXPECT_EQ(features.rfind("x86_64:", 0), 0u) << features;
+#elif defined(__aarch64__) && defined(__linux__)
+  EXPECT_EQ(features.rfind("aarch64:hwcap=", 0), 0u) << features;
+#endif
+  std::printf("  this CPU's features: %s\n", features.c_str());
+}
+
 TEST(CApi, StatusStringsNeverNull) {
   std::set<std::string> names;
   for (int code = WC_OK; code <= WC_ERR_READ_ONLY; ++code) {

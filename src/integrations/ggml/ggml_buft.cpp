@@ -1023,6 +1023,15 @@ const char* wc_ggml_layouts(void) {
   return names.c_str();
 }
 
+const char* wc_ggml_compat_key(void) {
+  static const std::string key = [] {
+    std::string k;
+    for (const Layout& l : cpu().layouts) k += l.key_prefix;
+    return k;
+  }();
+  return key.c_str();
+}
+
 wc_status wc_ggml_finish(wc_ggml* g) {
   if (g == nullptr) return fail(WC_ERR_INVALID_ARGUMENT, "wc_ggml_finish: NULL");
   return g->finalize();

@@ -97,13 +97,14 @@ struct Options {
   std::uint32_t lease_timeout_ms = 1000;
   std::int64_t identity_window_ms = kDefaultIdentityWindowMs;
   std::uint64_t max_file_mb = 0;  // wc_options::max_file_bytes in MiB; 0: the library's default
+  std::string prebuilt_dir;       // wc_options::prebuilt_dir; "": none
 };
 
 constexpr const char* kOptionList =
     "cache_path, compat_key, verify (none|first_use|shared|open), backing (auto|file|heap), durability "
     "(none|async|full), kernels (xnnpack|builtin), conv (auto|on|off), threads (1-256), weights_cache (on|off), "
     "lease_timeout_ms, "
-    "identity_window_ms (0 or more), max_file_mb (1-262144)";
+    "identity_window_ms (0 or more), max_file_mb (1-262144), prebuilt_dir";
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -141,6 +142,8 @@ void set_option(Options& o, const std::string& key, const std::string& value) {
     o.cache_path = value;
   } else if (key == "compat_key") {
     o.compat_key = value;
+  } else if (key == "prebuilt_dir") {
+    o.prebuilt_dir = value;
   } else if (key == "verify") {
     static const std::pair<const char*, wc_verify> v[] = {
         {"none", WC_VERIFY_NONE}, {"first_use", WC_VERIFY_FIRST_USE}, {"shared", WC_VERIFY_SHARED}, {"open", WC_VERIFY_ON_OPEN}};
@@ -304,7 +307,7 @@ std::shared_ptr<SharedCache> Factory::acquire(const Options& o, const std::strin
   const std::string compat = compat_key_for(o);
   const std::string want_path = o.backing == WC_BACKING_HEAP ? std::string() : path;
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = caches_[{want_path, compat}];
+  auto& slot = caches_[{want_path, compat + '\0' + o.prebuilt_dir}];
   if (auto existing = slot.lock()) return existing;
   auto sc = std::make_shared<SharedCache>();
   counters().caches_open.fetch_add(1, std::memory_order_relaxed);
@@ -317,6 +320,7 @@ std::shared_ptr<SharedCache> Factory::acquire(const Options& o, const std::strin
   wo.durability = o.durability;
   wo.lease_timeout_ms = o.lease_timeout_ms;
   wo.max_file_bytes = o.max_file_mb << 20;  // 0: the library's default
+  if (!o.prebuilt_dir.empty()) wo.prebuilt_dir = o.prebuilt_dir.c_str();
   wo.refresh_on_miss = 1;  // a long-lived process sees what other processes committed since
   wo.alignment = 128;      // the largest XNN_ALLOCATION_ALIGNMENT
   wc_status st = WC_ERR_INVALID_ARGUMENT;
@@ -331,6 +335,12 @@ std::shared_ptr<SharedCache> Factory::acquire(const Options& o, const std::strin
     // logger and decides the fallback itself (auto: a heap cache; file: an error).
     wo.backing = WC_BACKING_FILE;
     st = wc_open(&wo, &sc->cache);
+    if (st == WC_OK && !o.prebuilt_dir.empty()) {
+      // The file in use may be a prebuilt one: messages name it.
+      std::string in_use(wc_get_path(sc->cache, nullptr, 0), '\0');
+      (void)wc_get_path(sc->cache, in_use.data(), in_use.size() + 1);
+      sc->path = in_use;
+    }
     if (st != WC_OK) {
       why = wc_last_error();
       if (o.backing == WC_BACKING_FILE)
