@@ -125,10 +125,12 @@ TEST_F(Prebuilt, ADamagedPrebuiltFileServesNoChangedByte) {
 
 // A symlink in the set is not followed (it could point anywhere), nor is a missing set an error.
 TEST_F(Prebuilt, ALinkInTheSetIsNotFollowedAndAMissingSetIsNoError) {
+#ifndef _WIN32  // a symlink there needs a privilege
   const std::string elsewhere = dir.file("elsewhere.wcache");
   build(elsewhere, "k-arm64", "d");
   std::filesystem::create_symlink(elsewhere, set + "/arm64.wcache");
   EXPECT_EQ(serve("k-arm64", "d", local, "all")["prebuilt"], 0u);
+#endif
   std::filesystem::remove_all(set);
   EXPECT_EQ(serve("k-avx2", "a", local, "all")["prebuilt"], 0u);
 }
