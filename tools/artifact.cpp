@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string_view>
 #include <utility>
@@ -174,6 +176,25 @@ std::string readable_key(std::string_view key) {
   return out;
 }
 
+// The keys whose readable form (readable_key) is `readable`: the text itself when it is printable
+// ASCII, and the bytes "hex:..." spells when they are not (printable bytes would have been
+// recorded as themselves). Empty when pack could not have written it.
+std::vector<std::string> keys_read_as(std::string_view readable) {
+  std::vector<std::string> keys;
+  if (printable_ascii(readable)) keys.emplace_back(readable);
+  constexpr std::string_view kHex = "hex:";
+  if (readable.substr(0, kHex.size()) != kHex || readable.size() % 2 != 0) return keys;
+  auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  std::string bytes;
+  for (std::size_t i = kHex.size(); i < readable.size(); i += 2) {
+    const int hi = digit(readable[i]), lo = digit(readable[i + 1]);
+    if (hi < 0 || lo < 0) return keys;
+    bytes.push_back(static_cast<char>(hi << 4 | lo));
+  }
+  if (!printable_ascii(bytes)) keys.push_back(std::move(bytes));
+  return keys;
+}
+
 // What --model-file records as the model's name.
 std::string model_name(const std::string& model_file) { return fs::path(model_file).filename().string(); }
 
@@ -184,6 +205,19 @@ std::optional<std::uint64_t> parse_hex64(std::string_view s) {
     const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
     if (d < 0) return std::nullopt;
     v = (v << 4) | static_cast<std::uint64_t>(d);
+  }
+  return v;
+}
+
+// A decimal as pack writes one (std::to_string): digits only, no sign, no leading zero, fits 64 bits.
+std::optional<std::uint64_t> parse_decimal(std::string_view s) {
+  if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (const char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const auto d = static_cast<std::uint64_t>(c - '0');
+    if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) return std::nullopt;
+    v = v * 10 + d;
   }
   return v;
 }
@@ -538,6 +572,8 @@ struct Artifact {
   Descriptor config, layer;
   std::map<std::string, std::string> annotations;
   std::string file_digest;
+  std::uint64_t file_size = 0;
+  std::uint32_t format_version = 0;
   std::uint64_t compat_hash = 0;
 };
 
@@ -570,25 +606,66 @@ Outcome read_artifact(const std::string& layout, const oci::SelectedManifest& m,
     return Failure{kExitProblems, "the manifest's mediaType is not " + std::string(oci::kManifestMediaType)};
   if (!j.contains("config")) return Failure{kExitProblems, "the manifest has no config"};
   if (auto f = oci::parse_descriptor(j["config"], "the manifest's config", &out->config)) return f;
+  if (out->config.media_type != oci::kConfigMediaType)
+    return Failure{kExitProblems, "the manifest's config is " + out->config.media_type + ", not an image config (" +
+                                      oci::kConfigMediaType + ")"};
   const auto layers = j.find("layers");
   if (layers == j.end() || !layers->is_array() || layers->size() != 1)
     return Failure{kExitProblems, "the manifest must have exactly one layer (a weightcache artifact's)"};
   if (auto f = oci::parse_descriptor((*layers)[0], "the manifest's layer", &out->layer)) return f;
-  if (out->layer.media_type != oci::kLayerTarMediaType)
-    return Failure{kExitProblems, "the layer is " + out->layer.media_type + ", not an uncompressed tar (" +
-                                      oci::kLayerTarMediaType +
-                                      "); copy artifacts with 'skopeo copy "
-                                      "--preserve-digests' so that skopeo does not compress the layer"};
+  if (out->layer.media_type != oci::kLayerTarMediaType) {
+    // A compressed tar is what a copy without --preserve-digests makes of the layer: say how to
+    // avoid it. Anything else is not a weightcache artifact's layer at all.
+    const std::string compressed_prefix = std::string(oci::kLayerTarMediaType) + "+";
+    if (out->layer.media_type.rfind(compressed_prefix, 0) == 0 ||
+        out->layer.media_type == "application/vnd.docker.image.rootfs.diff.tar.gzip")
+      return Failure{kExitProblems, "the layer is " + out->layer.media_type + ", not an uncompressed tar (" +
+                                        oci::kLayerTarMediaType +
+                                        "); copy artifacts with 'skopeo copy "
+                                        "--preserve-digests' so that skopeo does not compress the layer"};
+    return Failure{kExitProblems, "the layer is " + out->layer.media_type + ", not " + oci::kLayerTarMediaType +
+                                      " (a weightcache artifact's layer is an uncompressed tar)"};
+  }
   if (auto f = annotations_of(j, &out->annotations)) return f;
   const auto sha = out->annotations.find(kFileShaAnnotation);
   if (sha == out->annotations.end() || !oci::valid_digest(sha->second))
     return Failure{kExitProblems, std::string("the manifest has no valid ") + kFileShaAnnotation + " annotation"};
   out->file_digest = sha->second;
+  // Pack always records the size and the format; a manifest without them was not written by it.
+  const auto size = out->annotations.find(kFileSizeAnnotation);
+  const auto parsed_size = size == out->annotations.end() ? std::nullopt : parse_decimal(size->second);
+  if (!parsed_size)
+    return Failure{kExitProblems, std::string("the manifest has no valid ") + kFileSizeAnnotation +
+                                      " annotation (a size in bytes, in decimal)"};
+  out->file_size = *parsed_size;
+  const auto format = out->annotations.find(kFormatAnnotation);
+  const auto parsed_format = format == out->annotations.end() ? std::nullopt : parse_decimal(format->second);
+  if (!parsed_format || *parsed_format > std::numeric_limits<std::uint32_t>::max())
+    return Failure{kExitProblems, std::string("the manifest has no valid ") + kFormatAnnotation +
+                                      " annotation (a format version, in decimal)"};
+  out->format_version = static_cast<std::uint32_t>(*parsed_format);
   const auto hash = out->annotations.find(kCompatHashAnnotation);
   const auto parsed = hash == out->annotations.end() ? std::nullopt : parse_hex64(hash->second);
   if (!parsed)
     return Failure{kExitProblems, std::string("the manifest has no valid ") + kCompatHashAnnotation + " annotation"};
   out->compat_hash = *parsed;
+  // The readable key, when recorded, must be the key the hash is of: a node that picks artifacts
+  // by the key it reads there must get a file written for that key.
+  if (const auto key = out->annotations.find(kCompatKeyAnnotation); key != out->annotations.end()) {
+    const auto keys = keys_read_as(key->second);
+    if (keys.empty())
+      return Failure{kExitProblems, std::string("the manifest's ") + kCompatKeyAnnotation +
+                                        " is neither printable ASCII nor hex:<lowercase hex bytes>, as pack records a "
+                                        "key"};
+    // The message hashes keys.back(): for "hex:..." the bytes it spells, as pack records a key
+    // that is not printable.
+    if (std::none_of(keys.begin(), keys.end(),
+                     [&](const std::string& k) { return inspect::compat_hash(k) == out->compat_hash; }))
+      return Failure{kExitProblems, std::string("the manifest's ") + kCompatKeyAnnotation + " '" + key->second +
+                                        "' hashes to " + hex64(inspect::compat_hash(keys.back())) + ", not to its " +
+                                        kCompatHashAnnotation + " " + hex64(out->compat_hash) +
+                                        ": it names another key than the file was written for"};
+  }
   return check_config(layout, *out);
 }
 
@@ -673,8 +750,16 @@ Outcome read_member_header(LayerStream& s, const Artifact& a, tar::Member* m) {
   if (const auto n = a.annotations.find(kFileNameAnnotation); n != a.annotations.end() && n->second != m->name)
     return Failure{kExitProblems,
                    "the layer's tar member is named '" + m->name + "' but the manifest says '" + n->second + "'"};
-  if (m->size > s.remaining() || s.remaining() - m->size < tar::padding(m->size) + 2 * tar::kBlockSize)
+  if (m->size != a.file_size)
+    return Failure{kExitProblems, "the layer's tar member is " + std::to_string(m->size) +
+                                      " bytes but the manifest's " + kFileSizeAnnotation + " says " +
+                                      std::to_string(a.file_size)};
+  if (m->size > s.remaining() || s.remaining() - m->size < tar::padding(m->size))
     return Failure{kExitProblems, "the layer is too short for its member of " + std::to_string(m->size) + " bytes"};
+  if (const std::uint64_t after = s.remaining() - m->size - tar::padding(m->size); after < 2 * tar::kBlockSize)
+    return Failure{kExitProblems, "the layer's tar has no end-of-archive marker after its member: " +
+                                      std::to_string(after) + " bytes follow it where two zero blocks (" +
+                                      std::to_string(2 * tar::kBlockSize) + " bytes) must"};
   return std::nullopt;
 }
 
@@ -726,6 +811,10 @@ Outcome check_unpacked(const std::string& path, const Artifact& a) {
   progress.finish();
   if (!r) return read_failure(path, r.error());
   if (!in->findings.empty()) return Failure{kExitProblems, "the unpacked file has entries that fail their checksums"};
+  if (in->header.format_version != a.format_version)
+    return Failure{kExitProblems, "the unpacked file is format version " + std::to_string(in->header.format_version) +
+                                      " but the manifest's " + kFormatAnnotation + " says " +
+                                      std::to_string(a.format_version)};
   if (in->header.compat_hash != a.compat_hash)
     return Failure{kExitProblems, "the unpacked file's compatibility key hash " + hex64(in->header.compat_hash) +
                                       " does not match the manifest's " + kCompatHashAnnotation + " " +

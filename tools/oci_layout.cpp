@@ -20,19 +20,26 @@ Failure malformed(const std::string& what, const std::string& why) { return {kEx
 
 Failure write_failure(const Error& e) { return {kExitIo, e.code == Errc::no_memory ? "out of memory" : e.message}; }
 
-// Opens a file of the layout for reading. O_NONBLOCK: a FIFO planted under a blob's name must not
-// hang the open; fstat then refuses anything but a regular file.
-Outcome open_regular(const std::string& path, const std::string& what, int missing_exit, int* fd, std::uint64_t* size) {
+// Opens a file of the layout for reading. O_NONBLOCK: a FIFO planted under the name must not hang
+// the open; fstat then refuses anything but a regular file. `bad_exit` is the code for a name that
+// is missing or not a regular file: 3 for oci-layout and index.json (then OCI_DIR is not an image
+// layout), 1 for a blob (the layout fails a check).
+Outcome open_regular(const std::string& path, const std::string& what, int bad_exit, int* fd, std::uint64_t* size) {
   const int f = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (f < 0) {
     const int err = errno;
-    return Failure{err == ENOENT ? missing_exit : kExitCannotRead,
+    return Failure{err == ENOENT ? bad_exit : kExitCannotRead,
                    "cannot open " + what + " '" + path + "': " + std::strerror(err)};
   }
   struct stat st {};
-  if (::fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(f, &st) != 0) {
+    const int err = errno;
     ::close(f);
-    return Failure{kExitProblems, what + " '" + path + "' is not a regular file"};
+    return Failure{kExitCannotRead, "cannot look at " + what + " '" + path + "': " + std::strerror(err)};
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(f);
+    return Failure{bad_exit, what + " '" + path + "' is not a regular file"};
   }
   const int flags = ::fcntl(f, F_GETFL);
   if (flags >= 0) ::fcntl(f, F_SETFL, flags & ~O_NONBLOCK);

@@ -77,8 +77,9 @@ struct SelectedManifest {
 };
 /// Reads `oci-layout` (version 1.x) and index.json, picks the image manifest whose ref.name is
 /// `tag` (without one: the only manifest; several is exit 2, naming their tags), and reads and
-/// checks its blob. Exit 3 when the layout cannot be read, 2 for a tag it does not have, 1 when
-/// a document is malformed or a blob does not match its descriptor.
+/// checks its blob. Exit 3 when the layout cannot be read (oci-layout or index.json missing,
+/// unreadable, or not a regular file: a FIFO there is refused, never read), 2 for a tag it does
+/// not have, 1 when a document is malformed or a blob does not match its descriptor.
 Outcome select_manifest(const std::string& layout, const std::optional<std::string>& tag, SelectedManifest* out);
 
 }  // namespace weightcache::cli::oci

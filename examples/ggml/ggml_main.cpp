@@ -63,7 +63,8 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kUsage =
     "usage: weightcache-ggml --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--steps N] [--json]\n"
     "  [--identity-window-ms MS] [--durability none|async|full] [--max-file-mib N] [--early-write-back] [--finalize-sync]\n"
-    "  [--hold-ms MS]\n";
+    "  [--hold-ms MS]\n"
+    "  [--prebuilt-dir DIR] [--cpu-compat-key]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 

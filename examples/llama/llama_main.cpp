@@ -43,7 +43,8 @@ using weightcache::example::status_kib;
 constexpr const char* kUsage =
     "usage: weightcache-llama --model FILE.gguf [--cache PATH | --no-repack] [--threads N] [--prompt TEXT]\n"
     "  [--n-predict N] [--json] [--identity-window-ms MS] [--durability none|async|full] [--max-file-mib N] [--hold-ms MS]\n"
-    "  [--no-mmap] [--keep-source-pages]\n";
+    "  [--no-mmap] [--keep-source-pages]\n"
+    "  [--prebuilt-dir DIR] [--cpu-compat-key]\n";
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 

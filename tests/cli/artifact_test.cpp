@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,10 +26,12 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +46,9 @@ using weightcache::test::ToolRun;
 constexpr const char* kKey = "model-a|avx2|packer-1";
 constexpr const char* kFileSha = "org.weightcache.file.sha256";
 constexpr const char* kCompatHash = "org.weightcache.compat-key.xxh3";
+constexpr const char* kCompatKey = "org.weightcache.compat-key";
+constexpr const char* kFileSize = "org.weightcache.file.size";
+constexpr const char* kFormat = "org.weightcache.format";
 
 std::string slurp(const std::string& path) { return weightcache::test::slurp(path); }
 
@@ -208,6 +214,31 @@ class ArtifactTest : public ::testing::Test {
     return weightcache::test::run_tool(dir_, WEIGHTCACHE_CLI_PATH, args);
   }
 
+  // `tool`, for a run that could hang (a FIFO in the layout): killed after `seconds`, and then
+  // reported as exit -1 with "still running" in its err.
+  ToolRun tool_within(const std::vector<std::string>& args, int seconds) {
+    const std::string tag = std::to_string(bounded_runs_++);
+    const std::string out = path("bounded" + tag + ".out"), err = path("bounded" + tag + ".err");
+    const pid_t pid = weightcache::test::spawn_to_files(WEIGHTCACHE_CLI_PATH, args, out, err);
+    ToolRun r;
+    if (pid <= 0) return r;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        r.err = "still running after " + std::to_string(seconds) + " s: killed";
+        return r;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
   // A cache of `entries` through the C API, inserted in the order given, finalized every
   // `finalize_every` inserts; `replaced`, if not empty, is inserted first and then replaced, so the
   // file holds dead bytes that only compaction removes.
@@ -300,6 +331,7 @@ class ArtifactTest : public ::testing::Test {
 
   weightcache::test::TempDir dir_{"wc-artifact"};
   int refusals_ = 0;
+  int bounded_runs_ = 0;
 };
 
 // ---- usage -----------------------------------------------------------------------------------------
@@ -593,6 +625,155 @@ TEST_F(ArtifactTest, UnpackRefusesAMemberThatIsNotOnePlainWcacheFile) {
   l.store();
   const ToolRun r = tool({"artifact", "unpack", o, path("set-handmade")});
   EXPECT_EQ(r.code, 0) << r.describe();
+}
+
+// A manifest whose annotations describe another file than the layer holds (each altered, the chain
+// fixed up so that only the annotation is at fault): the size, the format version, the readable
+// compatibility key. unpack exits 1 naming the annotation, and writes nothing.
+TEST_F(ArtifactTest, UnpackRefusesAManifestThatMisdescribesTheFile) {
+  make_cache(path("cache.wcache"), some_entries());
+  const std::string good = path("good");
+  const Json p = pack(path("cache.wcache"), good, {"--compat-key", kKey});
+  ASSERT_FALSE(p.is_null());
+  const std::uint64_t size = p.at("file_size");
+
+  auto altered = [&](const std::string& name, const char* annotation, const Json& value) {
+    const std::string o = copy_of(good, name);
+    Layout l = Layout::load(o);
+    if (value.is_null())
+      l.manifest["annotations"].erase(annotation);
+    else
+      l.manifest["annotations"][annotation] = value;
+    l.store();
+    return o;
+  };
+  expect_refused(altered("size-more", kFileSize, std::to_string(size + 1)), kFileSize, "file.size one byte more");
+  expect_refused(altered("size-less", kFileSize, std::to_string(size - 512)), kFileSize, "file.size a block less");
+  expect_refused(altered("size-text", kFileSize, "lots"), kFileSize, "file.size not a number");
+  expect_refused(altered("size-sign", kFileSize, "+" + std::to_string(size)), kFileSize, "file.size with a sign");
+  expect_refused(altered("size-none", kFileSize, nullptr), kFileSize, "no file.size");
+  expect_refused(altered("format-2", kFormat, "2"), kFormat, "format 2 for a format-1 file");
+  expect_refused(altered("format-0", kFormat, "0"), kFormat, "format 0 for a format-1 file");
+  expect_refused(altered("format-text", kFormat, "one"), kFormat, "format not a number");
+  expect_refused(altered("format-none", kFormat, nullptr), kFormat, "no format");
+  expect_refused(altered("key-other", kCompatKey, "model-b|avx2|packer-1"), kCompatKey,
+                 "the readable key of another cache (its hash left as the file's)");
+  expect_refused(altered("key-hex", kCompatKey, "hex:6d6f64656c2d61"), kCompatKey,
+                 "a hex key whose bytes are printable (pack would have written them as they are)");
+  expect_refused(altered("key-utf8", kCompatKey, "mod\u00e8le"), kCompatKey, "a key that is not printable ASCII");
+  // The untouched layout still unpacks, and so does one without the (optional) readable key.
+  EXPECT_EQ(tool({"artifact", "unpack", good, path("set-good")}).code, 0);
+  const ToolRun r = tool({"artifact", "unpack", altered("key-none", kCompatKey, nullptr), path("set-key-none")});
+  EXPECT_EQ(r.code, 0) << r.describe();
+}
+
+// The readable key, both ways pack writes it: bytes that are not printable as "hex:" and their
+// hex, and a printable key that happens to start with "hex:" as itself. Both unpack; a changed
+// byte of the hex form does not.
+TEST_F(ArtifactTest, UnpackChecksTheReadableKeyInBothOfItsForms) {
+  const Entries entries = some_entries();
+  const std::string keys[] = {"key\x01\x02", "hex:41"};
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::string& key = keys[i];
+    SCOPED_TRACE(key == "hex:41" ? "printable key hex:41" : "binary key");
+    const std::string tag = std::to_string(i);
+    const std::string cache = path("cache" + tag + ".wcache"), oci = path("oci" + tag);
+    make_cache(cache, entries, 7, key);
+    ASSERT_FALSE(pack(cache, oci, {"--compat-key", key}).is_null());
+    const std::string recorded = Layout::load(oci).manifest["annotations"][kCompatKey];
+    EXPECT_EQ(recorded, key == "hex:41" ? "hex:41" : "hex:6b65790102");
+    const ToolRun r = tool({"artifact", "unpack", oci, path("set" + tag)});
+    EXPECT_EQ(r.code, 0) << r.describe();
+    const std::string o = copy_of(oci, "changed" + tag);
+    Layout l = Layout::load(o);
+    l.manifest["annotations"][kCompatKey] = key == "hex:41" ? "hex:42" : "hex:6b65790103";
+    l.store();
+    expect_refused(o, kCompatKey, "one byte of the readable key changed");
+  }
+}
+
+// The config and the layer must be of the media types pack writes; a compressed layer is what a
+// copy without --preserve-digests gives, and the message says so; any other type does not.
+TEST_F(ArtifactTest, UnpackRefusesAConfigOrLayerOfAnotherMediaType) {
+  make_cache(path("cache.wcache"), some_entries());
+  const std::string good = path("good");
+  ASSERT_FALSE(pack(path("cache.wcache"), good).is_null());
+  auto altered = [&](const std::string& name, const char* part, const std::string& media_type) {
+    const std::string o = copy_of(good, name);
+    Layout l = Layout::load(o);
+    if (std::string(part) == "config")
+      l.manifest["config"]["mediaType"] = media_type;
+    else
+      l.manifest["layers"][0]["mediaType"] = media_type;
+    l.store();
+    return o;
+  };
+  expect_refused(altered("config-json", "config", "application/json"), "application/vnd.oci.image.config.v1+json",
+                 "config of type application/json");
+  expect_refused(altered("config-layer", "config", "application/vnd.oci.image.layer.v1.tar"),
+                 "application/vnd.oci.image.config.v1+json", "config of the layer's type");
+  expect_refused(altered("layer-gzip", "layer", "application/vnd.oci.image.layer.v1.tar+gzip"), "--preserve-digests",
+                 "gzip layer");
+  expect_refused(altered("layer-zstd", "layer", "application/vnd.oci.image.layer.v1.tar+zstd"), "--preserve-digests",
+                 "zstd layer");
+  const std::string o = altered("layer-octet", "layer", "application/octet-stream");
+  expect_refused(o, "application/vnd.oci.image.layer.v1.tar", "layer of type application/octet-stream");
+  const ToolRun r = tool({"artifact", "unpack", o, path("set-octet")});
+  EXPECT_EQ(r.err.find("--preserve-digests"), std::string::npos)
+      << "a layer that is no tar at all is not a copy's compression: " << r.err;
+}
+
+// A tar that stops after its member's padding (no end-of-archive marker, or half of one) is
+// refused as such, not as too short for its member; one cut inside the member is too short.
+TEST_F(ArtifactTest, UnpackNamesAMissingEndOfArchiveMarker) {
+  make_cache(path("cache.wcache"), some_entries());
+  const std::string good = path("good");
+  const Json p = pack(path("cache.wcache"), good);
+  ASSERT_FALSE(p.is_null());
+  const std::string tar = slurp(Layout::load(good).layer_path());
+  ASSERT_EQ(tar.substr(tar.size() - 1024), std::string(1024, '\0'));
+  const struct {
+    const char* name;
+    std::size_t cut;
+    const char* message;
+  } cases[] = {{"no-marker", 1024, "no end-of-archive marker"},
+               {"half-marker", 512, "no end-of-archive marker"},
+               {"in-member", 1024 + 512 + 512, "too short for its member"}};
+  for (const auto& c : cases) {
+    const std::string o = copy_of(good, c.name);
+    Layout l = Layout::load(o);
+    l.set_layer(tar.substr(0, tar.size() - c.cut));
+    l.store();
+    expect_refused(o, c.message, c.name);
+  }
+}
+
+// oci-layout or index.json that is not a regular file (a FIFO, a directory) means OCI_DIR is not an
+// image layout: exit 3, as docs/CLI.md's table says, without waiting on the FIFO for a writer.
+TEST_F(ArtifactTest, ALayoutFileThatIsNotARegularFileIsNotALayout) {
+  make_cache(path("cache.wcache"), some_entries());
+  const std::string good = path("good");
+  ASSERT_FALSE(pack(path("cache.wcache"), good).is_null());
+  for (const char* file : {"index.json", "oci-layout"}) {
+    for (const char* kind : {"fifo", "directory"}) {
+      SCOPED_TRACE(std::string(file) + " as a " + kind);
+      const std::string o = copy_of(good, std::string(kind) + "-" + file);
+      ASSERT_TRUE(fs::remove(o + "/" + file));
+      if (std::string(kind) == "fifo") {
+        ASSERT_EQ(::mkfifo((o + "/" + file).c_str(), 0644), 0) << std::strerror(errno);
+      } else {
+        fs::create_directory(o + "/" + file);
+      }
+      const std::string set = path(std::string("set-") + kind + "-" + file);
+      ToolRun r = tool_within({"artifact", "unpack", o, set}, 30);
+      EXPECT_EQ(r.code, 3) << r.describe();
+      EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find("not an OCI image layout"), std::string::npos) << r.err;
+      EXPECT_FALSE(fs::exists(set));
+      r = tool_within({"artifact", "show", o}, 30);
+      EXPECT_EQ(r.code, 3) << r.describe();
+    }
+  }
 }
 
 // ---- pack's refusals --------------------------------------------------------------------------------
