@@ -116,13 +116,14 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   t->recheck_ns = std::min(window, platform::kFineChangeWindowNs);
 
   t->record_path = lock_path_;
+  const platform::Platform::Mount mount = pf_.mount_of(fd_);
   if (lock_fd_.is_open() && !leases_own_file_) {
     t->record = &lock_fd_;
     t->writable = true;
-  } else if (opts_.read_only && pf_.mount_of(fd_).read_only && open_node_record(*t, info.value())) {
-    // Nothing can be written beside a file on a read-only mount: its record is the node's.
+  } else if (opts_.read_only && mount.read_only && mount.kernel_times && open_node_record(*t, info.value())) {
+    // Nothing can be written beside a file on a read-only mount: its record is the node's
+    // (written by this process unless the record is another's it may only read).
     t->record = &t->own_record;
-    t->writable = true;
   } else if (!lock_path_.empty()) {
     // A read-only opener reads the record but never writes it (read_only changes nothing).
     auto f = pf_.open_file(lock_path_, platform::OpenMode::read, 0, /*follow=*/false);
@@ -154,8 +155,7 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   // store after this faults and moves the change time past the stamp's. A stacked file's pages
   // are its lower file's, which only a write-back of everything reaches.
   if (t->writable && t->publishable) {
-    const bool stacked = pf_.mount_of(fd_).stacked;
-    if (!(stacked ? pf_.write_back_everything() : pf_.write_back(fd_, 0, s.committed_size))) {
+    if (!(mount.stacked ? pf_.write_back_layers(mount) : pf_.write_back(fd_, 0, s.committed_size))) {
       log::debug("'{}': cannot write back its pages; its verification is not recorded", opts_.path);
       t->publishable = false;
     }
@@ -187,11 +187,9 @@ bool Core::open_node_record(Trust& t, const platform::FileInfo& file) {
   std::string dir = opts_.record_dir;
   const auto user = pf_.effective_user();
   if (dir.empty() && user) {
-    if (*user == 0) {
-      dir = "/run/weightcache";
-    } else if (const char* run = std::getenv("XDG_RUNTIME_DIR"); run != nullptr && run[0] == '/') {
-      dir = std::string(run) + "/weightcache";
-    }
+    // A user's own runtime directory; else the node's, whose root-written records any user reads.
+    const char* run = *user != 0 ? std::getenv("XDG_RUNTIME_DIR") : nullptr;
+    dir = run != nullptr && run[0] == '/' ? std::string(run) + "/weightcache" : std::string("/run/weightcache");
   }
   if (dir.empty()) return false;
   (void)pf_.make_directory(dir, 0755);
@@ -209,6 +207,10 @@ bool Core::open_node_record(Trust& t, const platform::FileInfo& file) {
   };
   const std::string path = dir + "/" + hex16(file.device) + "-" + hex16(file.inode) + ".wcvr";
   auto f = pf_.open_file(path, platform::OpenMode::lock_file, 0644, /*follow=*/false);
+  t.writable = f.ok();
+  // Another's record in a directory this process may not write (root's, for a service user):
+  // read, never written.
+  if (!f) f = pf_.open_file(path, platform::OpenMode::read, 0, /*follow=*/false);
   if (!f) {
     log::debug("'{}': cannot open its record '{}' ({}); verifying per process", opts_.path, path, f.error().message);
     return false;

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <mutex>
 #include <tuple>
@@ -173,9 +174,15 @@ Result<std::shared_ptr<Core>> open_descriptor(const Options& options) {
 // shared like any other open of it); null when none suits or none can be opened, and the open
 // goes on with the path.
 std::shared_ptr<Core> open_prebuilt(const Options& options) {
+  // The open's own cache is never taken for a prebuilt one (a host may keep it inside the set).
+  std::optional<platform::FileInfo> own;
+  if (!options.path.empty()) {
+    if (auto st = platform::os().stat_path(options.path, options.allow_symlink)) own = st.value();
+  }
   const auto found = prebuilt::scan(platform::os(), options.prebuilt_dir, format::hash_bytes(options.compat_key),
-                                    options.alignment);
+                                    options.alignment, own ? &own.value() : nullptr);
   const std::string local = options.path.empty() ? std::string("a heap cache") : "'" + options.path + "'";
+  for (const std::string& why : found.skipped) log::info("prebuilt caches: cannot read {}; skipping it", why);
   if (!found.unreadable.empty()) {
     log::info("prebuilt caches: cannot read '{}' ({}); using {}", options.prebuilt_dir, found.unreadable, local);
     return nullptr;
@@ -189,6 +196,14 @@ std::shared_ptr<Core> open_prebuilt(const Options& options) {
   for (const auto& path : found.suitable) {
     o.path = path;
     auto core = open(o);
+    // A file whose newest commit is damaged serves the one before it, maybe none at all: a
+    // prebuilt file without entries is no better than the process's own cache.
+    if (core && core.value()->stats().entries == 0) {
+      log::warn("the prebuilt cache '{}' was written for this process's compatibility key but holds no entries (a "
+                "damaged commit?); trying the next",
+                path);
+      continue;
+    }
     if (core) {
       core.value()->mark_prebuilt();
       log::info("serving the prebuilt cache '{}' instead of {}: its compatibility key is this process's", path, local);

@@ -338,21 +338,28 @@ typedef struct wc_options {
                                and in its immediate subdirectories, in name order, and opens the
                                first whose compatibility key (its hash in the header) and
                                alignment suit this open, read-only (read_only is implied; entries
-                               it lacks go to the heap and are never written to it). If none
-                               suits or none can be opened, it opens path as without this field
-                               and logs why at info level. wc_stats.prebuilt says which happened;
+                               it lacks go to the heap and are never written to it). The file at
+                               path is never taken for one, nor a file that serves no entry (a
+                               damaged newest commit over an empty one). If none suits or none
+                               can be opened, it opens path as without this field and logs why
+                               at info level. wc_stats.prebuilt says which happened;
                                wc_get_path names the file in use. Ignored with fd, handle,
                                private_cache, WC_BACKING_HEAP and ":memory:". */
-  const char* record_dir; /* default NULL: "/run/weightcache" for root, else
-                             "$XDG_RUNTIME_DIR/weightcache" when that is set, else none. Where a
-                             read-only opener of a file on a read-only mount (a read-only bind
-                             mount, a read-only overlayfs such as an image volume) keeps the
+  const char* record_dir; /* default NULL (or ""): "$XDG_RUNTIME_DIR/weightcache" for a user
+                             other than root with that variable set, else "/run/weightcache".
+                             Where a read-only opener of a file on a read-only mount keeps the
                              record of what it verified (WC_VERIFY_SHARED), since nothing can be
                              written beside the file: one file per cache file, named by its
-                             device and inode. The directory is created (0755) if missing; it
-                             must belong to this user or root and give no write permission to
-                             group or others, or no record is read or written there (verification
-                             per process). See docs/DESIGN.md, "Read-only mounts". */
+                             device and inode; a record it may not write (root's, for another
+                             user) is read and trusted, never written. Mounts that qualify: a
+                             read-only bind mount of ext2/3/4, xfs, btrfs, f2fs, zfs or
+                             bcachefs, and a read-only overlayfs whose layers this process can
+                             see and are all on those (an image volume seen from the host's mount
+                             namespace); elsewhere verification is per process. The directory is
+                             created (0755) if missing; it must belong to this user or root and
+                             give no write permission to group or others, or no record is read or
+                             written there. See docs/DESIGN.md, "Read-only mounts and prebuilt
+                             caches". */
 } wc_options;
 
 /**

@@ -110,17 +110,36 @@ TEST_F(Prebuilt, AChangedEntryInAPrebuiltFileIsNeverServed) {
   EXPECT_EQ(r["hits"], kCount - 1);
 }
 
-// A damaged index: the commit before it (here the empty one), never an entry it may misplace.
+// A damaged index: the commit before it, never an entry it may misplace; here that commit is the
+// empty one, and a prebuilt file without entries is passed over for the process's own cache.
 // A damaged header: the file cannot be used, and the process falls back to its own cache.
 TEST_F(Prebuilt, ADamagedPrebuiltFileServesNoChangedByte) {
   const std::string file = set + "/x86-avx2.wcache";
   const auto size = std::filesystem::file_size(file);
   flip_byte(file, size - 40);  // in the index trailer
-  auto r = serve("k-avx2", "a", "", "all");
+  auto r = serve("k-avx2", "a", local, "all");
   EXPECT_EQ(r["hits"], 0u);
+  EXPECT_EQ(r["prebuilt"], 0u) << "a prebuilt file left with no entries was taken over the process's own cache";
   flip_byte(file, size - 40);
   flip_byte(file, 44);  // the compatibility key's hash in the header
   EXPECT_EQ(serve("k-avx2", "a", local, "all")["prebuilt"], 0u);
+}
+
+// A host may keep its own cache inside the set: it is never taken for a prebuilt one (which
+// would make it read-only from its second launch on).
+TEST_F(Prebuilt, TheProcesssOwnCacheInsideTheSetIsNotAPrebuiltOne) {
+  const std::string own = set + "/own.wcache";
+  for (int launch = 0; launch < 2; ++launch) {
+    Options o = cache_options(own);
+    o.compat_key = "k-own";
+    o.prebuilt_dir = set;
+    auto opened = WeightCache::open(o);
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    EXPECT_EQ(opened->stats().prebuilt, 0u) << "launch " << launch;
+    const std::string key = own_key("e", static_cast<std::size_t>(launch));
+    ASSERT_NE(opened->insert(key, bytes_for_key(key, kSize)), kNotFound);
+    EXPECT_TRUE(opened->finalize().ok()) << "launch " << launch << ": " << last_error().message;
+  }
 }
 
 // A symlink in the set is not followed (it could point anywhere), nor is a missing set an error.

@@ -874,6 +874,59 @@ TEST_F(ReadOnlyBind, TheDefaultRecordDirectoryServesTheNode) {
   EXPECT_EQ(verify_in_child(base, path, {.read_only = true})["trusted_entries"], kCount);
 }
 
+// A service that runs as another user than the one that verified first reads the node's record
+// (root's, in a directory only root writes) and trusts it; it writes none there.
+TEST_F(ReadOnlyBind, AnotherUserReadsRootsRecordAndTrustsIt) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to run a process as nobody";
+  std::filesystem::permissions(base.path(), std::filesystem::perms(0755));
+  std::filesystem::permissions(src, std::filesystem::perms(0755));  // and so the mount of it
+  const std::string out = base.file("nobody");
+  ASSERT_TRUE(std::filesystem::create_directory(out));
+  std::filesystem::permissions(out, std::filesystem::perms(0777));
+  let_change_time_settle(path);
+  EXPECT_EQ(verify_in_child(base, path, {.read_only = true, .record_dir = records})["trusted_entries"], 0u);
+  const std::string results = out + "/results";
+  const Process p = spawn_to_files_as(65534, 65534, kChildExe,
+                                      {"verify", arg("path", path), arg("tag", "v"), arg("count", kCount),
+                                       arg("size", kSize), arg("results", results), arg("mode", "shared"),
+                                       arg("read_only", 1), arg("missing", "none"), arg("record_dir", records)},
+                                      out + "/stdout", out + "/stderr");
+  ASSERT_NE(p, kNoProcess);
+  const ExitStatus st = wait_process(p);
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << read_file(out + "/stderr");
+  auto r = read_results(results);
+  EXPECT_EQ(r["hits"], kCount);
+  EXPECT_EQ(r["trusted_entries"], kCount) << "nobody did not trust root's record";
+}
+
+// A file system whose times come from somewhere else than the kernel's clock does not qualify,
+// read-only or not: squashfs takes them from the image, so two images with the same times and
+// one byte of difference would give the same stamp on a reused loop device.
+TEST(SharedVerifyImageFs, ASquashfsImageIsVerifiedPerProcess) {
+  TempDir base("wc-verify-sqfs");
+  const std::string content = base.file("content"), image = base.file("fs.img"), mnt = base.file("mnt");
+  for (const std::string& d : {content, mnt}) ASSERT_TRUE(std::filesystem::create_directory(d));
+  write_entries(content + "/c.wcache");
+  std::filesystem::remove(content + "/c.wcache.lock");
+  const std::string mk = "mksquashfs '" + content + "' '" + image + "' -noappend -quiet >/dev/null 2>&1";
+  if (std::system(mk.c_str()) != 0) GTEST_SKIP() << "mksquashfs is not available here (Debian's squashfs-tools)";
+  const std::string mount = "mount -o loop,ro '" + image + "' '" + mnt + "' >/dev/null 2>&1";
+  if (std::system(mount.c_str()) != 0) GTEST_SKIP() << "cannot loop-mount an image here: needs root and a container that allows it";
+  struct Unmount {
+    std::string d;
+    ~Unmount() { ::umount2(d.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::string path = mnt + "/c.wcache", records = base.file("records");
+  ASSERT_TRUE(std::filesystem::create_directory(records));
+  std::filesystem::permissions(records, std::filesystem::perms(0755));
+  let_change_time_settle(path, platform::kCoarseChangeWindowNs);
+  for (int i = 0; i < 3; ++i) {
+    auto r = verify_in_child(base, path, {.read_only = true, .record_dir = records});
+    EXPECT_EQ(r["hits"], kCount);
+    EXPECT_EQ(r["trusted_entries"], 0u) << "trusted a record of a squashfs file, run " << i;
+  }
+}
+
 // An overlayfs of lower layers only, read-only, as a container runtime mounts an image volume.
 // Its lower file system is unknown from the overlay, so the window is the flat 2 s.
 struct ReadOnlyOverlay : ::testing::Test {
@@ -926,6 +979,50 @@ TEST_F(ReadOnlyOverlay, AStoreThroughAPageOfTheLowerFileKeptDirtyIsNeverTrusted)
   *byte = static_cast<unsigned char>(*byte ^ 0x5a);
   auto next = verify_in_child(base, path, {.read_only = true, .missing = "7", .record_dir = records});
   EXPECT_EQ(next["verify_failures"], 1u) << "a byte changed through a dirty lower page was served on a record";
+  ::munmap(m, size);
+}
+
+// An overlay whose lower layer is on tmpfs: a store through a writable mapping of the lower file
+// moves no time there and no write-back protects its pages, so nothing is trusted (a hostile
+// review served a changed byte on a record before the layers were checked).
+TEST(SharedVerifyOverlayfs, AReadOnlyOverlayOverTmpfsIsVerifiedPerProcess) {
+  TempDir base("wc-verify-ovltmp");
+  // Both layers on one tmpfs, so that the overlay's files carry its own device number and its
+  // layers are found (layers on several file systems are never trusted: their mount is not).
+  const std::string tmp = base.file("tmp"), lower = tmp + "/lower", lower2 = tmp + "/lower2",
+                    merged = base.file("merged"), records = base.file("records");
+  for (const std::string& d : {tmp, merged, records}) ASSERT_TRUE(std::filesystem::create_directory(d));
+  std::filesystem::permissions(records, std::filesystem::perms(0755));
+  if (::mount("tmpfs", tmp.c_str(), "tmpfs", 0, "size=64m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "): needs root";
+  struct Unmount {
+    std::vector<std::string> dirs;
+    ~Unmount() {
+      for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) ::umount2(it->c_str(), MNT_DETACH);
+    }
+  } unmount{{tmp}};
+  for (const std::string& d : {lower, lower2}) ASSERT_TRUE(std::filesystem::create_directory(d));
+  write_entries(lower + "/c.wcache");
+  const std::string opts = "lowerdir=" + lower + ":" + lower2;
+  if (::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0)
+    GTEST_SKIP() << "cannot mount an overlayfs here (" << std::strerror(errno) << ")";
+  unmount.dirs.push_back(merged);
+  const std::string path = merged + "/c.wcache", low = lower + "/c.wcache";
+  const std::uint64_t at = offset_of_key(low, own_key("v", 7)) + 500;
+  const int fd = ::open(low.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  const auto size = static_cast<std::size_t>(std::filesystem::file_size(low));
+  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  let_change_time_settle(path, platform::kCoarseChangeWindowNs);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(verify_in_child(base, path, {.read_only = true, .record_dir = records})["trusted_entries"], 0u)
+        << "trusted a record of an overlay over tmpfs, run " << i;
+  auto* byte = static_cast<volatile unsigned char*>(m) + at;
+  *byte = static_cast<unsigned char>(*byte ^ 0x5a);
+  auto r = verify_in_child(base, path, {.read_only = true, .missing = "7", .record_dir = records});
+  EXPECT_EQ(r["verify_failures"], 1u) << "a byte changed in the tmpfs lower layer was served";
   ::munmap(m, size);
 }
 
