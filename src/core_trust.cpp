@@ -152,10 +152,9 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   // A store through a shared mapping to a page that is already dirty moves no change time; only
   // the fault a clean page takes does. So before this process hashes anything it may record,
   // every page of the committed bytes is written back (clean in every process's mapping): any
-  // store after this faults and moves the change time past the stamp's. A stacked file's pages
-  // are its lower file's, which only a write-back of everything reaches.
+  // store after this faults and moves the change time past the stamp's.
   if (t->writable && t->publishable) {
-    if (!(mount.stacked ? pf_.write_back_layers(mount) : pf_.write_back(fd_, 0, s.committed_size))) {
+    if (!pf_.write_back(fd_, 0, s.committed_size)) {
       log::debug("'{}': cannot write back its pages; its verification is not recorded", opts_.path);
       t->publishable = false;
     }

@@ -352,10 +352,10 @@ typedef struct wc_options {
                              written beside the file: one file per cache file, named by its
                              device and inode; a record it may not write (root's, for another
                              user) is read and trusted, never written. Mounts that qualify: a
-                             read-only bind mount of ext2/3/4, xfs, btrfs, f2fs, zfs or
-                             bcachefs, and a read-only overlayfs whose layers this process can
-                             see and are all on those (an image volume seen from the host's mount
-                             namespace); elsewhere verification is per process. The directory is
+                             read-only mount (a read-only bind mount) of ext2/3/4, xfs, btrfs,
+                             f2fs, zfs or bcachefs; elsewhere (overlayfs, image volumes included;
+                             squashfs; tmpfs; network file systems) verification is per process.
+                             The directory is
                              created (0755) if missing; it must belong to this user or root and
                              give no write permission to group or others, or no record is read or
                              written there. See docs/DESIGN.md, "Read-only mounts and prebuilt

@@ -221,23 +221,17 @@ class Platform {
   /// (advisory: the finalize that follows then has less to wait for). Errors are ignored.
   virtual void start_write_back(const File& /*f*/, std::uint64_t /*offset*/, std::uint64_t /*size*/) noexcept {}
   /// Where a file is mounted, as far as verification records care: a read-only mount (nothing
-  /// can write the file through it), a stacked file system (overlayfs: its pages are a lower
-  /// file's, out of reach of write_back through this descriptor).
-  /// `kernel_times`: every change to the file's bytes moves a change time the kernel sets (ext4,
-  /// xfs, btrfs, f2fs, zfs, bcachefs; for an overlay, every one of its layers' file systems,
-  /// listed in `layers`); not so for image file systems (squashfs, erofs, iso9660: times come
-  /// from the image), tmpfs, network and user-space file systems, or layers this process cannot see.
+  /// can write the file through it); `kernel_times`: a file system on which every change to a
+  /// file's bytes through it moves a change time the kernel sets (ext2/3/4, xfs, btrfs, f2fs,
+  /// zfs, bcachefs); not image file systems (squashfs, erofs, iso9660: times come from the
+  /// image), tmpfs, network, user-space or stacked ones (overlayfs: its times, pages and layers
+  /// are other files').
   struct Mount {
     bool read_only = false;
     bool stacked = false;
     bool kernel_times = false;
-    std::vector<std::string> layers;  // an overlay's upper and lower directories
   };
   virtual Mount mount_of(const File& /*f*/) noexcept { return {}; }
-  /// Writes back every dirty page of the file systems of a stacked mount's layers and waits
-  /// (syncfs(2) of each): the one write-back that reaches a stacked file's lower pages. false
-  /// where there is none or one failed.
-  virtual bool write_back_layers(const Mount& /*m*/) noexcept { return false; }
   /// Creates a directory (mode under the umask); an existing one is not an error.
   virtual Result<void> make_directory(const std::string& path, unsigned /*mode*/) {
     return Error{Errc::unsupported, 0, "no directories made here: " + path};

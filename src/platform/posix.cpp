@@ -26,7 +26,6 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -686,47 +685,17 @@ class PosixPlatform final : public Platform {
   Mount mount_of(const File& f) noexcept override {
     Mount m;
 #if defined(__linux__)
-    try {
-      struct statfs fs {};
-      if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return m;
-      m.read_only = (fs.f_flags & ST_RDONLY) != 0;
-      m.stacked = is_stacked(fs);
-      if (!m.stacked) {
-        m.kernel_times = kernel_keeps_times(fs);
-      } else if (fs_type(fs) == kOverlayMagic) {
-        struct stat st {};
-        if (sys().fstat(static_cast<int>(f.handle()), &st) != 0) return m;
-        m.layers = overlay_layers(st.st_dev);
-        m.kernel_times = !m.layers.empty();
-        for (const std::string& dir : m.layers) {
-          struct statfs layer {};
-          if (sys().statfs(dir.c_str(), &layer) != 0 || !kernel_keeps_times(layer)) m.kernel_times = false;
-        }
-      }
-    } catch (const std::bad_alloc&) {
-      return Mount{};
-    }
+    struct statfs fs {};
+    if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return m;
+    m.read_only = (fs.f_flags & ST_RDONLY) != 0;
+    m.stacked = is_stacked(fs);
+    // A stacked file's times, pages and file system are its layers', which nothing here can
+    // reach without trusting paths (docs/DESIGN.md, "Read-only mounts and prebuilt caches").
+    m.kernel_times = !m.stacked && kernel_keeps_times(fs);
 #else
     (void)f;
 #endif
     return m;
-  }
-
-  bool write_back_layers(const Mount& m) noexcept override {
-#if defined(__linux__)
-    if (m.layers.empty()) return false;
-    for (const std::string& dir : m.layers) {
-      const int fd = sys().open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-      if (fd < 0) return false;
-      const int rc = sys().syncfs(fd);
-      (void)sys().close(fd);
-      if (rc != 0) return false;
-    }
-    return true;
-#else
-    (void)m;
-    return false;
-#endif
   }
 
   Result<void> make_directory(const std::string& path, unsigned mode) override {
@@ -740,15 +709,6 @@ class PosixPlatform final : public Platform {
   std::int64_t change_window_ns(const File& f, const FileInfo& info) noexcept override {
     struct statfs fs {};
     if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return 0;
-#if defined(__linux__)
-    // A read-only overlay (an image volume, an overlay of lower layers only) whose layers are all
-    // on file systems whose times the kernel keeps (mount_of): nothing writes the file through
-    // it, a write to a layer's file through another mount moves the change time this stat
-    // reports (the layer inode's), and write_back_layers reaches its pages. Its layers' change
-    // times may have another granularity than the overlay says: the flat window.
-    if (fs_type(fs) == kOverlayMagic && (fs.f_flags & ST_RDONLY) != 0)
-      return mount_of(f).kernel_times ? kCoarseChangeWindowNs : 0;
-#endif
     switch (static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu) {
       // File systems whose change times another machine or a user-space server may not keep, or
       // that this process may see late (attribute caches), or that a store through a shared
@@ -816,78 +776,6 @@ class PosixPlatform final : public Platform {
         return false;
     }
   }
-  // An octal escape of /proc/self/mountinfo ("\054" for ',') decoded; a backslash before another
-  // character is kept as it is.
-  static std::string unescape(const std::string& s) {
-    std::string out;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      if (s[i] == '\\' && i + 3 < s.size() && s[i + 1] >= '0' && s[i + 1] <= '3' &&
-          s[i + 2] >= '0' && s[i + 2] <= '7' && s[i + 3] >= '0' && s[i + 3] <= '7') {
-        out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-        i += 3;
-      } else {
-        out += s[i];
-      }
-    }
-    return out;
-  }
-  // The upper and lower directories of the overlay mounted with device `dev`, from its super
-  // options in /proc/self/mountinfo ("lowerdir=a:b", "lowerdir+=a", "datadir+=a", "upperdir=u");
-  // empty when it is not listed, or a directory cannot be told (a ':' or ',' escaped in a way
-  // this does not decode is a path that then fails statfs: not trusted).
-  std::vector<std::string> overlay_layers(dev_t dev) {
-    std::vector<std::string> layers;
-    const int fd = sys().open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return layers;
-    std::string text;
-    char buf[16384];
-    for (off_t off = 0;;) {
-      const ssize_t n = sys().pread(fd, buf, sizeof buf, off);
-      if (n <= 0) break;
-      text.append(buf, static_cast<std::size_t>(n));
-      off += n;
-    }
-    (void)sys().close(fd);
-    const std::string want = std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
-    std::size_t at = 0;
-    while (at < text.size()) {
-      const std::size_t end = std::min(text.find('\n', at), text.size());
-      const std::string line = text.substr(at, end - at);
-      at = end + 1;
-      // id parent major:minor root mountpoint options [optional...] - type source super-options
-      std::size_t p = line.find(' ');
-      p = p == std::string::npos ? p : line.find(' ', p + 1);
-      if (p == std::string::npos || line.compare(p + 1, want.size() + 1, want + " ") != 0) continue;
-      const std::size_t dash = line.find(" - ");
-      if (dash == std::string::npos) continue;
-      const std::size_t type_end = line.find(' ', dash + 3), source_end = line.find(' ', type_end + 1);
-      if (type_end == std::string::npos || source_end == std::string::npos) continue;
-      if (line.compare(dash + 3, type_end - dash - 3, "overlay") != 0) continue;
-      const std::string options = line.substr(source_end + 1);
-      std::size_t o = 0;
-      while (o <= options.size()) {
-        const std::size_t comma = std::min(options.find(',', o), options.size());
-        const std::string opt = options.substr(o, comma - o);
-        o = comma + 1;
-        const std::size_t eq = opt.find('=');
-        if (eq == std::string::npos) continue;
-        const std::string key = opt.substr(0, eq), value = opt.substr(eq + 1);
-        if (key == "lowerdir") {
-          std::size_t v = 0;
-          while (v <= value.size()) {
-            const std::size_t colon = std::min(value.find(':', v), value.size());
-            if (colon > v) layers.push_back(unescape(value.substr(v, colon - v)));
-            v = colon + 1;
-          }
-        } else if (key == "lowerdir+" || key == "datadir+" || key == "upperdir") {
-          layers.push_back(unescape(value));
-        }
-      }
-      return layers;
-    }
-    return {};
-  }
-
   static bool parse_uuid(const char* text, std::uint8_t (&out)[16]) noexcept {
     int nibbles = 0;
     for (const char* c = text; *c != '\0' && nibbles < 32; ++c) {

@@ -79,13 +79,6 @@ inline ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t off) {
   return ::pwritev(fd, iov, count, off);
 #endif
 }
-inline int syncfs(int fd) {
-#if defined(__linux__)
-  return ::syncfs(fd);
-#else
-  return unavailable(ENOSYS, fd);
-#endif
-}
 inline int getrlimit(int resource, struct rlimit* rl) {
   return ::getrlimit(static_cast<decltype(RLIMIT_FSIZE)>(resource), rl);  // an enum in glibc's C++
 }
@@ -144,12 +137,9 @@ inline int getrlimit(int resource, struct rlimit* rl) {
   X(sync_file_range, posix_default::sync_file_range, int, (int fd, off_t off, off_t n, unsigned flags)) \
   /* Linux; ENOTSUP elsewhere: does a lock file carry an access control list? */                        \
   X(fgetxattr, posix_default::fgetxattr, ssize_t, (int fd, const char* name, void* value, size_t size))    \
-  /* verification records of files on read-only mounts: their directory, whose it is, and the */       \
-  /* only write-back that reaches a stacked file's layers (Linux; ENOSYS elsewhere) */                  \
+  /* verification records of files on read-only mounts: their directory, and whose it is */           \
   X(mkdir, ::mkdir, int, (const char* path, mode_t mode))                                               \
-  X(geteuid, ::geteuid, uid_t, ())                                                                      \
-  X(syncfs, posix_default::syncfs, int, (int fd))                                                       \
-  X(statfs, ::statfs, int, (const char* path, struct statfs* st))
+  X(geteuid, ::geteuid, uid_t, ())
 
 namespace weightcache::platform {
 
