@@ -153,15 +153,23 @@ TEST(DescriptorOpen, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterSettingItUp) {
     reader = WeightCache::open(r);
     done = true;
   });
+  // The writer opens while the holder still has the file (it waits to be alone to set it up),
+  // so that from the reader's first look on somebody has it open until it is set up: a writer
+  // opened only after the holder let go left a moment with nobody, which a reader slow to start
+  // (a loaded machine) took for an abandoned empty file.
+  Result<WeightCache> writer = Error{Errc::io, 0, "not run"};
+  std::thread tw([&] { writer = WeightCache::open(on_descriptor(fd_w, "key")); });
   // The reader is waiting, not failed (checked once the writer is in: it must then succeed).
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_FALSE(done.load()) << "the read-only opener gave up on a file another holder had open: "
                             << (reader.ok() ? std::string("ok") : reader.error().message);
   ::close(holder);  // the writer sets it up, alone
+  tw.join();
   {
-    WeightCache w = open_or_fail(on_descriptor(fd_w, "key"));
-    ASSERT_NE(w.insert("w", "bytes"), kNotFound) << last_error().message;
-    ASSERT_TRUE(w.finalize().ok());
+    ASSERT_TRUE(writer.ok()) << writer.error().message;
+    ASSERT_NE(writer->insert("w", "bytes"), kNotFound) << last_error().message;
+    ASSERT_TRUE(writer->finalize().ok());
+    writer = Error{Errc::io, 0, "closed"};
   }
   t.join();
   ASSERT_TRUE(reader.ok()) << reader.error().message;

@@ -226,13 +226,20 @@ TEST(WindowsHandle, AReadOnlyOpenerOfAnEmptyFileWaitsForTheWriterAndFailsAtOnceA
   ASSERT_TRUE(::LockFileEx(holder, LOCKFILE_FAIL_IMMEDIATELY, 0, 1, 0, &ov));
   Result<WeightCache> reader = Error{Errc::io, 0, "not run"};
   std::thread t([&] { reader = WeightCache::open(ro); });
+  // The writer opens while the holder still has the file, so that from the reader's first look
+  // on somebody always has it open until the writer has set it up (it waits to be alone); a
+  // writer opened only after the holder let go left a moment with nobody, which a reader slow to
+  // start (a loaded machine, under Wine) took for an abandoned empty file.
+  Result<WeightCache> writer = Error{Errc::io, 0, "not run"};
+  std::thread tw([&] { writer = WeightCache::open(on_handle(w)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   ::CloseHandle(holder);  // the writer sets it up, alone
+  tw.join();
   {
-    auto writer = WeightCache::open(on_handle(w));
     ASSERT_TRUE(writer.ok()) << writer.error().message;
     ASSERT_NE(writer->insert("w", "bytes"), kNotFound) << last_error().message;
     ASSERT_TRUE(writer->finalize().ok());
+    writer = Error{Errc::io, 0, "closed"};
   }
   t.join();
   ASSERT_TRUE(reader.ok()) << reader.error().message;
