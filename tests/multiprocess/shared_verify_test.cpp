@@ -118,6 +118,38 @@ void write_bytes_at(const std::string& path, std::uint64_t offset, const std::st
   ::close(fd);
 }
 
+// A foreign program's writable shared mapping of `file`, at a byte inside entry `key`: stores
+// through it change committed bytes the way a program that maps the cache would.
+struct ForeignMapping {
+  ForeignMapping(const std::string& file, const std::string& key) {
+    const std::uint64_t at = offset_of_key(file, key) + 500;
+    const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      ADD_FAILURE() << "cannot open " << file;
+      return;
+    }
+    size = static_cast<std::size_t>(std::filesystem::file_size(file));
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      ADD_FAILURE() << "cannot map " << file;
+      return;
+    }
+    map = p;
+    byte = static_cast<volatile unsigned char*>(map) + at;
+  }
+  ForeignMapping(const ForeignMapping&) = delete;
+  ForeignMapping& operator=(const ForeignMapping&) = delete;
+  ~ForeignMapping() {
+    if (map != nullptr) ::munmap(map, size);
+  }
+  void dirty() { *byte = *byte; }                                        // the same value: only the page changes
+  void change() { *byte = static_cast<unsigned char>(*byte ^ 0x5a); }  // through the same page
+  void* map = nullptr;
+  std::size_t size = 0;
+  volatile unsigned char* byte = nullptr;
+};
+
 // Puts the modification time back to what it was: only the change time (which no one can set)
 // still tells.
 struct KeepMtime {
@@ -979,22 +1011,14 @@ TEST_F(ReadOnlyOverlay, EveryProcessHashesAndAChangeInTheLowerLayerIsNeverServed
 // foreign mapping of the lower file keeps a page of entry 7 dirty from before the first
 // process, which records; a store through that page afterwards must still be seen.
 TEST_F(ReadOnlyOverlay, AStoreThroughAPageOfTheLowerFileKeptDirtyIsNeverTrusted) {
-  const std::string low = lower + "/c.wcache";
-  const std::uint64_t at = offset_of_key(low, own_key("v", 7)) + 500;
-  const int fd = ::open(low.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  const auto size = static_cast<std::size_t>(std::filesystem::file_size(low));
-  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(m, MAP_FAILED);
-  auto* byte = static_cast<volatile unsigned char*>(m) + at;
-  *byte = *byte;  // dirty, unchanged
+  ForeignMapping foreign(lower + "/c.wcache", own_key("v", 7));
+  ASSERT_NE(foreign.byte, nullptr);
+  foreign.dirty();
   let_change_time_settle(path, platform::kCoarseChangeWindowNs);
   every_process_hashes(2);
-  *byte = static_cast<unsigned char>(*byte ^ 0x5a);
+  foreign.change();
   auto next = verify_in_child(base, path, {.read_only = true, .missing = "7", .record_dir = records});
   EXPECT_EQ(next["verify_failures"], 1u) << "a byte changed through a dirty lower page was served on a record";
-  ::munmap(m, size);
 }
 
 // An overlay whose lower layer is on tmpfs: a store through a writable mapping of the lower file
@@ -1002,8 +1026,7 @@ TEST_F(ReadOnlyOverlay, AStoreThroughAPageOfTheLowerFileKeptDirtyIsNeverTrusted)
 // review served a changed byte on a record before the layers were checked).
 TEST(SharedVerifyOverlayfs, AReadOnlyOverlayOverTmpfsIsVerifiedPerProcess) {
   TempDir base("wc-verify-ovltmp");
-  // Both layers on one tmpfs, so that the overlay's files carry its own device number and its
-  // layers are found (layers on several file systems are never trusted: their mount is not).
+  // Both layers on one tmpfs (the shape a first version trusted, finding them in mountinfo).
   const std::string tmp = base.file("tmp"), lower = tmp + "/lower", lower2 = tmp + "/lower2",
                     merged = base.file("merged"), records = base.file("records");
   for (const std::string& d : {tmp, merged, records}) ASSERT_TRUE(std::filesystem::create_directory(d));
@@ -1022,23 +1045,16 @@ TEST(SharedVerifyOverlayfs, AReadOnlyOverlayOverTmpfsIsVerifiedPerProcess) {
   if (::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0)
     GTEST_SKIP() << "cannot mount an overlayfs here (" << std::strerror(errno) << ")";
   unmount.dirs.push_back(merged);
-  const std::string path = merged + "/c.wcache", low = lower + "/c.wcache";
-  const std::uint64_t at = offset_of_key(low, own_key("v", 7)) + 500;
-  const int fd = ::open(low.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  const auto size = static_cast<std::size_t>(std::filesystem::file_size(low));
-  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(m, MAP_FAILED);
+  const std::string path = merged + "/c.wcache";
+  ForeignMapping foreign(lower + "/c.wcache", own_key("v", 7));
+  ASSERT_NE(foreign.byte, nullptr);
   let_change_time_settle(path, platform::kCoarseChangeWindowNs);
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(verify_in_child(base, path, {.read_only = true, .record_dir = records})["trusted_entries"], 0u)
         << "trusted a record of an overlay over tmpfs, run " << i;
-  auto* byte = static_cast<volatile unsigned char*>(m) + at;
-  *byte = static_cast<unsigned char>(*byte ^ 0x5a);
+  foreign.change();
   auto r = verify_in_child(base, path, {.read_only = true, .missing = "7", .record_dir = records});
   EXPECT_EQ(r["verify_failures"], 1u) << "a byte changed in the tmpfs lower layer was served";
-  ::munmap(m, size);
 }
 
 // ---- a page kept dirty through a shared mapping ----
@@ -1047,23 +1063,15 @@ TEST(SharedVerifyOverlayfs, AReadOnlyOverlayOverTmpfsIsVerifiedPerProcess) {
 // program keeps such a mapping of the cache: it dirties a page of entry 7 (which moves the time
 // once), waits, and once a process verified the file, changes the byte through the same page.
 TEST_F(SharedVerify, AStoreThroughAPageKeptDirtyInAForeignMappingIsNeverTrusted) {
-  const std::string key = own_key("v", 7);
-  const std::uint64_t at = offset_of_key(path, key) + 500;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  const auto size = static_cast<std::size_t>(std::filesystem::file_size(path));
-  void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(m, MAP_FAILED);
-  auto* byte = static_cast<volatile unsigned char*>(m) + at;
-  *byte = *byte;  // the same value: the page is dirty now, the bytes unchanged
+  ForeignMapping foreign(path, own_key("v", 7));
+  ASSERT_NE(foreign.byte, nullptr);
+  foreign.dirty();  // the page is dirty now, the bytes unchanged
   let_change_time_settle(path);
   auto first = verify_in_child(dir, path);  // verifies this state (and records it)
   EXPECT_EQ(first["verify_failures"], 0u);
-  *byte = static_cast<unsigned char>(*byte ^ 0x5a);  // through the same page
+  foreign.change();
   auto next = verify_in_child(dir, path, {.missing = "7"});
   EXPECT_EQ(next["verify_failures"], 1u) << "a byte changed through a dirty page was served on an earlier verification";
-  ::munmap(m, size);
 }
 
 // ---- the lock file is written only when it is the cache's own ----
