@@ -304,6 +304,9 @@ class Core {
   /// A read-only opener of a file on a read-only mount: opens (creating it) the record of this
   /// file in the record directory (Options::record_dir) into t.own_record. false: none usable.
   bool open_node_record(Trust& t, const platform::FileInfo& file);
+  /// Whether fd_ is on a read-only mount of a file system whose times the kernel keeps: where a
+  /// read-only opener's record goes to the record directory.
+  bool node_record_applies() noexcept;
   /// A kTrusted entry claimed (kVerifying) by this thread: kGood if the file is still in the
   /// state its record was made for, else hashed (finish_verify).
   bool confirm_trusted(Entry* e);

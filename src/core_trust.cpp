@@ -116,11 +116,10 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   t->recheck_ns = std::min(window, platform::kFineChangeWindowNs);
 
   t->record_path = lock_path_;
-  const platform::Platform::Mount mount = pf_.mount_of(fd_);
   if (lock_fd_.is_open() && !leases_own_file_) {
     t->record = &lock_fd_;
     t->writable = true;
-  } else if (opts_.read_only && mount.read_only && mount.kernel_times && open_node_record(*t, info.value())) {
+  } else if (opts_.read_only && node_record_applies() && open_node_record(*t, info.value())) {
     // Nothing can be written beside a file on a read-only mount: its record is the node's
     // (written by this process unless the record is another's it may only read).
     t->record = &t->own_record;
@@ -180,6 +179,11 @@ void Core::adopt_verification_or_throw(const CommittedState& st, const std::vect
   if (vouched != 0)
     log::debug("'{}': {} of {} entries verified by an earlier process in this state of the file; not hashed again "
                "while the file stays in it", opts_.path, vouched, st.records.size());
+}
+
+bool Core::node_record_applies() noexcept {
+  const platform::Platform::Mount mount = pf_.mount_of(fd_);
+  return mount.read_only && mount.kernel_times;
 }
 
 bool Core::open_node_record(Trust& t, const platform::FileInfo& file) {

@@ -228,7 +228,6 @@ class Platform {
   /// are other files').
   struct Mount {
     bool read_only = false;
-    bool stacked = false;
     bool kernel_times = false;
   };
   virtual Mount mount_of(const File& /*f*/) noexcept { return {}; }

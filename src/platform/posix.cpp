@@ -688,10 +688,10 @@ class PosixPlatform final : public Platform {
     struct statfs fs {};
     if (sys().fstatfs(static_cast<int>(f.handle()), &fs) != 0) return m;
     m.read_only = (fs.f_flags & ST_RDONLY) != 0;
-    m.stacked = is_stacked(fs);
-    // A stacked file's times, pages and file system are its layers', which nothing here can
-    // reach without trusting paths (docs/DESIGN.md, "Read-only mounts and prebuilt caches").
-    m.kernel_times = !m.stacked && kernel_keeps_times(fs);
+    // Not overlayfs, which is not in the list: a stacked file's times, pages and file system are
+    // its layers', which nothing here can reach without trusting paths (docs/DESIGN.md,
+    // "Read-only mounts and prebuilt caches").
+    m.kernel_times = kernel_keeps_times(fs);
 #else
     (void)f;
 #endif
@@ -757,14 +757,8 @@ class PosixPlatform final : public Platform {
   }
 
  private:
-  static constexpr std::uint64_t kOverlayMagic = 0x794c7630;
   static std::uint64_t fs_type(const struct statfs& fs) noexcept {
     return static_cast<std::uint64_t>(static_cast<unsigned long>(fs.f_type)) & 0xffffffffu;
-  }
-  // Stacked file systems: a file's pages are a lower file's.
-  static bool is_stacked(const struct statfs& fs) noexcept {
-    const std::uint64_t type = fs_type(fs);
-    return type == kOverlayMagic || type == 0x61756673 /* aufs */ || type == 0xf15f /* eCryptfs */;
   }
   // Local file systems on which every change to a file's bytes (a write, a store through a
   // mapping's write fault) moves a change time the kernel sets from its clock.
