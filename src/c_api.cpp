@@ -1,6 +1,7 @@
 // The C ABI: handles, struct-size versioning, status codes. No exception crosses it.
 #include "boundary.hpp"
 #include "c_api_internal.hpp"
+#include "cpu_features.hpp"
 #include "compact.hpp"
 #include "registry.hpp"
 
@@ -80,6 +81,17 @@ void wc_stats_init(wc_stats* s) {
 }  // extern "C"
 
 namespace {
+
+// `text` into `out` as snprintf does it: up to out_capacity - 1 bytes and a NUL (nothing with
+// out NULL or out_capacity 0); its full length returned.
+size_t cut_copy(const std::string& text, char* out, size_t out_capacity) noexcept {
+  if (out != nullptr && out_capacity > 0) {
+    const size_t n = std::min(text.size(), out_capacity - 1);
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  }
+  return text.size();
+}
 
 // The C options as the C++ Options; WC_OK or the status of what is wrong (wc_last_error says it).
 wc_status options_from(const wc_options* o, const char* call, Options* out) {
@@ -297,12 +309,11 @@ size_t wc_get_path(wc_cache* c, char* out, size_t out_capacity) {
     (void)wc_set_last_error(WC_ERR_NO_MEMORY, "wc_get_path: out of memory");
     return 0;
   }
-  if (out != nullptr && out_capacity > 0) {
-    const size_t n = std::min(path.size(), out_capacity - 1);
-    std::memcpy(out, path.data(), n);
-    out[n] = '\0';
-  }
-  return path.size();
+  return cut_copy(path, out, out_capacity);
+}
+
+size_t wc_cpu_features(char* out, size_t out_capacity) {
+  return cut_copy(weightcache::cpu_features_text(), out, out_capacity);
 }
 
 const char* wc_status_string(wc_status s) { return errc_text(static_cast<Errc>(s)); }

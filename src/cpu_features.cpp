@@ -1,17 +1,16 @@
-// wc_cpu_features: the instruction-set features of this process's CPU, as a compatibility-key
-// part (weightcache.h). Packed layouts follow the kernels a packer picks for the CPU, so a cache
+// The text of wc_cpu_features (c_api.cpp): the instruction-set features of this process's CPU,
+// as a compatibility-key part (weightcache.h). Packed layouts follow the kernels a packer picks for the CPU, so a cache
 // built on one CPU profile and used on another must be told apart by them.
-#include <weightcache/weightcache.h>
+#include "cpu_features.hpp"
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <string>
 
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
 
+namespace weightcache {
 namespace {
 
 std::string features() {
@@ -58,7 +57,7 @@ std::string features() {
 
 }  // namespace
 
-extern "C" size_t wc_cpu_features(char* out, size_t out_capacity) {
+const std::string& cpu_features_text() noexcept {
   static const std::string* text = [] {
     try {
       return new std::string(features());  // never destroyed: callable from exit handlers
@@ -66,11 +65,8 @@ extern "C" size_t wc_cpu_features(char* out, size_t out_capacity) {
       return static_cast<std::string*>(nullptr);
     }
   }();
-  const std::string& s = text != nullptr ? *text : std::string();
-  if (out != nullptr && out_capacity > 0) {
-    const size_t n = std::min(s.size(), out_capacity - 1);
-    std::memcpy(out, s.data(), n);
-    out[n] = '\0';
-  }
-  return s.size();
+  static const std::string none;
+  return text != nullptr ? *text : none;
 }
+
+}  // namespace weightcache
