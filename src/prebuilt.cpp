@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <span>
 
 namespace weightcache::prebuilt {
@@ -44,35 +45,30 @@ bool suits(platform::Platform& pf, const std::string& path, std::uint64_t compat
 Scan scan(platform::Platform& pf, const std::string& dir, std::uint64_t compat, std::size_t align,
           const platform::FileInfo* not_this) {
   Scan out;
-  auto names = pf.list_directory(dir);
-  if (!names) {
-    out.unreadable = names.error().message;
-    return out;
-  }
-  std::sort(names->begin(), names->end());
-  auto consider = [&](const std::string& path) {
-    ++out.looked_at;
-    if (suits(pf, path, compat, align, not_this, out.skipped)) out.suitable.push_back(path);
+  // The "*.wcache" files of `d` in name order, and with `below` those one level down (an image
+  // volume or an unpacked artifact per CPU profile). Symlinks are neither followed nor read.
+  std::function<void(const std::string&, bool)> look_in = [&](const std::string& d, bool below) {
+    auto names = pf.list_directory(d);
+    if (!names) {
+      if (below) out.unreadable = names.error().message;  // the set itself; a subdirectory is skipped
+      return;
+    }
+    std::sort(names->begin(), names->end());
+    for (const auto& name : names.value()) {
+      const bool cache = has_suffix(name, ".wcache");
+      if (!cache && !below) continue;
+      const std::string path = join(d, name);
+      auto st = pf.stat_path(path, /*follow=*/false);
+      if (!st || st->symlink) continue;
+      if (st->regular && cache) {
+        ++out.looked_at;
+        if (suits(pf, path, compat, align, not_this, out.skipped)) out.suitable.push_back(path);
+      } else if (!st->regular && below) {
+        look_in(path, false);
+      }
+    }
   };
-  for (const auto& name : names.value()) {
-    const std::string path = join(dir, name);
-    auto st = pf.stat_path(path, /*follow=*/false);
-    if (!st || st->symlink) continue;
-    if (st->regular) {
-      if (has_suffix(name, ".wcache")) consider(path);
-      continue;
-    }
-    // One level down: an image volume or an unpacked artifact per CPU profile.
-    auto inner = pf.list_directory(path);
-    if (!inner) continue;
-    std::sort(inner->begin(), inner->end());
-    for (const auto& n : inner.value()) {
-      if (!has_suffix(n, ".wcache")) continue;
-      const std::string p = join(path, n);
-      auto s = pf.stat_path(p, /*follow=*/false);
-      if (s && s->regular && !s->symlink) consider(p);
-    }
-  }
+  look_in(dir, true);
   return out;
 }
 
