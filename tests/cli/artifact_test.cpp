@@ -5,6 +5,7 @@
 // byte (a tar writer of the test's own, so that the tool's is not checked against itself), and
 // re-chained (blobs renamed, digests fixed up from the layer to index.json) where the test wants
 // the descriptor chain consistent so that only the altered content is at fault.
+#include "random_bytes.hpp"
 #include "sha256.hpp"
 #include "tar.hpp"
 #include "temp_dir.hpp"
@@ -57,15 +58,7 @@ void spit(const std::string& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string pattern(std::size_t n, unsigned seed) {
-  std::string s(n, '\0');
-  std::uint32_t x = seed * 2654435761u + 1;
-  for (auto& c : s) {
-    x = x * 1664525u + 1013904223u;
-    c = static_cast<char>(x >> 24);
-  }
-  return s;
-}
+std::string pattern(std::size_t n, unsigned seed) { return weightcache::test::random_bytes(seed, n); }
 
 using Entries = std::vector<std::pair<std::string, std::string>>;
 
